@@ -1,0 +1,49 @@
+# kvcxl: `make demo` runs the main job, `make test` runs every test (as CI does).
+# Both set up everything they need on a fresh Debian 12/13 machine (run as root
+# for the Debian packages; see README).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+CORE   := $(VENV)/.kvcxl-core
+ALL    := $(VENV)/.kvcxl-all
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast lint setup system-deps clean
+
+demo: $(CORE)
+	$(BIN)/kvcxl policy compare
+
+test: $(ALL) system-deps
+	$(BIN)/kvcxl setup
+	$(BIN)/python -m pytest -m "" $(PYTEST_ARGS)
+
+test-fast: $(ALL)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: $(ALL)
+	$(BIN)/ruff check .
+
+setup: $(ALL) system-deps
+	$(BIN)/kvcxl setup
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
+
+$(CORE): pyproject.toml | $(VENV)/bin/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(ALL): pyproject.toml | $(VENV)/bin/python
+	$(BIN)/python -m pip install --quiet -e '.[all]'
+	touch $(CORE) $@
+
+# Debian packages the tests use (Icarus Verilog, make for cocotb).
+system-deps:
+	@if ! command -v iverilog >/dev/null; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "iverilog missing: run 'apt-get install iverilog' as root" >&2; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iverilog >/dev/null; \
+	fi
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

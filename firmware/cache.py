@@ -1,0 +1,149 @@
+"""HBM residency under one policy: hits, admission, pinning, exact eviction with audit.
+
+Semantics (documented in docs/policy.md):
+
+* A batch of reads (one layer of a decode step, or one request of a request
+  trace) is served first: an entry resident at the start of the batch is a hit,
+  any other read is a miss served from its lower tier and then admitted
+  (demand paging).
+* Then, if the resident count exceeds the capacity, the policy evicts exactly the
+  overflow — in passes of at most ``eviction_batch``, which within one call see
+  the same priorities and so equal one exact top-k selection.  Every resident,
+  unpinned entry is eligible, including entries read in this batch.
+* Pinned entries (those the policy wants pinned, while pinned slots last) are
+  never eligible; pinned slots are ``pinned_fraction × capacity``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .audit import EvictionAudit
+from .policies.base import Policy, Tick
+from .table import grow
+
+VictimSink = Callable[[NDArray, NDArray, Tick], None]
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    inserts: int = 0
+    evictions: int = 0
+    eviction_passes: int = 0
+    pinned: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+class PolicyCache:
+    """A capacity-bounded set of resident entries managed by a :class:`Policy`."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        capacity: int,
+        *,
+        audit: EvictionAudit | None = None,
+        on_victims: VictimSink | None = None,
+    ) -> None:
+        if capacity < 0:
+            raise ValueError(f"capacity = {capacity} is out of range: must be >= 0 entries")
+        self.policy = policy
+        self.capacity = int(capacity)
+        self.pinned_capacity = int(policy.config.pinned_fraction * capacity)
+        self.audit = audit
+        self.on_victims = on_victims
+        self.resident = np.zeros(16, dtype=bool)
+        self.pinned = np.zeros(16, dtype=bool)
+        self.n_resident = 0
+        self.stats = CacheStats()
+
+    def ensure(self, n: int) -> None:
+        self.resident = grow(self.resident, n, False)
+        self.pinned = grow(self.pinned, n, False)
+        self.policy.ensure(n)
+
+    def access(self, ids: NDArray, weights: NDArray, tick: Tick) -> NDArray:
+        """Serve one batch of reads; returns the hit mask (resident at batch start)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size == 0:
+            return np.zeros(0, dtype=bool)
+        self.ensure(int(ids.max()) + 1)
+        hit = self.resident[ids].copy()
+        nh = int(np.count_nonzero(hit))
+        self.stats.hits += nh
+        self.stats.misses += ids.size - nh
+        self.policy.on_access(ids, np.asarray(weights, dtype=np.float64), tick)
+        self._admit(np.unique(ids[~hit]), tick)
+        return hit
+
+    def insert(self, ids: NDArray, tick: Tick) -> NDArray:
+        """Make entries resident without a read (new tokens, prefetch); returns those admitted."""
+        ids = np.unique(np.asarray(ids, dtype=np.int64))
+        if ids.size == 0:
+            return ids
+        self.ensure(int(ids.max()) + 1)
+        new = ids[~self.resident[ids]]
+        self._admit(new, tick)
+        return new
+
+    def end_step(self, tick: Tick) -> None:
+        self.policy.end_step(tick)
+
+    def is_resident(self, ids: NDArray) -> NDArray:
+        ids = np.asarray(ids, dtype=np.int64)
+        out = np.zeros(ids.size, dtype=bool)
+        inside = ids < self.resident.size
+        out[inside] = self.resident[ids[inside]]
+        return out
+
+    def evict(self, ids: NDArray, tick: Tick) -> None:
+        """Evict specific resident, unpinned entries (placement-driven demotion)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        ids = ids[self.resident[ids] & ~self.pinned[ids]]
+        self._remove(ids, tick)
+
+    # --- internals -------------------------------------------------------------------
+    def _admit(self, ids: NDArray, tick: Tick) -> None:
+        if ids.size == 0:
+            return
+        self.resident[ids] = True
+        self.n_resident += ids.size
+        self.stats.inserts += ids.size
+        free_pins = self.pinned_capacity - self.stats.pinned
+        if free_pins > 0:
+            want = ids[self.policy.wants_pin(ids) & ~self.pinned[ids]][:free_pins]
+            self.pinned[want] = True
+            self.stats.pinned += want.size
+        self.policy.on_insert(ids, tick)
+        self._make_room(tick)
+
+    def _make_room(self, tick: Tick) -> None:
+        over = self.n_resident - self.capacity
+        if over <= 0:
+            return
+        n = self.resident.size
+        eligible = np.flatnonzero(self.resident[:n] & ~self.pinned[:n])
+        victims = self.policy.select(eligible, over, tick)
+        if self.audit is not None:
+            self.audit.check(eligible, self.policy.priority(eligible, tick), victims)
+        batch = self.policy.config.eviction_batch
+        self.stats.eviction_passes += -(-victims.size // batch)
+        self._remove(victims, tick)
+
+    def _remove(self, ids: NDArray, tick: Tick) -> None:
+        if ids.size == 0:
+            return
+        if self.on_victims is not None:
+            self.on_victims(ids, self.policy.priority(ids, tick), tick)
+        self.resident[ids] = False
+        self.n_resident -= ids.size
+        self.stats.evictions += ids.size
+        self.policy.on_evict(ids, tick)

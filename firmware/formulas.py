@@ -1,0 +1,102 @@
+"""The policy's formulas in float reference mode (SPEC §4). Each is defined here once.
+
+The integer Q0.16 counterparts that the RTL matches bit for bit are in
+:mod:`kvcxl.firmware.fixedpoint`, beside the error bounds that relate the two.
+All functions accept Python floats or numpy arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+# Tier codes shared by placement, the simulator and the device.
+TIER_HBM_PINNED = 0
+TIER_HBM = 1
+TIER_CXL = 2
+TIER_NVME = 3
+TIER_NAMES = ("hbm-pinned", "hbm", "cxl", "nvme")
+
+
+def _out(x: NDArray) -> float | NDArray:
+    return float(x) if np.ndim(x) == 0 else x
+
+
+def ema_update(score: ArrayLike, weight: ArrayLike, alpha: float) -> float | NDArray:
+    """score[t] = α·w[t] + (1 − α)·score[t−1]; an entry not read in a step has w = 0."""
+    s = np.asarray(score, dtype=np.float64)
+    w = np.asarray(weight, dtype=np.float64)
+    return _out(alpha * w + (1.0 - alpha) * s)
+
+
+def recency_decay(steps_since_access: ArrayLike, beta: float) -> float | NDArray:
+    """r = 1 − exp(−β · steps_since_access): 0 when just touched, → 1 when long idle."""
+    idle = np.asarray(steps_since_access, dtype=np.float64)
+    return _out(-np.expm1(-beta * idle))
+
+
+def eviction_priority(
+    score: ArrayLike, steps_since_access: ArrayLike, beta: float
+) -> float | NDArray:
+    """p = (1 − score) · r. Higher evicts sooner."""
+    s = np.asarray(score, dtype=np.float64)
+    return _out((1.0 - s) * np.asarray(recency_decay(steps_since_access, beta)))
+
+
+def placement_thresholds(score: ArrayLike, keep: float, evict: float) -> int | NDArray:
+    """Threshold placement: score ≥ keep → HBM, score < evict → NVMe, else CXL DRAM."""
+    s = np.asarray(score, dtype=np.float64)
+    tier = np.where(s >= keep, TIER_HBM, np.where(s < evict, TIER_NVME, TIER_CXL))
+    return int(tier) if tier.ndim == 0 else tier.astype(np.uint8)
+
+
+def placement_value(
+    score: ArrayLike,
+    steps_since_access: ArrayLike,
+    anchor: ArrayLike,
+    beta: float,
+    weights: tuple[float, float, float],
+) -> float | NDArray:
+    """Weighted placement value P = wR·R + wE·E + wN·N with R = 1 − r, E = score, N = anchor."""
+    w_r, w_e, w_n = weights
+    recency = 1.0 - np.asarray(recency_decay(steps_since_access, beta))
+    e = np.asarray(score, dtype=np.float64)
+    n = np.asarray(anchor, dtype=np.float64)
+    return _out(w_r * recency + w_e * e + w_n * n)
+
+
+def placement_weighted(
+    score: ArrayLike,
+    steps_since_access: ArrayLike,
+    anchor: ArrayLike,
+    beta: float,
+    weights: tuple[float, float, float],
+    cuts: tuple[float, float],
+) -> int | NDArray:
+    """Weighted placement: P < low → CXL DRAM, low ≤ P < high → HBM, P ≥ high → pinned HBM."""
+    p = np.asarray(placement_value(score, steps_since_access, anchor, beta, weights))
+    low, high = cuts
+    tier = np.where(p >= high, TIER_HBM_PINNED, np.where(p >= low, TIER_HBM, TIER_CXL))
+    return int(tier) if tier.ndim == 0 else tier.astype(np.uint8)
+
+
+def rope_factor(distance_tokens: ArrayLike, scale: float) -> float | NDArray:
+    """RoPE locality term 1 / (1 + distance / scale): 1 at the touched block, ½ at `scale`."""
+    d = np.asarray(distance_tokens, dtype=np.float64)
+    return _out(1.0 / (1.0 + d / scale))
+
+
+def prefetch_rank(
+    distance_tokens: ArrayLike, score: ArrayLike, blend: tuple[float, float], scale: float
+) -> float | NDArray:
+    """Prefetch candidate rank = b_rope · rope + b_score · score (higher is fetched first)."""
+    b_rope, b_score = blend
+    rope = np.asarray(rope_factor(distance_tokens, scale))
+    return _out(b_rope * rope + b_score * np.asarray(score, dtype=np.float64))
+
+
+def ema_half_life(alpha: float) -> float:
+    """Steps for an unread entry's score to halve: ln 0.5 / ln(1 − α) (∞ never; 0 at α = 1)."""
+    if alpha >= 1.0:
+        return 0.0
+    return float(np.log(0.5) / np.log1p(-alpha))

@@ -1,0 +1,117 @@
+"""The one interface every policy implements (libCacheSim-style: admit / touch / victims).
+
+A policy owns per-entry metadata columns (numpy arrays indexed by entry id) and
+answers one question: among these eligible entries, which go first?  It does so
+through :meth:`Policy.priority` — a brute-force recomputation from current state,
+higher evicts sooner — and :meth:`Policy.select`, which by default is the exact
+O(n) selection of :func:`kvcxl.firmware.select.select_victims` over those
+priorities.  The eviction audit compares the two on every pass.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..config import PolicyConfig
+from ..select import select_victims
+from ..table import EntryTable, grow
+
+
+@dataclass(frozen=True)
+class Tick:
+    """When something happens: the global decode ``step`` and the request-batch ``time``.
+
+    ``time`` increases by one for every batch of reads (a layer of a step, or a
+    single request when replaying a request trace); ``step`` increases by one per
+    decode step.  Recency-style baselines count in ``time``; the EMA counts steps.
+    """
+
+    step: int
+    time: int
+
+
+POLICIES: dict[str, type[Policy]] = {}
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: make a policy available by its ``name``."""
+    if cls.name in POLICIES:
+        raise ValueError(f"policy name {cls.name!r} registered twice")
+    POLICIES[cls.name] = cls
+    return cls
+
+
+class Policy(ABC):
+    """Base class. Subclasses declare ``columns`` = {name: (dtype, fill)}."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    columns: ClassVar[dict[str, tuple[type, object]]] = {}
+    online: ClassVar[bool] = True  # False for policies that see the future
+
+    def __init__(self, config: PolicyConfig, table: EntryTable) -> None:
+        self.config = config
+        self.table = table
+        for col, (dtype, fill) in self.columns.items():
+            setattr(self, col, np.full(16, fill, dtype=dtype))
+
+    # --- metadata storage -------------------------------------------------------
+    def ensure(self, n: int) -> None:
+        """Room for metadata of entries 0 … n−1."""
+        for col, (_dtype, fill) in self.columns.items():
+            setattr(self, col, grow(getattr(self, col), n, fill))
+
+    def forget(self, ids: NDArray) -> None:
+        """Drop the metadata of ``ids`` (back to the column defaults)."""
+        for col, (_dtype, fill) in self.columns.items():
+            getattr(self, col)[ids] = fill
+
+    # --- events -----------------------------------------------------------------
+    def on_insert(self, ids: NDArray, tick: Tick) -> None:
+        """``ids`` became HBM-resident (a miss brought them in, a prefetch, or creation)."""
+        if not self.config.persistent_metadata:
+            self.forget(ids)
+
+    def on_access(self, ids: NDArray, weights: NDArray, tick: Tick) -> None:  # noqa: B027
+        """``ids`` were read in this batch with these attention weights (hits and misses)."""
+
+    def on_evict(self, ids: NDArray, tick: Tick) -> None:  # noqa: B027
+        """``ids`` left HBM."""
+
+    def end_step(self, tick: Tick) -> None:  # noqa: B027
+        """The decode step ``tick.step`` is over."""
+
+    # --- decisions --------------------------------------------------------------
+    @abstractmethod
+    def priority(self, ids: NDArray, tick: Tick) -> NDArray:
+        """Eviction priority of ``ids`` recomputed from current state; higher evicts sooner."""
+
+    def select(self, eligible: NDArray, k: int, tick: Tick) -> NDArray:
+        """Up to ``k`` victims among ``eligible``, in eviction order."""
+        return select_victims(eligible, self.priority(eligible, tick), k)
+
+    def wants_pin(self, ids: NDArray) -> NDArray:
+        """Which of ``ids`` this policy would pin (never evict). None by default."""
+        return np.zeros(np.asarray(ids).size, dtype=bool)
+
+    def score(self, ids: NDArray) -> NDArray:
+        """The attention score used by placement and prefetch (0 for policies without one)."""
+        return np.zeros(np.asarray(ids).size, dtype=np.float64)
+
+
+def make_policy(name: str, config: PolicyConfig, table: EntryTable, **kwargs: object) -> Policy:
+    """Instantiate a registered policy by name, with a clear error for an unknown one."""
+    from . import POLICIES as registry  # ensure every policy module is imported
+
+    try:
+        cls = registry[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown policy {name!r}; choose from: {', '.join(sorted(registry))}"
+        ) from None
+    return cls(config, table, **kwargs)

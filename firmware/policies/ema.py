@@ -1,0 +1,94 @@
+"""The seed's policy: per-entry EMA of attention, recency decay, anchor pinning.
+
+Float mode computes SPEC §4 exactly; ``mode="int"`` is the Q0.16 contract the RTL
+matches bit for bit.  Within a step, reads record their weights and a touch
+(weight ≥ touch_threshold) resets the idle counter at once; the EMA itself is
+applied to every entry at the step boundary (an unread entry gets w = 0), which is
+when the RTL's scoring engine streams the table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .. import fixedpoint as fx
+from ..config import PolicyConfig
+from ..formulas import eviction_priority
+from ..table import EntryTable
+from .base import Policy, Tick, register
+
+
+@register
+class EmaPolicy(Policy):
+    name = "ema"
+    summary = "EMA attention score × recency decay, anchors pinned (the seed's policy)"
+
+    def __init__(self, config: PolicyConfig, table: EntryTable, mode: str = "float") -> None:
+        if mode not in ("float", "int"):
+            raise ValueError(f"mode = {mode!r}: must be 'float' or 'int'")
+        self.mode = mode
+        if mode == "float":
+            self.columns = {
+                "score_": (np.float64, 0.0),
+                "idle": (np.int64, 0),
+                "w_step": (np.float64, 0.0),
+                "touched": (np.bool_, False),
+            }
+        else:
+            self.columns = {
+                "score_": (np.int64, 0),
+                "idle": (np.int64, 0),
+                "w_step": (np.int64, 0),
+                "touched": (np.bool_, False),
+            }
+            self.alpha_q = fx.alpha_to_q16(config.alpha)
+            self.touch_q = fx.to_q16(config.touch_threshold)
+            self.table_q = fx.decay_table(config.beta, config.decay_shift)
+        super().__init__(config, table)
+
+    def on_access(self, ids: NDArray, weights: NDArray, tick: Tick) -> None:
+        if self.mode == "int":
+            w = np.asarray(fx.to_q16(weights), dtype=np.int64)
+            touch = w >= self.touch_q
+        else:
+            w = np.asarray(weights, dtype=np.float64)
+            touch = w >= self.config.touch_threshold
+        # An entry read twice in one step keeps its largest weight.
+        np.maximum.at(self.w_step, ids, w)
+        hit = ids[touch]
+        self.touched[hit] = True
+        self.idle[hit] = 0
+
+    def end_step(self, tick: Tick) -> None:
+        n = self.table.n
+        self.ensure(n)
+        s, w, t = self.score_[:n], self.w_step[:n], self.touched[:n]
+        if self.mode == "int":
+            s[:] = fx.ema_update_q16(s, w, self.alpha_q)
+            self.idle[:n] = fx.idle_next(self.idle[:n], t)
+        else:
+            a = self.config.alpha
+            s *= 1.0 - a
+            s += a * w
+            idle = self.idle[:n]
+            idle += 1
+            idle[t] = 0
+        w[:] = 0
+        t[:] = False
+
+    def priority(self, ids: NDArray, tick: Tick) -> NDArray:
+        if self.mode == "int":
+            return np.asarray(
+                fx.eviction_priority_q16(
+                    self.score_[ids], self.idle[ids], self.table_q, self.config.decay_shift
+                )
+            )
+        return np.asarray(eviction_priority(self.score_[ids], self.idle[ids], self.config.beta))
+
+    def wants_pin(self, ids: NDArray) -> NDArray:
+        return self.table.first_token(ids) < self.config.anchor_zone_size
+
+    def score(self, ids: NDArray) -> NDArray:
+        s = self.score_[ids]
+        return fx.from_q16(s) if self.mode == "int" else s.astype(np.float64)

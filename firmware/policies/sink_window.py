@@ -1,0 +1,24 @@
+"""StreamingLLM: keep S attention-sink tokens and a recent window.
+
+Sinks (first token < sink_tokens) are pinned; every other entry is ranked by its
+age behind its context's newest token, oldest evicted first, so whatever budget
+remains holds the most recent window.
+"""
+
+from __future__ import annotations
+
+from numpy.typing import NDArray
+
+from .base import Policy, Tick, register
+
+
+@register
+class SinkWindowPolicy(Policy):
+    name = "sink-window"
+    summary = "StreamingLLM: attention sinks + recent window"
+
+    def priority(self, ids: NDArray, tick: Tick) -> NDArray:
+        return self.table.age_tokens(ids)
+
+    def wants_pin(self, ids: NDArray) -> NDArray:
+        return self.table.first_token(ids) < self.config.sink_tokens

@@ -31,7 +31,7 @@ class EvictionAudit:
         """Audit one selection; returns the number of wrong victims in it."""
         victims = np.asarray(victims, dtype=np.int64)
         expected = reference_order(eligible, priority)[: victims.size]
-        wrong = int(np.setdiff1d(victims, expected, assume_unique=True).size)
+        wrong = int(np.setdiff1d(np.unique(victims), expected).size)
         if victims.size != np.unique(victims).size:
             wrong += victims.size - np.unique(victims).size  # a victim chosen twice
         misordered = int(np.count_nonzero(victims != expected))

@@ -9,7 +9,11 @@ Semantics (documented in docs/policy.md):
 * Then, if the resident count exceeds the capacity, the policy evicts exactly the
   overflow — in passes of at most ``eviction_batch``, which within one call see
   the same priorities and so equal one exact top-k selection.  Every resident,
-  unpinned entry is eligible, including entries read in this batch.
+  unpinned entry is eligible except the entries read in this batch (demand
+  paging), unless the batch alone overflows the capacity.  The offline optimum
+  may also bypass (evict what it just read) unless ``protect_batch`` is set.
+* Order within a batch: misses are admitted (``on_insert``), then every read is
+  recorded (``on_access``), then the overflow is evicted.
 * Pinned entries (those the policy wants pinned, while pinned slots last) are
   never eligible; pinned slots are ``pinned_fraction × capacity``.
 """
@@ -52,6 +56,7 @@ class PolicyCache:
         *,
         audit: EvictionAudit | None = None,
         on_victims: VictimSink | None = None,
+        protect_batch: bool | None = None,
     ) -> None:
         if capacity < 0:
             raise ValueError(f"capacity = {capacity} is out of range: must be >= 0 entries")
@@ -60,6 +65,10 @@ class PolicyCache:
         self.pinned_capacity = int(policy.config.pinned_fraction * capacity)
         self.audit = audit
         self.on_victims = on_victims
+        # Demand paging keeps every entry of the batch just read (no bypass). The offline
+        # optimum may bypass (evict what it just read), which makes it the upper bound of
+        # every online policy; protect_batch=True forces classic no-bypass Belady.
+        self.protect_batch = (not policy.may_bypass) if protect_batch is None else protect_batch
         self.resident = np.zeros(16, dtype=bool)
         self.pinned = np.zeros(16, dtype=bool)
         self.n_resident = 0
@@ -80,8 +89,11 @@ class PolicyCache:
         nh = int(np.count_nonzero(hit))
         self.stats.hits += nh
         self.stats.misses += ids.size - nh
+        # Admit first (a policy without persistent metadata starts the entry afresh), then
+        # record the reads, then evict: entries read in this batch compete with fresh state.
+        self._admit(np.unique(ids[~hit]), tick, make_room=False)
         self.policy.on_access(ids, np.asarray(weights, dtype=np.float64), tick)
-        self._admit(np.unique(ids[~hit]), tick)
+        self._make_room(tick, protect=ids if self.protect_batch else None)
         return hit
 
     def insert(self, ids: NDArray, tick: Tick) -> NDArray:
@@ -111,7 +123,7 @@ class PolicyCache:
         self._remove(ids, tick)
 
     # --- internals -------------------------------------------------------------------
-    def _admit(self, ids: NDArray, tick: Tick) -> None:
+    def _admit(self, ids: NDArray, tick: Tick, make_room: bool = True) -> None:
         if ids.size == 0:
             return
         self.resident[ids] = True
@@ -123,14 +135,20 @@ class PolicyCache:
             self.pinned[want] = True
             self.stats.pinned += want.size
         self.policy.on_insert(ids, tick)
-        self._make_room(tick)
+        if make_room:
+            self._make_room(tick)
 
-    def _make_room(self, tick: Tick) -> None:
+    def _make_room(self, tick: Tick, protect: NDArray | None = None) -> None:
         over = self.n_resident - self.capacity
         if over <= 0:
             return
         n = self.resident.size
-        eligible = np.flatnonzero(self.resident[:n] & ~self.pinned[:n])
+        mask = self.resident[:n] & ~self.pinned[:n]
+        if protect is not None:
+            mask[protect] = False
+            if np.count_nonzero(mask) < over:  # the batch alone overflows: let it compete
+                mask[protect] = self.resident[protect] & ~self.pinned[protect]
+        eligible = np.flatnonzero(mask)
         victims = self.policy.select(eligible, over, tick)
         if self.audit is not None:
             self.audit.check(eligible, self.policy.priority(eligible, tick), victims)

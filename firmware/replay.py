@@ -50,6 +50,8 @@ def replay(
     audit: bool = True,
     record_victims: bool = False,
     mode: str = "float",
+    protect_batch: bool | None = None,
+    policy_kwargs: dict | None = None,
 ) -> ReplayResult:
     """Hits and misses of ``policy`` on ``batches`` with ``capacity`` resident entries.
 
@@ -61,7 +63,7 @@ def replay(
     if table is None:
         table = EntryTable(block_tokens=16)
         table.append(np.arange(n), 0, 0, 1 << 20)  # far from any anchor zone
-    kwargs: dict = {}
+    kwargs: dict = dict(policy_kwargs or {})
     if policy == "belady":
         kwargs["future"] = Future.from_batches(list(batches))
     if policy == "ema":
@@ -73,7 +75,13 @@ def replay(
     def sink(ids: NDArray, prio: NDArray, tick: Tick) -> None:
         victims.extend(zip([tick.time] * ids.size, ids.tolist(), prio.tolist(), strict=True))
 
-    cache = PolicyCache(pol, capacity, audit=aud, on_victims=sink if record_victims else None)
+    cache = PolicyCache(
+        pol,
+        capacity,
+        audit=aud,
+        on_victims=sink if record_victims else None,
+        protect_batch=protect_batch,
+    )
     cache.ensure(n)
     last_step = None
     for t, batch in enumerate(batches):

@@ -53,6 +53,7 @@ class Policy(ABC):
     summary: ClassVar[str] = ""
     columns: ClassVar[dict[str, tuple[type, object]]] = {}
     online: ClassVar[bool] = True  # False for policies that see the future
+    may_bypass: ClassVar[bool] = False  # may evict entries of the batch just read
 
     def __init__(self, config: PolicyConfig, table: EntryTable) -> None:
         self.config = config
@@ -80,8 +81,10 @@ class Policy(ABC):
     def on_access(self, ids: NDArray, weights: NDArray, tick: Tick) -> None:  # noqa: B027
         """``ids`` were read in this batch with these attention weights (hits and misses)."""
 
-    def on_evict(self, ids: NDArray, tick: Tick) -> None:  # noqa: B027
-        """``ids`` left HBM."""
+    def on_evict(self, ids: NDArray, tick: Tick) -> None:
+        """``ids`` left HBM. Without persistent metadata their state is dropped here."""
+        if not self.config.persistent_metadata:
+            self.forget(ids)
 
     def end_step(self, tick: Tick) -> None:  # noqa: B027
         """The decode step ``tick.step`` is over."""

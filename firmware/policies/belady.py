@@ -60,6 +60,7 @@ class BeladyPolicy(Policy):
     name = "belady"
     summary = "Belady's offline optimum (sees the future of the trace)"
     online = False
+    may_bypass = True
 
     def __init__(
         self, config: PolicyConfig, table: EntryTable, future: Future | None = None

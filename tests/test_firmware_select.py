@@ -1,0 +1,47 @@
+"""Exact victim selection equals the brute-force ranking; the audit notices when it does not."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kvcxl.firmware.audit import EvictionAudit
+from kvcxl.firmware.select import reference_order, select_victims
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prios=st.lists(st.integers(0, 5), min_size=0, max_size=300),
+    k=st.integers(0, 320),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_select_is_top_k_of_reference_with_many_ties(prios, k, seed):
+    rng = np.random.default_rng(seed)
+    ids = rng.permutation(10_000)[: len(prios)]
+    p = np.asarray(prios, dtype=np.int64)
+    got = select_victims(ids, p, k)
+    assert got.tolist() == reference_order(ids, p)[:k].tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(0, 1, allow_nan=False), min_size=1, max_size=200), st.integers(1, 50))
+def test_select_float_priorities(prios, k):
+    ids = np.arange(len(prios))[::-1].copy()
+    p = np.asarray(prios)
+    assert select_victims(ids, p, k).tolist() == reference_order(ids, p)[:k].tolist()
+
+
+def test_tie_break_lower_index_first():
+    ids = np.array([7, 3, 9, 1])
+    assert select_victims(ids, np.array([0.5, 0.5, 0.9, 0.5]), 3).tolist() == [9, 1, 3]
+
+
+def test_audit_counts_wrong_and_misordered():
+    a = EvictionAudit()
+    ids = np.arange(5)
+    p = np.array([0.1, 0.9, 0.5, 0.7, 0.2])
+    assert a.check(ids, p, np.array([1, 3])) == 0
+    assert a.check(ids, p, np.array([3, 1])) == 0 and a.misordered == 2
+    assert a.check(ids, p, np.array([1, 0])) == 1
+    assert a.check(ids, p, np.array([1, 1])) == 1  # the same victim chosen twice
+    assert a.checked == 8 and a.wrong == 2

@@ -1,0 +1,297 @@
+"""The device's mailbox: command handlers behind the CCI message framing.
+
+:meth:`Mailbox.execute` takes one encoded request (see :mod:`kvcxl.emu.cxl.mailbox`
+for the framing, opcodes and return codes) and always returns one encoded
+response — for malformed input the spec's return code, never an exception.
+Payload layouts follow CXL 2.0 §8.2.9 and match QEMU's ``hw/cxl`` and Linux's
+``drivers/cxl`` structures; vendor commands are documented in docs/device.md.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from collections.abc import Callable
+
+import numpy as np
+from kvcxl.emu.cxl import mailbox as mb
+from kvcxl.emu.cxl.mailbox import CciMessage, FramingError, Opcode
+from kvcxl.emu.cxl.mailbox import ReturnCode as RC
+from kvcxl.firmware.config import PARAMS, ConfigError
+
+from .device import Type3Device
+
+CAPACITY_UNIT = 256 << 20  # Identify Memory Device reports capacities in 256 MiB units
+POISON_LIST_MAX = 256  # records the device can track (QEMU uses the same limit)
+POISON_TYPE_EXTERNAL = 0x1
+POISON_TYPE_INJECTED = 0x3
+PCI_VENDOR_ID = 0x1B36  # Red Hat, Inc. (QEMU's emulated devices)
+PCI_DEVICE_ID = 0x0D93  # QEMU's CXL Type-3 device id
+REPORT_RECORD = struct.Struct("<Id")  # u32 entry id, f64 weight
+VICTIM_RECORD = struct.Struct("<IId")  # u32 time, u32 entry, f64 priority
+
+
+class MailboxError(Exception):
+    """Raised inside a handler to answer with ``rc``."""
+
+    def __init__(self, rc: RC, detail: str = "") -> None:
+        super().__init__(detail)
+        self.rc = rc
+
+
+def _cel() -> bytes:
+    return b"".join(
+        struct.pack("<HH", c.opcode, c.effects)
+        for c in sorted(mb.COMMANDS.values(), key=lambda c: c.opcode)
+    )
+
+
+class Mailbox:
+    """The CCI of one :class:`Type3Device`."""
+
+    def __init__(self, device: Type3Device) -> None:
+        self.dev = device
+        self.cel = _cel()
+        self.injected: set[int] = set()  # lines poisoned by Inject Poison (record type 3)
+        self.last_error = ""
+        self.handlers: dict[int, Callable[[bytes], bytes]] = {
+            Opcode.IDENTIFY: self._identify,
+            Opcode.GET_TIMESTAMP: self._get_timestamp,
+            Opcode.SET_TIMESTAMP: self._set_timestamp,
+            Opcode.GET_SUPPORTED_LOGS: self._get_supported_logs,
+            Opcode.GET_LOG: self._get_log,
+            Opcode.IDENTIFY_MEMORY_DEVICE: self._identify_memdev,
+            Opcode.GET_HEALTH_INFO: self._get_health_info,
+            Opcode.GET_POISON_LIST: self._get_poison_list,
+            Opcode.INJECT_POISON: self._inject_poison,
+            Opcode.CLEAR_POISON: self._clear_poison,
+            Opcode.VENDOR_GET_PARAM: self._get_param,
+            Opcode.VENDOR_SET_PARAM: self._set_param,
+            Opcode.VENDOR_ATTENTION_REPORT: self._attention_report,
+            Opcode.VENDOR_GET_STATS: self._get_stats,
+            Opcode.VENDOR_GET_VICTIMS: self._get_victims,
+        }
+
+    # --- dispatch ----------------------------------------------------------------------
+    def execute(self, raw: bytes | bytearray | memoryview) -> bytes:
+        """One encoded request in, one encoded response out."""
+        tag = raw[1] if len(raw) > 1 else 0
+        opcode = (raw[3] | raw[4] << 8) if len(raw) >= 5 else 0
+        try:
+            req = CciMessage.decode(raw)
+            rc, out = self.call(req.opcode, req.payload, req.category)
+        except FramingError as exc:
+            rc, out = exc.rc, b""
+            self.last_error = str(exc)
+        return CciMessage(mb.CAT_RESPONSE, tag, opcode, out, rc=int(rc)).encode()
+
+    def call(self, opcode: int, payload: bytes, category: int = mb.CAT_REQUEST) -> tuple[RC, bytes]:
+        """Run one command; returns (return code, output payload)."""
+        try:
+            if category != mb.CAT_REQUEST:
+                raise MailboxError(RC.INVALID_INPUT, f"category {category} is not a request")
+            cmd = mb.COMMANDS.get(opcode)
+            if cmd is None:
+                raise MailboxError(RC.UNSUPPORTED, f"opcode {opcode:#06x} is not supported")
+            if len(payload) > mb.PAYLOAD_MAX:
+                raise MailboxError(
+                    RC.INVALID_PAYLOAD_LENGTH, f"{len(payload)} B exceeds {mb.PAYLOAD_MAX} B"
+                )
+            if cmd.in_len is not None and len(payload) != cmd.in_len:
+                raise MailboxError(
+                    RC.INVALID_PAYLOAD_LENGTH,
+                    f"{cmd.name} takes {cmd.in_len} B of input, got {len(payload)}",
+                )
+            out = self.handlers[opcode](bytes(payload))
+            self.last_error = ""
+            return RC.SUCCESS, out
+        except MailboxError as exc:
+            self.last_error = str(exc)
+            return exc.rc, b""
+        except Exception as exc:  # a handler bug must not take the device down
+            self.last_error = f"internal error: {type(exc).__name__}: {exc}"
+            return RC.INTERNAL_ERROR, b""
+
+    # --- generic commands ---------------------------------------------------------------
+    def _identify(self, _: bytes) -> bytes:
+        return struct.pack(
+            "<HHHHQBB",
+            PCI_VENDOR_ID,
+            PCI_DEVICE_ID,
+            PCI_VENDOR_ID,
+            0,
+            self.dev.serial,
+            mb.PAYLOAD_MAX.bit_length() - 1,
+            0x3,  # component type: Type-3 device
+        )
+
+    def _now_ns(self) -> int:
+        off = self.dev.timestamp_offset_ns
+        return 0 if off is None else time.monotonic_ns() + off
+
+    def _get_timestamp(self, _: bytes) -> bytes:
+        return struct.pack("<Q", self._now_ns())
+
+    def _set_timestamp(self, p: bytes) -> bytes:
+        (host_ns,) = struct.unpack("<Q", p)
+        self.dev.timestamp_offset_ns = host_ns - time.monotonic_ns()
+        return b""
+
+    def _get_supported_logs(self, _: bytes) -> bytes:
+        return struct.pack("<H6x16sI", 1, mb.CEL_UUID, len(self.cel))
+
+    def _get_log(self, p: bytes) -> bytes:
+        uuid, offset, length = struct.unpack("<16sII", p)
+        if uuid != mb.CEL_UUID:
+            raise MailboxError(RC.INVALID_LOG, f"log {uuid.hex()} is not supported")
+        if length > mb.PAYLOAD_MAX or offset + length > len(self.cel):
+            raise MailboxError(
+                RC.INVALID_INPUT,
+                f"offset {offset} + length {length} is beyond the {len(self.cel)}-byte CEL",
+            )
+        return self.cel[offset : offset + length]
+
+    # --- memory device commands ----------------------------------------------------------
+    def _identify_memdev(self, _: bytes) -> bytes:
+        units = self.dev.capacity // CAPACITY_UNIT
+        return struct.pack(
+            "<16sQQQQHHHHI3sHBBH",
+            b"kvcxl fw 0.1".ljust(16, b"\0"),
+            units,  # total
+            units,  # volatile
+            0,  # persistent
+            0,  # partition alignment
+            0,
+            0,
+            0,
+            0,  # event log sizes (no event logs)
+            0,  # LSA size
+            POISON_LIST_MAX.to_bytes(3, "little"),
+            POISON_LIST_MAX,  # inject poison limit
+            0,  # poison handling capabilities
+            0,  # QoS telemetry
+            0,  # dynamic capacity event log size
+        )
+
+    def _get_health_info(self, _: bytes) -> bytes:
+        c = self.dev.counters
+        return struct.pack(
+            "<BBBBHIII",
+            0,  # health status: no maintenance needed
+            0,  # media status: normal
+            0,  # additional status
+            0,  # life used (%): not modelled
+            0xFFFF,  # temperature: not available
+            0,  # dirty shutdowns
+            min(c["poisoned_reads"], 0xFFFFFFFF),  # corrected volatile errors seen
+            0,  # corrected persistent errors
+        )
+
+    def _check_dpa(self, dpa: int, nbytes: int = 64) -> None:
+        if dpa & 63:
+            raise MailboxError(RC.INVALID_INPUT, f"DPA {dpa:#x} is not 64-byte aligned")
+        if dpa + nbytes > self.dev.capacity:
+            raise MailboxError(
+                RC.INVALID_PHYSICAL_ADDRESS,
+                f"DPA {dpa:#x} + {nbytes} is beyond capacity {self.dev.capacity:#x}",
+            )
+
+    def _get_poison_list(self, p: bytes) -> bytes:
+        dpa, lines = struct.unpack("<QQ", p)
+        if dpa & 63:
+            raise MailboxError(RC.INVALID_INPUT, f"DPA {dpa:#x} is not 64-byte aligned")
+        if lines == 0 or dpa + lines * 64 > self.dev.capacity:
+            raise MailboxError(
+                RC.INVALID_PHYSICAL_ADDRESS, f"range {dpa:#x} + {lines} lines is not on the device"
+            )
+        first, last = dpa >> 6, (dpa >> 6) + lines
+        hits = sorted(x for x in self.dev.poison if first <= x < last)
+        records: list[tuple[int, int, int]] = []  # (start line, n lines, type)
+        for line in hits:
+            typ = POISON_TYPE_INJECTED if line in self.injected else POISON_TYPE_EXTERNAL
+            if records and records[-1][0] + records[-1][1] == line and records[-1][2] == typ:
+                s, n, t = records[-1]
+                records[-1] = (s, n + 1, t)
+            else:
+                records.append((line, 1, typ))
+        room = (mb.PAYLOAD_MAX - 32) // 16
+        flags = 0x1 if len(records) > room else 0  # More Media Error Records
+        records = records[:room]
+        out = [struct.pack("<BBQH20x", flags, 0, 0, len(records))]
+        out += [struct.pack("<QII", (s << 6) | t, n, 0) for s, n, t in records]
+        return b"".join(out)
+
+    def _inject_poison(self, p: bytes) -> bytes:
+        (dpa,) = struct.unpack("<Q", p)
+        self._check_dpa(dpa)
+        line = dpa >> 6
+        if line not in self.dev.poison and len(self.injected) >= POISON_LIST_MAX:
+            raise MailboxError(RC.INJECT_POISON_LIMIT, f"{POISON_LIST_MAX} lines already injected")
+        self.dev.inject_poison(dpa)
+        self.injected.add(line)
+        return b""
+
+    def _clear_poison(self, p: bytes) -> bytes:
+        (dpa,) = struct.unpack("<Q", p[:8])
+        self._check_dpa(dpa)
+        self.dev.clear_poison(dpa, p[8:72])
+        self.injected.discard(dpa >> 6)
+        return b""
+
+    # --- vendor commands: the policy engine ------------------------------------------------
+    def _get_param(self, p: bytes) -> bytes:
+        try:
+            name = p.decode("utf-8")
+        except UnicodeDecodeError:
+            raise MailboxError(RC.INVALID_INPUT, "parameter name is not UTF-8") from None
+        values = self.dev.config.to_dict()
+        if name:
+            if name not in PARAMS:
+                raise MailboxError(RC.INVALID_INPUT, f"unknown parameter {name!r}")
+            values = {name: values[name]}
+        return json.dumps(values).encode()
+
+    def _set_param(self, p: bytes) -> bytes:
+        if not p:
+            raise MailboxError(RC.INVALID_PAYLOAD_LENGTH, "Set Policy Parameter needs a JSON body")
+        try:
+            changes = json.loads(p.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            raise MailboxError(RC.INVALID_INPUT, "payload is not a UTF-8 JSON object") from None
+        if not isinstance(changes, dict) or not changes:
+            raise MailboxError(RC.INVALID_INPUT, "payload must be a non-empty JSON object")
+        try:
+            new = self.dev.config.with_(**changes)
+        except (ConfigError, TypeError, ValueError) as exc:
+            raise MailboxError(RC.INVALID_INPUT, str(exc)) from None
+        self.dev.set_config(new)
+        return b""
+
+    def _attention_report(self, p: bytes) -> bytes:
+        if len(p) < 8:
+            raise MailboxError(RC.INVALID_PAYLOAD_LENGTH, "report header is 8 bytes")
+        step, count = struct.unpack_from("<II", p)
+        if len(p) != 8 + count * REPORT_RECORD.size:
+            raise MailboxError(
+                RC.INVALID_PAYLOAD_LENGTH,
+                f"{count} records need {8 + count * REPORT_RECORD.size} B, got {len(p)}",
+            )
+        rec = np.frombuffer(p, dtype=np.dtype([("id", "<u4"), ("w", "<f8")]), offset=8)
+        try:
+            hit = self.dev.report(step, rec["id"].astype(np.int64), rec["w"].astype(np.float64))
+        except ValueError as exc:
+            raise MailboxError(RC.INVALID_INPUT, str(exc)) from None
+        return struct.pack("<I", int(hit.sum())) + np.packbits(hit, bitorder="little").tobytes()
+
+    def _get_stats(self, _: bytes) -> bytes:
+        return json.dumps(self.dev.stats()).encode()
+
+    def _get_victims(self, p: bytes) -> bytes:
+        start, limit = struct.unpack("<II", p)
+        v = self.dev.victims
+        room = (mb.PAYLOAD_MAX - 4) // VICTIM_RECORD.size
+        part = v[start : start + min(limit, room)]
+        return struct.pack("<I", len(v)) + b"".join(
+            VICTIM_RECORD.pack(t, e, pr) for t, e, pr in part
+        )

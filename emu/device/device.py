@@ -1,0 +1,448 @@
+"""The CXL Type-3 device: HDM decoders, two media tiers, poison, timing and the firmware.
+
+Data path.  A host physical address (HPA) goes through the HDM decoders to a
+device physical address (DPA); DPA page ``p`` (``page_bytes`` each) lives in
+exactly one tier, device DRAM or NVMe, and reads and writes go to that tier.
+Correctness never depends on placement: whatever the firmware moved, a read
+returns the bytes last written (the LOSSLESS constraint, checked by the soak).
+
+Firmware.  Each DPA page is one policy entry (entry id = page number).  The host
+reports attention batches through the vendor mailbox command (Attention Report);
+each report is one batch of :meth:`kvcxl.firmware.cache.PolicyCache.access` —
+the same call, with the same step/time ticks, that
+:func:`kvcxl.firmware.replay.replay` makes — so DRAM residency is exactly the
+policy cache's residency:
+
+* a reported entry not in DRAM is a miss; the firmware admits it (NVMe → DRAM);
+* when DRAM is over its page budget the policy picks victims, which are
+  demoted (DRAM → NVMe), bytes and all.
+
+CXL.mem reads do not change placement (they are served from wherever the page
+is, with that tier's timing); only the firmware's decisions move data.  With
+``dram_pages=None`` the DRAM holds every page and nothing migrates (the layout to
+use when QEMU shares the DRAM file as its media).
+
+Errors.  Nothing here raises on host input: an access no decoder maps is
+answered MemData-NXM (reads, poisoned) or Cmp with the data dropped (writes,
+counted as ``unmapped_writes``); bad mailbox input is answered by return codes
+(see :mod:`kvcxl.emu.device.cci`).  Constructor arguments are validated with a
+ValueError naming the bad value.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from kvcxl.emu.cxl import mem
+from kvcxl.emu.cxl.hdm import HdmDecoderSet
+from kvcxl.firmware.audit import EvictionAudit
+from kvcxl.firmware.cache import PolicyCache
+from kvcxl.firmware.config import PolicyConfig
+from kvcxl.firmware.policies import POLICIES, make_policy
+from kvcxl.firmware.policies.base import Tick
+from kvcxl.firmware.table import EntryTable
+from numpy.typing import NDArray
+
+from .media import DictStore, MmapStore, zeros
+from .timing import DRAM, NVME, TierQueue, TierTiming, percentiles
+
+LINE = mem.LINE_BYTES
+_NO_ANCHOR_BLOCK = 1 << 20  # default entry row: far from any anchor zone (as replay does)
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    data: bytes
+    poisoned: bool  # some byte lies in a poisoned line
+    unmapped: bool  # some byte is not mapped to this device (read as zeros)
+    latency_ns: float
+
+
+class Type3Device:
+    """One emulated memory expander."""
+
+    def __init__(
+        self,
+        capacity: int = 1 << 30,
+        *,
+        page_bytes: int = 4096,
+        dram_pages: int | None = None,
+        policy: str = "ema",
+        config: PolicyConfig | None = None,
+        mode: str = "float",
+        dram_file: str | Path | None = None,
+        dram_timing: TierTiming = DRAM,
+        nvme_timing: TierTiming = NVME,
+        decoders: int = 4,
+        audit: bool = True,
+        record_victims: bool = False,
+        interval_ns: float | None = None,
+        serial: int = 0x4B56_4358_4C00_0001,
+    ) -> None:
+        if page_bytes < LINE or page_bytes & (page_bytes - 1) or page_bytes > 1 << 21:
+            raise ValueError(
+                f"page_bytes = {page_bytes} must be a power of two between 64 and 2 MiB"
+            )
+        self.hdm = HdmDecoderSet(capacity, decoders)  # validates capacity
+        self.capacity = capacity
+        self.page_bytes = page_bytes
+        self.page_shift = page_bytes.bit_length() - 1
+        self.n_pages = capacity // page_bytes
+        if dram_pages is not None and not 0 < dram_pages:
+            raise ValueError(f"dram_pages = {dram_pages} must be > 0 (or None: all pages)")
+        self.tiering = dram_pages is not None and dram_pages < self.n_pages
+        self.dram_pages = dram_pages if self.tiering else self.n_pages
+        if policy not in POLICIES or not POLICIES[policy].online:
+            online = sorted(n for n, c in POLICIES.items() if c.online)
+            raise ValueError(f"policy = {policy!r} is not an online policy; choose from {online}")
+        if mode not in ("float", "int"):
+            raise ValueError(f"mode = {mode!r} must be 'float' or 'int'")
+        self.policy_name = policy
+        self.mode = mode
+        self.config = config or PolicyConfig()
+        self.table = EntryTable(block_tokens=16)
+        self.audit = EvictionAudit() if audit else None
+        self.policy = self._make_policy(self.config)
+        self.cache = PolicyCache(
+            self.policy, self.dram_pages, audit=self.audit, on_victims=self._on_victims
+        )
+        self.record_victims = record_victims
+        self.victims: list[tuple[int, int, float]] = []
+        self.time = 0
+        self.step: int | None = None
+
+        self.dram = (
+            MmapStore(dram_file, capacity, page_bytes) if dram_file else DictStore(page_bytes)
+        )
+        self.nvme = DictStore(page_bytes)
+        # 1 = the page's bytes live in DRAM.  A bytearray indexes fastest from Python.
+        self.in_dram = bytearray(b"\x01" * self.n_pages if not self.tiering else self.n_pages)
+        self.poison: set[int] = set()  # poisoned DPA line numbers
+        self.queues = {"dram": TierQueue(dram_timing), "nvme": TierQueue(nvme_timing)}
+        self.latencies = array("d")
+        self.clock_ns = 0.0
+        self.interval_ns = interval_ns
+        self.serial = serial
+        self.timestamp_offset_ns: int | None = None  # host time − device clock, once set
+        self.counters = dict.fromkeys(
+            (
+                "reads",
+                "writes",
+                "read_bytes",
+                "write_bytes",
+                "mem_requests",
+                "spec_reads",
+                "invalidates",
+                "unmapped_reads",
+                "unmapped_writes",
+                "poisoned_reads",
+                "migrations_to_dram",
+                "migrations_to_nvme",
+                "bytes_migrated",
+                "reports",
+                "reported_entries",
+            ),
+            0,
+        )
+
+    # --- policy plumbing --------------------------------------------------------------
+    def _make_policy(self, config: PolicyConfig):
+        kw = {"mode": self.mode} if self.policy_name == "ema" else {}
+        return make_policy(self.policy_name, config, self.table, **kw)
+
+    def set_config(self, config: PolicyConfig) -> None:
+        """Apply new policy parameters, keeping every entry's metadata and residency."""
+        new = self._make_policy(config)
+        old = self.policy
+        if set(new.columns) == set(old.columns):
+            for col in new.columns:
+                setattr(new, col, getattr(old, col))
+        self.policy = self.cache.policy = new
+        self.config = config
+        self.cache.pinned_capacity = int(config.pinned_fraction * self.cache.capacity)
+
+    def _ensure_entries(self, top: int) -> None:
+        if self.table.n <= top:
+            self.table.append(np.arange(self.table.n, top + 1), 0, 0, _NO_ANCHOR_BLOCK)
+
+    def report(self, step: int, ids: NDArray, weights: NDArray) -> NDArray:
+        """Ingest one attention batch; returns the hit mask (entry in DRAM at batch start).
+
+        Raises ValueError for ids outside the device or weights outside [0, 1].
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        w = np.asarray(weights, dtype=np.float64)
+        if ids.shape != w.shape or ids.ndim != 1:
+            raise ValueError(f"ids {ids.shape} and weights {w.shape} must be equal 1-D shapes")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.n_pages):
+            bad = int(ids.min() if ids.min() < 0 else ids.max())
+            raise ValueError(f"entry {bad} is outside the device's 0 … {self.n_pages - 1}")
+        if w.size and not (np.isfinite(w).all() and w.min() >= 0.0 and w.max() <= 1.0):
+            raise ValueError("attention weights must be finite and within [0, 1]")
+        if self.step is not None and step != self.step:
+            self.cache.end_step(Tick(self.step, self.time - 1))
+        self.step = step
+        if ids.size:
+            self._ensure_entries(int(ids.max()))
+        hit = self.cache.access(ids, w, Tick(step, self.time))
+        if self.tiering and ids.size:
+            missed = np.unique(ids[~hit])
+            for p in missed[self.cache.is_resident(missed)].tolist():
+                self._promote(p)
+        self.time += 1
+        self.counters["reports"] += 1
+        self.counters["reported_entries"] += int(ids.size)
+        return hit
+
+    def finish_step(self) -> None:
+        """Close the current decode step (what replay does after its last batch)."""
+        if self.step is not None:
+            self.cache.end_step(Tick(self.step, self.time - 1))
+            self.step = None
+
+    def _on_victims(self, ids: NDArray, prio: NDArray, tick: Tick) -> None:
+        if self.record_victims:
+            self.victims.extend(
+                zip([tick.time] * ids.size, ids.tolist(), prio.tolist(), strict=True)
+            )
+        if self.tiering:
+            for p in ids.tolist():
+                self._demote(p)
+
+    def _move(self, p: int, src, dst, src_q: str, dst_q: str) -> None:
+        data = src.take(p)
+        if data is not None:
+            dst.put(p, data)
+            t = self.clock_ns
+            self.queues[src_q].serve(t, self.page_bytes, record=False)
+            self.queues[dst_q].serve(t, self.page_bytes, record=False)
+            self.counters["bytes_migrated"] += self.page_bytes
+
+    def _demote(self, p: int) -> None:
+        if self.in_dram[p]:
+            self._move(p, self.dram, self.nvme, "dram", "nvme")
+            self.in_dram[p] = 0
+            self.counters["migrations_to_nvme"] += 1
+
+    def _promote(self, p: int) -> None:
+        if not self.in_dram[p]:
+            self._move(p, self.nvme, self.dram, "nvme", "dram")
+            self.in_dram[p] = 1
+            self.counters["migrations_to_dram"] += 1
+
+    # --- DPA access -------------------------------------------------------------------
+    def _arrival(self, at: float | None) -> float:
+        return self.clock_ns if at is None else float(at)
+
+    def _advance(self, t: float, done: float) -> None:
+        self.latencies.append(done - t)
+        self.clock_ns = done if self.interval_ns is None else t + self.interval_ns
+
+    def _dpa_read(self, dpa: int, n: int, t: float) -> tuple[bytes, float]:
+        out = []
+        done = t
+        shift, pb = self.page_shift, self.page_bytes
+        while n > 0:
+            p = dpa >> shift
+            off = dpa & (pb - 1)
+            m = min(n, pb - off)
+            if self.in_dram[p]:
+                out.append(self.dram.read(p, off, m))
+                d = self.queues["dram"].serve(t, m)
+            else:
+                out.append(self.nvme.read(p, off, m))
+                d = self.queues["nvme"].serve(t, m)
+            done = max(done, d)
+            dpa += m
+            n -= m
+        return b"".join(out), done
+
+    def _dpa_write(self, dpa: int, data: bytes | memoryview, t: float) -> float:
+        done = t
+        shift, pb = self.page_shift, self.page_bytes
+        i = 0
+        n = len(data)
+        while i < n:
+            p = dpa >> shift
+            off = dpa & (pb - 1)
+            m = min(n - i, pb - off)
+            if self.in_dram[p]:
+                self.dram.write(p, off, data[i : i + m])
+                d = self.queues["dram"].serve(t, m)
+            else:
+                self.nvme.write(p, off, data[i : i + m])
+                d = self.queues["nvme"].serve(t, m)
+            done = max(done, d)
+            dpa += m
+            i += m
+        return done
+
+    def _poisoned(self, dpa: int, n: int) -> bool:
+        if not self.poison:
+            return False
+        return any(line in self.poison for line in range(dpa >> 6, (dpa + n - 1 >> 6) + 1))
+
+    def _update_poison(self, dpa: int, n: int, poison: bool) -> None:
+        first, last = dpa >> 6, (dpa + n - 1) >> 6
+        if poison:
+            self.poison.update(range(first, last + 1))
+        elif self.poison:
+            # A write covering a whole line replaces its content: the poison is gone.
+            lo = first if dpa & 63 == 0 else first + 1
+            hi = last if (dpa + n) & 63 == 0 else last - 1
+            for line in range(lo, hi + 1):
+                self.poison.discard(line)
+
+    # --- HPA byte ranges (the host's view; used by the service, soak and QEMU bridge) ---
+    def read(self, hpa: int, n: int, at: float | None = None) -> ReadResult:
+        """Read ``n`` bytes at ``hpa`` through the decoders."""
+        t = self._arrival(at)
+        parts = []
+        done = t
+        poisoned = unmapped = False
+        if n < 0 or hpa < 0 or hpa + n > mem.HPA_LIMIT:
+            raise ValueError(f"read of {n} bytes at {hpa:#x} is outside the 52-bit HPA space")
+        for _h, dpa, k in self.hdm.chunks(hpa, n):
+            if dpa is None:
+                parts.append(zeros(k))
+                unmapped = True
+                continue
+            data, d = self._dpa_read(dpa, k, t)
+            parts.append(data)
+            done = max(done, d)
+            poisoned = poisoned or self._poisoned(dpa, k)
+        c = self.counters
+        c["reads"] += 1
+        c["read_bytes"] += n
+        c["unmapped_reads"] += unmapped
+        c["poisoned_reads"] += poisoned
+        self._advance(t, done)
+        return ReadResult(b"".join(parts), poisoned, unmapped, done - t)
+
+    def write(
+        self, hpa: int, data: bytes | memoryview, poison: bool = False, at: float | None = None
+    ) -> bool:
+        """Write ``data`` at ``hpa``; returns False when some byte was not mapped (dropped)."""
+        t = self._arrival(at)
+        done = t
+        n = len(data)
+        if hpa < 0 or hpa + n > mem.HPA_LIMIT:
+            raise ValueError(f"write of {n} bytes at {hpa:#x} is outside the 52-bit HPA space")
+        view = memoryview(data)
+        mapped = True
+        for h, dpa, k in self.hdm.chunks(hpa, n):
+            if dpa is None:
+                mapped = False
+                continue
+            i = h - hpa
+            done = max(done, self._dpa_write(dpa, view[i : i + k], t))
+            self._update_poison(dpa, k, poison)
+        c = self.counters
+        c["writes"] += 1
+        c["write_bytes"] += n
+        c["unmapped_writes"] += not mapped
+        self._advance(t, done)
+        return mapped
+
+    # --- CXL.mem ----------------------------------------------------------------------
+    def handle(self, msg: mem.Message, at: float | None = None) -> mem.Message | None:
+        """Serve one M2S message; returns the S2M response (None for MemSpecRd).
+
+        ``msg`` must be a validated M2S message (as :func:`mem.decode` returns);
+        an S2M message is a host error and raises ValueError.
+        """
+        self.counters["mem_requests"] += 1
+        if isinstance(msg, mem.M2SReq):
+            op = msg.opcode
+            if op == mem.M2SReqOpcode.MEM_INV:
+                # Host-only coherent memory keeps no device-side copy to invalidate.
+                self.counters["invalidates"] += 1
+                return mem.S2MNDR(mem.S2MNDROpcode.CMP, msg.tag, ld_id=msg.ld_id)
+            if op == mem.M2SReqOpcode.MEM_SPEC_RD:
+                # A speculative read is a hint: no completion is returned for it.
+                self.counters["spec_reads"] += 1
+                return None
+            dpa = self.hdm.translate(msg.addr << 6)
+            t = self._arrival(at)
+            if dpa is None:
+                self.counters["unmapped_reads"] += 1
+                self._advance(t, t)
+                return mem.S2MDRS(
+                    mem.S2MDRSOpcode.MEM_DATA_NXM, msg.tag, zeros(LINE), poison=1, ld_id=msg.ld_id
+                )
+            data, done = self._dpa_read(dpa, LINE, t)
+            poisoned = (dpa >> 6) in self.poison
+            self.counters["reads"] += 1
+            self.counters["read_bytes"] += LINE
+            self.counters["poisoned_reads"] += poisoned
+            self._advance(t, done)
+            return mem.S2MDRS(
+                mem.S2MDRSOpcode.MEM_DATA, msg.tag, data, poison=int(poisoned), ld_id=msg.ld_id
+            )
+        if isinstance(msg, mem.M2SRwD):
+            dpa = self.hdm.translate(msg.addr << 6)
+            t = self._arrival(at)
+            if dpa is None:
+                self.counters["unmapped_writes"] += 1
+                self._advance(t, t)
+            else:
+                be = msg.byte_enable
+                if be == mem.ALL_BYTES:
+                    done = self._dpa_write(dpa, msg.data, t)
+                    self._update_poison(dpa, LINE, bool(msg.poison))
+                else:
+                    old, _ = self._dpa_read(dpa, LINE, t)
+                    line = bytearray(old)
+                    for i in range(LINE):
+                        if be >> i & 1:
+                            line[i] = msg.data[i]
+                    done = self._dpa_write(dpa, bytes(line), t)
+                    if msg.poison:
+                        self.poison.add(dpa >> 6)
+                self.counters["writes"] += 1
+                self.counters["write_bytes"] += be.bit_count()
+                self._advance(t, done)
+            return mem.S2MNDR(mem.S2MNDROpcode.CMP, msg.tag, ld_id=msg.ld_id)
+        raise ValueError(f"{type(msg).__name__} is a device-to-host message, not a request")
+
+    # --- poison (mailbox) -------------------------------------------------------------
+    def inject_poison(self, dpa: int) -> None:
+        self.poison.add(dpa >> 6)
+
+    def clear_poison(self, dpa: int, data: bytes) -> None:
+        self._dpa_write(dpa, data, self.clock_ns)
+        self.poison.discard(dpa >> 6)
+
+    # --- statistics -------------------------------------------------------------------
+    def check_placement(self) -> bool:
+        """Invariant: pages in DRAM are exactly the policy cache's resident entries."""
+        if not self.tiering:
+            return True
+        res = self.cache.is_resident(np.arange(self.n_pages))
+        return bool(np.array_equal(res, np.frombuffer(self.in_dram, dtype=np.uint8) == 1))
+
+    def stats(self) -> dict:
+        return {
+            "capacity_bytes": self.capacity,
+            "page_bytes": self.page_bytes,
+            "dram_pages": self.dram_pages,
+            "tiering": self.tiering,
+            "policy": self.policy_name,
+            "counters": dict(self.counters),
+            "pages_in_dram": len(self.dram),
+            "pages_in_nvme": len(self.nvme),
+            "poisoned_lines": len(self.poison),
+            "cache": self.cache.stats.as_dict(),
+            "audit": self.audit.as_dict() if self.audit else {},
+            "tiers": {k: q.summary() for k, q in self.queues.items()},
+            "requests": percentiles(self.latencies),
+            "clock_ns": round(self.clock_ns, 1),
+            "evidence": "Simulated (timing from the Analytical tier model)",
+        }
+
+    def close(self) -> None:
+        self.dram.close()
+        self.nvme.close()

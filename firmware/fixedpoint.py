@@ -59,17 +59,27 @@ def alpha_to_q16(alpha: float) -> int:
     return int(min(max(round(alpha * Q_ONE), 1), Q_ONE))
 
 
+def _work(x: ArrayLike) -> NDArray:
+    """Operands as uint32 when they are narrow unsigned arrays (every intermediate of the
+    contract is < 2³²: 65536·65535 + 32768 < 2³²), else int64."""
+    a = np.asarray(x)
+    if a.dtype in (np.uint16, np.uint32):
+        return a.astype(np.uint32, copy=False)
+    return a.astype(np.int64, copy=False)
+
+
 def ema_update_q16(score: ArrayLike, weight: ArrayLike, alpha_q: int) -> int | NDArray:
     """score' = (α·w + (65536 − α)·score + 32768) >> 16 — never exceeds 65535."""
-    s = np.asarray(score, dtype=np.int64)
-    w = np.asarray(weight, dtype=np.int64)
+    s, w = _work(score), _work(weight)
     return _int_out((alpha_q * w + (Q_ONE - alpha_q) * s + HALF) >> FRAC_BITS)
 
 
 def idle_next(idle: ArrayLike, touched: ArrayLike) -> int | NDArray:
     """The idle counter at a step boundary: 0 if touched in the step, else +1 saturating."""
-    i = np.asarray(idle, dtype=np.int64)
-    return _int_out(np.where(np.asarray(touched, dtype=bool), 0, np.minimum(i + 1, IDLE_MAX)))
+    i = _work(idle)
+    return _int_out(
+        np.where(np.asarray(touched, dtype=bool), 0, np.minimum(i + 1, IDLE_MAX)).astype(i.dtype)
+    )
 
 
 def decay_table(beta: float, shift: int) -> NDArray:
@@ -80,7 +90,7 @@ def decay_table(beta: float, shift: int) -> NDArray:
 
 def decay_index(idle: ArrayLike, shift: int) -> int | NDArray:
     """Table index min(idle >> shift, 255) of a (saturated) idle count."""
-    i = np.minimum(np.asarray(idle, dtype=np.int64), IDLE_MAX)
+    i = np.minimum(_work(idle), IDLE_MAX)
     return _int_out(np.minimum(i >> shift, DECAY_TABLE_SIZE - 1))
 
 
@@ -88,8 +98,8 @@ def eviction_priority_q16(
     score: ArrayLike, idle: ArrayLike, table: NDArray, shift: int
 ) -> int | NDArray:
     """priority = ((65535 − score) · DECAY[min(idle >> shift, 255)] + 32768) >> 16."""
-    s = np.asarray(score, dtype=np.int64)
-    d = np.asarray(table, dtype=np.int64)[np.asarray(decay_index(idle, shift))]
+    s = _work(score)
+    d = np.asarray(table).astype(s.dtype)[np.asarray(decay_index(idle, shift))]
     return _int_out(((Q_MAX - s) * d + HALF) >> FRAC_BITS)
 
 

@@ -10,11 +10,20 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+_SAMPLE_FROM = 1 << 18  # tables at least this large use the sampled threshold for small k
+_SAMPLE_SIZE = 1 << 14
+
+
+def _signed(priority: NDArray) -> NDArray:
+    """Priorities in a dtype that negates safely (unsigned integers widen to int64)."""
+    p = np.asarray(priority)
+    return p.astype(np.int64) if p.dtype.kind == "u" else p
+
 
 def reference_order(ids: NDArray, priority: NDArray) -> NDArray:
     """All ``ids`` sorted by (priority descending, id ascending): the brute-force ranking."""
     ids = np.asarray(ids, dtype=np.int64)
-    order = np.lexsort((ids, -np.asarray(priority)))
+    order = np.lexsort((ids, -_signed(priority)))
     return ids[order]
 
 
@@ -27,6 +36,16 @@ def select_victims(ids: NDArray, priority: NDArray, k: int) -> NDArray:
         return np.empty(0, dtype=np.int64)
     if k >= n:
         return reference_order(ids, priority)
+    if n >= _SAMPLE_FROM and k * 64 <= n:
+        # Few victims from many entries: a threshold from a strided sample keeps only a
+        # small candidate set.  Exact whenever at least k entries pass it (then the k-th
+        # largest priority is >= the threshold, so the whole top-k passes); else fall back.
+        stride = n // _SAMPLE_SIZE
+        sample = np.sort(priority[::stride])
+        rank = min(sample.size, 4 * (k * sample.size) // n + 16)
+        cand = np.flatnonzero(priority >= sample[sample.size - rank])
+        if k <= cand.size <= n // 4:  # (many ties at the threshold: no gain, fall back)
+            return select_victims(ids[cand], priority[cand], k)
     kth = np.partition(priority, n - k)[n - k]  # the k-th largest priority
     above = priority > kth
     tied = np.flatnonzero(priority == kth)

@@ -36,10 +36,12 @@ class EmaPolicy(Policy):
                 "touched": (np.bool_, False),
             }
         else:
+            # Q0.16 values and the 16-bit idle counter, held in uint32 so that every
+            # intermediate of the contract (< 2³²) is computed without widening.
             self.columns = {
-                "score_": (np.int64, 0),
-                "idle": (np.int64, 0),
-                "w_step": (np.int64, 0),
+                "score_": (np.uint32, 0),
+                "idle": (np.uint32, 0),
+                "w_step": (np.uint32, 0),
                 "touched": (np.bool_, False),
             }
             self.alpha_q = fx.alpha_to_q16(config.alpha)
@@ -49,7 +51,7 @@ class EmaPolicy(Policy):
 
     def on_access(self, ids: NDArray, weights: NDArray, tick: Tick) -> None:
         if self.mode == "int":
-            w = np.asarray(fx.to_q16(weights), dtype=np.int64)
+            w = np.asarray(fx.to_q16(weights), dtype=np.uint32)
             touch = w >= self.touch_q
         else:
             w = np.asarray(weights, dtype=np.float64)

@@ -109,6 +109,10 @@ class Type3Device:
         self.cache = PolicyCache(
             self.policy, self.dram_pages, audit=self.audit, on_victims=self._on_victims
         )
+        # Every page is an entry from the start, as in replay: idle counters of entries
+        # not read yet advance with the steps like everyone else's.
+        self.table.append(np.arange(self.n_pages), 0, 0, _NO_ANCHOR_BLOCK)
+        self.cache.ensure(self.n_pages)
         self.record_victims = record_victims
         self.victims: list[tuple[int, int, float]] = []
         self.time = 0
@@ -164,10 +168,6 @@ class Type3Device:
         self.config = config
         self.cache.pinned_capacity = int(config.pinned_fraction * self.cache.capacity)
 
-    def _ensure_entries(self, top: int) -> None:
-        if self.table.n <= top:
-            self.table.append(np.arange(self.table.n, top + 1), 0, 0, _NO_ANCHOR_BLOCK)
-
     def report(self, step: int, ids: NDArray, weights: NDArray) -> NDArray:
         """Ingest one attention batch; returns the hit mask (entry in DRAM at batch start).
 
@@ -185,8 +185,6 @@ class Type3Device:
         if self.step is not None and step != self.step:
             self.cache.end_step(Tick(self.step, self.time - 1))
         self.step = step
-        if ids.size:
-            self._ensure_entries(int(ids.max()))
         hit = self.cache.access(ids, w, Tick(step, self.time))
         if self.tiering and ids.size:
             missed = np.unique(ids[~hit])

@@ -16,6 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     pp = psub.add_parser("params", help="list every parameter with default, range and effect")
     pp.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pp.add_argument("--markdown", action="store_true", help="print the table in docs/policy.md")
     pp.set_defaults(func=_params)
 
     pc = psub.add_parser("check", help="validate a configuration TOML file")
@@ -50,6 +51,9 @@ def _params(args: argparse.Namespace) -> int:
     from .config import PARAMS, PolicyConfig
 
     default = PolicyConfig().to_dict()
+    if args.markdown:
+        print(params_markdown())
+        return 0
     if args.json:
         print(
             json.dumps(
@@ -65,6 +69,20 @@ def _params(args: argparse.Namespace) -> int:
         print(f"{k:<24} default {default[k]!s:<20} range {p.range_text}")
         print(f"{'':<24} {p.doc}\n")
     return 0
+
+
+def params_markdown() -> str:
+    """The parameter table of docs/policy.md, generated from the configuration itself."""
+    from .config import PARAMS, PolicyConfig
+
+    default = PolicyConfig().to_dict()
+    rows = [
+        "| parameter | default | range | what it controls, which way it pushes |",
+        "|---|---|---|---|",
+    ]
+    for k, p in PARAMS.items():
+        rows.append(f"| `{k}` | `{default[k]}` | {p.range_text} | {p.doc} |")
+    return "\n".join(rows)
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -45,3 +45,18 @@ def test_audit_counts_wrong_and_misordered():
     assert a.check(ids, p, np.array([1, 0])) == 1
     assert a.check(ids, p, np.array([1, 1])) == 1  # the same victim chosen twice
     assert a.checked == 8 and a.wrong == 2
+
+
+def test_sampled_threshold_path_is_exact_on_large_tables():
+    rng = np.random.default_rng(11)
+    n = 300_000
+    ids = rng.permutation(n)
+    cases = [
+        rng.random(n),  # distinct floats
+        rng.integers(0, 3, n),  # massive ties
+        np.sort(rng.random(n)),  # sorted: the strided sample sees a skewed picture
+        np.where(np.arange(n) % 1000 == 0, 1.0, 0.0),  # sparse maxima
+    ]
+    for p in cases:
+        for k in (1, 64, 4000):
+            assert select_victims(ids, p, k).tolist() == reference_order(ids, p)[:k].tolist()

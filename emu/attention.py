@@ -1,0 +1,185 @@
+"""Synthetic attention: per-block weights with sinks, a recent window, retrieval heads and noise.
+
+For one decode step of one context the model gives, for every (layer, KV head,
+block), the weight the host would report (SPEC §3): the block's share of the
+softmax mass, computed for each query head of the GQA group and aggregated by
+``max`` or ``mean``.  Per query head the mass is split into
+
+* a **sink** share on block 0 (attention sinks; the share grows with depth, as
+  measured on SmolLM2: layers 12–28 put 30–60 % on position 0),
+* a **recent window** share spread over the newest tokens with exponential decay,
+* a **retrieval** share that a few sharp heads put on a handful of *needle*
+  blocks of the context (fixed per context: long-range reuse),
+* the **background** rest, spread by a per-block *relevance* drawn once when the
+  block is created (lognormal: a few heavy hitters) times per-step jitter.
+
+Every parameter lives in :class:`AttentionParams`, so that real traces can fit
+them (issue #7); every random draw comes from a seeded generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .shape import ModelShape
+
+
+@dataclass(frozen=True)
+class AttentionParams:
+    """Parameters of the synthetic attention model (fractions of each head's softmax mass)."""
+
+    sink_mass_first: float = 0.05  # sink share at layer 0
+    sink_mass_last: float = 0.45  # sink share at the last layer (linear in between)
+    recent_mass: float = 0.34  # share on the newest tokens (SmolLM2: 34 % on the last 32)
+    recent_tokens: float = 32.0  # e-folding distance of the recent window, in tokens
+    relevance_sigma: float = 1.2  # lognormal σ of per-block relevance (heavy hitters)
+    jitter_sigma: float = 0.3  # lognormal σ of per-step, per-block background jitter
+    group_sigma: float = 0.25  # lognormal σ between the query heads of one GQA group
+    retrieval_fraction: float = 0.05  # share of (layer, KV head) pairs that are retrieval heads
+    retrieval_mass: float = 0.5  # share a retrieval head puts on the needles
+    needles: int = 2  # needle blocks per context
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not np.isfinite(v) or v < 0:
+                raise ValueError(f"attention parameter {f.name} = {v!r}: must be finite and >= 0")
+        for name in ("sink_mass_first", "sink_mass_last", "retrieval_fraction", "retrieval_mass"):
+            if getattr(self, name) > 1:
+                raise ValueError(
+                    f"attention parameter {name} = {getattr(self, name)!r}: must be <= 1"
+                )
+        if max(self.sink_mass_first, self.sink_mass_last) + self.recent_mass > 1:
+            raise ValueError("attention parameters: sink_mass + recent_mass must be <= 1")
+
+    def with_(self, **changes: Any) -> AttentionParams:
+        return AttentionParams(**{**asdict(self), **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ContextAttention:
+    """Per-context state of the model: block relevance and needle positions."""
+
+    def __init__(
+        self,
+        shape: ModelShape,
+        params: AttentionParams,
+        rng: np.random.Generator,
+        needle_blocks: NDArray | None = None,
+    ) -> None:
+        self.shape = shape
+        self.params = params
+        self.rng = rng
+        self.rel = np.zeros((shape.layers, shape.kv_heads, 0), dtype=np.float32)
+        self.needle_blocks = needle_blocks
+        self.n_blocks = 0
+
+    def grow(self, n_blocks: int) -> None:
+        """Draw relevance for blocks up to ``n_blocks`` (new blocks only)."""
+        if n_blocks <= self.n_blocks:
+            return
+        s, p = self.shape, self.params
+        new = self.rng.lognormal(
+            0.0, p.relevance_sigma, size=(s.layers, s.kv_heads, n_blocks - self.n_blocks)
+        ).astype(np.float32)
+        self.rel = np.concatenate([self.rel, new], axis=2)
+        self.n_blocks = n_blocks
+        if self.needle_blocks is None and n_blocks >= 4:
+            # Needles somewhere in the older part of the context, chosen once.
+            hi = max(2, n_blocks // 2)
+            self.needle_blocks = np.unique(self.rng.integers(1, hi, size=p.needles))
+
+
+class AttentionModel:
+    """Weights for every (layer, KV head, block) of a context at one decode step."""
+
+    def __init__(
+        self, shape: ModelShape, params: AttentionParams, aggregation: str, seed: int
+    ) -> None:
+        if aggregation not in ("max", "mean"):
+            raise ValueError(f"aggregation = {aggregation!r}: must be 'max' or 'mean'")
+        self.shape = shape
+        self.params = params
+        self.aggregation = aggregation
+        L, H = shape.layers, shape.kv_heads
+        p = params
+        self.sink = np.linspace(p.sink_mass_first, p.sink_mass_last, L, dtype=np.float32)
+        rng = np.random.default_rng([seed, 0xA77E])
+        n_ret = round(p.retrieval_fraction * L * H)
+        if p.retrieval_fraction > 0:
+            n_ret = max(1, n_ret)
+        self.retrieval = np.zeros((L, H), dtype=bool)
+        self.retrieval.flat[rng.choice(L * H, size=min(n_ret, L * H), replace=False)] = True
+
+    def weights(self, ctx: ContextAttention, n_tokens: int, rng: np.random.Generator) -> NDArray:
+        """(layers, kv_heads, n_blocks) float32 weights for the query at position n_tokens − 1."""
+        s, p = self.shape, self.params
+        nb = -(-n_tokens // s.block_tokens)
+        ctx.grow(nb)
+        L, H, G = s.layers, s.kv_heads, s.group_size
+        rel = ctx.rel[:, :, :nb]
+        jitter = rng.lognormal(0.0, p.jitter_sigma, size=(1, H, nb)).astype(np.float32)
+        bg = rel * jitter
+        bg /= bg.sum(axis=2, keepdims=True)
+        # Recent window: exponential in the distance (tokens) of the block's last token.
+        last_tok = np.minimum((np.arange(nb) + 1) * s.block_tokens, n_tokens) - 1
+        dist = (n_tokens - 1 - last_tok).astype(np.float32)
+        rec = np.exp(-dist / np.float32(max(p.recent_tokens, 1e-6)))
+        rec /= rec.sum()
+        ret_mass = np.where(self.retrieval, p.retrieval_mass, 0.0).astype(np.float32)
+        needles = ctx.needle_blocks
+        if needles is None or needles.size == 0:
+            ret_mass[:] = 0.0
+        sink = self.sink[:, None] * (1.0 - ret_mass)  # a retrieval head's mass goes to needles
+        bg_mass = np.clip(1.0 - sink - p.recent_mass - ret_mass, 0.0, None)
+        out = None
+        for _g in range(G):
+            gain = rng.lognormal(0.0, p.group_sigma, size=(L, H, 1)).astype(np.float32)
+            w = bg * (bg_mass[:, :, None] * gain)
+            w += (p.recent_mass * rec)[None, None, :]
+            w[:, :, 0] += sink
+            if needles is not None and needles.size:
+                w[:, :, needles[needles < nb]] += (ret_mass / max(needles.size, 1))[:, :, None]
+            w /= w.sum(axis=2, keepdims=True)
+            if out is None:
+                out = w
+            elif self.aggregation == "max":
+                np.maximum(out, w, out=out)
+            else:
+                out += w
+        assert out is not None
+        if self.aggregation == "mean" and G > 1:
+            out /= G
+        return out
+
+
+def sparse_mask(weights: NDArray, mode: str, value: float) -> NDArray:
+    """Which blocks a sparse runtime reads: the top-k per (layer, head), or weight ≥ threshold.
+
+    ``mode`` is ``"dense"`` (everything), ``"topk"`` (``value`` blocks per head, as
+    Quest-style runtimes select) or ``"threshold"`` (weight ≥ ``value``).
+    """
+    if mode == "dense":
+        return np.ones(weights.shape, dtype=bool)
+    if mode == "topk":
+        k = int(value)
+        if k < 1:
+            raise ValueError(f"top-k = {value!r}: must be >= 1")
+        nb = weights.shape[-1]
+        if k >= nb:
+            return np.ones(weights.shape, dtype=bool)
+        idx = np.argpartition(-weights, k - 1, axis=-1)[..., :k]
+        mask = np.zeros(weights.shape, dtype=bool)
+        np.put_along_axis(mask, idx, True, axis=-1)
+        return mask
+    if mode == "threshold":
+        if not 0 <= value <= 1:
+            raise ValueError(f"sparse threshold = {value!r}: must be in [0, 1]")
+        return weights >= value
+    raise ValueError(f"read mode {mode!r}: must be 'dense', 'topk' or 'threshold'")

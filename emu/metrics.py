@@ -1,0 +1,114 @@
+"""Statistics over seeds (seed §K.6): means with 95 % confidence intervals, percentiles.
+
+The confidence interval of a mean over n seeds is ``mean ± t(0.975, n−1) · s / √n``
+with the sample standard deviation s and Student's t quantile (tabulated below,
+so no SciPy is needed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+# Student's t, two-sided 95 % (the 0.975 quantile), by degrees of freedom.
+_T975 = {
+    1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+    9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120,
+    17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064,
+    25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042, 40: 2.021, 60: 2.000,
+    120: 1.980,
+}  # fmt: skip
+
+
+def t975(df: int) -> float:
+    """The 0.975 quantile of Student's t with ``df`` degrees of freedom."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom = {df}: must be >= 1")
+    if df in _T975:
+        return _T975[df]
+    if df > 120:
+        return 1.960 + (1.980 - 1.960) * 120 / df  # → the normal 1.960
+    keys = sorted(_T975)
+    hi = next(k for k in keys if k > df)
+    lo = max(k for k in keys if k < df)
+    # Interpolate linearly in 1/df, which is close to exact in this range.
+    f = (1 / lo - 1 / df) / (1 / lo - 1 / hi)
+    return _T975[lo] + f * (_T975[hi] - _T975[lo])
+
+
+def mean_ci(values: Sequence[float]) -> dict[str, Any]:
+    """Mean, 95 % CI half-width and bounds, sample std and n (CI is None for n = 1)."""
+    x = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    n = int(x.size)
+    if n == 0:
+        return {"mean": None, "ci95": None, "lo": None, "hi": None, "std": None, "n": 0}
+    mean = float(x.mean())
+    if n == 1:
+        return {"mean": mean, "ci95": None, "lo": None, "hi": None, "std": None, "n": 1}
+    std = float(x.std(ddof=1))
+    half = t975(n - 1) * std / math.sqrt(n)
+    return {"mean": mean, "ci95": half, "lo": mean - half, "hi": mean + half, "std": std, "n": n}
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    """p50 / p95 / p99 of a latency-like sample."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return {"p50": None, "p95": None, "p99": None}
+    p = np.percentile(x, [50, 95, 99])
+    return {"p50": float(p[0]), "p95": float(p[1]), "p99": float(p[2])}
+
+
+#: Metrics averaged over seeds (each gets a ``<name>_ci95`` and the per-seed values).
+SEED_METRICS = (
+    "hit_rate",
+    "byte_miss_ratio",
+    "effective_latency_ns",
+    "stall_ns_per_step_mean",
+    "tokens_per_s",
+    "prefetch_precision",
+    "prefetch_coverage",
+)
+#: Counters summed over seeds.
+SUMMED = ("reads", "hits", "misses", "audited_victims", "wrong_victims")
+
+
+def combine_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result row from the same configuration replayed on several seeds."""
+    if not runs:
+        raise ValueError("no runs to combine")
+    first = runs[0]
+    row: dict[str, Any] = {
+        k: first[k]
+        for k in (
+            "evidence", "policy", "budget_bytes", "budget_entries", "budget_fraction",
+            "granularity", "prefetch", "persistent_metadata", "alpha", "entry_bytes",
+            "metadata_bytes_per_entry",
+        )
+        if k in first
+    }  # fmt: skip
+    row["seeds"] = len(runs)
+    for k in SEED_METRICS:
+        vals = [r.get(k) for r in runs]
+        stats = mean_ci(vals)
+        row[k] = stats["mean"]
+        row[f"{k}_ci95"] = stats["ci95"]
+        if len(runs) > 1:
+            row[f"{k}_per_seed"] = vals
+    for k in SUMMED:
+        vals = [r.get(k) for r in runs]
+        row[k] = None if any(v is None for v in vals) else int(sum(vals))
+    row["kv_bytes_mean"] = float(np.mean([r["kv_bytes"] for r in runs]))
+    pairs: dict[str, float] = {}
+    for r in runs:
+        for k, v in r["bytes_moved"].items():
+            pairs[k] = pairs.get(k, 0) + v / len(runs)
+    row["bytes_moved_mean"] = pairs
+    stalls = np.concatenate(
+        [np.asarray(r["per_step"]["stall_ns"][r["warmup_steps"] :]) for r in runs]
+    )
+    row["stall_ns_per_step"] = percentiles(stalls)
+    return row

@@ -1,0 +1,402 @@
+"""The three-tier replay engine: a read stream through one policy, one HBM budget.
+
+HBM residency is :class:`kvcxl.firmware.cache.PolicyCache` (demand paging, pinned
+anchors, exact audited eviction); :class:`kvcxl.emu.tiers.Tiers` holds everything
+else in CXL DRAM or NVMe.  Per event of the stream:
+
+* CREATE: new entries are written into HBM (``cache.insert``); overflow is evicted.
+* READ (one layer of a decode step, or the whole step with ``granularity="step"``):
+  ``cache.access`` serves the batch — an entry resident at the batch's start is a
+  hit, any other read a miss served from its tier and then promoted into HBM —
+  and evicts the overflow, whose entries placement sends to CXL DRAM or NVMe.
+  With prefetch on, the batch's strongest touches propose blocks of the same head
+  in the next layers (:mod:`kvcxl.firmware.prefetch`); the best ranked
+  non-resident candidates are brought into HBM.
+* At every step boundary the policy's ``end_step`` runs (the EMA update).
+
+Nothing here re-implements a policy formula: scores, priorities, placement and
+prefetch ranks all come from :mod:`kvcxl.firmware`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..firmware import prefetch as pf
+from ..firmware.audit import EvictionAudit
+from ..firmware.cache import PolicyCache
+from ..firmware.config import PolicyConfig
+from ..firmware.formulas import TIER_CXL, TIER_HBM, TIER_NVME
+from ..firmware.policies import make_policy
+from ..firmware.policies.base import Policy, Tick
+from ..firmware.policies.belady import Future
+from ..firmware.table import EntryTable, grow
+from .tiers import Tiers, TierTiming
+from .workloads.stream import CREATE, ReadStream
+
+
+@dataclass
+class SimOptions:
+    """Everything a replay needs besides the stream."""
+
+    policy: str = "ema"
+    budget_bytes: int = 0
+    cxl_bytes: int | None = None  # None: room for every entry
+    nvme_bytes: int | None = None
+    config: PolicyConfig = field(default_factory=PolicyConfig)
+    timing: TierTiming = field(default_factory=TierTiming)
+    prefetch: bool = False
+    prefetch_limit: int = 64  # most entries prefetched per batch (and touches used as sources)
+    placement: str = "policy"  # "policy": the firmware's placement rule; "fill": CXL first
+    audit: bool = False
+    warmup_steps: int = 0
+    granularity: str = "layer"  # "layer" or "step"
+    mode: str = "float"  # ema: "float" or "int" (the Q0.16 contract)
+    check: bool = False  # verify tier invariants after every event (slower)
+    record_victims: bool = False
+
+    def __post_init__(self) -> None:
+        if self.granularity not in ("layer", "step"):
+            raise ValueError(f"granularity {self.granularity!r}: must be 'layer' or 'step'")
+        if self.budget_bytes < 0:
+            raise ValueError(f"budget {self.budget_bytes} B is negative")
+        if self.prefetch_limit < 1:
+            raise ValueError(f"prefetch_limit = {self.prefetch_limit}: must be >= 1")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps = {self.warmup_steps}: must be >= 0")
+
+
+def _scored(policy: Policy) -> bool:
+    return type(policy).score is not Policy.score
+
+
+def _groups(stream: ReadStream, granularity: str) -> tuple[NDArray, NDArray]:
+    """Event ranges replayed as one batch: [start, end) per group."""
+    n = stream.n_events
+    if granularity == "layer" or n == 0:
+        idx = np.arange(n)
+        return idx, idx + 1
+    # Merge consecutive READ events of the same step.
+    k, s = stream.ev_kind, stream.ev_step
+    new = np.ones(n, dtype=bool)
+    new[1:] = (k[1:] == CREATE) | (k[:-1] == CREATE) | (s[1:] != s[:-1])
+    starts = np.flatnonzero(new)
+    return starts, np.concatenate([starts[1:], [n]])
+
+
+def simulate(
+    stream: ReadStream,
+    opts: SimOptions,
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Replay ``stream`` under ``opts``; returns the metrics of SPEC §9 (Simulated)."""
+    shape = stream.shape
+    cfg = opts.config
+    eb = shape.entry_bytes
+    n_total = stream.n_entries
+    capacity = opts.budget_bytes // eb
+    cxl_cap = n_total if opts.cxl_bytes is None else opts.cxl_bytes // eb
+    nvme_cap = n_total if opts.nvme_bytes is None else opts.nvme_bytes // eb
+    if capacity + cxl_cap + nvme_cap < n_total:
+        raise ValueError(
+            f"the tiers hold {(capacity + cxl_cap + nvme_cap) * eb} B but the workload creates "
+            f"{n_total * eb} B of KV: raise --budget, --cxl or --nvme"
+        )
+    starts, ends = _groups(stream, opts.granularity)
+    kinds = stream.ev_kind
+    off = stream.ev_off
+    is_read = kinds[starts] != CREATE
+
+    table = EntryTable(block_tokens=shape.block_tokens, capacity=max(n_total, 16))
+    kwargs: dict[str, Any] = {}
+    if opts.policy == "belady":
+        if opts.prefetch:
+            raise ValueError("belady is the demand-paging optimum: run it with prefetch off")
+        batches = [
+            stream.ids[off[a] : off[z]] for a, z, r in zip(starts, ends, is_read, strict=True) if r
+        ]
+        kwargs["future"] = Future.from_batches(batches)
+    if opts.policy == "ema":
+        kwargs["mode"] = opts.mode
+    policy = make_policy(opts.policy, cfg, table, **kwargs)
+    audit = EvictionAudit() if opts.audit else None
+    victims: list[NDArray] = []
+    dump: list[tuple[NDArray, NDArray, int]] = []
+
+    def sink(ids: NDArray, prio: NDArray, tick: Tick) -> None:
+        victims.append(ids.copy())
+        if opts.record_victims:
+            dump.append((ids.copy(), np.asarray(prio, dtype=np.float64).copy(), tick.step))
+
+    cache = PolicyCache(policy, capacity, audit=audit, on_victims=sink)
+    cache.ensure(n_total)
+    policy.ensure(n_total)
+    tiers = Tiers(
+        eb, cxl_cap, nvme_cap, placement=opts.placement, config=cfg, scored=_scored(policy)
+    )
+    tiers._ensure(n_total)
+    prefetched = np.zeros(n_total, dtype=bool)
+    has_idle = hasattr(policy, "idle")
+
+    # Per-step accumulators (index = position of the step among read steps).
+    read_steps = np.unique(stream.ev_step[kinds != CREATE])
+    n_steps = read_steps.size
+    st_reads = np.zeros(n_steps, np.int64)
+    st_hits = np.zeros(n_steps, np.int64)
+    st_miss = np.zeros((n_steps, 4), np.int64)  # by source tier code
+    st_stall = np.zeros(n_steps, np.float64)
+    st_tokens = np.zeros(n_steps, np.int64)
+    st_bytes = np.zeros(n_steps, np.float64)
+    pf_total = pf_useful = pf_wasted = 0
+    pf_useful_warm = 0
+    moved_at_warm = tiers.moved.copy()
+    warm_idx = min(opts.warmup_steps, n_steps)
+    t = opts.timing
+    t_batch = {
+        TIER_CXL: lambda n: t.cxl_latency_ns + n * eb / t.cxl_gbps,
+        TIER_NVME: lambda n: t.nvme_latency_ns + n * eb / t.nvme_gbps,
+    }
+
+    def settle(tick: Tick) -> None:
+        """Move this batch's victims out of HBM (placement decides where)."""
+        if not victims:
+            return
+        ids = np.concatenate(victims)
+        victims.clear()
+        nonlocal pf_wasted
+        wasted = prefetched[ids]
+        pf_wasted += int(np.count_nonzero(wasted))
+        prefetched[ids] = False
+        idle = policy.idle[ids] if has_idle else None
+        anchor = (table.first_token(ids) < cfg.anchor_zone_size).astype(np.float64)
+        tiers.demote(ids, policy.score(ids), idle, anchor, tick.time)
+
+    def do_prefetch(ids: NDArray, w: NDArray, tick: Tick) -> int:
+        touched = w >= cfg.touch_threshold
+        src = ids[touched]
+        if src.size == 0:
+            return 0
+        if src.size > opts.prefetch_limit:
+            top = np.argpartition(-w[touched], opts.prefetch_limit - 1)[: opts.prefetch_limit]
+            src = src[top]
+        cand_ids, cand_dist = [], []
+        ctx = stream.e_ctx[src]
+        for c in np.unique(ctx).tolist():
+            s = src[ctx == c]
+            grid = stream.grids[c]
+            cand = pf.propose(
+                stream.e_layer[s], stream.e_head[s], stream.e_block[s],
+                n_layers=shape.layers, n_blocks=grid.shape[2],
+                block_tokens=shape.block_tokens, config=cfg,
+            )  # fmt: skip
+            cid = grid[cand.layer, cand.head, cand.block]
+            ok = (cid >= 0) & (cid < table.n)
+            cand_ids.append(cid[ok])
+            cand_dist.append(cand.distance_blocks[ok])
+        cid = np.concatenate(cand_ids)
+        dist = np.concatenate(cand_dist)
+        keep = ~cache.is_resident(cid)
+        cid, dist = cid[keep], dist[keep]
+        if cid.size == 0:
+            return 0
+        # One candidate per entry, at its smallest distance.
+        o = np.lexsort((dist, cid))
+        cid, dist = cid[o], dist[o]
+        first = np.ones(cid.size, dtype=bool)
+        first[1:] = cid[1:] != cid[:-1]
+        cid, dist = cid[first], dist[first]
+        score = policy.score(cid)
+        if opts.mode == "int" and opts.policy == "ema":
+            score = policy.score_[cid]
+        ranks = pf.rank(
+            dist,
+            score,
+            shape.block_tokens,
+            cfg,
+            mode=opts.mode if opts.policy == "ema" else "float",
+        )
+        chosen = pf.order(cid, ranks)[: opts.prefetch_limit]
+        tiers.promote(chosen)
+        admitted = cache.insert(chosen, tick)
+        assert admitted.size == chosen.size
+        prefetched[chosen] = True
+        settle(tick)
+        return int(chosen.size)
+
+    time = 0
+    last_step: int | None = None
+    step_pos = -1
+    for a, z, r in zip(starts.tolist(), ends.tolist(), is_read.tolist(), strict=True):
+        step = int(stream.ev_step[a])
+        if last_step is not None and step != last_step:
+            cache.end_step(Tick(last_step, max(time - 1, 0)))
+        if step != last_step and r:
+            step_pos = int(np.searchsorted(read_steps, step))
+            if step_pos == warm_idx and warm_idx > 0:
+                moved_at_warm = tiers.moved.copy()
+                pf_useful_warm = pf_useful
+        last_step = step
+        lo, hi = int(stream.len_off[a]), int(stream.len_off[z])
+        if hi > lo:
+            c = stream.len_ctx[lo:hi]
+            table.ctx_tokens = grow(table.ctx_tokens, int(c.max()) + 1)
+            table.ctx_tokens[c] = stream.len_tokens[lo:hi]
+        ids = stream.ids[off[a] : off[z]]
+        tick = Tick(step, time)
+        if not r:  # CREATE: the host writes new KV into HBM
+            if ids.size:
+                table.append(
+                    stream.e_ctx[ids], stream.e_layer[ids], stream.e_head[ids], stream.e_block[ids]
+                )
+                tiers.create(ids)
+                cache.insert(ids, tick)
+                settle(tick)
+        else:
+            w = stream.w[off[a] : off[z]]
+            src_tier = tiers.tier[ids]  # where every read is served from if it misses
+            hit = cache.access(ids, w, tick)
+            miss = ~hit
+            miss_src = src_tier[miss]
+            counts = np.bincount(miss_src, minlength=4)
+            nh = ids.size - int(counts.sum())
+            if pf_total:
+                useful = prefetched[ids] & hit
+                if useful.any():
+                    u = np.unique(ids[useful])
+                    pf_useful += u.size
+                    prefetched[u] = False
+            tiers.promote(np.unique(ids[miss]))
+            settle(tick)
+            sp = step_pos
+            st_reads[sp] += ids.size
+            st_hits[sp] += nh
+            st_miss[sp] += counts
+            st_bytes[sp] += ids.size * eb
+            st_tokens[sp] += int(stream.ev_tokens[a:z].sum())
+            for tier_code in (TIER_CXL, TIER_NVME):
+                if counts[tier_code]:
+                    st_stall[sp] += t_batch[tier_code](int(counts[tier_code]))
+            if opts.prefetch:
+                pf_total += do_prefetch(ids, w, tick)
+            time += 1
+        if opts.check:
+            tiers.check(table.n, cache.n_resident, cache.capacity)
+        if progress is not None:
+            progress(z - a)
+    if last_step is not None:
+        cache.end_step(Tick(last_step, max(time - 1, 0)))
+    tiers.check(table.n, cache.n_resident, cache.capacity)
+
+    # --- metrics over the measured (post-warm-up) steps --------------------------------
+    m = slice(warm_idx, None)
+    reads = int(st_reads[m].sum())
+    hits = int(st_hits[m].sum())
+    miss_by = st_miss[m].sum(axis=0)
+    hbm_ns = t.access_ns(TIER_HBM, eb)
+    lat_sum = hits * hbm_ns + sum(
+        int(miss_by[c]) * t.access_ns(c, eb) for c in (TIER_CXL, TIER_NVME)
+    )
+    hbm_step_ns = st_hits[m] * eb / t.hbm_gbps
+    compute_ns = (
+        (t.compute_base_ms + t.compute_ms_per_gib * st_bytes[m] / 2**30) * 1e6
+        if t.compute_model
+        else np.zeros(st_bytes[m].size)
+    )
+    step_ns = hbm_step_ns + st_stall[m] + compute_ns
+    tokens = int(st_tokens[m].sum())
+    moved = tiers.moved - moved_at_warm
+    saved = tiers.moved
+    tiers.moved = moved
+    bytes_moved = tiers.bytes_moved()
+    tiers.moved = saved
+    stall = st_stall[m]
+    cs = cache.stats.as_dict()
+    out: dict[str, Any] = {
+        "evidence": "Simulated",
+        "policy": opts.policy,
+        "budget_bytes": int(opts.budget_bytes),
+        "budget_entries": int(capacity),
+        "budget_fraction": capacity / n_total if n_total else 0.0,
+        "steps": int(n_steps - warm_idx),
+        "warmup_steps": int(warm_idx),
+        "reads": reads,
+        "hits": hits,
+        "misses": reads - hits,
+        "misses_cxl": int(miss_by[TIER_CXL]),
+        "misses_nvme": int(miss_by[TIER_NVME]),
+        "hit_rate": hits / reads if reads else 0.0,
+        "byte_miss_ratio": (reads - hits) * eb / (reads * eb) if reads else 0.0,
+        "effective_latency_ns": lat_sum / reads if reads else 0.0,
+        "stall_ns_per_step_mean": float(stall.mean()) if stall.size else 0.0,
+        "stall_ns_per_step_p50": float(np.percentile(stall, 50)) if stall.size else 0.0,
+        "stall_ns_per_step_p95": float(np.percentile(stall, 95)) if stall.size else 0.0,
+        "stall_ns_per_step_p99": float(np.percentile(stall, 99)) if stall.size else 0.0,
+        "step_time_ns_mean": float(step_ns.mean()) if step_ns.size else 0.0,
+        "tokens": tokens,
+        "tokens_per_s": tokens / (step_ns.sum() * 1e-9) if step_ns.sum() > 0 else None,
+        "bytes_moved": bytes_moved,
+        "bytes_moved_total": int(sum(bytes_moved.values())),
+        "prefetch": opts.prefetch,
+        "prefetched_entries": int(pf_total),
+        "prefetch_precision": pf_useful / pf_total if pf_total else None,
+        "prefetch_coverage": (
+            (pf_useful - pf_useful_warm) / ((pf_useful - pf_useful_warm) + reads - hits)
+            if pf_total and reads
+            else None
+        ),
+        "metadata_bytes_per_entry": int(
+            sum(np.dtype(d).itemsize for d, _ in policy.columns.values())
+        ),
+        "entries": int(n_total),
+        "kv_bytes": int(n_total * eb),
+        "entry_bytes": int(eb),
+        "occupancy_end": tiers.occupancy() | {"hbm_pinned": int(cs["pinned"])},
+        "cache": cs,
+        "audited_victims": audit.checked if audit else None,
+        "wrong_victims": audit.wrong if audit else None,
+        "misordered_victims": audit.misordered if audit else None,
+        "granularity": opts.granularity,
+        "persistent_metadata": cfg.persistent_metadata,
+        "alpha": cfg.alpha,
+        "timing": asdict(t),
+        "per_step": {
+            "reads": st_reads.tolist(),
+            "hits": st_hits.tolist(),
+            "stall_ns": st_stall.tolist(),
+        },
+    }
+    if opts.record_victims:
+        out["_victims"] = dump
+    return out
+
+
+def victims_table(
+    stream: ReadStream, dump: list[tuple[NDArray, NDArray, int]]
+) -> dict[str, NDArray]:
+    """Columns step, context, layer, head, block, priority of every eviction, in order."""
+    if not dump:
+        z = np.zeros(0, np.int64)
+        return {
+            "step": z,
+            "context": z,
+            "layer": z,
+            "head": z,
+            "block": z,
+            "priority": z.astype(float),
+        }
+    ids = np.concatenate([d[0] for d in dump])
+    return {
+        "step": np.concatenate([np.full(d[0].size, d[2], np.int64) for d in dump]),
+        "entry": ids,
+        "context": stream.e_ctx[ids],
+        "layer": stream.e_layer[ids],
+        "head": stream.e_head[ids],
+        "block": stream.e_block[ids],
+        "priority": np.concatenate([d[1] for d in dump]),
+    }

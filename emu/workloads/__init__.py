@@ -1,0 +1,44 @@
+"""Synthetic workloads (SPEC §8) and the compiled read streams every policy replays.
+
+>>> from kvcxl.emu.shape import PRESETS
+>>> from kvcxl.emu.workloads import make_workload, compile_workload
+>>> s = compile_workload(make_workload("cyclic", PRESETS["ci"], seed=1), steps=20)
+>>> s.n_steps
+20
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..shape import ModelShape
+from .base import StepPlan, Turn, Workload
+from .catalog import WORKLOADS
+from .stream import ReadStream, compile_workload, from_trace, parse_read_mode
+
+DEFAULT_WORKLOAD = "zipf-sessions"
+
+
+def make_workload(name: str, shape: ModelShape, seed: int = 0, **params: Any) -> Workload:
+    """A workload by name, with a clear error naming the known ones."""
+    try:
+        cls = WORKLOADS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown workload {name!r}; choose from: {', '.join(WORKLOADS)}"
+        ) from None
+    return cls(shape, seed, **params)
+
+
+__all__ = [
+    "DEFAULT_WORKLOAD",
+    "WORKLOADS",
+    "ReadStream",
+    "StepPlan",
+    "Turn",
+    "Workload",
+    "compile_workload",
+    "from_trace",
+    "make_workload",
+    "parse_read_mode",
+]

@@ -1,0 +1,127 @@
+"""Replay invariants on every workload: counts add up, bytes conserved, budgets kept,
+Belady bounds every online policy (prefetch off), no wrong victim under audit."""
+
+from __future__ import annotations
+
+import pytest
+from kvcxl.emu.shape import PRESETS
+from kvcxl.emu.simulator import SimOptions, simulate
+from kvcxl.emu.workloads import WORKLOADS, compile_workload, make_workload
+from kvcxl.firmware.config import PolicyConfig
+from kvcxl.firmware.policies import POLICIES
+
+SHAPE = PRESETS["ci"].with_(context_tokens=512)
+
+
+@pytest.fixture(scope="module", params=sorted(WORKLOADS))
+def stream(request):
+    return compile_workload(make_workload(request.param, SHAPE, seed=3), steps=40)
+
+
+def _check_conservation(r: dict, eb: int) -> None:
+    moved = r["bytes_moved"]
+    occ = r["occupancy_end"]
+    for tier in ("hbm", "cxl", "nvme"):
+        into = sum(v for k, v in moved.items() if k.endswith("->" + tier))
+        out = sum(v for k, v in moved.items() if k.startswith(tier + "->"))
+        assert into - out == occ[tier] * eb, (tier, moved, occ)
+    assert occ["hbm"] + occ["cxl"] + occ["nvme"] == r["entries"]
+
+
+def test_invariants_every_policy(stream):
+    budget = stream.kv_bytes // 5
+    rates = {}
+    for name in sorted(POLICIES):
+        r = simulate(stream, SimOptions(policy=name, budget_bytes=budget, audit=True, check=True))
+        assert r["evidence"] == "Simulated"
+        assert r["hits"] + r["misses"] == r["reads"] == stream.n_reads
+        assert r["misses"] == r["misses_cxl"] + r["misses_nvme"]
+        assert r["cache"]["hits"] == r["hits"]
+        assert r["wrong_victims"] == 0
+        assert r["occupancy_end"]["hbm"] <= r["budget_entries"]
+        assert 0.0 <= r["hit_rate"] <= 1.0
+        _check_conservation(r, stream.shape.entry_bytes)
+        rates[name] = r["hit_rate"]
+    for name, rate in rates.items():
+        assert rates["belady"] >= rate - 1e-12, (name, rate, rates["belady"])
+
+
+def test_tiny_cxl_spills_to_nvme_and_conserves(stream):
+    r = simulate(
+        stream,
+        SimOptions(
+            policy="lru",
+            budget_bytes=stream.kv_bytes // 10,
+            cxl_bytes=stream.kv_bytes // 10,
+            check=True,
+        ),
+    )
+    assert r["occupancy_end"]["cxl"] <= stream.kv_bytes // 10 // stream.shape.entry_bytes
+    _check_conservation(r, stream.shape.entry_bytes)
+
+
+def test_prefetch_and_int_mode_keep_invariants(stream):
+    cfg = PolicyConfig(alpha=0.05)
+    r = simulate(
+        stream,
+        SimOptions(
+            policy="ema",
+            budget_bytes=stream.kv_bytes // 4,
+            config=cfg,
+            prefetch=True,
+            audit=True,
+            check=True,
+            mode="int",
+        ),
+    )
+    assert r["wrong_victims"] == 0
+    _check_conservation(r, stream.shape.entry_bytes)
+    if r["prefetched_entries"]:
+        assert 0.0 <= r["prefetch_precision"] <= 1.0
+        assert 0.0 <= r["prefetch_coverage"] <= 1.0
+
+
+def test_budget_zero_and_full():
+    s = compile_workload(make_workload("cyclic", SHAPE, seed=1), steps=20)
+    full = simulate(s, SimOptions(policy="lru", budget_bytes=s.kv_bytes, check=True))
+    assert full["hit_rate"] == 1.0 and full["bytes_moved_total"] == s.kv_bytes  # only host writes
+    zero = simulate(s, SimOptions(policy="lru", budget_bytes=0, check=True))
+    assert zero["hit_rate"] == 0.0
+
+
+def test_tiers_too_small_refused():
+    s = compile_workload(make_workload("cyclic", SHAPE, seed=1), steps=5)
+    with pytest.raises(ValueError, match="raise --budget, --cxl or --nvme"):
+        simulate(s, SimOptions(policy="lru", budget_bytes=0, cxl_bytes=0, nvme_bytes=0))
+
+
+def test_step_granularity_and_warmup():
+    s = compile_workload(make_workload("zipf-sessions", SHAPE, seed=2), steps=30)
+    r = simulate(
+        s,
+        SimOptions(
+            policy="ema",
+            budget_bytes=s.kv_bytes // 4,
+            granularity="step",
+            warmup_steps=10,
+            audit=True,
+            check=True,
+        ),
+    )
+    assert r["steps"] == 20 and r["warmup_steps"] == 10
+    assert r["reads"] == sum(r["per_step"]["reads"][10:])
+    assert r["wrong_victims"] == 0
+
+
+def test_persistent_metadata_matters_for_lfu():
+    s = compile_workload(make_workload("zipf-sessions", SHAPE, seed=4), steps=80)
+    runs = {}
+    for persistent in (True, False):
+        cfg = PolicyConfig(persistent_metadata=persistent)
+        runs[persistent] = simulate(
+            s, SimOptions(policy="lfu", budget_bytes=s.kv_bytes // 5, config=cfg)
+        )
+    assert runs[True]["reads"] == runs[False]["reads"]
+    assert runs[True]["persistent_metadata"] and not runs[False]["persistent_metadata"]
+    # Counts that survive eviction keep the returning sessions' entries (Appendix N §N.4).
+    assert runs[True]["hits"] != runs[False]["hits"]

@@ -204,6 +204,21 @@ class HdmDecoderSet:
         """
         out: list = []
         end = hpa + length
+        act = self._active
+        if len(act) == 1:  # fast path: one decoder, the whole range inside it
+            d = act[0]
+            o = hpa - d.base
+            g = d.granularity
+            if 0 <= o and end <= d.base + d.size:
+                if d.ways == 1:
+                    return [(hpa, d.dpa_base + o, length)]
+                if o // g == (o + length - 1) // g:
+                    dpa = (
+                        d.dpa_base + (o // (g * d.ways)) * g + o % g
+                        if (o // g) % d.ways == d.position
+                        else None
+                    )
+                    return [(hpa, dpa, length)]
         while hpa < end:
             d = self.find(hpa)
             if d is None:

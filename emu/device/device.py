@@ -32,8 +32,8 @@ ValueError naming the bad value.
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from kvcxl.emu.cxl import mem
@@ -53,8 +53,7 @@ LINE = mem.LINE_BYTES
 _NO_ANCHOR_BLOCK = 1 << 20  # default entry row: far from any anchor zone (as replay does)
 
 
-@dataclass(frozen=True)
-class ReadResult:
+class ReadResult(NamedTuple):
     data: bytes
     poisoned: bool  # some byte lies in a poisoned line
     unmapped: bool  # some byte is not mapped to this device (read as zeros)
@@ -126,6 +125,7 @@ class Type3Device:
         self.in_dram = bytearray(b"\x01" * self.n_pages if not self.tiering else self.n_pages)
         self.poison: set[int] = set()  # poisoned DPA line numbers
         self.queues = {"dram": TierQueue(dram_timing), "nvme": TierQueue(nvme_timing)}
+        self._qd, self._qn = self.queues["dram"], self.queues["nvme"]
         self.latencies = array("d")
         self.clock_ns = 0.0
         self.interval_ns = interval_ns
@@ -240,20 +240,27 @@ class Type3Device:
         self.clock_ns = done if self.interval_ns is None else t + self.interval_ns
 
     def _dpa_read(self, dpa: int, n: int, t: float) -> tuple[bytes, float]:
+        shift, pb = self.page_shift, self.page_bytes
+        p = dpa >> shift
+        off = dpa & (pb - 1)
+        if off + n <= pb:  # the common case: inside one page
+            if self.in_dram[p]:
+                return self.dram.read(p, off, n), self._qd.serve(t, n)
+            return self.nvme.read(p, off, n), self._qn.serve(t, n)
         out = []
         done = t
-        shift, pb = self.page_shift, self.page_bytes
         while n > 0:
             p = dpa >> shift
             off = dpa & (pb - 1)
             m = min(n, pb - off)
             if self.in_dram[p]:
                 out.append(self.dram.read(p, off, m))
-                d = self.queues["dram"].serve(t, m)
+                d = self._qd.serve(t, m)
             else:
                 out.append(self.nvme.read(p, off, m))
-                d = self.queues["nvme"].serve(t, m)
-            done = max(done, d)
+                d = self._qn.serve(t, m)
+            if d > done:
+                done = d
             dpa += m
             n -= m
         return b"".join(out), done
@@ -269,11 +276,12 @@ class Type3Device:
             m = min(n - i, pb - off)
             if self.in_dram[p]:
                 self.dram.write(p, off, data[i : i + m])
-                d = self.queues["dram"].serve(t, m)
+                d = self._qd.serve(t, m)
             else:
                 self.nvme.write(p, off, data[i : i + m])
-                d = self.queues["nvme"].serve(t, m)
-            done = max(done, d)
+                d = self._qn.serve(t, m)
+            if d > done:
+                done = d
             dpa += m
             i += m
         return done
@@ -310,15 +318,18 @@ class Type3Device:
                 continue
             data, d = self._dpa_read(dpa, k, t)
             parts.append(data)
-            done = max(done, d)
-            poisoned = poisoned or self._poisoned(dpa, k)
+            if d > done:
+                done = d
+            if self.poison and not poisoned:
+                poisoned = self._poisoned(dpa, k)
         c = self.counters
         c["reads"] += 1
         c["read_bytes"] += n
         c["unmapped_reads"] += unmapped
         c["poisoned_reads"] += poisoned
         self._advance(t, done)
-        return ReadResult(b"".join(parts), poisoned, unmapped, done - t)
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        return ReadResult(data, poisoned, unmapped, done - t)
 
     def write(
         self, hpa: int, data: bytes | memoryview, poison: bool = False, at: float | None = None

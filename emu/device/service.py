@@ -1,0 +1,266 @@
+"""``kvcxl device serve``: the device and its firmware behind a Unix stream socket.
+
+Framing (all integers little endian)::
+
+    u32 length   -- bytes that follow (kind + body), at most MAX_FRAME
+    u8  kind
+    ...  body
+
+Every request frame gets exactly one response frame, in order.
+
+=====  ===========  ==============================================  ===========================
+kind   name         request body                                    response body
+=====  ===========  ==============================================  ===========================
+0x01   MEM          one CXL.mem M2S message (kvcxl.emu.cxl.mem)     the S2M message; empty for
+                                                                    MemSpecRd (no completion)
+0x02   CCI          one CCI mailbox request (kvcxl.emu.cxl.mailbox) the CCI response
+0x03   READ         u64 HPA, u32 length (≤ 1 MiB)                   u8 flags, 7 pad, f64
+                                                                    latency ns, data
+0x04   WRITE        u64 HPA, u8 flags (bit 0 poison), 7 pad, data   u8 flags, 7 pad, f64
+                                                                    latency ns
+0x05   HDM          JSON {"op": "program"|"commit"|"uncommit"|      JSON {"ok": true, ...} or
+                    "reset"|"list", ...register fields}             {"ok": false, "reason", ..}
+0x7F   ERROR        (response only)                                 UTF-8 "reason: detail"
+=====  ===========  ==============================================  ===========================
+
+Response flags: bit 0 = some byte was poisoned, bit 1 = some byte was not mapped
+by any decoder (read as zeros / write dropped).  A malformed frame (unknown kind,
+short body, undecodable CXL.mem message) is answered with an ERROR frame and the
+connection stays usable; a length above MAX_FRAME is answered with ERROR and the
+connection is closed, since the stream cannot be resynchronised.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import socketserver
+import struct
+import threading
+from pathlib import Path
+
+from kvcxl.emu.cxl import mem
+from kvcxl.emu.cxl.hdm import HdmError
+
+from .cci import Mailbox
+from .device import Type3Device
+
+MEM, CCI, READ, WRITE, HDM, ERROR = 0x01, 0x02, 0x03, 0x04, 0x05, 0x7F
+KINDS = {MEM: "MEM", CCI: "CCI", READ: "READ", WRITE: "WRITE", HDM: "HDM", ERROR: "ERROR"}
+MAX_FRAME = 2 << 20
+MAX_IO = 1 << 20
+FLAG_POISON, FLAG_UNMAPPED = 1, 2
+_RW_HDR = struct.Struct("<B7xd")
+
+
+class Engine:
+    """Frame-level dispatch onto one device and its mailbox (thread-safe)."""
+
+    def __init__(self, device: Type3Device) -> None:
+        self.device = device
+        self.mailbox = Mailbox(device)
+        self.lock = threading.Lock()
+
+    def handle(self, kind: int, body: bytes) -> tuple[int, bytes]:
+        with self.lock:
+            try:
+                return self._handle(kind, body)
+            except _FrameError as exc:
+                return ERROR, str(exc).encode()
+            except Exception as exc:  # never let host input kill the service
+                return ERROR, f"internal: {type(exc).__name__}: {exc}".encode()
+
+    def _handle(self, kind: int, body: bytes) -> tuple[int, bytes]:
+        dev = self.device
+        if kind == MEM:
+            try:
+                msg = mem.decode(body)
+            except mem.MessageError as exc:
+                raise _FrameError(f"mem_{exc.reason}: {exc}") from None
+            if not isinstance(msg, mem.M2SReq | mem.M2SRwD):
+                raise _FrameError(f"mem_wrong_direction: {msg.CLASS.name} is not a request")
+            rsp = dev.handle(msg)
+            return MEM, b"" if rsp is None else mem.encode(rsp)
+        if kind == CCI:
+            return CCI, self.mailbox.execute(body)
+        if kind == READ:
+            if len(body) != 12:
+                raise _FrameError(f"bad_length: READ body is 12 bytes, got {len(body)}")
+            hpa, n = struct.unpack("<QI", body)
+            if n > MAX_IO or hpa + n > mem.HPA_LIMIT:
+                raise _FrameError(f"bad_range: {n} bytes at {hpa:#x}")
+            r = dev.read(hpa, n)
+            flags = FLAG_POISON * r.poisoned | FLAG_UNMAPPED * r.unmapped
+            return READ, _RW_HDR.pack(flags, r.latency_ns) + r.data
+        if kind == WRITE:
+            if len(body) < 16:
+                raise _FrameError(f"bad_length: WRITE body is at least 16 bytes, got {len(body)}")
+            hpa, flags = struct.unpack_from("<QB", body)
+            data = body[16:]
+            if len(data) > MAX_IO or hpa + len(data) > mem.HPA_LIMIT:
+                raise _FrameError(f"bad_range: {len(data)} bytes at {hpa:#x}")
+            t0 = dev.clock_ns
+            mapped = dev.write(hpa, data, poison=bool(flags & FLAG_POISON), at=t0)
+            latency = dev.latencies[-1] if len(dev.latencies) else 0.0
+            return WRITE, _RW_HDR.pack(0 if mapped else FLAG_UNMAPPED, latency)
+        if kind == HDM:
+            return HDM, json.dumps(self._hdm(body)).encode()
+        raise _FrameError(f"bad_kind: frame kind {kind:#04x} is not one of {sorted(KINDS)}")
+
+    def _hdm(self, body: bytes) -> dict:
+        try:
+            req = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return {"ok": False, "reason": "bad_json", "error": "body is not UTF-8 JSON"}
+        if not isinstance(req, dict):
+            return {"ok": False, "reason": "bad_json", "error": "body must be a JSON object"}
+        hdm = self.device.hdm
+        op = req.pop("op", None)
+        try:
+            if op == "program":
+                index = req.pop("index")
+                allowed = {"base", "size", "ways", "granularity", "position", "dpa_skip", "lock"}
+                extra = set(req) - allowed
+                if extra:
+                    return {"ok": False, "reason": "bad_field", "error": f"unknown {sorted(extra)}"}
+                if not all(isinstance(v, int) for v in (index, *req.values())):
+                    return {"ok": False, "reason": "bad_field", "error": "fields are integers"}
+                hdm.program(index, **req)
+            elif op == "commit":
+                hdm.commit(_int(req, "index"))
+            elif op == "uncommit":
+                hdm.uncommit(_int(req, "index"))
+            elif op == "reset":
+                hdm.reset()
+            elif op != "list":
+                return {"ok": False, "reason": "bad_op", "error": f"unknown op {op!r}"}
+        except HdmError as exc:
+            return {"ok": False, "reason": exc.reason, "error": str(exc)}
+        except (KeyError, TypeError) as exc:
+            return {"ok": False, "reason": "bad_field", "error": f"missing or bad field {exc}"}
+        return {"ok": True, "decoders": hdm.describe()}
+
+
+def _int(req: dict, key: str) -> int:
+    v = req[key]
+    if not isinstance(v, int):
+        raise TypeError(key)
+    return v
+
+
+class _FrameError(Exception):
+    pass
+
+
+# --- socket plumbing ---------------------------------------------------------------------
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def send_frame(sock: socket.socket, kind: int, body: bytes) -> None:
+    sock.sendall(struct.pack("<IB", len(body) + 1, kind) + body)
+
+
+def recv_frame(sock: socket.socket) -> tuple[int, bytes] | None:
+    hdr = _recv_exact(sock, 4)
+    if hdr is None:
+        return None
+    (n,) = struct.unpack("<I", hdr)
+    if n == 0 or n > MAX_FRAME:
+        raise ConnectionError(f"frame length {n} out of range 1 … {MAX_FRAME}")
+    data = _recv_exact(sock, n)
+    if data is None:
+        return None
+    return data[0], data[1:]
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        engine: Engine = self.server.engine  # type: ignore[attr-defined]
+        sock: socket.socket = self.request
+        while True:
+            try:
+                frame = recv_frame(sock)
+            except ConnectionError as exc:
+                send_frame(sock, ERROR, f"bad_frame: {exc}".encode())
+                return
+            if frame is None:
+                return
+            kind, body = engine.handle(*frame)
+            send_frame(sock, kind, body)
+
+
+class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, path: str | Path, engine: Engine) -> None:
+        self.path = Path(path)
+        if self.path.exists() and self.path.is_socket():
+            self.path.unlink()  # a stale socket from an earlier run
+        self.engine = engine
+        super().__init__(str(self.path), _Handler)
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.path.unlink(missing_ok=True)
+
+
+class Client:
+    """A blocking client of the service (used by the tests and QEMU's bridge)."""
+
+    def __init__(self, path: str | Path, timeout: float = 30.0) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(str(path))
+
+    def call(self, kind: int, body: bytes) -> tuple[int, bytes]:
+        send_frame(self.sock, kind, body)
+        frame = recv_frame(self.sock)
+        if frame is None:
+            raise ConnectionError("service closed the connection")
+        return frame
+
+    def mem(self, msg: mem.Message) -> mem.Message | None:
+        kind, body = self.call(MEM, mem.encode(msg))
+        if kind == ERROR:
+            raise ValueError(body.decode())
+        return mem.decode(body) if body else None
+
+    def cci(self, opcode: int, payload: bytes = b"", tag: int = 0):
+        from kvcxl.emu.cxl import mailbox as mb
+
+        _, body = self.call(CCI, mb.request(opcode, payload, tag))
+        return mb.CciMessage.decode(body)
+
+    def read(self, hpa: int, n: int) -> tuple[bytes, int]:
+        kind, body = self.call(READ, struct.pack("<QI", hpa, n))
+        if kind == ERROR:
+            raise ValueError(body.decode())
+        flags, _lat = _RW_HDR.unpack_from(body)
+        return body[_RW_HDR.size :], flags
+
+    def write(self, hpa: int, data: bytes, poison: bool = False) -> int:
+        kind, body = self.call(WRITE, struct.pack("<QB7x", hpa, int(poison)) + data)
+        if kind == ERROR:
+            raise ValueError(body.decode())
+        return _RW_HDR.unpack_from(body)[0]
+
+    def hdm(self, op: str, **fields: int) -> dict:
+        _, body = self.call(HDM, json.dumps({"op": op, **fields}).encode())
+        return json.loads(body)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

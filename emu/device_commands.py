@@ -1,0 +1,268 @@
+"""``kvcxl device serve | soak | fuzz``: the CXL Type-3 device emulator from the command line.
+
+Only the standard library is imported here; the device is imported by the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+_SERVE_EPILOG = """\
+protocol (docs/device.md): each frame is u32 length, u8 kind, body; kinds
+  0x01 CXL.mem message, 0x02 CCI mailbox message, 0x03 READ (u64 HPA, u32 len),
+  0x04 WRITE (u64 HPA, u8 flags, 7 pad, data), 0x05 HDM (JSON), 0x7F error.
+
+examples:
+  kvcxl device serve --socket /tmp/kvcxl.sock --decoder 0x100000000
+  kvcxl device serve --socket /tmp/kvcxl.sock --dram-file /dev/shm/cxl.img --capacity 256M
+"""
+
+_SOAK_EPILOG = """\
+examples:
+  kvcxl device soak --ops 1000000 --json soak.json   # the acceptance run (0 mismatched bytes)
+  kvcxl device soak --ops 20000 --setups 1x4096,4x256
+"""
+
+_FUZZ_EPILOG = """\
+examples:
+  kvcxl device fuzz --cases 100000 --json fuzz.json  # the acceptance run (0 crashes)
+"""
+
+
+def _size(text: str) -> int:
+    """Parse 256M, 1G, 4096, 0x1000."""
+    t = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    try:
+        if t and t[-1] in mult:
+            return int(float(t[:-1]) * mult[t[-1]])
+        return int(t, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size (e.g. 256M, 1G, 0x1000)"
+        ) from None
+
+
+def _setups(text: str) -> tuple[tuple[int, int], ...]:
+    out = []
+    for part in text.split(","):
+        try:
+            ways, gran = part.lower().split("x")
+            out.append((int(ways), int(gran)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"set-up {part!r} must be WAYSxGRANULARITY, e.g. 4x1024"
+            ) from None
+    return tuple(out)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "device",
+        help="the CXL Type-3 device emulator: serve it on a socket, soak it, fuzz it",
+        description=(
+            "The emulated memory expander: HDM decoders, DRAM and NVMe tiers holding real "
+            "bytes, poison, the CCI mailbox and the firmware policy that migrates data."
+        ),
+    )
+    dsub = p.add_subparsers(dest="device_command", metavar="SUBCOMMAND", required=True)
+
+    s = dsub.add_parser(
+        "serve",
+        help="run the device as a service on a Unix socket (for QEMU's bridge and tests)",
+        description=(
+            "Runs one device and its firmware behind a Unix stream socket until interrupted. "
+            "Program decoders over the socket (HDM frames) or with --decoder."
+        ),
+        epilog=_SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    s.add_argument("--socket", required=True, help="path of the Unix socket to create")
+    s.add_argument("--capacity", type=_size, default=1 << 30, help="DPA bytes (default 1G)")
+    s.add_argument("--page-bytes", type=_size, default=4096, help="migration page (default 4K)")
+    s.add_argument(
+        "--dram-pages",
+        type=int,
+        default=None,
+        help="DRAM budget in pages; default: all pages in DRAM, no NVMe migration",
+    )
+    s.add_argument("--dram-file", help="back the DRAM tier by this file (DPA = file offset)")
+    s.add_argument("--policy", default="ema", help="firmware policy (default ema)")
+    s.add_argument("--config", help="policy configuration TOML (see `kvcxl policy`)")
+    s.add_argument(
+        "--decoder",
+        action="append",
+        default=[],
+        metavar="BASE[:WAYS:GRAN:POS]",
+        help="program and commit a decoder of the whole capacity at HPA BASE (repeatable)",
+    )
+    s.add_argument("--record-victims", action="store_true", help="keep the victim log")
+    s.set_defaults(func=_serve)
+
+    k = dsub.add_parser(
+        "soak",
+        help="integrity soak: random reads/writes while the policy migrates data",
+        description=(
+            "Random mixed reads and writes (1 B … 4 KiB, and single-line CXL.mem "
+            "transactions) over several interleave set-ups while attention reports make "
+            "the policy move pages between DRAM and NVMe; every read is checked against "
+            "a shadow copy. Exit status 1 if any byte mismatched."
+        ),
+        epilog=_SOAK_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    k.add_argument("--ops", type=int, default=1_000_000, help="operations (default 1000000)")
+    k.add_argument(
+        "--setups",
+        type=_setups,
+        default=None,
+        help="interleave set-ups WAYSxGRAN,... (default 1x4096,2x256,4x1024,8x16384,16x256)",
+    )
+    k.add_argument("--span", type=_size, default=4 << 20, help="HPA bytes exercised (default 4M)")
+    k.add_argument("--policy", default="ema", help="firmware policy (default ema)")
+    k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--json", dest="json_out", help="write the report to this JSON file")
+    k.set_defaults(func=_soak)
+
+    f = dsub.add_parser(
+        "fuzz",
+        help="fuzz CXL.mem, mailbox and service frames: 0 crashes expected",
+        description=(
+            "Random and malformed CXL.mem transactions, mailbox commands and service frames "
+            "(a seeded random generator plus Hypothesis strategies). Every case must be "
+            "answered with a response or a protocol error code. Exit status 1 on any crash."
+        ),
+        epilog=_FUZZ_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    f.add_argument("--cases", type=int, default=100_000, help="cases (default 100000)")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument(
+        "--hypothesis-fraction",
+        type=float,
+        default=0.05,
+        help="share of cases drawn by Hypothesis (slower per case; default 0.05)",
+    )
+    f.add_argument("--json", dest="json_out", help="write the report to this JSON file")
+    f.set_defaults(func=_fuzz)
+
+
+def _progress(total: int, desc: str):
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="op", disable=not sys.stderr.isatty())
+    return bar, bar.update
+
+
+def _write_json(path: str | None, report: dict) -> None:
+    if path:
+        with open(path, "w") as fh:
+            json.dump(report, fh, indent=2)
+        print(f"wrote {path}")
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from kvcxl.emu.device.soak import SETUPS, SoakConfig, run
+
+    cfg = SoakConfig(
+        ops=args.ops,
+        setups=args.setups or SETUPS,
+        span=args.span,
+        policy=args.policy,
+        seed=args.seed,
+    )
+    bar, update = _progress(cfg.ops, "soak")
+    try:
+        report = run(cfg, progress=update)
+    finally:
+        bar.close()
+    summary = {k: v for k, v in report.items() if k != "setups"}
+    print(json.dumps(summary, indent=2))
+    _write_json(args.json_out, report)
+    return 1 if report["mismatched_bytes"] or report["wrong_victims"] else 0
+
+
+def _fuzz(args: argparse.Namespace) -> int:
+    from kvcxl.emu.device.fuzz import run
+
+    bar, update = _progress(args.cases, "fuzz")
+    try:
+        report = run(
+            args.cases,
+            seed=args.seed,
+            hypothesis_fraction=args.hypothesis_fraction,
+            progress=update,
+        )
+    finally:
+        bar.close()
+    print(json.dumps({k: v for k, v in report.items() if k != "return_codes"}, indent=2))
+    _write_json(args.json_out, report)
+    return 1 if report["crashes"] else 0
+
+
+def _parse_decoder(text: str, capacity: int) -> dict:
+    parts = text.split(":")
+    try:
+        base = int(parts[0], 0)
+        ways, gran, pos = (int(x, 0) for x in parts[1:]) if len(parts) == 4 else (1, 256, 0)
+    except ValueError:
+        raise ValueError(f"--decoder {text!r} must be BASE or BASE:WAYS:GRAN:POS") from None
+    if len(parts) not in (1, 4):
+        raise ValueError(f"--decoder {text!r} must be BASE or BASE:WAYS:GRAN:POS")
+    return {
+        "base": base,
+        "size": capacity * ways,
+        "ways": ways,
+        "granularity": gran,
+        "position": pos,
+    }
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import signal
+
+    from kvcxl.emu.cxl.hdm import HdmError
+    from kvcxl.emu.device.device import Type3Device
+    from kvcxl.emu.device.service import Engine, Server
+    from kvcxl.firmware.config import PolicyConfig
+
+    config = PolicyConfig.load(args.config) if args.config else PolicyConfig()
+    dev = Type3Device(
+        args.capacity,
+        page_bytes=args.page_bytes,
+        dram_pages=args.dram_pages,
+        policy=args.policy,
+        config=config,
+        dram_file=args.dram_file,
+        record_victims=args.record_victims,
+    )
+    dpa = 0
+    for i, text in enumerate(args.decoder):
+        fields = _parse_decoder(text, args.capacity - dpa)
+        try:
+            dev.hdm.program(i, **fields)
+            dev.hdm.commit(i)
+        except HdmError as exc:
+            raise ValueError(f"--decoder {text!r}: {exc}") from None
+        dpa += fields["size"] // fields["ways"]
+    server = Server(args.socket, Engine(dev))
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    print(
+        f"kvcxl device: serving {args.capacity} B ({dev.n_pages} pages, "
+        f"{'tiered' if dev.tiering else 'all DRAM'}) on {args.socket}",
+        flush=True,
+    )
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        dev.close()
+    return 0

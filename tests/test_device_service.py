@@ -1,0 +1,105 @@
+"""The service: `kvcxl device serve` on a Unix socket, driven by the client and raw frames."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+from kvcxl.emu.cxl import mailbox as mb
+from kvcxl.emu.cxl import mem
+from kvcxl.emu.device import service as svc
+
+BASE = 1 << 32
+
+
+@pytest.fixture
+def server(tmp_path):
+    sock = tmp_path / "dev.sock"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvcxl.emu.cli",
+            "device",
+            "serve",
+            "--socket",
+            str(sock),
+            "--capacity",
+            "256M",
+            "--dram-pages",
+            "16",
+            "--decoder",
+            hex(BASE),
+            "--dram-file",
+            str(tmp_path / "dram.img"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.time() + 30
+    while not sock.exists():
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise RuntimeError(proc.stderr.read().decode())
+        time.sleep(0.05)
+    yield sock
+    proc.terminate()
+    proc.wait(timeout=10)
+    assert proc.returncode == 0
+    assert not sock.exists()
+
+
+def test_serve_end_to_end(server):
+    with svc.Client(server) as c:
+        assert c.write(BASE + 10, b"kvcxl" * 2000) == 0
+        data, flags = c.read(BASE + 10, 10_000)
+        assert data == b"kvcxl" * 2000 and flags == 0
+        rsp = c.mem(mem.M2SReq(mem.M2SReqOpcode.MEM_RD, 42, BASE >> 6))
+        assert rsp.tag == 42 and rsp.data[10:15] == b"kvcxl"
+        assert c.mem(mem.M2SReq(mem.M2SReqOpcode.MEM_SPEC_RD, 1, BASE >> 6)) is None
+        nxm = c.mem(mem.M2SReq(mem.M2SReqOpcode.MEM_RD, 43, 0))
+        assert nxm.opcode == mem.S2MDRSOpcode.MEM_DATA_NXM
+        _, flags = c.read(0, 64)
+        assert flags == svc.FLAG_UNMAPPED
+        r = c.cci(mb.Opcode.IDENTIFY_MEMORY_DEVICE, tag=3)
+        assert r.rc == 0 and r.tag == 3 and len(r.payload) == 0x45
+        assert c.cci(0x1234).rc == mb.ReturnCode.UNSUPPORTED
+        assert c.hdm("list")["decoders"][0]["committed"] is True
+        assert c.hdm("program", index=0, base=0, size=1)["reason"] == "committed"
+
+
+def test_malformed_frames_get_error_frames_and_the_connection_survives(server):
+    with svc.Client(server) as c:
+        kind, body = c.call(0x42, b"")
+        assert kind == svc.ERROR and body.startswith(b"bad_kind")
+        kind, body = c.call(svc.MEM, b"\x01\x02")
+        assert kind == svc.ERROR and body.startswith(b"mem_bad_length")
+        kind, body = c.call(svc.MEM, mem.encode(mem.S2MNDR(0, 1)))
+        assert body.startswith(b"mem_wrong_direction")
+        kind, body = c.call(svc.READ, b"\0" * 5)
+        assert body.startswith(b"bad_length")
+        assert c.hdm("bogus")["reason"] == "bad_op"
+        assert c.read(BASE, 4)[1] == 0  # still serving
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(str(server))
+    s.sendall(struct.pack("<I", svc.MAX_FRAME + 1))
+    kind, body = svc.recv_frame(s)
+    assert kind == svc.ERROR and body.startswith(b"bad_frame")
+    assert s.recv(1) == b""  # closed: the stream cannot be resynchronised
+    s.close()
+
+
+def test_dram_file_is_the_device_media(server, tmp_path):
+    with svc.Client(server) as c:
+        c.cci(mb.Opcode.VENDOR_ATTENTION_REPORT, struct.pack("<IIId", 0, 1, 2, 1.0))
+        c.write(BASE + 2 * 4096, b"shared!")
+        fd = os.open(tmp_path / "dram.img", os.O_RDONLY)
+        try:
+            assert os.pread(fd, 7, 2 * 4096) == b"shared!"  # DPA = file offset
+        finally:
+            os.close(fd)

@@ -1,0 +1,81 @@
+"""Soak and fuzz: small runs here, the acceptance runs (1 M ops, 100 k cases) marked slow."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from kvcxl.emu.device import fuzz, media, soak
+
+
+def test_small_soak_is_lossless_and_migrates():
+    r = soak.run(soak.SoakConfig(ops=6000, seed=3))
+    assert r["mismatched_bytes"] == 0 and r["wrong_victims"] == 0
+    assert r["migrations"] > 500 and r["mem_transactions"] > 100
+    assert r["bytes_checked"] > 5 * (4 << 20)  # every set-up's final sweep at least
+    assert [(s["ways"], s["granularity"]) for s in r["setups"]] == list(soak.SETUPS)
+
+
+def test_soak_catches_a_lost_migration(monkeypatch):
+    real_take = media.DictStore.take
+
+    def lossy_take(self, page):
+        data = real_take(self, page)
+        return None if data is not None and page % 7 == 0 else data  # drop some pages
+
+    monkeypatch.setattr(media.DictStore, "take", lossy_take)
+    r = soak.run(soak.SoakConfig(ops=3000, setups=((1, 4096),), seed=1))
+    assert r["mismatched_bytes"] > 0
+
+
+def test_soak_refuses_bad_configuration():
+    with pytest.raises(ValueError, match="span"):
+        soak.SoakConfig(ops=10, setups=((3, 256),))
+    with pytest.raises(ValueError, match="ops"):
+        soak.SoakConfig(ops=0)
+
+
+def test_small_fuzz_has_no_crash_and_covers_every_outcome_family():
+    r = fuzz.run(3000, seed=5, hypothesis_fraction=0.1)
+    assert r["cases"] == 3000 and r["crashes"] == 0, r["crash_examples"]
+    families = {k.split(":")[0] for k in r["return_codes"]}
+    assert {"mem", "cci", "error", "hdm", "read", "write"} <= families
+    assert r["return_codes"]["cci:INVALID_PAYLOAD_LENGTH"] > 0
+    assert r["return_codes"]["mem:MEM_DATA_NXM"] > 0
+
+
+def test_fuzz_counts_a_handler_bug_as_a_crash(monkeypatch):
+    f = fuzz.Fuzzer(0)
+
+    def broken(_payload: bytes) -> bytes:
+        raise KeyError("bug")
+
+    from kvcxl.emu.cxl import mailbox as mb
+
+    f.engine.mailbox.handlers[mb.Opcode.GET_HEALTH_INFO] = broken
+    f.run_case(0x02, mb.request(mb.Opcode.GET_HEALTH_INFO, b"", 1), 1)
+    assert f.outcomes == {"crash:internal_error": 1}
+
+
+def _cli(*args: str) -> int:
+    return subprocess.run([sys.executable, "-m", "kvcxl.emu.cli", *args], check=False).returncode
+
+
+@pytest.mark.slow
+def test_acceptance_soak_one_million_ops(tmp_path):
+    out = tmp_path / "soak.json"
+    assert _cli("device", "soak", "--ops", "1000000", "--json", str(out)) == 0
+    r = json.loads(out.read_text())
+    assert r["ops"] == 1_000_000 and r["mismatched_bytes"] == 0 and r["wrong_victims"] == 0
+    assert r["migrations"] > 100_000 and len(r["setups"]) >= 4
+
+
+@pytest.mark.slow
+def test_acceptance_fuzz_one_hundred_thousand_cases(tmp_path):
+    out = tmp_path / "fuzz.json"
+    assert _cli("device", "fuzz", "--cases", "100000", "--json", str(out)) == 0
+    r = json.loads(out.read_text())
+    assert r["cases"] == 100_000 and r["crashes"] == 0
+    assert sum(r["return_codes"].values()) == 100_000

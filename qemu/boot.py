@@ -1,0 +1,411 @@
+"""Boot the virtual host: the firmware service, then QEMU with a CXL Type-3 device whose
+media is a shared file the service maps; collect what both sides report.
+
+One :class:`Boot` is one run.  Everything it starts (service, QEMU) is in its own
+process group and is killed on the way out, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import layout as L
+
+DEVICE_ID = "cxl-vmem0"
+MARK = "@kvcxl "
+
+
+@dataclass
+class BootOptions:
+    jobs: tuple[str, ...] = ("datapath", "replay")
+    trace: Any = None  # GuestTrace; None: the built-in default trace
+    device_mib: int = 256
+    plugin: bool | None = None  # None: use it when it was built
+    smp: int = 2
+    timeout: float = 400.0
+    policy: str = "ema"
+    config: str | None = None  # policy TOML
+    poison: tuple[tuple[int, int], ...] = ()  # (dpa, length) injected before the guest probes
+    media_events: tuple[int, ...] = ()  # dpa of General Media events injected at region ready
+    workdir: str | None = None
+    keep: bool = False
+    wait_s: float = 0.0  # the "wait" job's sleep
+    on_event: Callable[[dict, Boot], None] | None = None
+    console: Callable[[str], None] | None = None  # every console line, as it arrives
+
+
+@dataclass
+class Boot:
+    opts: BootOptions
+    host: Any = None
+    events: list[dict] = field(default_factory=list)
+    console: list[str] = field(default_factory=list)
+    cxl_list: Any = None
+    qemu: subprocess.Popen | None = None
+    service: subprocess.Popen | None = None
+    t0: float = 0.0
+    workdir: Path | None = None
+
+    # --- paths --------------------------------------------------------------------------
+    @property
+    def media(self) -> Path:
+        return self.workdir / "media.bin"
+
+    @property
+    def qmp_socket(self) -> Path:
+        return self.workdir / "qmp.sock"
+
+    @property
+    def plugin_ring(self) -> Path:
+        return self.workdir / "plugin-ring.bin"
+
+    @property
+    def service_stats(self) -> Path:
+        return self.workdir / "service.json"
+
+    def event(self, name: str) -> dict | None:
+        return next((e for e in self.events if e.get("event") == name), None)
+
+    # --- the run ------------------------------------------------------------------------
+    def run(self) -> dict:
+        from .setup import load_host
+
+        self.host = load_host()
+        use_plugin = (
+            self.opts.plugin if self.opts.plugin is not None else self.host.plugin_available
+        )
+        if use_plugin and not self.host.plugin_available:
+            raise RuntimeError(f"the TCG plugin is not available: {self.host.plugin_error}")
+        self.workdir = Path(
+            self.opts.workdir or tempfile.mkdtemp(prefix="kvcxl-qemu-", dir=_shm_dir())
+        )
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        report: dict[str, Any] = {"evidence": "Measured"}
+        try:
+            gt = self._prepare_media()
+            self._start_service(use_plugin)
+            self._start_qemu(use_plugin)
+            rc = self._wait()
+            report.update(self._report(gt, rc, use_plugin))
+        finally:
+            self._cleanup()
+        return report
+
+    def _prepare_media(self) -> Any:
+        from .trace_image import default_trace, encode
+
+        size = self.opts.device_mib << 20
+        if self.opts.device_mib < 32 or (self.opts.device_mib % 256 and self.opts.device_mib < 256):
+            raise ValueError(f"--device-mib {self.opts.device_mib}: use a multiple of 256 MiB")
+        gt = self.opts.trace or default_trace()
+        image = encode(gt, size)
+        with open(self.media, "wb") as f:
+            f.truncate(size)
+            f.seek(L.TRACE_BASE)
+            f.write(image)
+            f.seek(L.XFER_H2G)
+            f.write(L.pattern(L.SEED_H2G, 0, L.XFER_BYTES))
+        return gt
+
+    def _start_service(self, use_plugin: bool) -> None:
+        ready = self.workdir / "service.ready"
+        cmd = [
+            sys.executable,
+            "-m",
+            "kvcxl.qemu.service",
+            "--media",
+            str(self.media),
+            "--out",
+            str(self.service_stats),
+            "--ready",
+            str(ready),
+            "--policy",
+            self.opts.policy,
+        ]
+        if self.opts.config:
+            cmd += ["--config", self.opts.config]
+        if use_plugin:
+            cmd += ["--plugin-ring", str(self.plugin_ring)]
+        log = open(self.workdir / "service.log", "w")
+        self.service = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd="/"
+        )
+        t = time.monotonic()
+        while not ready.exists():
+            if self.service.poll() is not None:
+                raise RuntimeError(
+                    f"the firmware service exited ({self.service.returncode}): "
+                    + (self.workdir / "service.log").read_text()[-800:]
+                )
+            if time.monotonic() - t > 60:
+                raise RuntimeError("the firmware service did not start within 60 s")
+            time.sleep(0.02)
+
+    def qemu_command(self, use_plugin: bool) -> list[str]:
+        h = self.host
+        append = (
+            "console=ttyS0 quiet panic=-1 memhp_default_state=offline "
+            f"kvcxl.jobs={','.join(self.opts.jobs)} kvcxl.wait={self.opts.wait_s:g}"
+        )
+        size = f"{self.opts.device_mib}M"
+        cmd = [
+            h.qemu,
+            "-M", "q35,cxl=on",
+            "-m", "2G,maxmem=8G,slots=4",
+            "-smp", str(self.opts.smp),
+            "-cpu", "max,hypervisor=off",
+            "-accel", "tcg",
+            "-display", "none",
+            "-serial", "stdio",
+            "-monitor", "none",
+            "-no-reboot",
+            "-kernel", str(h.kernel),
+            "-initrd", str(h.initramfs),
+            "-append", append,
+            "-object",
+            f"memory-backend-file,id=cxl-mem1,share=on,mem-path={self.media},size={size}",
+            "-device", "pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.1",
+            "-device", "cxl-rp,port=0,bus=cxl.1,id=root_port13,chassis=0,slot=2",
+            "-device", f"cxl-type3,bus=root_port13,volatile-memdev=cxl-mem1,id={DEVICE_ID}",
+            "-M", "cxl-fmw.0.targets.0=cxl.1,cxl-fmw.0.size=4G",
+            "-qmp", f"unix:{self.qmp_socket},server=on,wait=off",
+        ]  # fmt: skip
+        if use_plugin:
+            lo, hi = L.WINDOW_BASE, L.WINDOW_BASE + L.WINDOW_SIZE
+            cmd += ["-plugin", f"{h.plugin},ring={self.plugin_ring},lo={lo:#x},hi={hi:#x}"]
+        return cmd
+
+    def _start_qemu(self, use_plugin: bool) -> None:
+        cmd = self.qemu_command(use_plugin)
+        (self.workdir / "qemu.cmd").write_text(" ".join(cmd) + "\n")
+        self.t0 = time.monotonic()
+        self.qemu = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        if self.opts.poison:
+            self._inject_poison()
+        self._reader = threading.Thread(target=self._read_console, daemon=True)
+        self._reader.start()
+
+    def _inject_poison(self) -> None:
+        from .qmp import Qmp
+
+        t = time.monotonic()
+        while not self.qmp_socket.exists():
+            if time.monotonic() - t > 20 or self.qemu.poll() is not None:
+                raise RuntimeError("QEMU's QMP socket did not appear")
+            time.sleep(0.02)
+        with Qmp(self.qmp_socket) as q:
+            for dpa, length in self.opts.poison:
+                q.inject_poison(dpa, length)
+                self.events.append(
+                    {"event": "host_inject_poison", "dpa": hex(dpa), "length": length,
+                     "t": time.monotonic() - self.t0}
+                )  # fmt: skip
+
+    def _read_console(self) -> None:
+        block: list[str] | None = None
+        log = open(self.workdir / "console.log", "w")
+        for raw in self.qemu.stdout:
+            line = raw.decode(errors="replace").rstrip("\r\n")
+            log.write(line + "\n")
+            self.console.append(line)
+            if self.opts.console:
+                self.opts.console(line)
+            if line.startswith("@kvcxl-begin cxl-list"):
+                block = []
+                continue
+            if line.startswith("@kvcxl-end cxl-list"):
+                try:
+                    self.cxl_list = json.loads("\n".join(block or []))
+                except ValueError:
+                    self.cxl_list = {"unparsed": "\n".join(block or [])}
+                block = None
+                continue
+            if block is not None:
+                block.append(line)
+                continue
+            if line.startswith(MARK):
+                try:
+                    ev = json.loads(line[len(MARK) :])
+                except ValueError:
+                    continue
+                ev["t"] = round(time.monotonic() - self.t0, 3)
+                self.events.append(ev)
+                self._on_event(ev)
+        log.close()
+
+    def _on_event(self, ev: dict) -> None:
+        if ev.get("event") == "region_ready" and self.opts.media_events:
+            from .qmp import Qmp
+
+            try:
+                with Qmp(self.qmp_socket) as q:
+                    for dpa in self.opts.media_events:
+                        q.inject_media_event(dpa)
+                        self.events.append({"event": "host_inject_media_event", "dpa": hex(dpa)})
+            except Exception as exc:  # report, never hang the console reader
+                self.events.append({"event": "host_inject_failed", "reason": str(exc)})
+        if self.opts.on_event is not None:
+            try:
+                self.opts.on_event(ev, self)
+            except Exception as exc:
+                self.events.append({"event": "hook_failed", "reason": str(exc)})
+
+    def _wait(self) -> int:
+        try:
+            rc = self.qemu.wait(timeout=self.opts.timeout)
+        except subprocess.TimeoutExpired:
+            self.events.append({"event": "host_timeout", "timeout_s": self.opts.timeout})
+            self._quit_qemu()
+            rc = self.qemu.wait(timeout=30)
+        self._reader.join(timeout=10)
+        return rc
+
+    def _quit_qemu(self) -> None:
+        """Ask QEMU to quit over QMP; kill its process group if it does not."""
+        try:
+            from .qmp import Qmp
+
+            with Qmp(self.qmp_socket) as q:
+                q.cmd("quit")
+            self.qemu.wait(timeout=10)
+        except Exception:
+            _kill_group(self.qemu)
+
+    def kill_service(self) -> None:
+        """Fault injection: the firmware service dies (SIGKILL, no goodbye)."""
+        if self.service is not None and self.service.poll() is None:
+            os.killpg(self.service.pid, signal.SIGKILL)
+            self.events.append({"event": "host_killed_service", "t": time.monotonic() - self.t0})
+
+    def _stop_service(self) -> dict | None:
+        if self.service is None:
+            return None
+        if self.service.poll() is None:
+            os.killpg(self.service.pid, signal.SIGTERM)
+            try:
+                self.service.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                _kill_group(self.service)
+        try:
+            return json.loads(self.service_stats.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _cleanup(self) -> None:
+        if self.qemu is not None and self.qemu.poll() is None:
+            _kill_group(self.qemu)
+        if self.service is not None and self.service.poll() is None:
+            _kill_group(self.service)
+        if self.workdir is not None and not self.opts.keep and self.opts.workdir is None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # --- the report -----------------------------------------------------------------------
+    def _report(self, gt: Any, rc: int, use_plugin: bool) -> dict:
+        fw = self._stop_service()
+        self.victims: list[list[int]] = []  # per firmware session, in order
+        for sess in (fw or {}).get("sessions", []):
+            v = sess.pop("victims", [])
+            sess["victims_head"] = v[:16]
+            self.victims.append(v)
+        ev = {e["event"]: e for e in self.events}
+        times = {}
+        for name, key in (("init", "boot_to_init_s"), ("region_ready", "boot_to_region_ready_s")):
+            if name in ev:
+                times[key] = ev[name]["t"]
+                times[key.replace("_s", "_guest_uptime_s")] = ev[name].get("uptime")
+        host_check = self._host_side_check(gt)
+        out = {
+            "qemu": {
+                "version": self.host.qemu_version,
+                "exit_code": rc,
+                "command": (self.workdir / "qemu.cmd").read_text().strip(),
+                "plugin": "on" if use_plugin else "off",
+                "plugin_note": None if use_plugin else (self.host.plugin_error or "disabled"),
+                "smp": self.opts.smp,
+            },
+            "kernel": self.host.kernel_version,
+            "trace": {
+                "source": gt.source,
+                "entries": gt.n_entries,
+                "entry_bytes": gt.entry_bytes,
+                "capacity_entries": gt.capacity,
+                "reads": int(gt.stream.n_reads),
+                "steps": int(gt.stream.n_steps),
+            },
+            "timings": times,
+            "wall_s": round(time.monotonic() - self.t0, 3),
+            "region": ev.get("region"),
+            "cxl_list": self.cxl_list,
+            "guest": {
+                k: ev[k]
+                for k in ("datapath", "replay", "malformed", "bench", "device_error", "poison_list")
+                if k in ev
+            },
+            "guest_failures": [
+                e for e in self.events if e["event"] in ("fail", "agent_failed", "agent_error")
+            ],
+            "cxl_trace": [e["line"] for e in self.events if e["event"] == "cxl_trace"],
+            "host_check": host_check,
+            "firmware": fw,
+            "events": self.events,
+        }
+        return out
+
+    def _host_side_check(self, gt: Any) -> dict:
+        """The host reads what the guest wrote into the device media."""
+        out: dict[str, Any] = {}
+        with open(self.media, "rb") as f:
+            f.seek(L.XFER_G2H)
+            got = f.read(L.XFER_BYTES)
+            want = L.pattern(L.SEED_G2H, 0, L.XFER_BYTES)
+            if "datapath" in self.opts.jobs:
+                out["guest_to_host_bad_bytes"] = sum(a != b for a, b in zip(got, want, strict=True))
+            if "replay" in self.opts.jobs:
+                bad = checked = 0
+                eb = gt.entry_bytes
+                for e in range(0, gt.n_entries, max(1, gt.n_entries // 64)):
+                    f.seek(L.KV_BASE + e * eb)
+                    data = f.read(eb)
+                    bad += sum(a != b for a, b in zip(data, L.pattern(gt.seed, e, eb), strict=True))
+                    checked += 1
+                out["kv_entries_checked"] = checked
+                out["kv_bad_bytes"] = bad
+        return out
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _shm_dir() -> str:
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def boot(opts: BootOptions) -> tuple[dict, Boot]:
+    b = Boot(opts)
+    return b.run(), b

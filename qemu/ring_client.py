@@ -1,0 +1,162 @@
+"""A host-side client of the device ring: the guest agent's protocol in Python.
+
+Used by the tests (the service checked without booting QEMU) and by the benchmark of
+the service's own turnaround.  It speaks exactly what ``guest/agent.c`` speaks.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import layout as L
+
+
+class DeviceError(RuntimeError):
+    """The firmware stopped answering (no heartbeat) or reported a fault."""
+
+
+@dataclass
+class Completion:
+    cid: int
+    status: int
+    opcode: int
+    out_len: int
+    r: tuple[int, int, int, int, int]
+    out: bytes
+
+
+class RingClient:
+    def __init__(self, media: str | Path, heartbeat_timeout: float = 3.0) -> None:
+        self.fd = os.open(media, os.O_RDWR)
+        self.mm = mmap.mmap(self.fd, os.fstat(self.fd).st_size, mmap.MAP_SHARED)
+        self.timeout = heartbeat_timeout
+        self.cid = 1
+        self.sq_tail, self.cq_head = L.HOST_HDR_FMT.unpack_from(self.mm, L.RING_BASE + L.HOST_HDR)
+
+    def close(self) -> None:
+        self.mm.close()
+        os.close(self.fd)
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        t0 = time.monotonic()
+        while True:
+            magic, ver, depth, *_rest = L.DEV_HDR_FMT.unpack_from(self.mm, L.RING_BASE)
+            status = _rest[2]
+            if magic == L.RING_MAGIC and status == L.DEV_READY:
+                if ver != L.RING_VERSION or depth != L.DEPTH:
+                    raise DeviceError(f"ring version {ver} depth {depth}")
+                return
+            if time.monotonic() - t0 > timeout:
+                raise DeviceError("ring not ready")
+            time.sleep(0.001)
+
+    def submit(
+        self,
+        op: int,
+        *,
+        step: int = 0,
+        layer: int = 0,
+        count: int = 0,
+        payload: bytes = b"",
+        arg0: int = 0,
+        arg1: int = 0,
+    ) -> int:
+        i = self.sq_tail
+        if payload:
+            o = L.slot_in_offset(i)
+            self.mm[o : o + len(payload)] = payload
+        sqe = L.SQE_FMT.pack(
+            op, 0, self.cid, step, layer & 0xFFFFFFFF, count, len(payload), arg0, arg1
+        )
+        self.cid += 1
+        o = L.sq_offset(i)
+        self.mm[o : o + L.ENTRY] = sqe
+        self.sq_tail = (i + 1) & 0xFFFFFFFF
+        struct.pack_into("<I", self.mm, L.RING_BASE + L.HOST_HDR, self.sq_tail)
+        return i
+
+    def wait(self, i: int, poll: callable | None = None) -> Completion:
+        """Wait for completion ``i``; ``poll`` (the service, in-process) is run meanwhile."""
+        c = L.cq_offset(i)
+        hb = self._heartbeat()
+        t_hb = time.monotonic()
+        while struct.unpack_from("<I", self.mm, c + 60)[0] != ((i + 1) & 0xFFFFFFFF):
+            if poll is not None:
+                poll()
+                continue
+            h = self._heartbeat()
+            now = time.monotonic()
+            if h != hb:
+                hb, t_hb = h, now
+            elif now - t_hb > self.timeout:
+                raise DeviceError(f"no heartbeat for {now - t_hb:.1f} s (command {i} pending)")
+            time.sleep(2e-5)
+        cid, status, op, _sqh, out_len, r0, r1, r2, r3, r4, _seq = L.CQE_FMT.unpack_from(self.mm, c)
+        o = L.slot_out_offset(i)
+        out = bytes(self.mm[o : o + out_len])
+        self.cq_head = (i + 1) & 0xFFFFFFFF
+        struct.pack_into("<I", self.mm, L.RING_BASE + L.HOST_HDR + 4, self.cq_head)
+        return Completion(cid, status, op, out_len, (r0, r1, r2, r3, r4), out)
+
+    def call(self, op: int, poll: callable | None = None, **kw) -> Completion:
+        return self.wait(self.submit(op, **kw), poll)
+
+    def _heartbeat(self) -> int:
+        return struct.unpack_from("<Q", self.mm, L.RING_BASE + L.DEV_HDR + 24)[0]
+
+
+def decisions(c: Completion) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(admitted ids, victim records, prefetch hints) of an ATTN or CREATE completion."""
+    _r0, na, nv, nh, _r4 = c.r
+    adm = np.frombuffer(c.out, "<u4", count=na)
+    vic = np.frombuffer(c.out, L.VICTIM_REC, count=nv, offset=4 * na)
+    hints = np.frombuffer(c.out, "<u4", count=nh, offset=4 * na + 8 * nv)
+    return adm, vic, hints
+
+
+def replay(client: RingClient, gt, poll: callable | None = None) -> dict:
+    """Send a guest trace's events through the ring as the agent does; victims in order."""
+    from .trace_image import events
+
+    op_of = {L.EV_CREATE: L.OP_CREATE, L.EV_READ: L.OP_ATTN, L.EV_CTX_LEN: L.OP_CTX_LEN}
+    opened = client.call(
+        L.OP_OPEN,
+        poll,
+        payload=L.OPEN_FMT.pack(
+            gt.n_entries, gt.entry_bytes, gt.capacity, gt.stream.shape.block_tokens, 0
+        ),
+    )
+    if opened.status:
+        raise DeviceError(f"OPEN failed with status 0x{opened.status:04x}")
+    evs = events(gt)
+    victims: list[int] = []
+    resident: set[int] = set()
+    hits = mismatches = 0
+    for k, (kind, step, layer, rec) in enumerate(evs):
+        c = client.call(
+            op_of[kind], poll, step=step, layer=layer, count=rec.size, payload=rec.tobytes()
+        )
+        if c.status:
+            raise DeviceError(f"event {k}: status 0x{c.status:04x}")
+        if kind == L.EV_READ:
+            local = sum(int(e) in resident for e in rec["entry"])
+            hits += c.r[0]
+            mismatches += local != c.r[0]
+        if kind in (L.EV_READ, L.EV_CREATE):
+            adm, vic, _h = decisions(c)
+            resident.update(int(x) for x in adm)
+            for v in vic["entry"]:
+                resident.discard(int(v))
+                victims.append(int(v))
+        if k + 1 == len(evs) or evs[k + 1][1] != step:
+            e = client.call(L.OP_END_STEP, poll, step=step)
+            if e.status:
+                raise DeviceError(f"END_STEP {step}: status 0x{e.status:04x}")
+    return {"victims": victims, "hits": hits, "residency_mismatches": mismatches}

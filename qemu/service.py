@@ -1,0 +1,563 @@
+"""The firmware service: polls the command ring in device memory and answers with the
+decisions of the policy engine in :mod:`kvcxl.firmware`.
+
+The device media is a file that QEMU maps as the Type-3 device's volatile memory
+(``memory-backend-file,share=on``); this process maps the same file, so a guest store
+to the ring is a store into this mapping.  The service owns the device header line
+(status, heartbeat, consumed index) and the completion queue; the guest owns the
+doorbell line and the submission queue (docs/qemu.md, "The ring").
+
+Firmware state is a :class:`kvcxl.firmware.cache.PolicyCache` over an
+:class:`kvcxl.firmware.table.EntryTable` that the guest fills with CREATE commands,
+driven exactly as the simulator of :mod:`kvcxl.emu.simulator` drives it (same calls,
+same ticks), so the same trace gives the same victims.
+
+Run as ``python -m kvcxl.qemu.service --media FILE --out STATS.json``; SIGTERM stops
+it and writes the statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import mmap
+import os
+import signal
+import struct
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from . import layout as L
+
+HEARTBEAT_S = 0.005
+
+
+class RingError(Exception):
+    """A command the firmware refuses; carries the CXL return code."""
+
+    def __init__(self, rc: int, why: str) -> None:
+        super().__init__(why)
+        self.rc = rc
+
+
+class FirmwareService:
+    def __init__(
+        self,
+        media: str | Path,
+        *,
+        policy: str = "ema",
+        config: object = None,
+        plugin_ring: str | Path | None = None,
+        record_victims: bool = True,
+    ) -> None:
+        from kvcxl.firmware.config import PolicyConfig
+
+        self.path = Path(media)
+        self.fd = os.open(self.path, os.O_RDWR)
+        self.size = os.fstat(self.fd).st_size
+        if self.size < L.KV_BASE + (4 << 20):
+            raise ValueError(f"media file {media} is {self.size} B: too small for the layout")
+        self.mm = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED)
+        self.policy_name = policy
+        self.config = config or PolicyConfig()
+        self.record_victims = record_victims
+        self.plugin_path = Path(plugin_ring) if plugin_ring else None
+        self.acc: mmap.mmap | None = None
+        self.sq_head = 0
+        self.heartbeat = 0
+        self.errors = 0
+        self.commands: Counter = Counter()
+        self.status_counts: Counter = Counter()
+        self.error_log: list[str] = []
+        self.poison: list[tuple[int, int]] = []
+        self.poisoned_entries: set[int] = set()
+        self.window_base: int | None = None
+        self.sessions: list[dict] = []  # one per OPEN … CLOSE, archived
+        self.plugin_reads = self.plugin_writes = self.plugin_outside = 0
+        self.plugin_dropped = self.plugin_records = 0
+        self.cache = None
+        self._reset_state()
+        self._init_ring()
+
+    # --- state ---------------------------------------------------------------------------
+    def _reset_state(self) -> None:
+        self.cache = None
+        self.table = None
+        self.n_entries = 0
+        self.entry_bytes = 0
+        self.time = 0
+        self.step: int | None = None
+        self.victims: list[int] = []
+        self.victim_tiers = Counter()
+        self.hints_sent = 0
+        self.accessed: np.ndarray | None = None  # plugin-seen CXL.mem reads per entry
+
+    def _init_ring(self) -> None:
+        """Zero the ring, then publish the header with status READY (written last)."""
+        self.mm[L.RING_BASE : L.RING_BASE + L.SLOTS] = bytes(L.SLOTS)
+        self._write_dev_hdr(L.DEV_OFF)
+        self._write_dev_hdr(L.DEV_READY)
+
+    def _write_dev_hdr(self, status: int) -> None:
+        self.status = status
+        L.DEV_HDR_FMT.pack_into(
+            self.mm,
+            L.RING_BASE + L.DEV_HDR,
+            L.RING_MAGIC,
+            L.RING_VERSION,
+            L.DEPTH,
+            L.SLOT_IN,
+            L.SLOT_OUT,
+            status,
+            self.sq_head & 0xFFFFFFFF,
+            self.heartbeat,
+            self.errors,
+        )
+
+    def beat(self) -> None:
+        self.heartbeat += 1
+        struct.pack_into("<Q", self.mm, L.RING_BASE + L.DEV_HDR + 24, self.heartbeat)
+
+    # --- the poll loop ---------------------------------------------------------------------
+    def poll_once(self) -> int:
+        """Serve every submitted command; returns how many."""
+        tail, _cq_head = L.HOST_HDR_FMT.unpack_from(self.mm, L.RING_BASE + L.HOST_HDR)
+        n = 0
+        while (self.sq_head & 0xFFFFFFFF) != tail:
+            self._serve(self.sq_head)
+            self.sq_head += 1
+            n += 1
+        if n:
+            struct.pack_into("<I", self.mm, L.RING_BASE + L.DEV_HDR + 20, self.sq_head & 0xFFFFFFFF)
+        if self.plugin_path is not None:
+            self.drain_plugin()
+        return n
+
+    def run(self, stop: callable, idle_sleep: float = 5e-5) -> None:
+        """Poll until ``stop()`` is true: busy while commands flow, napping when idle."""
+        last_beat = 0.0
+        idle = 0
+        while not stop():
+            now = time.monotonic()
+            if now - last_beat >= HEARTBEAT_S:
+                self.beat()
+                last_beat = now
+            if self.poll_once():
+                idle = 0
+            else:
+                idle += 1
+                time.sleep(idle_sleep if idle < 2000 else 1e-3)
+
+    def stop(self) -> None:
+        self._write_dev_hdr(L.DEV_STOPPED)
+
+    # --- commands --------------------------------------------------------------------------
+    def _serve(self, i: int) -> None:
+        op, _flags, cid, step, layer, count, in_len, arg0, arg1 = L.SQE_FMT.unpack_from(
+            self.mm, L.sq_offset(i)
+        )
+        self.commands[L.OPCODES.get(op, f"0x{op:04x}")] += 1
+        rc, out, r = L.RC_SUCCESS, b"", (0, 0, 0, 0, 0)
+        try:
+            if in_len > L.SLOT_IN:
+                raise RingError(L.RC_INVALID_PAYLOAD_LENGTH, f"in_len {in_len} > {L.SLOT_IN}")
+            payload = self.mm[L.slot_in_offset(i) : L.slot_in_offset(i) + in_len]
+            handler = self._handlers.get(op)
+            if handler is None:
+                raise RingError(L.RC_UNSUPPORTED, f"unknown opcode 0x{op:04x}")
+            out, r = handler(self, step, layer, count, payload, arg0, arg1)
+        except RingError as exc:
+            rc = exc.rc
+            self._log(f"cid {cid} op 0x{op:04x}: {L.RC_NAMES[rc]}: {exc}")
+        except Exception as exc:  # a firmware bug must not take the device down
+            rc = L.RC_INTERNAL
+            self._log(f"cid {cid} op 0x{op:04x}: internal error {type(exc).__name__}: {exc}")
+        if rc:
+            self.errors += 1
+            struct.pack_into("<I", self.mm, L.RING_BASE + L.DEV_HDR + 32, self.errors)
+        self.status_counts[L.RC_NAMES[rc]] += 1
+        o = L.slot_out_offset(i)
+        self.mm[o : o + len(out)] = out
+        c = L.cq_offset(i)
+        # Every field first, the sequence number last: the guest polls it.
+        packed = L.CQE_FMT.pack(cid, rc, op, (i + 1) & 0xFFFFFFFF, len(out), *r, 0)
+        self.mm[c : c + 60] = packed[:60]
+        struct.pack_into("<I", self.mm, c + 60, (i + 1) & 0xFFFFFFFF)
+
+    def _log(self, msg: str) -> None:
+        if len(self.error_log) < 100:
+            self.error_log.append(msg)
+
+    def _need_open(self) -> None:
+        if self.cache is None:
+            raise RingError(L.RC_INVALID_INPUT, "no OPEN before this command")
+
+    def _records(self, payload: bytes, count: int, dtype: np.dtype, limit: int) -> np.ndarray:
+        if count > limit or count * dtype.itemsize != len(payload):
+            raise RingError(
+                L.RC_INVALID_PAYLOAD_LENGTH,
+                f"count {count} × {dtype.itemsize} B != in_len {len(payload)} (max {limit})",
+            )
+        return np.frombuffer(payload, dtype=dtype, count=count)
+
+    def _check_step(self, step: int) -> None:
+        if self.step is not None and step < self.step:
+            raise RingError(L.RC_INVALID_INPUT, f"step {step} after step {self.step}")
+        self.step = step
+
+    def op_nop(self, step, layer, count, payload, arg0, arg1):
+        return b"", (0, 0, 0, 0, int(arg0))
+
+    def op_open(self, step, layer, count, payload, arg0, arg1):
+        from kvcxl.firmware.audit import EvictionAudit
+        from kvcxl.firmware.cache import PolicyCache
+        from kvcxl.firmware.policies import make_policy
+        from kvcxl.firmware.table import EntryTable
+
+        if len(payload) != L.OPEN_FMT.size:
+            raise RingError(L.RC_INVALID_PAYLOAD_LENGTH, f"OPEN takes {L.OPEN_FMT.size} B")
+        n, eb, cap, bt, base = L.OPEN_FMT.unpack(payload)
+        if eb == 0 or eb % 64:
+            raise RingError(L.RC_INVALID_INPUT, f"entry_bytes {eb} is not a multiple of 64")
+        if L.KV_BASE + n * eb > self.size:
+            raise RingError(L.RC_INVALID_INPUT, f"{n} entries of {eb} B do not fit the device")
+        if bt == 0:
+            raise RingError(L.RC_INVALID_INPUT, "block_tokens 0")
+        self._archive()
+        self.table = EntryTable(block_tokens=bt, capacity=max(n, 16))
+        kwargs = {"mode": "float"} if self.policy_name == "ema" else {}
+        try:
+            pol = make_policy(self.policy_name, self.config, self.table, **kwargs)
+        except (ValueError, TypeError) as exc:
+            raise RingError(L.RC_INVALID_INPUT, str(exc)) from None
+        self.audit = EvictionAudit()
+        self.cache = PolicyCache(pol, cap, audit=self.audit, on_victims=self._on_victims)
+        self.cache.ensure(max(n, 1))
+        pol.ensure(max(n, 1))
+        self.n_entries, self.entry_bytes, self.window_base = n, eb, base
+        self.accessed = np.zeros(n, dtype=np.int64)
+        self._pending_victims: list[np.ndarray] = []
+        return b"", (n, cap, 0, 0, self.size)
+
+    def _on_victims(self, ids, prio, tick) -> None:
+        self._pending_victims.append((ids.copy(), np.asarray(prio, dtype=np.float64).copy()))
+
+    def _decisions(self, admitted: np.ndarray, touched: np.ndarray | None) -> tuple[bytes, tuple]:
+        """Response: admitted ids, victims (with placement), prefetch hints."""
+        from kvcxl.firmware import fixedpoint as fx
+        from kvcxl.firmware.formulas import (
+            TIER_CXL,
+            TIER_NVME,
+            placement_thresholds,
+            placement_weighted,
+        )
+
+        pol, cfg = self.cache.policy, self.config
+        if self._pending_victims:
+            vids = np.concatenate([v[0] for v in self._pending_victims])
+            vprio = np.concatenate([v[1] for v in self._pending_victims])
+        else:
+            vids, vprio = np.zeros(0, np.int64), np.zeros(0)
+        self._pending_victims = []
+        vic = np.zeros(vids.size, L.VICTIM_REC)
+        if vids.size:
+            score = pol.score(vids)
+            if cfg.placement_mode == "thresholds":
+                want = placement_thresholds(score, cfg.keep_threshold, cfg.evict_threshold)
+            else:
+                idle = pol.idle[vids] if hasattr(pol, "idle") else 0
+                anchor = (self.table.first_token(vids) < cfg.anchor_zone_size).astype(float)
+                want = placement_weighted(
+                    score, idle, anchor, cfg.beta, cfg.placement_weights, cfg.placement_cuts
+                )
+            tiers = np.where(np.asarray(want) == TIER_NVME, TIER_NVME, TIER_CXL)
+            vic["entry"], vic["tier"] = vids, tiers
+            vic["priority_q16"] = fx.to_q16(np.clip(vprio, 0.0, 1.0))
+            if self.record_victims:
+                self.victims.extend(int(v) for v in vids)
+            self.victim_tiers.update(int(t) for t in tiers)
+        hints = self._hints(touched) if touched is not None and touched.size else np.zeros(0)
+        room = (L.SLOT_OUT - 4 * admitted.size - vic.nbytes) // 4
+        hints = hints[: max(room, 0)].astype("<u4")
+        self.hints_sent += hints.size
+        out = admitted.astype("<u4").tobytes() + vic.tobytes() + hints.tobytes()
+        return out, (admitted.size, vic.size, hints.size)
+
+    def _hints(self, touched: np.ndarray) -> np.ndarray:
+        """Prefetch hints: the best-ranked non-resident neighbours of the touched entries."""
+        from kvcxl.firmware import prefetch as pf
+
+        cfg, t = self.config, self.table
+        if cfg.prefetch_depth == 0:
+            return np.zeros(0, np.int64)
+        ids = touched[:64]
+        ctxs = np.unique(t.ctx[ids])
+        cand_ids, cand_dist = [], []
+        for c in ctxs.tolist():
+            sel = ids[t.ctx[ids] == c]
+            mine = np.flatnonzero(t.ctx[: t.n] == c)
+            n_layers = int(t.layer[mine].max()) + 1
+            n_blocks = int(t.block[mine].max()) + 1
+            cand = pf.propose(
+                t.layer[sel],
+                t.head[sel],
+                t.block[sel],
+                n_layers=n_layers,
+                n_blocks=n_blocks,
+                block_tokens=t.block_tokens,
+                config=cfg,
+            )
+            key = {
+                (int(a), int(b), int(k)): int(e)
+                for e, a, b, k in zip(mine, t.layer[mine], t.head[mine], t.block[mine], strict=True)
+            }
+            for la, h, b, d in zip(
+                cand.layer, cand.head, cand.block, cand.distance_blocks, strict=True
+            ):
+                e = key.get((int(la), int(h), int(b)))
+                if e is not None:
+                    cand_ids.append(e)
+                    cand_dist.append(int(d))
+        if not cand_ids:
+            return np.zeros(0, np.int64)
+        cid, dist = np.asarray(cand_ids), np.asarray(cand_dist)
+        keep = ~self.cache.is_resident(cid)
+        cid, dist = cid[keep], dist[keep]
+        if cid.size == 0:
+            return cid
+        ranks = pf.rank(dist, self.cache.policy.score(cid), t.block_tokens, cfg)
+        return pf.order(cid, ranks)[:64]
+
+    def op_create(self, step, layer, count, payload, arg0, arg1):
+        from kvcxl.firmware.policies.base import Tick
+
+        self._need_open()
+        rec = self._records(payload, count, L.CREATE_REC, L.CREATE_MAX)
+        want = np.arange(self.table.n, self.table.n + count)
+        if not np.array_equal(rec["entry"].astype(np.int64), want):
+            raise RingError(L.RC_INVALID_INPUT, f"CREATE ids must be the next dense ids {want[:1]}")
+        if self.table.n + count > self.n_entries:
+            raise RingError(L.RC_INVALID_INPUT, f"more than the {self.n_entries} opened entries")
+        self._check_step(step)
+        self.table.append(rec["ctx"], rec["layer"], rec["head"], rec["block"])
+        admitted = self.cache.insert(want, Tick(step, self.time))
+        out, (na, nv, nh) = self._decisions(admitted, None)
+        return out, (0, na, nv, nh, 0)
+
+    def op_ctx_len(self, step, layer, count, payload, arg0, arg1):
+        from kvcxl.firmware.table import grow
+
+        self._need_open()
+        rec = self._records(payload, count, L.CTX_LEN_REC, L.CTX_LEN_MAX)
+        self._check_step(step)
+        if count:
+            c = rec["ctx"].astype(np.int64)
+            self.table.ctx_tokens = grow(self.table.ctx_tokens, int(c.max()) + 1)
+            self.table.ctx_tokens[c] = rec["tokens"]
+        return b"", (0, 0, 0, 0, 0)
+
+    def op_attn(self, step, layer, count, payload, arg0, arg1):
+        from kvcxl.firmware.policies.base import Tick
+
+        self._need_open()
+        rec = self._records(payload, count, L.ATTN_REC, L.ATTN_MAX)
+        ids = rec["entry"].astype(np.int64)
+        w = rec["weight"].astype(np.float64)
+        if ids.size and int(ids.max()) >= self.table.n:
+            raise RingError(L.RC_INVALID_INPUT, f"entry {int(ids.max())} was never created")
+        if not np.all(np.isfinite(w)) or (w.size and w.min() < 0):
+            raise RingError(L.RC_INVALID_INPUT, "attention weights must be finite and >= 0")
+        self._check_step(step)
+        tick = Tick(step, self.time)
+        hit = self.cache.access(ids, w, tick)
+        self.time += 1
+        admitted = np.unique(ids[~hit])  # demand paging: every miss is brought into HBM
+        touched = ids[w >= self.config.touch_threshold]
+        out, (na, nv, nh) = self._decisions(admitted, touched)
+        return out, (int(hit.sum()), na, nv, nh, 0)
+
+    def op_end_step(self, step, layer, count, payload, arg0, arg1):
+        from kvcxl.firmware.policies.base import Tick
+
+        self._need_open()
+        if self.step is None or step != self.step:
+            raise RingError(
+                L.RC_INVALID_INPUT, f"END_STEP {step} but the current step is {self.step}"
+            )
+        self.cache.end_step(Tick(step, max(self.time - 1, 0)))
+        return b"", (0, 0, 0, 0, 0)
+
+    def op_stats(self, step, layer, count, payload, arg0, arg1):
+        text = json.dumps(self.stats(brief=True)).encode()[: L.SLOT_OUT]
+        return text, (len(text), 0, 0, 0, 0)
+
+    def op_poison(self, step, layer, count, payload, arg0, arg1):
+        dpa, length = int(arg0), int(arg1)
+        if length == 0 or length % 64 or dpa % 64 or dpa + length > self.size:
+            raise RingError(L.RC_INVALID_INPUT, f"poison range 0x{dpa:x}+0x{length:x}")
+        self.poison.append((dpa, length))
+        hit = 0
+        if self.entry_bytes:
+            lo = max(dpa - L.KV_BASE, 0) // self.entry_bytes
+            hi = (dpa + length - 1 - L.KV_BASE) // self.entry_bytes
+            if dpa + length > L.KV_BASE:
+                for e in range(lo, min(hi, self.n_entries - 1) + 1):
+                    self.poisoned_entries.add(e)
+                    hit += 1
+        return b"", (hit, 0, 0, 0, 0)
+
+    def op_close(self, step, layer, count, payload, arg0, arg1):
+        self._archive()
+        return b"", (0, 0, 0, 0, 0)
+
+    def _archive(self) -> None:
+        """End the open session (if any): keep its statistics, drop its state."""
+        if self.cache is not None:
+            self.sessions.append(self._session_stats())
+        self._reset_state()
+
+    _handlers = {
+        L.OP_NOP: op_nop,
+        L.OP_OPEN: op_open,
+        L.OP_ATTN: op_attn,
+        L.OP_END_STEP: op_end_step,
+        L.OP_STATS: op_stats,
+        L.OP_POISON: op_poison,
+        L.OP_CLOSE: op_close,
+        L.OP_CREATE: op_create,
+        L.OP_CTX_LEN: op_ctx_len,
+    }
+
+    # --- TCG plugin stream -----------------------------------------------------------------
+    def drain_plugin(self) -> None:
+        """Consume the plugin's access records: count CXL.mem traffic per entry."""
+        if self.acc is None:
+            try:
+                fd = os.open(self.plugin_path, os.O_RDWR)
+            except FileNotFoundError:
+                return
+            try:
+                sz = os.fstat(fd).st_size
+                if sz < L.ACC_HDR_FMT.size:
+                    return
+                self.acc = mmap.mmap(fd, sz, mmap.MAP_SHARED)
+            finally:
+                os.close(fd)
+        magic, cap, head, tail, dropped, _seen = L.ACC_HDR_FMT.unpack_from(self.acc, 0)
+        if magic != L.ACC_MAGIC or head == tail:
+            return
+        n = min(head - tail, cap)
+        idx = (np.arange(tail, tail + n) & (cap - 1)).astype(np.int64)
+        recs = np.frombuffer(self.acc, dtype=L.ACC_REC, count=cap, offset=L.ACC_HDR_FMT.size)
+        r = recs[idx].copy()
+        struct.pack_into("<Q", self.acc, 16, tail + n)
+        self.plugin_records += n
+        self.plugin_dropped = dropped
+        base = self.window_base if self.window_base else L.WINDOW_BASE
+        dpa = r["gpa"].astype(np.int64) - base
+        inside = (dpa >= 0) & (dpa < self.size)
+        self.plugin_outside += int(np.count_nonzero(~inside))
+        store = (r["size_flags"] & L.ACC_STORE) != 0
+        self.plugin_writes += int(np.count_nonzero(store & inside))
+        reads = inside & ~store
+        self.plugin_reads += int(np.count_nonzero(reads))
+        if self.accessed is not None and self.entry_bytes:
+            kv = dpa[reads] - L.KV_BASE
+            kv = kv[(kv >= 0) & (kv < self.n_entries * self.entry_bytes)] // self.entry_bytes
+            np.add.at(self.accessed, kv, 1)  # a read marks its entry accessed
+
+    # --- report ----------------------------------------------------------------------------
+    def stats(self, brief: bool = False) -> dict:
+        out = {
+            "evidence": "Measured",
+            "policy": self.policy_name,
+            "commands": dict(self.commands),
+            "completions": dict(self.status_counts),
+            "errors": self.errors,
+            "error_log": self.error_log[:20],
+            "heartbeat": self.heartbeat,
+            "window_base": hex(self.window_base) if self.window_base is not None else None,
+            "poison_reports": [[hex(a), hex(b)] for a, b in self.poison],
+            "poisoned_entries": sorted(self.poisoned_entries),
+        }
+        if self.plugin_path is not None:
+            out["plugin"] = {
+                "records": self.plugin_records,
+                "reads": self.plugin_reads,
+                "writes": self.plugin_writes,
+                "outside_window": self.plugin_outside,
+                "dropped": int(self.plugin_dropped),
+            }
+        sessions = [*self.sessions]
+        if self.cache is not None:
+            sessions.append(self._session_stats())
+        if brief:
+            sessions = [{k: v for k, v in d.items() if k != "victims"} for d in sessions]
+        out["sessions"] = sessions
+        return out
+
+    def _session_stats(self) -> dict:
+        out = {
+            "entries": int(self.table.n),
+            "entry_bytes": self.entry_bytes,
+            "capacity": self.cache.capacity,
+            "cache": self.cache.stats.as_dict(),
+            "audit": self.audit.as_dict(),
+            "victims_total": int(self.cache.stats.evictions),
+            "victims_to_tier": {
+                ("cxl" if k == 2 else "nvme"): v for k, v in self.victim_tiers.items()
+            },
+            "prefetch_hints": self.hints_sent,
+            "victims": list(self.victims),
+        }
+        if self.plugin_path is not None and self.accessed is not None:
+            out["plugin_entries_accessed"] = int(np.count_nonzero(self.accessed))
+        return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kvcxl.qemu.service", description=__doc__)
+    ap.add_argument("--media", required=True, help="the device media file QEMU maps")
+    ap.add_argument("--out", required=True, help="write statistics JSON here on exit")
+    ap.add_argument("--policy", default="ema")
+    ap.add_argument("--config", help="policy configuration TOML")
+    ap.add_argument("--plugin-ring", help="shared-memory file the TCG plugin writes")
+    ap.add_argument("--ready", help="create this file once the ring is initialised")
+    args = ap.parse_args(argv)
+    from kvcxl.firmware.config import PolicyConfig
+
+    cfg = PolicyConfig.load(args.config) if args.config else PolicyConfig()
+    svc = FirmwareService(args.media, policy=args.policy, config=cfg, plugin_ring=args.plugin_ring)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
+    if args.ready:
+        Path(args.ready).write_text(str(os.getpid()))
+    try:
+        svc.run(lambda: bool(stopping))
+    finally:
+        svc.stop()
+        if svc.plugin_path is not None:
+            svc.drain_plugin()
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(svc.stats(), f, default=_jsonable)
+        os.replace(tmp, args.out)
+    return 0
+
+
+def _jsonable(x: object) -> object:
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return None if math.isnan(x) else float(x)
+    return str(x)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""The device ring and the firmware service, without QEMU: a Python client speaks the
+guest agent's protocol to the service over a media file."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kvcxl.qemu import layout as L
+from kvcxl.qemu.ring_client import DeviceError, RingClient, decisions, replay
+from kvcxl.qemu.service import FirmwareService
+from kvcxl.qemu.trace_image import default_trace, encode, simulate_victims
+
+GUEST = Path(__file__).resolve().parent.parent / "qemu" / "guest"
+
+
+@pytest.fixture
+def media(tmp_path: Path) -> Path:
+    p = tmp_path / "media.bin"
+    with open(p, "wb") as f:
+        f.truncate(64 << 20)
+    return p
+
+
+@pytest.fixture
+def dev(media: Path):
+    svc = FirmwareService(media)
+    cl = RingClient(media, heartbeat_timeout=0.3)
+    cl.wait_ready(timeout=1)
+    yield svc, cl
+    cl.close()
+
+
+def test_replay_through_ring_equals_simulator(dev) -> None:
+    svc, cl = dev
+    gt = default_trace(steps=12)
+    got = replay(cl, gt, poll=svc.poll_once)
+    want = simulate_victims(gt)
+    assert len(want) > 100
+    assert got["victims"] == want
+    assert got["residency_mismatches"] == 0
+    sess = svc.stats()["sessions"][0]
+    assert sess["audit"]["wrong_victims"] == 0
+    assert sess["audit"]["audited_victims"] == len(want)
+
+
+def _open(cl: RingClient, svc: FirmwareService, n: int = 8, cap: int = 2) -> None:
+    c = cl.call(L.OP_OPEN, svc.poll_once, payload=L.OPEN_FMT.pack(n, 64, cap, 16, 0))
+    assert c.status == L.RC_SUCCESS
+
+
+def _create(cl: RingClient, svc: FirmwareService, ids: list[int]) -> None:
+    rec = np.zeros(len(ids), L.CREATE_REC)
+    rec["entry"] = ids
+    rec["block"] = 100  # far from the anchor zone: nothing pinned
+    c = cl.call(L.OP_CREATE, svc.poll_once, count=len(ids), payload=rec.tobytes())
+    assert c.status == L.RC_SUCCESS
+
+
+def _attn(cl, svc, ids, weights, step=0):
+    rec = np.zeros(len(ids), L.ATTN_REC)
+    rec["entry"], rec["weight"] = ids, weights
+    return cl.call(L.OP_ATTN, svc.poll_once, step=step, count=len(ids), payload=rec.tobytes())
+
+
+@pytest.mark.parametrize(
+    ("what", "code"),
+    [
+        ("unknown opcode", L.RC_UNSUPPORTED),
+        ("before open", L.RC_INVALID_INPUT),
+        ("count vs length", L.RC_INVALID_PAYLOAD_LENGTH),
+        ("too long", L.RC_INVALID_PAYLOAD_LENGTH),
+        ("unknown entry", L.RC_INVALID_INPUT),
+        ("nan weight", L.RC_INVALID_INPUT),
+        ("negative weight", L.RC_INVALID_INPUT),
+        ("step backwards", L.RC_INVALID_INPUT),
+        ("create not dense", L.RC_INVALID_INPUT),
+        ("open too big", L.RC_INVALID_INPUT),
+        ("end_step wrong", L.RC_INVALID_INPUT),
+        ("poison unaligned", L.RC_INVALID_INPUT),
+    ],
+)
+def test_malformed_commands_get_error_completions(dev, what: str, code: int) -> None:
+    svc, cl = dev
+    if what == "unknown opcode":
+        c = cl.call(0x1234, svc.poll_once)
+    elif what == "before open":
+        c = _attn(cl, svc, [0], [0.5])
+    elif what == "open too big":
+        c = cl.call(L.OP_OPEN, svc.poll_once, payload=L.OPEN_FMT.pack(1 << 30, 64, 2, 16, 0))
+    elif what == "poison unaligned":
+        c = cl.call(L.OP_POISON, svc.poll_once, arg0=L.KV_BASE + 3, arg1=64)
+    else:
+        _open(cl, svc)
+        _create(cl, svc, [0, 1, 2])
+        assert _attn(cl, svc, [0, 1], [0.5, 0.1], step=3).status == L.RC_SUCCESS
+        if what == "count vs length":
+            c = cl.call(L.OP_ATTN, svc.poll_once, step=3, count=5, payload=bytes(16))
+        elif what == "too long":
+            c = cl.call(L.OP_ATTN, svc.poll_once, step=3, count=2000, payload=bytes(16000))
+        elif what == "unknown entry":
+            c = _attn(cl, svc, [0, 7], [0.5, 0.5], step=3)
+        elif what == "nan weight":
+            c = _attn(cl, svc, [0], [float("nan")], step=3)
+        elif what == "negative weight":
+            c = _attn(cl, svc, [0], [-0.5], step=3)
+        elif what == "step backwards":
+            c = _attn(cl, svc, [0], [0.5], step=2)
+        elif what == "create not dense":
+            rec = np.zeros(1, L.CREATE_REC)
+            rec["entry"] = 5
+            c = cl.call(L.OP_CREATE, svc.poll_once, step=3, count=1, payload=rec.tobytes())
+        elif what == "end_step wrong":
+            c = cl.call(L.OP_END_STEP, svc.poll_once, step=4)
+    assert c.status == code, svc.error_log
+    # The ring keeps working after an error.
+    assert cl.call(L.OP_NOP, svc.poll_once, arg0=7).status == L.RC_SUCCESS
+    assert svc.errors == 1
+
+
+def test_decisions_and_residency(dev) -> None:
+    svc, cl = dev
+    _open(cl, svc, n=8, cap=2)
+    _create(cl, svc, [0, 1, 2])
+    c = _attn(cl, svc, [0, 1, 2], [0.9, 0.0, 0.0], step=1)
+    adm, vic, _hints = decisions(c)
+    # capacity 2 after creating 3: one victim at creation, then the miss is re-admitted
+    resident = svc.cache.is_resident(np.arange(3))
+    assert int(resident.sum()) == 2
+    assert set(vic["entry"].tolist()) <= {0, 1, 2}
+    assert c.r[0] + len(adm) == 3  # every read is a hit or admitted
+
+
+def test_heartbeat_stops_and_client_reports_device_error(media: Path) -> None:
+    svc = FirmwareService(media)
+    cl = RingClient(media, heartbeat_timeout=0.2)
+    cl.wait_ready(timeout=1)
+    cl.submit(L.OP_NOP)  # nobody polls: the service is "dead"
+    with pytest.raises(DeviceError, match="no heartbeat"):
+        cl.wait(0)
+    assert svc.sq_head == 0
+
+
+def test_trace_image_layout() -> None:
+    gt = default_trace(steps=4)
+    img = encode(gt, 256 << 20)
+    hdr = L.TRACE_HDR_FMT.unpack_from(img)
+    assert hdr[0] == L.TRACE_MAGIC and hdr[3] == gt.n_entries and hdr[5] == gt.entry_bytes
+    with pytest.raises(ValueError, match="MiB device"):
+        encode(gt, 17 << 20)
+
+
+_C_PROBE = r"""
+#include <stdio.h>
+#include <stddef.h>
+#include "kvcxl_ring.h"
+int main(void) {
+    printf("%llu %llu %llu %llu %llu\n", KVCXL_TRACE_BASE, KVCXL_XFER_H2G, KVCXL_XFER_G2H,
+           KVCXL_XFER_BYTES, KVCXL_KV_BASE);
+    printf("%u %u %u %u %u %u %u\n", KVCXL_SQ, KVCXL_CQ, KVCXL_SLOTS, KVCXL_DEPTH,
+           KVCXL_SLOT_IN, KVCXL_SLOT_OUT, KVCXL_RING_MAGIC);
+    printf("%zu %zu %zu\n", offsetof(struct kvcxl_cqe, seq), offsetof(struct kvcxl_sqe, arg0),
+           offsetof(struct kvcxl_dev_hdr, heartbeat));
+    for (int k = 0; k < 4; k++) printf("%016llx ", (unsigned long long)kvcxl_pattern(7, 99, k));
+    printf("\n");
+    return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_c_header_matches_python_layout(tmp_path: Path) -> None:
+    src = tmp_path / "probe.c"
+    src.write_text(_C_PROBE)
+    exe = tmp_path / "probe"
+    subprocess.run(["gcc", "-I", str(GUEST), "-o", str(exe), str(src)], check=True)
+    lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split(
+        "\n"
+    )
+    assert [int(x) for x in lines[0].split()] == [
+        L.TRACE_BASE,
+        L.XFER_H2G,
+        L.XFER_G2H,
+        L.XFER_BYTES,
+        L.KV_BASE,
+    ]
+    assert [int(x) for x in lines[1].split()] == [
+        L.SQ,
+        L.CQ,
+        L.SLOTS,
+        L.DEPTH,
+        L.SLOT_IN,
+        L.SLOT_OUT,
+        L.RING_MAGIC,
+    ]
+    assert [int(x) for x in lines[2].split()] == [60, 24, 24]
+    words = [int(x, 16) for x in lines[3].split()]
+    assert words == list(struct.unpack("<4Q", L.pattern(7, 99, 32)))

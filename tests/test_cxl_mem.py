@@ -90,6 +90,8 @@ _msgs = st.one_of(
 def test_encode_decode_round_trip(msg):
     wire = mem.encode(msg)
     assert len(wire) == msg.CLASS.wire_bytes
+    assert int.from_bytes(wire[1:], "little") == mem.pack(msg)  # the field table's packing
+    assert mem.unpack(msg.CLASS, mem.pack(msg)) == msg
     assert mem.decode(wire) == msg
 
 

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from enum import IntEnum
+from functools import cached_property
 from typing import ClassVar
 
 LINE_BYTES = 64
@@ -152,19 +153,19 @@ class MessageClass:
     opcodes: type[IntEnum]
     doc: str
 
-    @property
+    @cached_property
     def bits(self) -> int:
         return sum(f.width for f in self.fields)
 
-    @property
+    @cached_property
     def packed_bytes(self) -> int:
         return self.bits // 8
 
-    @property
+    @cached_property
     def wire_bytes(self) -> int:
         return 1 + self.packed_bytes
 
-    @property
+    @cached_property
     def has_data(self) -> bool:
         return self.fields[-1].name == "data"
 
@@ -327,33 +328,37 @@ _VALUE_TYPES: dict[str, type] = {
 # Attribute names of each value type, in dataclass order (for decode).
 _ATTRS = {name: tuple(f.name for f in fields(t)) for name, t in _VALUE_TYPES.items()}
 _OFFSETS = {c.name: c.offsets() for c in MESSAGE_CLASSES}
+# Header fields (neither reserved nor data) and header byte counts, for the fast codec.
+_HEADER_OFFSETS = {
+    c.name: tuple((n, o) for n, o in _OFFSETS[c.name].items() if n not in ("rsvd", "data"))
+    for c in MESSAGE_CLASSES
+}
+_DATA_CLASSES = frozenset(c.name for c in MESSAGE_CLASSES if c.has_data)
+_OPCODE_VALUES = {c.name: frozenset(int(o) for o in c.opcodes) for c in MESSAGE_CLASSES}
+_HEADER_BYTES = {
+    c.name: (c.bits - (LINE_BYTES * 8 if c.has_data else 0)) // 8 for c in MESSAGE_CLASSES
+}
 
 
 def validate(msg: Message) -> None:
     """Raise :class:`MessageError` unless every field of ``msg`` fits and means something."""
     cls = msg.CLASS
-    for f in cls.fields:
-        if f.name == "rsvd":
-            continue
-        v = getattr(msg, f.name)
-        if f.name == "data":
-            if not isinstance(v, bytes | bytearray) or len(v) != LINE_BYTES:
-                n = len(v) if isinstance(v, bytes | bytearray) else type(v).__name__
-                raise MessageError(
-                    "bad_field", f"{cls.name}.data must be {LINE_BYTES} bytes, got {n}"
-                )
-            continue
-        if not isinstance(v, int) or v < 0 or v >> f.width:
+    for name, (_lsb, width) in _HEADER_OFFSETS[cls.name]:
+        v = getattr(msg, name)
+        if not isinstance(v, int) or v < 0 or v >> width:
             raise MessageError(
-                "bad_field", f"{cls.name}.{f.name} = {v!r} does not fit in {f.width} bits"
+                "bad_field", f"{cls.name}.{name} = {v!r} does not fit in {width} bits"
             )
-    try:
-        op = cls.opcodes(msg.opcode)
-    except ValueError:
+    if cls.name in _DATA_CLASSES:
+        v = msg.data
+        if not isinstance(v, bytes | bytearray) or len(v) != LINE_BYTES:
+            n = len(v) if isinstance(v, bytes | bytearray) else type(v).__name__
+            raise MessageError("bad_field", f"{cls.name}.data must be {LINE_BYTES} bytes, got {n}")
+    if msg.opcode not in _OPCODE_VALUES[cls.name]:
         raise MessageError(
             "bad_opcode", f"{cls.name} opcode {msg.opcode:#x} is not in the modelled subset"
-        ) from None
-    if op is M2SRwDOpcode.MEM_WR and msg.byte_enable != ALL_BYTES:
+        )
+    if cls is M2S_RWD and msg.opcode == M2SRwDOpcode.MEM_WR and msg.byte_enable != ALL_BYTES:
         raise MessageError(
             "bad_byte_enable", f"MemWr needs all 64 byte enables, got {msg.byte_enable:#018x}"
         )
@@ -389,7 +394,14 @@ def unpack(cls: MessageClass, word: int) -> Message:
 def encode(msg: Message) -> bytes:
     """Wire bytes: class code, then the packed integer little-endian."""
     cls = msg.CLASS
-    return bytes((cls.code,)) + pack(msg).to_bytes(cls.packed_bytes, "little")
+    validate(msg)
+    # ``data`` is the last field and starts on a byte boundary: pack only the header as
+    # an integer and append the line's bytes (same bytes as packing everything).
+    hdr = 0
+    for name, (lsb, _w) in _HEADER_OFFSETS[cls.name]:
+        hdr |= int(getattr(msg, name)) << lsb
+    head = bytes((cls.code,)) + hdr.to_bytes(_HEADER_BYTES[cls.name], "little")
+    return head + bytes(msg.data) if cls.has_data else head
 
 
 def decode(buf: bytes | bytearray | memoryview) -> Message:
@@ -403,7 +415,16 @@ def decode(buf: bytes | bytearray | memoryview) -> Message:
         raise MessageError(
             "bad_length", f"{cls.name} is {cls.wire_bytes} bytes on the wire, got {len(buf)}"
         )
-    return unpack(cls, int.from_bytes(bytes(buf[1:]), "little"))
+    nh = _HEADER_BYTES[cls.name]
+    hdr = int.from_bytes(buf[1 : 1 + nh], "little")
+    values: dict[str, object] = {
+        name: (hdr >> lsb) & ((1 << width) - 1) for name, (lsb, width) in _HEADER_OFFSETS[cls.name]
+    }
+    if cls.has_data:
+        values["data"] = bytes(buf[1 + nh :])
+    msg = _VALUE_TYPES[cls.name](**values)
+    validate(msg)
+    return msg
 
 
 def describe() -> str:

@@ -29,7 +29,7 @@ from numpy.typing import NDArray
 
 from ..firmware import prefetch as pf
 from ..firmware.audit import EvictionAudit
-from ..firmware.cache import PolicyCache
+from ..firmware.cache import PolicyCache, unique_ids
 from ..firmware.config import PolicyConfig
 from ..firmware.formulas import TIER_CXL, TIER_HBM, TIER_NVME
 from ..firmware.policies import make_policy
@@ -145,7 +145,7 @@ def simulate(
     has_idle = hasattr(policy, "idle")
 
     # Per-step accumulators (index = position of the step among read steps).
-    read_steps = np.unique(stream.ev_step[kinds != CREATE])
+    read_steps = unique_ids(stream.ev_step[kinds != CREATE])
     n_steps = read_steps.size
     st_reads = np.zeros(n_steps, np.int64)
     st_hits = np.zeros(n_steps, np.int64)
@@ -187,7 +187,7 @@ def simulate(
             src = src[top]
         cand_ids, cand_dist = [], []
         ctx = stream.e_ctx[src]
-        for c in np.unique(ctx).tolist():
+        for c in unique_ids(ctx).tolist():
             s = src[ctx == c]
             grid = stream.grids[c]
             cand = pf.propose(
@@ -268,10 +268,10 @@ def simulate(
             if pf_total:
                 useful = prefetched[ids] & hit
                 if useful.any():
-                    u = np.unique(ids[useful])
+                    u = unique_ids(ids[useful])
                     pf_useful += u.size
                     prefetched[u] = False
-            tiers.promote(np.unique(ids[miss]))
+            tiers.promote(unique_ids(ids[miss]))
             settle(tick)
             sp = step_pos
             st_reads[sp] += ids.size

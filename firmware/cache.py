@@ -33,6 +33,18 @@ from .table import grow
 VictimSink = Callable[[NDArray, NDArray, Tick], None]
 
 
+def unique_ids(ids: NDArray) -> NDArray:
+    """Sorted distinct ids. Same result as ``np.unique``, whose hash-based path in numpy 2.4
+    is ~50× slower than a sort on large int64 batches (1.9 s vs 0.04 s for 655 k ids)."""
+    s = np.sort(np.asarray(ids, dtype=np.int64))
+    if s.size < 2:
+        return s
+    keep = np.empty(s.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
 @dataclass
 class CacheStats:
     hits: int = 0
@@ -91,14 +103,14 @@ class PolicyCache:
         self.stats.misses += ids.size - nh
         # Admit first (a policy without persistent metadata starts the entry afresh), then
         # record the reads, then evict: entries read in this batch compete with fresh state.
-        self._admit(np.unique(ids[~hit]), tick, make_room=False)
+        self._admit(unique_ids(ids[~hit]), tick, make_room=False)
         self.policy.on_access(ids, np.asarray(weights, dtype=np.float64), tick)
         self._make_room(tick, protect=ids if self.protect_batch else None)
         return hit
 
     def insert(self, ids: NDArray, tick: Tick) -> NDArray:
         """Make entries resident without a read (new tokens, prefetch); returns those admitted."""
-        ids = np.unique(np.asarray(ids, dtype=np.int64))
+        ids = unique_ids(ids)
         if ids.size == 0:
             return ids
         self.ensure(int(ids.max()) + 1)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ...firmware.cache import unique_ids
 from ..attention import AttentionModel, AttentionParams, ContextAttention, sparse_mask
 from ..shape import ModelShape
 from ..trace import Trace
@@ -71,7 +72,7 @@ class ReadStream:
     @property
     def n_steps(self) -> int:
         s = self.ev_step[self.read_mask]
-        return int(np.unique(s).size)
+        return int(unique_ids(s).size)
 
     @property
     def kv_bytes(self) -> int:
@@ -326,10 +327,17 @@ def from_trace(trace: Trace) -> ReadStream:
     step, layer = trace.step[order], trace.layer[order]
     keys = trace.entry_keys()[order]
     w = trace.weight[order]
-    uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    rank = np.empty(uniq.size, dtype=np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(uniq.size)
-    ids = rank[inverse]  # dense ids in order of first appearance
+    # Dense ids in order of first appearance (a stable sort: np.unique's hash path is slow).
+    srt = np.argsort(keys, kind="stable")
+    ks = keys[srt]
+    new = np.ones(ks.size, dtype=bool)
+    new[1:] = ks[1:] != ks[:-1]
+    group = np.cumsum(new) - 1  # distinct-key index of each sorted record
+    first = srt[new]  # first record (in batch order) of each distinct key
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    ids = np.empty(keys.size, dtype=np.int64)
+    ids[srt] = rank[group]
     by_id = order[np.sort(first)]  # record (original index) that first read each id
     e_ctx = trace.context[by_id]
     e_layer, e_head, e_block = trace.layer[by_id], trace.head[by_id], trace.block[by_id]
@@ -369,11 +377,11 @@ def from_trace(trace: Trace) -> ReadStream:
         if int(step[a]) != seen_step:  # contexts read in this step each decode one token
             seen_step = int(step[a])
             hi = int(np.searchsorted(step, seen_step, side="right"))
-            toks.append(int(np.unique(ctx_sorted[a:hi]).size))
+            toks.append(int(unique_ids(ctx_sorted[a:hi]).size))
         else:
             toks.append(0)
     grids: dict[int, NDArray] = {}
-    for c in np.unique(e_ctx).tolist():
+    for c in unique_ids(e_ctx).tolist():
         sel = np.flatnonzero(e_ctx == c)
         g = np.full((s.layers, s.kv_heads, int(e_block[sel].max()) + 1), -1, dtype=np.int64)
         g[e_layer[sel], e_head[sel], e_block[sel]] = sel

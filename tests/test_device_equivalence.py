@@ -27,9 +27,14 @@ def _trace(seed: int, n_batches: int = 240, n_entries: int = 400, per_batch: int
     return batches, weights, steps
 
 
-def _drive(policy: str, capacity: int, batches, weights, steps):
+def _drive(policy: str, capacity: int, batches, weights, steps, mode: str = "float"):
     dev = Type3Device(
-        GRANULE, page_bytes=4096, dram_pages=capacity, policy=policy, record_victims=True
+        GRANULE,
+        page_bytes=4096,
+        dram_pages=capacity,
+        policy=policy,
+        mode=mode,
+        record_victims=True,
     )
     dev.hdm.program(0, base=BASE, size=GRANULE)
     dev.hdm.commit(0)
@@ -77,3 +82,11 @@ def test_device_and_replay_agree(policy, seed):
     assert np.allclose([p for *_, p in victims], [p for *_, p in ref.victims], rtol=0, atol=0)
     assert ref.evictions > 100 and dev.audit.wrong == 0
     assert dev.counters["migrations_to_nvme"] == ref.evictions
+
+
+def test_device_and_replay_agree_in_the_q16_integer_mode():
+    batches, weights, steps = _trace(2)
+    dev, victims = _drive("ema", 60, batches, weights, steps, mode="int")
+    ref = replay("ema", batches, 60, weights=weights, steps=steps, record_victims=True, mode="int")
+    assert (dev.cache.stats.hits, dev.cache.stats.misses) == (ref.hits, ref.misses)
+    assert victims == [(t, e, p) for t, e, p in ref.victims]

@@ -17,10 +17,10 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from numpy.typing import NDArray
+if TYPE_CHECKING:  # numpy loads inside the functions: `kvcxl --help` imports this module
+    from numpy.typing import NDArray
 
 PROMPT_DIR = Path(__file__).with_name("prompts")
 MODELS = ("smollm2-135m",)
@@ -108,6 +108,7 @@ def capture(
     progress: bool = False,
 ) -> Capture:
     """Greedy-decode ``steps`` tokens after ``prompt``, recording every position's attention."""
+    import numpy as np
     from tqdm import tqdm
 
     if steps < 0:
@@ -159,6 +160,8 @@ def capture(
 
 def to_trace(cap: Capture, *, source: str, decode_only: bool = False, context: int = 0) -> Any:
     """The capture as a kvcxl trace (Measured): one record per (step, layer, head, block read)."""
+    import numpy as np
+
     from ..shape import PRESETS
     from ..trace import Trace
     from .weights import GGUF_NAME, GGUF_SHA256, MODEL_NAME, PACKAGE, VERSION

@@ -1,0 +1,440 @@
+"""Seed §K.7's calibration of the ema policy on real traces: α × β, then keep/evict.
+
+Stage 1 sweeps α × β jointly (the seed: "β chosen without reference to α
+double-counts recency") and scores every point two ways:
+
+* **hit rate at a fixed HBM budget** (Simulated): the captured trace replayed
+  through :class:`~kvcxl.firmware.cache.PolicyCache` with demand paging.  Each step
+  writes its new block (insert) and reads the entries whose full-cache attention
+  weight is at least ``read_threshold`` (a sparse, Quest-like read set; with dense
+  reads every policy has the same hit rate).  Also the attention-mass hit rate:
+  the share of the read weight served from HBM.
+* **output quality** (Measured): the real model re-run with the cache bounded by
+  the policy at the same budget (:mod:`.quality`): mean KL and top-1 agreement.
+
+Stage 2 takes the best (α, β) and sweeps the threshold placement's keep/evict
+pair on the EMA score trajectories: for each keep, the hot set (entries with
+score ≥ keep, as a share of all entries) and the share of reads it serves; for
+each evict, the share of reads that would come from NVMe (score < evict).
+
+The best point is reported with a 95 % confidence interval over prompts
+(Student's t on the per-prompt values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+# Two-sided 95 % Student t critical values by degrees of freedom (1 … 30).
+_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+        2.060, 2.056, 2.052, 2.048, 2.045, 2.042]  # fmt: skip
+
+
+def ci95(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and half-width of the 95 % confidence interval (Student's t)."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return float("nan"), float("nan")
+    if x.size == 1:
+        return float(x[0]), float("nan")
+    t = _T95[min(x.size - 2, len(_T95) - 1)] if x.size - 1 <= 30 else 1.96
+    return float(x.mean()), float(t * x.std(ddof=1) / math.sqrt(x.size))
+
+
+def dense_weights(trace: Any, max_tokens: int | None = None) -> NDArray:
+    """(steps, layers, kv_heads, blocks) weights of a one-context, one-step-per-position capture."""
+    if not trace.extra.get("step_is_position"):
+        raise ValueError("the trace is not a per-position capture (`kvcxl trace capture`)")
+    if np.unique(trace.context).size > 1:
+        raise ValueError("the trace holds several contexts: calibration needs one per trace")
+    first = int(trace.step[0]) if len(trace) else 0
+    if first != 0:
+        raise ValueError(
+            f"the trace starts at step {first}: capture without --decode-only for calibration"
+        )
+    S = int(trace.step[-1]) + 1
+    if max_tokens is not None:
+        S = min(S, max_tokens)
+    sel = trace.step < S
+    bt = trace.shape.block_tokens
+    NB = -(-S // bt)
+    w = np.zeros((S, trace.shape.layers, trace.shape.kv_heads, NB), dtype=np.float32)
+    w[trace.step[sel], trace.layer[sel], trace.head[sel], trace.block[sel]] = trace.weight[sel]
+    return w
+
+
+def replay_hit_rate(
+    weights: NDArray,
+    policy: str,
+    config: Any,
+    budget_tokens: int,
+    block_tokens: int,
+    read_threshold: float,
+) -> dict[str, float]:
+    """Hit rate and attention-mass hit rate of ``policy`` replaying dense capture weights."""
+    from kvcxl.firmware.audit import EvictionAudit
+    from kvcxl.firmware.cache import PolicyCache
+    from kvcxl.firmware.policies import Tick, make_policy
+    from kvcxl.firmware.table import EntryTable
+
+    S, L, H, NB = weights.shape
+    table = EntryTable(block_tokens=block_tokens, capacity=NB * L * H)
+    kwargs = {"mode": "float"} if policy == "ema" else {}
+    pol = make_policy(policy, config, table, **kwargs)
+    audit = EvictionAudit()
+    capacity = (budget_tokens // block_tokens) * L * H
+    cache = PolicyCache(pol, capacity, audit=audit)
+    cache.ensure(NB * L * H)
+    lay, hd = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
+    lay, hd = lay.ravel(), hd.ravel()
+    flat = weights.transpose(0, 3, 1, 2).reshape(S, NB * L * H)  # entry id = b·L·H + l·H + h
+    hit_w = read_w = 0.0
+    for s in range(S):
+        table.set_context_tokens(0, s + 1)
+        if s % block_tokens == 0:
+            new = table.append(0, lay, hd, s // block_tokens)
+            cache.insert(new, Tick(s, s))
+        w = flat[s, : table.n]
+        ids = np.flatnonzero(w >= read_threshold)
+        hit = cache.access(ids, w[ids], Tick(s, s))
+        cache.end_step(Tick(s, s))
+        hit_w += float(w[ids][hit].sum())
+        read_w += float(w[ids].sum())
+    st = cache.stats
+    reads = st.hits + st.misses
+    if audit.wrong:
+        raise RuntimeError(f"eviction audit failed for {policy}: {audit.as_dict()}")
+    return {
+        "hit_rate": st.hits / reads if reads else 0.0,
+        "mass_hit_rate": hit_w / read_w if read_w else 0.0,
+        "reads": reads,
+        "audited_victims": audit.checked,
+        "wrong_victims": audit.wrong,
+    }
+
+
+def ema_scores(weights: NDArray, alpha: float) -> NDArray:
+    """(steps, entries) EMA score of every entry before each step (SPEC §4 float mode)."""
+    from kvcxl.firmware.formulas import ema_update
+
+    S, L, H, NB = weights.shape
+    flat = weights.transpose(0, 3, 1, 2).reshape(S, NB * L * H).astype(np.float64)
+    out = np.zeros_like(flat)
+    s = np.zeros(flat.shape[1])
+    for t in range(S):
+        out[t] = s
+        s = np.asarray(ema_update(s, flat[t], alpha))
+    return out
+
+
+def threshold_sweep(
+    weights: NDArray,
+    alpha: float,
+    keeps: Sequence[float],
+    evicts: Sequence[float],
+    read_threshold: float,
+    block_tokens: int,
+) -> dict[str, Any]:
+    """Hot-set size and read shares of threshold placement on real score trajectories."""
+    S, L, H, NB = weights.shape
+    scores = ema_scores(weights, alpha)
+    flat = weights.transpose(0, 3, 1, 2).reshape(S, NB * L * H)
+    exists = np.arange(NB)[None, :] <= (np.arange(S) // block_tokens)[:, None]  # (S, NB)
+    exists = np.repeat(exists, L * H, axis=1)
+    reads = (flat >= read_threshold) & exists
+    n_reads = max(int(reads.sum()), 1)
+    n_exist = max(int(exists.sum()), 1)
+    keep_rows = []
+    for k in keeps:
+        hot = (scores >= k) & exists
+        keep_rows.append(
+            {
+                "keep": k,
+                "hot_set_fraction": float(hot.sum() / n_exist),
+                "read_hit_rate": float((hot & reads).sum() / n_reads),
+                "mass_hit_rate": float(flat[hot & reads].sum() / max(flat[reads].sum(), 1e-12)),
+            }
+        )
+    evict_rows = []
+    for e in evicts:
+        cold = (scores < e) & exists
+        evict_rows.append(
+            {
+                "evict": e,
+                "nvme_fraction": float(cold.sum() / n_exist),
+                "nvme_read_fraction": float((cold & reads).sum() / n_reads),
+            }
+        )
+    return {"keep": keep_rows, "evict": evict_rows}
+
+
+def _floats(text: str, name: str) -> list[float]:
+    try:
+        vals = [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--{name} {text!r}: expected comma-separated numbers") from None
+    if not vals:
+        raise ValueError(f"--{name} is empty")
+    return vals
+
+
+def sweep(
+    traces: Sequence[tuple[str, Any, list[int]]],
+    alphas: Sequence[float],
+    betas: Sequence[float],
+    budget_tokens: int,
+    *,
+    base: Any,
+    read_threshold: float = 0.01,
+    quality: bool = True,
+    model: Any = None,
+    keeps: Sequence[float] = (0.02, 0.05, 0.1, 0.2),
+    evicts: Sequence[float] = (0.005, 0.01, 0.02, 0.05),
+    baselines: Sequence[str] = ("lru", "sink-window", "h2o"),
+    progress: bool = False,
+) -> dict[str, Any]:
+    """The whole calibration; returns the JSON-ready report."""
+    from tqdm import tqdm
+
+    from .quality import PolicySpec, run
+
+    for a in alphas:
+        base.with_(alpha=a)  # validates (ConfigError names the bad value)
+    for b in betas:
+        base.with_(beta=b)
+    A, B, P = len(alphas), len(betas), len(traces)
+    hit = np.zeros((A, B, P))
+    mass = np.zeros((A, B, P))
+    kl = np.full((A, B, P), np.nan)
+    top1 = np.full((A, B, P), np.nan)
+    dense = []
+    for _, trace, tokens in traces:
+        dense.append(dense_weights(trace, len(tokens)))
+    bt = traces[0][1].shape.block_tokens
+    refs = []
+    total = A * B * P * (2 if quality else 1) + (P if quality else 0)
+    bar = tqdm(total=total, desc="calibrate", unit="run", disable=not progress, leave=False)
+    if quality:
+        for _, _, tokens in traces:
+            ref, _ = run(
+                model, tokens, policy=None, budget_tokens=None, block_tokens=bt, config=base
+            )
+            refs.append(ref)
+            bar.update(1)
+    for i, a in enumerate(alphas):
+        for j, b in enumerate(betas):
+            cfg = base.with_(alpha=a, beta=b)
+            for p, (_, _, tokens) in enumerate(traces):
+                r = replay_hit_rate(dense[p], "ema", cfg, budget_tokens, bt, read_threshold)
+                hit[i, j, p], mass[i, j, p] = r["hit_rate"], r["mass_hit_rate"]
+                bar.update(1)
+                if quality:
+                    spec = PolicySpec(f"ema:alpha={a},beta={b}", "ema", {"alpha": a, "beta": b})
+                    _, res = run(
+                        model,
+                        tokens,
+                        policy=spec,
+                        budget_tokens=budget_tokens,
+                        block_tokens=bt,
+                        config=base,
+                        reference=refs[p],
+                    )
+                    assert res is not None
+                    kl[i, j, p] = float(res.kl[res.bounded].mean()) if res.bounded.any() else 0.0
+                    top1[i, j, p] = (
+                        float(res.agree[res.bounded].mean()) if res.bounded.any() else 1.0
+                    )
+                    bar.update(1)
+    bar.close()
+    base_rows = []
+    for name in baselines:
+        spec = PolicySpec.parse(name)
+        cfg = base.with_(**spec.overrides)
+        if spec.name == "h2o":
+            cfg = cfg.with_(recent_tokens=budget_tokens // 2)
+        vals = [
+            replay_hit_rate(dense[p], spec.name, cfg, budget_tokens, bt, read_threshold)
+            for p in range(P)
+        ]
+        base_rows.append(
+            {
+                "policy": name,
+                "hit_rate": ci95([v["hit_rate"] for v in vals]),
+                "mass_hit_rate": ci95([v["mass_hit_rate"] for v in vals]),
+            }
+        )
+    mean_hit = hit.mean(-1)
+    ib, jb = np.unravel_index(int(np.argmax(mean_hit)), mean_hit.shape)
+    best_hit = _point(alphas, betas, ib, jb, hit, mass, kl, top1)
+    report: dict[str, Any] = {
+        "evidence": {"hit_rate": "Simulated", "quality": "Measured"},
+        "traces": [name for name, _, _ in traces],
+        "tokens": [len(t) for _, _, t in traces],
+        "budget_tokens": budget_tokens,
+        "block_tokens": bt,
+        "read_threshold": read_threshold,
+        "alphas": list(alphas),
+        "betas": list(betas),
+        "hit_rate": hit.tolist(),
+        "mass_hit_rate": mass.tolist(),
+        "best_by_hit_rate": best_hit,
+        "baselines": base_rows,
+    }
+    seed_pt = _nearest(alphas, betas, 0.05, 0.001)
+    if seed_pt is not None:
+        report["seed_point"] = _point(alphas, betas, *seed_pt, hit, mass, kl, top1)
+    default_pt = _nearest(alphas, betas, 0.2, 0.001)
+    if default_pt is not None:
+        report["default_point"] = _point(alphas, betas, *default_pt, hit, mass, kl, top1)
+    best_a = alphas[ib]
+    if quality:
+        mean_kl = kl.mean(-1)
+        iq, jq = np.unravel_index(int(np.nanargmin(mean_kl)), mean_kl.shape)
+        report["kl"] = kl.tolist()
+        report["top1"] = top1.tolist()
+        report["best_by_quality"] = _point(alphas, betas, iq, jq, hit, mass, kl, top1)
+        best_a = alphas[iq]
+    report["thresholds"] = {
+        "alpha": best_a,
+        "per_trace": [threshold_sweep(d, best_a, keeps, evicts, read_threshold, bt) for d in dense],
+    }
+    return report
+
+
+def _nearest(alphas: Sequence[float], betas: Sequence[float], a: float, b: float) -> Any:
+    if a in alphas and b in betas:
+        return alphas.index(a), betas.index(b)
+    return None
+
+
+def _point(alphas, betas, i, j, hit, mass, kl, top1) -> dict[str, Any]:
+    out = {
+        "alpha": alphas[i],
+        "beta": betas[j],
+        "hit_rate": ci95(hit[i, j]),
+        "mass_hit_rate": ci95(mass[i, j]),
+    }
+    if not np.isnan(kl[i, j]).all():
+        out["kl"] = ci95(kl[i, j])
+        out["top1"] = ci95(top1[i, j])
+    return out
+
+
+def heatmap(report: dict[str, Any], key: str, path: Path, label: str, fmt: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    z = np.asarray(report[key]).mean(-1)
+    fig, ax = plt.subplots(
+        figsize=(1.3 * len(report["betas"]) + 2.5, 0.7 * len(report["alphas"]) + 2)
+    )
+    im = ax.imshow(z, cmap="viridis", aspect="auto", origin="lower")
+    ax.set_xticks(range(len(report["betas"])), [f"{b:g}" for b in report["betas"]])
+    ax.set_yticks(range(len(report["alphas"])), [f"{a:g}" for a in report["alphas"]])
+    ax.set(xlabel="β (recency decay)", ylabel="α (EMA)")
+    for i in range(z.shape[0]):
+        for j in range(z.shape[1]):
+            ax.text(j, i, format(z[i, j], fmt), ha="center", va="center", color="w", fontsize=8)
+    fig.colorbar(im, ax=ax, label=label)
+    ax.set_title(
+        f"{label}, budget {report['budget_tokens']} tok/head, mean of "
+        f"{len(report['traces'])} prompts",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(
+    args: argparse.Namespace,
+    load_measured: Callable[[str, int | None], tuple[Any, list[int]]],
+    base_config: Callable[[str | None, str], Any],
+) -> int:
+    """Handler of ``kvcxl calibrate``."""
+    alphas = _floats(args.alpha, "alpha")
+    betas = _floats(args.beta, "beta")
+    keeps = _floats(args.keep, "keep")
+    evicts = _floats(args.evict, "evict")
+    try:
+        budget = int(args.budget)
+    except ValueError:
+        raise ValueError(f"--budget {args.budget!r}: expected tokens per KV head") from None
+    if not 0 <= args.read_threshold <= 1:
+        raise ValueError(f"--read-threshold {args.read_threshold}: must be in [0, 1]")
+    traces = []
+    for path in args.trace:
+        trace, tokens = load_measured(path, args.max_tokens)
+        traces.append((Path(path).name, trace, tokens))
+    bts = {t.shape.block_tokens for _, t, _ in traces}
+    aggs = {t.aggregation for _, t, _ in traces}
+    if len(bts) > 1 or len(aggs) > 1:
+        raise ValueError("all traces must share one block size and one aggregation")
+    bt = bts.pop()
+    if budget < bt:
+        raise ValueError(f"--budget {budget}: less than one {bt}-token block")
+    base = base_config(args.config, aggs.pop())
+    model = None
+    if not args.no_quality:
+        from .capture import load_model
+
+        model, _ = load_model(args.threads)
+    report = sweep(
+        traces,
+        alphas,
+        betas,
+        budget,
+        base=base,
+        read_threshold=args.read_threshold,
+        quality=not args.no_quality,
+        model=model,
+        keeps=keeps,
+        evicts=evicts,
+        progress=True,
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "calibration.json").write_text(json.dumps(report, indent=2))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2))
+    heatmap(report, "hit_rate", out / "hit_rate.png", "hit rate (Simulated)", ".3f")
+    heatmap(report, "mass_hit_rate", out / "mass_hit_rate.png", "attention-mass hit rate", ".3f")
+    if "kl" in report:
+        heatmap(report, "kl", out / "kl.png", "KL full‖bounded (Measured)", ".3f")
+        heatmap(report, "top1", out / "top1.png", "top-1 agreement (Measured)", ".3f")
+    _print(report)
+    print(f"wrote {out}/calibration.json and heat maps")
+    return 0
+
+
+def _fmt(ci: Sequence[float]) -> str:
+    m, h = ci
+    return f"{m:.4f} ± {h:.4f}" if not math.isnan(h) else f"{m:.4f}"
+
+
+def _print(r: dict[str, Any]) -> None:
+    print(
+        f"ema α × β on {len(r['traces'])} traces, budget {r['budget_tokens']} tokens/head, "
+        f"reads: weight ≥ {r['read_threshold']}  (hit rate Simulated, quality Measured)"
+    )
+    for key in ("best_by_hit_rate", "best_by_quality", "seed_point", "default_point"):
+        if key in r:
+            p = r[key]
+            line = f"  {key:<17} α={p['alpha']:<6g} β={p['beta']:<7g} hit {_fmt(p['hit_rate'])}"
+            line += f"  mass {_fmt(p['mass_hit_rate'])}"
+            if "kl" in p:
+                line += f"  KL {_fmt(p['kl'])}  top-1 {_fmt(p['top1'])}"
+            print(line)
+    for b in r["baselines"]:
+        print(f"  {b['policy']:<17} hit {_fmt(b['hit_rate'])}  mass {_fmt(b['mass_hit_rate'])}")

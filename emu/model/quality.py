@@ -1,0 +1,331 @@
+"""Output quality of the real model when its KV cache is bounded by a policy.
+
+For one token sequence (a captured trace's prompt + greedy continuation) the model
+is run twice over the same tokens (teacher forcing): once with the full cache (the
+reference) and once with a cache of ``budget`` tokens per KV head, managed by a
+policy of :mod:`kvcxl.firmware.policies` through :class:`~kvcxl.firmware.cache.PolicyCache`.
+At every position the next-token distributions are compared: KL(full ‖ bounded)
+and whether the greedy (top-1) token agrees.
+
+How the bounded run works (closed loop, what a deployed bounded cache sees):
+
+* Entries are blocks of ``block_tokens`` positions of one (layer, KV head).  The
+  capacity is ``budget_tokens / block_tokens × layers × kv_heads`` entries in one
+  pool, so a policy may keep more blocks for one head than for another.
+* When a position opens a new block, that block's entries (every layer and head)
+  are inserted; if the pool is then over capacity the policy evicts, exactly and
+  audited.  An evicted block is dropped: later queries never see it again.
+* Each position's query attends only to the resident blocks plus its own block
+  (the one being written; a cache cannot drop the block it is filling).  Kept
+  blocks keep their original positions (RoPE was applied when they were written).
+* After each position the policy is told what was read: every resident entry,
+  with this run's own block attention (combined over the GQA group by the
+  configured aggregation), then the step ends.
+
+Because residency only changes when a block opens, each block's positions run as
+one chunk through the model; the result equals a token-by-token run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+#: Short names for policy variants that are not separate firmware policies.
+ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "window": ("sink-window", {"sink_tokens": 0}),  # recent window only, no sink
+}
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A policy by name with parameter overrides: ``NAME[:key=value,...]``."""
+
+    label: str
+    name: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> PolicySpec:
+        from kvcxl.firmware.policies import POLICIES
+
+        label = text.strip()
+        name, _, rest = label.partition(":")
+        overrides: dict[str, Any] = {}
+        if name in ALIASES:
+            name, base = ALIASES[name]
+            overrides.update(base)
+        if name not in POLICIES:
+            known = sorted([*POLICIES, *ALIASES])
+            raise ValueError(f"unknown policy {name!r}; choose from: {', '.join(known)}")
+        if name == "belady":
+            raise ValueError("policy 'belady' needs the future reads, which a bounded run changes")
+        for item in filter(None, rest.split(",")):
+            key, eq, value = item.partition("=")
+            if not eq:
+                raise ValueError(f"policy option {item!r} in {text!r}: expected key=value")
+            overrides[key.strip()] = _parse_value(value.strip())
+        return cls(label, name, overrides)
+
+
+def _parse_value(v: str) -> Any:
+    low = v.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    return v
+
+
+def parse_budget(text: str, n_tokens: int) -> int:
+    """Tokens per KV head: an integer, a percentage of the sequence (``25%``) or ``all``."""
+    t = str(text).strip().lower()
+    if t in ("all", "full", "unbounded"):
+        return n_tokens
+    try:
+        if t.endswith("%"):
+            pct = float(t[:-1])
+            if not 0 < pct <= 100:
+                raise ValueError
+            return max(1, math.ceil(n_tokens * pct / 100))
+        v = int(t)
+    except ValueError:
+        raise ValueError(
+            f"budget {text!r}: expected tokens per KV head (e.g. 128), a percentage of the "
+            "sequence (e.g. 25%) or 'all'"
+        ) from None
+    if v < 1:
+        raise ValueError(f"budget {text!r}: must be >= 1 token")
+    return v
+
+
+@dataclass
+class Reference:
+    """The full-cache run: log-probabilities and greedy tokens at every position."""
+
+    logprobs: NDArray  # (n, vocab) float32
+    top1: NDArray  # (n,) int64
+    weights: NDArray  # (n, layers, kv_heads, blocks) float32 block attention
+
+
+@dataclass
+class BoundedResult:
+    label: str
+    policy: str
+    budget_tokens: int
+    capacity_entries: int
+    kl: NDArray  # (n,) float64, KL(full ‖ bounded) per position
+    agree: NDArray  # (n,) bool, top-1 agreement per position
+    bounded: NDArray  # (n,) bool, the cache held fewer blocks than the context had
+    cache: dict[str, int]
+    audit: dict[str, int]
+    config: dict[str, Any]
+
+    def summary(self, first_decode: int) -> dict[str, Any]:
+        n = self.kl.size
+        dec = np.arange(n) >= first_decode
+        out: dict[str, Any] = {
+            "policy": self.label,
+            "firmware_policy": self.policy,
+            "budget_tokens": self.budget_tokens,
+            "capacity_entries": self.capacity_entries,
+        }
+        for tag, sel in (("all", np.ones(n, bool)), ("bounded", self.bounded), ("decode", dec)):
+            k = int(sel.sum())
+            out[f"steps_{tag}"] = k
+            out[f"kl_{tag}"] = float(self.kl[sel].mean()) if k else 0.0
+            out[f"top1_{tag}"] = float(self.agree[sel].mean()) if k else 1.0
+        out["kl_bounded_ci95"] = _ci95(self.kl[self.bounded])
+        out["audit"] = self.audit
+        out["cache"] = self.cache
+        return out
+
+
+def _ci95(x: NDArray) -> float:
+    if x.size < 2:
+        return 0.0
+    return float(1.96 * x.std(ddof=1) / math.sqrt(x.size))
+
+
+def _log_softmax(logits: NDArray) -> NDArray:
+    x = logits.astype(np.float64)
+    x -= x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def _block_ids(L: int, H: int) -> tuple[NDArray, NDArray]:
+    lay, hd = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
+    return lay.ravel(), hd.ravel()
+
+
+def run(
+    model: Any,
+    tokens: Sequence[int],
+    *,
+    policy: PolicySpec | None,
+    budget_tokens: int | None,
+    block_tokens: int = 16,
+    config: Any = None,
+    reference: Reference | None = None,
+    tick: Callable[[], None] | None = None,
+) -> tuple[Reference | None, BoundedResult | None]:
+    """One run over ``tokens``; without a policy it is the full-cache reference.
+
+    Returns (reference, None) for a reference run and (None, result) for a bounded one.
+    """
+    from kvcxl.firmware.audit import EvictionAudit
+    from kvcxl.firmware.cache import PolicyCache
+    from kvcxl.firmware.config import PolicyConfig
+    from kvcxl.firmware.policies import Tick, make_policy
+    from kvcxl.firmware.table import EntryTable
+
+    cfg_m = model.cfg
+    L, H = cfg_m.layers, cfg_m.n_kv_heads
+    n = len(tokens)
+    nb_total = -(-n // block_tokens)
+    base = config or PolicyConfig()
+    kv = model.new_cache(n)
+    if policy is None:
+        logprobs = np.zeros((n, cfg_m.vocab), dtype=np.float32)
+        weights = np.zeros((n, L, H, nb_total), dtype=np.float32)
+        for b in range(nb_total):
+            p0, p1 = b * block_tokens, min(n, (b + 1) * block_tokens)
+            lg, att = model.forward(
+                tokens[p0:p1], kv, block_tokens=block_tokens, capture=base.aggregation
+            )
+            logprobs[p0:p1] = _log_softmax(lg)
+            weights[p0:p1, :, :, : b + 1] = att
+            if tick:
+                tick()
+        return Reference(logprobs, logprobs.argmax(-1), weights), None
+    if reference is None:
+        raise ValueError("a bounded run needs the reference run")
+    if budget_tokens is None or budget_tokens < block_tokens:
+        raise ValueError(
+            f"budget = {budget_tokens} tokens per KV head: must be at least one block "
+            f"({block_tokens} tokens)"
+        )
+    overrides = dict(policy.overrides)
+    if policy.name == "h2o" and "recent_tokens" not in overrides:
+        overrides["recent_tokens"] = budget_tokens // 2  # H2O splits its budget: half recent
+    pcfg = base.with_(**overrides)
+    budget_blocks = budget_tokens // block_tokens
+    capacity = budget_blocks * L * H
+    table = EntryTable(block_tokens=block_tokens, capacity=nb_total * L * H)
+    kwargs = {"mode": "float"} if policy.name == "ema" else {}
+    pol = make_policy(policy.name, pcfg, table, **kwargs)
+    audit = EvictionAudit()
+    cache = PolicyCache(pol, capacity, audit=audit)
+    cache.ensure(nb_total * L * H)
+    lay, hd = _block_ids(L, H)
+    kl = np.zeros(n)
+    agree = np.zeros(n, dtype=bool)
+    bounded = np.zeros(n, dtype=bool)
+    for b in range(nb_total):
+        p0, p1 = b * block_tokens, min(n, (b + 1) * block_tokens)
+        table.set_context_tokens(0, p0 + 1)
+        new = table.append(0, lay, hd, b)
+        cache.insert(new, Tick(p0, p0))
+        res = cache.resident[: table.n]
+        visible = res.reshape(b + 1, L, H).transpose(1, 2, 0)
+        lg, att = model.forward(
+            tokens[p0:p1],
+            kv,
+            block_tokens=block_tokens,
+            capture=pcfg.aggregation,
+            visible=visible,
+        )
+        lp = _log_softmax(lg)
+        ref = reference.logprobs[p0:p1].astype(np.float64)
+        kl[p0:p1] = np.maximum((np.exp(ref) * (ref - lp)).sum(-1), 0.0)
+        agree[p0:p1] = lp.argmax(-1) == reference.top1[p0:p1]
+        bounded[p0:p1] = int(res.sum()) < table.n
+        read = np.flatnonzero(res)
+        for i, p in enumerate(range(p0, p1)):
+            table.set_context_tokens(0, p + 1)
+            w = att[i].transpose(2, 0, 1).reshape(-1)[read]
+            cache.access(read, w, Tick(p, p))
+            cache.end_step(Tick(p, p))
+        if tick:
+            tick()
+    if audit.wrong:
+        raise RuntimeError(f"eviction audit failed for {policy.label}: {audit.as_dict()}")
+    return None, BoundedResult(
+        label=policy.label,
+        policy=policy.name,
+        budget_tokens=budget_tokens,
+        capacity_entries=capacity,
+        kl=kl,
+        agree=agree,
+        bounded=bounded,
+        cache=cache.stats.as_dict(),
+        audit=audit.as_dict(),
+        config={k: v for k, v in pcfg.to_dict().items() if k in overrides or k in _RELEVANT},
+    )
+
+
+_RELEVANT = (
+    "alpha",
+    "beta",
+    "touch_threshold",
+    "aggregation",
+    "anchor_zone_size",
+    "pinned_fraction",
+    "sink_tokens",
+    "recent_tokens",
+)
+
+
+def evaluate(
+    model: Any,
+    tokens: Sequence[int],
+    policies: Sequence[PolicySpec],
+    budgets: Sequence[int],
+    *,
+    block_tokens: int = 16,
+    config: Any = None,
+    progress: bool = False,
+    reference: Reference | None = None,
+) -> tuple[Reference, list[BoundedResult]]:
+    """The reference run and one bounded run per (policy, budget)."""
+    from tqdm import tqdm
+
+    nb = -(-len(tokens) // block_tokens)
+    runs = len(policies) * len(budgets) + (reference is None)
+    bar = tqdm(total=runs * nb, desc="quality", unit="block", disable=not progress, leave=False)
+    if reference is None:
+        reference, _ = run(
+            model,
+            tokens,
+            policy=None,
+            budget_tokens=None,
+            block_tokens=block_tokens,
+            config=config,
+            tick=lambda: bar.update(1),
+        )
+    assert reference is not None
+    results = []
+    for spec in policies:
+        for budget in budgets:
+            _, res = run(
+                model,
+                tokens,
+                policy=spec,
+                budget_tokens=budget,
+                block_tokens=block_tokens,
+                config=config,
+                reference=reference,
+                tick=lambda: bar.update(1),
+            )
+            assert res is not None
+            results.append(res)
+    bar.close()
+    return reference, results

@@ -167,14 +167,19 @@ def simulate(
         """Move this batch's victims out of HBM (placement decides where)."""
         if not victims:
             return
-        ids = np.concatenate(victims)
+        ids = victims[0] if len(victims) == 1 else np.concatenate(victims)
         victims.clear()
-        nonlocal pf_wasted
-        wasted = prefetched[ids]
-        pf_wasted += int(np.count_nonzero(wasted))
-        prefetched[ids] = False
-        idle = policy.idle[ids] if has_idle else None
-        anchor = (table.first_token(ids) < cfg.anchor_zone_size).astype(np.float64)
+        if opts.prefetch:
+            nonlocal pf_wasted
+            pf_wasted += int(np.count_nonzero(prefetched[ids]))
+            prefetched[ids] = False
+        if tiers.placement == "fill":  # no score needed: everything goes to CXL first
+            tiers.demote(ids, None, None, None, tick.time)
+            return
+        idle = anchor = None
+        if cfg.placement_mode == "weighted":
+            idle = policy.idle[ids] if has_idle else None
+            anchor = (table.first_token(ids) < cfg.anchor_zone_size).astype(np.float64)
         tiers.demote(ids, policy.score(ids), idle, anchor, tick.time)
 
     def do_prefetch(ids: NDArray, w: NDArray, tick: Tick) -> int:

@@ -153,14 +153,19 @@ class Tiers:
         return src
 
     def demote(
-        self, ids: NDArray, score: NDArray, idle: NDArray | None, anchor: NDArray, time: int
+        self,
+        ids: NDArray,
+        score: NDArray | None,
+        idle: NDArray | None,
+        anchor: NDArray | None,
+        time: int,
     ) -> None:
         """``ids`` left HBM: place each in CXL DRAM or NVMe, then spill CXL if it is full."""
         if ids.size == 0:
             return
         dest = np.full(ids.size, TIER_CXL, dtype=np.uint8)
         cfg = self.config
-        if self.placement == "policy" and cfg is not None:
+        if self.placement == "policy" and cfg is not None and score is not None:
             if cfg.placement_mode == "thresholds":
                 want = placement_thresholds(score, cfg.keep_threshold, cfg.evict_threshold)
             else:

@@ -98,6 +98,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="BASE[:WAYS:GRAN:POS]",
         help="program and commit a decoder of the whole capacity at HPA BASE (repeatable)",
     )
+    s.add_argument(
+        "--entries",
+        choices=("pages", "host"),
+        default="pages",
+        help="policy entries: every DPA page from the start (pages), or only those the host "
+        "describes/creates/reports, in id order, as the simulator does (host)",
+    )
     s.add_argument("--record-victims", action="store_true", help="keep the victim log")
     s.set_defaults(func=_serve)
 
@@ -237,6 +244,7 @@ def _serve(args: argparse.Namespace) -> int:
         config=config,
         dram_file=args.dram_file,
         record_victims=args.record_victims,
+        entries=args.entries,
     )
     dpa = 0
     for i, text in enumerate(args.decoder):

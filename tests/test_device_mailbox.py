@@ -138,3 +138,21 @@ def test_victim_log_through_the_mailbox(box):
     (total,) = struct.unpack_from("<I", out)
     assert rc == RC.SUCCESS and total == 4 == (len(out) - 4) // 16
     assert np.all(np.frombuffer(out[4:], dtype="<u4").reshape(-1, 4)[:, 0] == 0)
+
+
+def test_entry_description_commands_validate_their_input(box):
+    rec = struct.pack("<IIHHI", 5, 7, 1, 0, 3)
+    assert _run(box, Opcode.VENDOR_DESCRIBE_ENTRIES, struct.pack("<I", 1) + rec)[0] == 0
+    t = box.dev.table
+    assert (t.ctx[5], t.layer[5], t.block[5], t.ctx_tokens[7]) == (7, 1, 3, 3 * 16 + 1)
+    short = struct.pack("<I", 2) + rec
+    assert _run(box, Opcode.VENDOR_DESCRIBE_ENTRIES, short)[0] == RC.INVALID_PAYLOAD_LENGTH
+    huge_ctx = struct.pack("<I", 1) + struct.pack("<IIHHI", 5, 1 << 30, 1, 0, 3)
+    assert _run(box, Opcode.VENDOR_DESCRIBE_ENTRIES, huge_ctx)[0] == RC.INVALID_INPUT
+    lengths = struct.pack("<I", 1) + struct.pack("<IQ", 7, 500)
+    assert _run(box, Opcode.VENDOR_SET_CONTEXT_LENGTHS, lengths)[0] == 0
+    assert box.dev.table.ctx_tokens[7] == 500
+    rc, out = _run(box, Opcode.VENDOR_CREATE_ENTRIES, struct.pack("<III", 0, 1, 5))
+    assert rc == 0 and struct.unpack("<I", out)[0] == 1 and box.dev.cache.is_resident([5])[0]
+    far = struct.pack("<III", 0, 1, box.dev.n_pages)
+    assert _run(box, Opcode.VENDOR_CREATE_ENTRIES, far)[0] == RC.INVALID_INPUT

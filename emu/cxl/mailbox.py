@@ -90,6 +90,9 @@ class Opcode(IntEnum):
     VENDOR_ATTENTION_REPORT = 0xC002
     VENDOR_GET_STATS = 0xC003
     VENDOR_GET_VICTIMS = 0xC004
+    VENDOR_DESCRIBE_ENTRIES = 0xC005
+    VENDOR_SET_CONTEXT_LENGTHS = 0xC006
+    VENDOR_CREATE_ENTRIES = 0xC007
 
 
 # Command Effects Log effect bits (CXL 2.0 Table 173).
@@ -174,6 +177,27 @@ COMMANDS: dict[int, Command] = {
             8,
             0,
             "in: u32 first, u32 max; out: u32 total, records (u32 time, u32 entry, f64 priority)",
+        ),
+        Command(
+            Opcode.VENDOR_DESCRIBE_ENTRIES,
+            "Describe Entries",
+            None,
+            EFFECT_IMMEDIATE_POLICY_CHANGE,
+            "in: u32 n, n × (u32 entry, u32 context, u16 layer, u16 kv_head, u32 block)",
+        ),
+        Command(
+            Opcode.VENDOR_SET_CONTEXT_LENGTHS,
+            "Set Context Lengths",
+            None,
+            EFFECT_IMMEDIATE_POLICY_CHANGE,
+            "in: u32 n, n × (u32 context, u64 tokens)",
+        ),
+        Command(
+            Opcode.VENDOR_CREATE_ENTRIES,
+            "Create Entries",
+            None,
+            EFFECT_IMMEDIATE_DATA_CHANGE,
+            "in: u32 step, u32 n, n × u32 entry; out: u32 admitted",
         ),
     )
 }

@@ -29,6 +29,10 @@ POISON_TYPE_INJECTED = 0x3
 PCI_VENDOR_ID = 0x1B36  # Red Hat, Inc. (QEMU's emulated devices)
 PCI_DEVICE_ID = 0x0D93  # QEMU's CXL Type-3 device id
 REPORT_RECORD = struct.Struct("<Id")  # u32 entry id, f64 weight
+DESCRIBE_RECORD = np.dtype(
+    [("entry", "<u4"), ("ctx", "<u4"), ("layer", "<u2"), ("head", "<u2"), ("block", "<u4")]
+)
+LENGTH_RECORD = np.dtype([("ctx", "<u4"), ("tokens", "<u8")])
 VICTIM_RECORD = struct.Struct("<IId")  # u32 time, u32 entry, f64 priority
 
 
@@ -71,6 +75,9 @@ class Mailbox:
             Opcode.VENDOR_ATTENTION_REPORT: self._attention_report,
             Opcode.VENDOR_GET_STATS: self._get_stats,
             Opcode.VENDOR_GET_VICTIMS: self._get_victims,
+            Opcode.VENDOR_DESCRIBE_ENTRIES: self._describe_entries,
+            Opcode.VENDOR_SET_CONTEXT_LENGTHS: self._set_context_lengths,
+            Opcode.VENDOR_CREATE_ENTRIES: self._create_entries,
         }
 
     # --- dispatch ----------------------------------------------------------------------
@@ -295,3 +302,41 @@ class Mailbox:
         return struct.pack("<I", len(v)) + b"".join(
             VICTIM_RECORD.pack(t, e, pr) for t, e, pr in part
         )
+
+    def _records(self, p: bytes, header: int, dtype: np.dtype, count_at: int = 0) -> np.ndarray:
+        if len(p) < header:
+            raise MailboxError(RC.INVALID_PAYLOAD_LENGTH, f"header is {header} bytes")
+        (n,) = struct.unpack_from("<I", p, count_at)
+        if len(p) != header + n * dtype.itemsize:
+            raise MailboxError(
+                RC.INVALID_PAYLOAD_LENGTH,
+                f"{n} records need {header + n * dtype.itemsize} B, got {len(p)}",
+            )
+        return np.frombuffer(p, dtype=dtype, offset=header)
+
+    def _describe_entries(self, p: bytes) -> bytes:
+        r = self._records(p, 4, DESCRIBE_RECORD)
+        try:
+            self.dev.describe(r["entry"], r["ctx"], r["layer"], r["head"], r["block"])
+        except ValueError as exc:
+            raise MailboxError(RC.INVALID_INPUT, str(exc)) from None
+        return b""
+
+    def _set_context_lengths(self, p: bytes) -> bytes:
+        r = self._records(p, 4, LENGTH_RECORD)
+        if r.size and int(r["tokens"].max()) > 1 << 40:
+            raise MailboxError(RC.INVALID_INPUT, "context lengths must be 0 … 2^40 tokens")
+        try:
+            self.dev.set_context_tokens(r["ctx"], r["tokens"].astype(np.int64))
+        except ValueError as exc:
+            raise MailboxError(RC.INVALID_INPUT, str(exc)) from None
+        return b""
+
+    def _create_entries(self, p: bytes) -> bytes:
+        r = self._records(p, 8, np.dtype("<u4"), count_at=4)
+        (step,) = struct.unpack_from("<I", p)
+        try:
+            n = self.dev.create(step, r.astype(np.int64))
+        except ValueError as exc:
+            raise MailboxError(RC.INVALID_INPUT, str(exc)) from None
+        return struct.pack("<I", n)

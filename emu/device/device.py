@@ -43,7 +43,7 @@ from kvcxl.firmware.cache import PolicyCache
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.policies import POLICIES, make_policy
 from kvcxl.firmware.policies.base import Tick
-from kvcxl.firmware.table import EntryTable
+from kvcxl.firmware.table import EntryTable, grow
 from numpy.typing import NDArray
 
 from .media import DictStore, MmapStore, zeros
@@ -51,6 +51,7 @@ from .timing import DRAM, NVME, TierQueue, TierTiming, percentiles
 
 LINE = mem.LINE_BYTES
 _NO_ANCHOR_BLOCK = 1 << 20  # default entry row: far from any anchor zone (as replay does)
+MAX_CONTEXTS = 1 << 20  # context ids the host may use (bounds the per-context arrays)
 
 
 class ReadResult(NamedTuple):
@@ -80,6 +81,7 @@ class Type3Device:
         record_victims: bool = False,
         interval_ns: float | None = None,
         serial: int = 0x4B56_4358_4C00_0001,
+        entries: str = "pages",
     ) -> None:
         if page_bytes < LINE or page_bytes & (page_bytes - 1) or page_bytes > 1 << 21:
             raise ValueError(
@@ -97,6 +99,9 @@ class Type3Device:
         if policy not in POLICIES or not POLICIES[policy].online:
             online = sorted(n for n, c in POLICIES.items() if c.online)
             raise ValueError(f"policy = {policy!r} is not an online policy; choose from {online}")
+        if entries not in ("pages", "host"):
+            raise ValueError(f"entries = {entries!r} must be 'pages' or 'host'")
+        self.entries = entries
         if mode not in ("float", "int"):
             raise ValueError(f"mode = {mode!r} must be 'float' or 'int'")
         self.policy_name = policy
@@ -108,9 +113,15 @@ class Type3Device:
         self.cache = PolicyCache(
             self.policy, self.dram_pages, audit=self.audit, on_victims=self._on_victims
         )
-        # Every page is an entry from the start, as in replay: idle counters of entries
-        # not read yet advance with the steps like everyone else's.
-        self.table.append(np.arange(self.n_pages), 0, 0, _NO_ANCHOR_BLOCK)
+        if entries == "pages":
+            # Every page is an entry from the start, as in replay: idle counters of
+            # entries not read yet advance with the steps like everyone else's.
+            self.table.append(np.arange(self.n_pages), 0, 0, _NO_ANCHOR_BLOCK)
+            # Context lengths start unknown (0): an entry's age in tokens is then 0, as
+            # for replay's far-from-anchor rows, and a described context starts clean.
+            self.table.ctx_tokens[:] = 0
+        # With entries="host", entries come into existence when the host describes,
+        # creates or reports them (in id order), as in the simulator.
         self.cache.ensure(self.n_pages)
         self.record_victims = record_victims
         self.victims: list[tuple[int, int, float]] = []
@@ -182,9 +193,9 @@ class Type3Device:
             raise ValueError(f"entry {bad} is outside the device's 0 … {self.n_pages - 1}")
         if w.size and not (np.isfinite(w).all() and w.min() >= 0.0 and w.max() <= 1.0):
             raise ValueError("attention weights must be finite and within [0, 1]")
-        if self.step is not None and step != self.step:
-            self.cache.end_step(Tick(self.step, self.time - 1))
-        self.step = step
+        self._enter_step(step)
+        if ids.size:
+            self._grow_entries(int(ids.max()))
         hit = self.cache.access(ids, w, Tick(step, self.time))
         if self.tiering and ids.size:
             missed = np.unique(ids[~hit])
@@ -195,10 +206,87 @@ class Type3Device:
         self.counters["reported_entries"] += int(ids.size)
         return hit
 
+    def _grow_entries(self, top: int) -> None:
+        if self.table.n <= top:
+            self.table.append(np.arange(self.table.n, top + 1), 0, 0, 0)
+
+    def _enter_step(self, step: int) -> None:
+        if self.step is not None and step != self.step:
+            self.cache.end_step(Tick(self.step, max(self.time - 1, 0)))
+        self.step = step
+
+    def describe(
+        self, ids: NDArray, ctx: NDArray, layer: NDArray, head: NDArray, block: NDArray
+    ) -> None:
+        """Give entries their identity (context, layer, KV head, block), as the host knows it.
+
+        Context lengths grow to cover each entry's first token, as the entry table
+        does when entries are appended.  Raises ValueError for out-of-range values.
+        """
+        cols = [np.asarray(x, dtype=np.int64) for x in (ids, ctx, layer, head, block)]
+        ids, ctx, layer, head, block = np.broadcast_arrays(*cols)
+        if ids.ndim != 1:
+            raise ValueError("entry descriptions must be 1-D")
+        limits = (
+            ("entry", ids, self.n_pages - 1),
+            ("context", ctx, MAX_CONTEXTS - 1),
+            ("layer", layer, 0x7FFF),
+            ("kv_head", head, 0x7FFF),
+            ("block", block, 0x7FFFFFFF // self.table.block_tokens),
+        )
+        for name, v, hi in limits:
+            if v.size and (v.min() < 0 or v.max() > hi):
+                bad = int(v.min() if v.min() < 0 else v.max())
+                raise ValueError(f"{name} {bad} is out of range 0 … {hi}")
+        if ids.size == 0:
+            return
+        t = self.table
+        if t.n <= int(ids.max()):
+            if np.array_equal(ids, np.arange(t.n, t.n + ids.size)):
+                t.append(ctx, layer, head, block)  # new entries, in creation order
+                return
+            self._grow_entries(int(ids.max()))
+        t.ctx[ids], t.layer[ids], t.head[ids], t.block[ids] = ctx, layer, head, block
+        t.ctx_tokens = grow(t.ctx_tokens, int(ctx.max()) + 1)
+        np.maximum.at(t.ctx_tokens, ctx, block * t.block_tokens + 1)
+
+    def set_context_tokens(self, ctx: NDArray, tokens: NDArray) -> None:
+        """Set the current length in tokens of contexts (recency-by-position policies)."""
+        ctx = np.asarray(ctx, dtype=np.int64)
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if ctx.shape != tokens.shape or ctx.ndim != 1:
+            raise ValueError("contexts and lengths must be equal 1-D shapes")
+        if ctx.size and (ctx.min() < 0 or ctx.max() >= MAX_CONTEXTS):
+            raise ValueError(f"context ids must be 0 … {MAX_CONTEXTS - 1}")
+        if tokens.size and (tokens.min() < 0 or tokens.max() > 1 << 40):
+            raise ValueError("context lengths must be 0 … 2^40 tokens")
+        if ctx.size:
+            t = self.table
+            t.ctx_tokens = grow(t.ctx_tokens, int(ctx.max()) + 1)
+            t.ctx_tokens[ctx] = tokens
+
+    def create(self, step: int, ids: NDArray) -> int:
+        """New entries written by the host: admit them to DRAM without a read (evicting
+        the overflow), like the simulator's CREATE event.  Returns how many were admitted."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim != 1:
+            raise ValueError("entry ids must be 1-D")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.n_pages):
+            bad = int(ids.min() if ids.min() < 0 else ids.max())
+            raise ValueError(f"entry {bad} is outside the device's 0 … {self.n_pages - 1}")
+        self._enter_step(step)
+        if ids.size:
+            self._grow_entries(int(ids.max()))
+        admitted = self.cache.insert(ids, Tick(step, self.time))
+        if self.tiering and admitted.size:
+            for p in admitted[self.cache.is_resident(admitted)].tolist():
+                self._promote(p)
+        return int(admitted.size)
+
     def finish_step(self) -> None:
         """Close the current decode step (what replay does after its last batch)."""
         if self.step is not None:
-            self.cache.end_step(Tick(self.step, self.time - 1))
+            self.cache.end_step(Tick(self.step, max(self.time - 1, 0)))
             self.step = None
 
     def _on_victims(self, ids: NDArray, prio: NDArray, tick: Tick) -> None:

@@ -1,0 +1,98 @@
+"""Equivalence with the simulator: a compiled workload driven through the device — Describe
+and Create Entries for new KV, Set Context Lengths, a CXL.mem read of every attended entry and
+an Attention Report per layer, all over the mailbox — gives the simulator's hits, misses and
+victim sequence."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from kvcxl.emu.cxl import mailbox as mb
+from kvcxl.emu.cxl import mem
+from kvcxl.emu.cxl.hdm import GRANULE
+from kvcxl.emu.device.cci import DESCRIBE_RECORD, LENGTH_RECORD, VICTIM_RECORD, Mailbox
+from kvcxl.emu.device.device import Type3Device
+from kvcxl.emu.shape import PRESETS
+from kvcxl.emu.simulator import SimOptions, simulate
+from kvcxl.emu.workloads import compile_workload, make_workload
+from kvcxl.emu.workloads.stream import CREATE
+
+BASE = 1 << 36
+Op = mb.Opcode
+
+
+def _call(box: Mailbox, opcode: int, payload: bytes) -> bytes:
+    rsp = mb.CciMessage.decode(box.execute(mb.request(opcode, payload)))
+    assert rsp.rc == mb.ReturnCode.SUCCESS, (hex(opcode), box.last_error)
+    return rsp.payload
+
+
+def _drive(stream, policy: str, capacity: int):
+    dev = Type3Device(
+        GRANULE, dram_pages=capacity, policy=policy, record_victims=True, entries="host"
+    )
+    dev.hdm.program(0, base=BASE, size=GRANULE)
+    dev.hdm.commit(0)
+    box = Mailbox(dev)
+    assert stream.n_entries <= dev.n_pages
+    off, lo = stream.ev_off, stream.len_off
+    for ev in range(stream.n_events):
+        step = int(stream.ev_step[ev])
+        a, z = int(lo[ev]), int(lo[ev + 1])
+        if z > a:
+            rec = np.empty(z - a, LENGTH_RECORD)
+            rec["ctx"], rec["tokens"] = stream.len_ctx[a:z], stream.len_tokens[a:z]
+            _call(box, Op.VENDOR_SET_CONTEXT_LENGTHS, struct.pack("<I", rec.size) + rec.tobytes())
+        ids = stream.ids[off[ev] : off[ev + 1]]
+        if stream.ev_kind[ev] == CREATE:
+            if ids.size:
+                rec = np.empty(ids.size, DESCRIBE_RECORD)
+                rec["entry"], rec["ctx"] = ids, stream.e_ctx[ids]
+                rec["layer"], rec["head"] = stream.e_layer[ids], stream.e_head[ids]
+                rec["block"] = stream.e_block[ids]
+                _call(box, Op.VENDOR_DESCRIBE_ENTRIES, struct.pack("<I", ids.size) + rec.tobytes())
+                body = struct.pack("<II", step, ids.size) + ids.astype("<u4").tobytes()
+                _call(box, Op.VENDOR_CREATE_ENTRIES, body)
+            continue
+        for e in ids.tolist():  # the host reads a line of every entry it attends to
+            dev.handle(mem.decode(mem.encode(mem.M2SReq(1, e & 0xFFFF, (BASE >> 6) + e * 64))))
+        w = stream.w[off[ev] : off[ev + 1]]
+        rec = np.empty(ids.size, [("id", "<u4"), ("w", "<f8")])
+        rec["id"], rec["w"] = ids, w
+        _call(box, Op.VENDOR_ATTENTION_REPORT, struct.pack("<II", step, ids.size) + rec.tobytes())
+    victims: list = []
+    while True:  # the log comes in pages of at most one payload
+        out = _call(box, Op.VENDOR_GET_VICTIMS, struct.pack("<II", len(victims), 1 << 20))
+        (total,) = struct.unpack_from("<I", out)
+        victims += VICTIM_RECORD.iter_unpack(out[4:])
+        if len(victims) >= total:
+            return dev, victims
+
+
+@pytest.mark.parametrize("workload", ["cyclic", "zipf-sessions", "multi-turn"])
+@pytest.mark.parametrize("policy", ["ema", "lru", "h2o", "sink-window"])
+def test_device_reproduces_the_simulator(workload, policy):
+    if policy not in __import__("kvcxl.firmware.policies", fromlist=["POLICIES"]).POLICIES:
+        pytest.skip(f"no policy {policy}")
+    shape = PRESETS["ci"]
+    stream = compile_workload(make_workload(workload, shape, seed=3), steps=12)
+    capacity = max(8, stream.n_entries // 4)
+    sim = simulate(
+        stream,
+        SimOptions(
+            policy=policy, budget_bytes=capacity * shape.entry_bytes, audit=True,
+            record_victims=True,
+        ),
+    )  # fmt: skip
+    dev, victims = _drive(stream, policy, capacity)
+    assert dev.cache.stats.hits == sim["cache"]["hits"]
+    assert dev.cache.stats.misses == sim["cache"]["misses"]
+    ref = [
+        (int(e), float(p))
+        for ids, prio, _ in sim["_victims"]
+        for e, p in zip(ids, prio, strict=True)
+    ]
+    assert [(e, p) for _, e, p in victims] == ref
+    assert sim["cache"]["evictions"] > 0 and dev.audit.wrong == 0

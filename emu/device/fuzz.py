@@ -216,6 +216,37 @@ class Fuzzer:
             raw = json.dumps(body).encode()
             payload = raw if r.random() < 0.9 else raw[: r.randrange(len(raw) + 1)] + b"\xff"
             op = mb.Opcode.VENDOR_SET_PARAM
+        elif k < 0.9:
+            n = r.choice([0, 1, 3, 50, r.randrange(200)])
+            big = r.random() < 0.3
+            if r.random() < 0.34:
+                recs = b"".join(
+                    struct.pack(
+                        "<IIHHI",
+                        r.randrange(1 << 32) if big else r.randrange(4096),
+                        r.randrange(1 << 32) if big else r.randrange(64),
+                        r.randrange(1 << 16),
+                        r.randrange(1 << 16),
+                        r.randrange(1 << 32) if big else r.randrange(1024),
+                    )
+                    for _ in range(n)
+                )
+                op = mb.Opcode.VENDOR_DESCRIBE_ENTRIES
+                payload = struct.pack("<I", n) + recs
+            elif r.random() < 0.5:
+                recs = b"".join(
+                    struct.pack("<IQ", r.randrange(1 << 32) if big else r.randrange(64),
+                                r.randrange(1 << 64) if big else r.randrange(1 << 16))
+                    for _ in range(n)
+                )  # fmt: skip
+                op = mb.Opcode.VENDOR_SET_CONTEXT_LENGTHS
+                payload = struct.pack("<I", n) + recs
+            else:
+                ids = [r.randrange(1 << 32) if big else r.randrange(4096) for _ in range(n)]
+                op = mb.Opcode.VENDOR_CREATE_ENTRIES
+                payload = struct.pack(f"<II{n}I", r.randrange(1 << 32), n, *ids)
+            if r.random() < 0.1:
+                payload = payload[: r.randrange(len(payload) + 1)]
         else:
             payload = r.choice([*PARAMS, "nope", ""]).encode() + (
                 b"\xff" if r.random() < 0.1 else b""

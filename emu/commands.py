@@ -327,7 +327,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--out", default="out/demo", help="output folder")
     d.add_argument("--workload", default="zipf-sessions")
     d.add_argument("--seeds", type=int, default=3)
-    d.add_argument("--steps", type=int, default=240)
+    d.add_argument("--steps", type=int, default=160)
     d.add_argument("--jobs", type=int, default=None)
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=_demo)
@@ -438,7 +438,7 @@ def plot_hit_rate(rows: list[dict[str, Any]], path: str | Path, title: str) -> N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
     by_policy: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_policy.setdefault(r["policy"], []).append(r)
@@ -453,7 +453,7 @@ def plot_hit_rate(rows: list[dict[str, Any]], path: str | Path, title: str) -> N
     ax.set_ylabel("HBM hit rate (%)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.text(
         0.99,
         0.01,

@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 .PHONY: demo test test-fast lint setup system-deps clean
 
 demo: $(CORE)
-	$(BIN)/kvcxl policy compare
+	$(BIN)/kvcxl demo
 
 test: $(ALL) system-deps
 	$(BIN)/kvcxl setup

@@ -1,0 +1,248 @@
+"""``kvcxl qemu setup|boot|inject``: the virtual host with the emulated CXL Type-3 device.
+
+Standard library only at import time (``kvcxl --help`` stays fast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+JOBS = ("datapath", "replay", "malformed", "bench", "poison", "wait")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "qemu",
+        help="boot a QEMU virtual host that sees the device through the Linux CXL stack",
+        description=(
+            "A QEMU 10 guest (Linux 6.12) with a CXL Type-3 device whose memory is a file the "
+            "firmware service maps. The guest creates a RAM region, hands it to device DAX and "
+            "runs the guest agent, which talks to the firmware through a command ring in "
+            "device memory. See docs/qemu.md."
+        ),
+    )
+    qs = p.add_subparsers(dest="qemu_command", metavar="ACTION")
+
+    s = qs.add_parser(
+        "setup",
+        help="install QEMU >= 10, fetch the 6.12 guest kernel, build the initramfs (root)",
+        description=(
+            "Idempotent. Installs qemu-system-x86 (bookworm-backports on Debian 12), busybox, "
+            "ndctl/daxctl; unpacks linux-image-6.12 into ~/.cache/kvcxl/qemu (never installed "
+            "on the host); builds the static guest agent, the TCG plugin and the initramfs."
+        ),
+    )
+    s.add_argument("--force", action="store_true", help="rebuild everything from scratch")
+    s.set_defaults(func=_setup)
+
+    b = qs.add_parser(
+        "boot",
+        help="boot the guest, replay a trace through the firmware, print a JSON report",
+        description=(
+            "Starts the firmware service and QEMU; the guest loads the CXL modules, creates, "
+            "commits and onlines the region as devdax, prints `cxl list`, runs the jobs and "
+            "powers off. The report joins boot and region times, what `cxl list` showed, the "
+            "guest agent's counters and the firmware's statistics. Takes ~1-2 minutes under TCG."
+        ),
+        epilog=(
+            "examples:\n"
+            "  kvcxl qemu boot --json boot.json\n"
+            "  kvcxl qemu boot --trace capture.npz --budget 0.3\n"
+            "  kvcxl qemu boot --jobs replay --poison 0x1004000 --jobs poison\n"
+            "  kvcxl qemu boot --jobs wait --wait 120 &   # then: kvcxl qemu inject ..."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    b.add_argument("--trace", help="kvcxl trace file (.npz) to replay (default: built-in)")
+    b.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="HBM stand-in capacity as a fraction of the trace's entries (default 0.25)",
+    )
+    b.add_argument(
+        "--jobs",
+        action="append",
+        choices=JOBS,
+        help="guest jobs in order (repeatable; default: datapath replay)",
+    )
+    b.add_argument("--policy", default="ema", help="firmware policy (default ema)")
+    b.add_argument("--config", help="policy configuration TOML")
+    b.add_argument(
+        "--plugin",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="stream CXL-window accesses through the TCG plugin (default: when built)",
+    )
+    b.add_argument(
+        "--poison",
+        action="append",
+        default=[],
+        metavar="DPA[:LEN]",
+        help="inject poison over QMP before the guest probes (64-byte aligned)",
+    )
+    b.add_argument(
+        "--media-event",
+        action="append",
+        default=[],
+        metavar="DPA",
+        help="inject a General Media event over QMP once the region is ready",
+    )
+    b.add_argument("--device-mib", type=int, default=256, help="device size (multiple of 256)")
+    b.add_argument("--smp", type=int, default=2, help="guest CPUs (default 2)")
+    b.add_argument("--wait", type=float, default=30.0, help="seconds the 'wait' job idles")
+    b.add_argument("--timeout", type=float, default=600.0, help="hard limit for the whole boot")
+    b.add_argument("--console", action="store_true", help="echo the guest console")
+    b.add_argument("--keep", action="store_true", help="keep the work directory (media, logs)")
+    b.add_argument("--json", dest="json_out", help="write the full report to this file")
+    b.set_defaults(func=_boot)
+
+    i = qs.add_parser(
+        "inject",
+        help="inject a device fault into a running guest over QMP",
+        description=(
+            "Talks to the QMP socket of a running `kvcxl qemu boot` (its path is printed at "
+            "start). poison: adds DPA..DPA+LEN to the device's poison list. media-event: a "
+            "General Media event record (the guest traces cxl_general_media)."
+        ),
+    )
+    i.add_argument("kind", choices=("poison", "media-event"))
+    i.add_argument("--qmp", required=True, help="QMP socket path of the running boot")
+    i.add_argument("--dpa", required=True, help="device physical address (64-byte aligned)")
+    i.add_argument("--length", type=int, default=64, help="poison length in bytes (default 64)")
+    i.set_defaults(func=_inject)
+    p.set_defaults(func=lambda args: p.print_help() or 0)
+
+
+def _int(text: str, what: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise ValueError(f"{what} {text!r} is not an integer (use 0x… for hex)") from None
+
+
+def _setup(args: argparse.Namespace) -> int:
+    from kvcxl.emu.cli import CliError
+
+    from .setup import SetupError, setup
+
+    try:
+        host = setup(force=args.force)
+    except SetupError as exc:
+        raise CliError(str(exc)) from None
+    print(f"QEMU {host.qemu_version}, guest kernel {host.kernel_version}")
+    print(f"initramfs {host.initramfs}")
+    print(f"TCG plugin: {host.plugin if host.plugin else host.plugin_error}")
+    return 0
+
+
+def _boot(args: argparse.Namespace) -> int:
+    from kvcxl.emu.cli import CliError
+
+    from .boot import BootOptions, boot
+    from .setup import SetupError
+    from .trace_image import DEFAULT_BUDGET, default_trace, load_trace
+
+    budget = DEFAULT_BUDGET if args.budget is None else args.budget
+    if args.trace:
+        gt = load_trace(args.trace, budget)
+    else:
+        gt = default_trace()
+        if args.budget is not None:
+            if not 0 < budget <= 1:
+                raise ValueError(f"--budget {budget}: must be in (0, 1]")
+            gt.capacity = max(1, int(budget * gt.n_entries))
+    poison = []
+    for text in args.poison:
+        dpa, _, length = text.partition(":")
+        poison.append((_int(dpa, "poison DPA"), _int(length, "poison length") if length else 64))
+    from .qmp import check_range
+
+    for dpa, length in poison:
+        check_range(dpa, length)
+    jobs = tuple(args.jobs or ("datapath", "replay"))
+    if poison and "poison" not in jobs:
+        jobs = ("poison", *jobs)
+    echo = (lambda line: print(line, flush=True)) if args.console else None
+    opts = BootOptions(
+        jobs=jobs,
+        trace=gt,
+        device_mib=args.device_mib,
+        plugin=args.plugin,
+        smp=args.smp,
+        timeout=args.timeout,
+        policy=args.policy,
+        config=args.config,
+        poison=tuple(poison),
+        media_events=tuple(_int(d, "media-event DPA") for d in args.media_event),
+        keep=args.keep,
+        wait_s=args.wait,
+        console=echo,
+        on_event=_progress if not args.console else None,
+    )
+    try:
+        report, b = boot(opts)
+    except SetupError as exc:
+        raise CliError(str(exc)) from None
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {args.json_out}")
+    _summary(report)
+    if args.keep:
+        print(f"work directory kept: {b.workdir}")
+    ok = report["qemu"]["exit_code"] == 0 and not report["guest_failures"]
+    return 0 if ok else 1
+
+
+def _progress(ev: dict, b: object) -> None:
+    name = ev.get("event")
+    if name == "init":
+        print(f"[{ev['t']:7.1f} s] guest /init running; QMP socket {b.qmp_socket}", flush=True)
+    elif name in ("region_ready", "agent_start", "device_error", "fail", "poweroff"):
+        extra = ev.get("job") or ev.get("reason") or ""
+        print(f"[{ev['t']:7.1f} s] {name} {extra}", flush=True)
+
+
+def _summary(r: dict) -> None:
+    t = r.get("timings", {})
+    print(
+        f"boot to /init {t.get('boot_to_init_s', '?')} s, region ready "
+        f"{t.get('boot_to_region_ready_s', '?')} s (Measured, TCG, plugin {r['qemu']['plugin']})"
+    )
+    if r["qemu"]["plugin"] == "off" and r["qemu"]["plugin_note"]:
+        print(f"ring-only mode: {r['qemu']['plugin_note']}")
+    g = r.get("guest", {})
+    if "replay" in g:
+        x = g["replay"]
+        print(
+            f"replay: {x['reads']} reads, {x['hbm_hits']} HBM hits, {x['cxl_reads']} CXL reads, "
+            f"{x['victims']} victims, bad bytes {x['bad_bytes']}, residency mismatches "
+            f"{x['residency_mismatches']}, {x['attn_records_per_s']:.0f} attention records/s"
+        )
+    if "bench" in g:
+        x = g["bench"]
+        print(
+            f"ring RTT p50 {x['ring_rtt_us_p50']} us; memcpy to CXL {x['memcpy_to_cxl_MBps']} "
+            f"MB/s, guest RAM {x['memcpy_ram_MBps']} MB/s"
+        )
+    if "device_error" in g:
+        print(f"device error: {g['device_error'].get('reason')}")
+    for f in r.get("guest_failures", []):
+        print(f"guest failure: {f}", file=sys.stderr)
+
+
+def _inject(args: argparse.Namespace) -> int:
+    from .qmp import Qmp
+
+    dpa = _int(args.dpa, "DPA")
+    with Qmp(args.qmp) as q:
+        if args.kind == "poison":
+            q.inject_poison(dpa, args.length)
+            print(f"poisoned DPA {dpa:#x}+{args.length}")
+        else:
+            q.inject_media_event(dpa)
+            print(f"General Media event at DPA {dpa:#x}")
+    return 0

@@ -1,0 +1,180 @@
+"""Boots of the QEMU virtual host (slow: each is one to two minutes under TCG).
+
+Every boot has a hard timeout in BootOptions and kills QEMU and the firmware service
+on the way out, pass or fail."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kvcxl.qemu import layout as L
+
+pytestmark = [pytest.mark.slow, pytest.mark.qemu]
+
+POISON_ENTRY = 5
+
+
+@pytest.fixture(scope="module")
+def host():
+    from kvcxl.qemu.setup import SetupError, load_host, setup
+
+    try:
+        setup(force=False)
+        return load_host()
+    except SetupError as exc:  # not root / no Debian packages: say why
+        pytest.skip(f"virtual host unavailable: {exc}")
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory) -> Path:
+    from kvcxl.qemu.trace_image import default_trace
+
+    path = tmp_path_factory.mktemp("trace") / "default.npz"
+    default_trace(steps=16).stream.to_trace().save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def main_boot(host, trace_file):
+    """One boot exercising region, data path, replay, poison, media event, malformed ring."""
+    from kvcxl.qemu.boot import BootOptions, boot
+    from kvcxl.qemu.trace_image import load_trace
+
+    gt = load_trace(trace_file, 0.25)
+    poison_dpa = L.KV_BASE + POISON_ENTRY * gt.entry_bytes
+    opts = BootOptions(
+        jobs=("poison", "datapath", "replay", "malformed"),
+        trace=gt,
+        plugin=False,
+        poison=((poison_dpa, 64),),
+        media_events=(L.KV_BASE,),
+        timeout=420,
+    )
+    t = time.monotonic()
+    report, b = boot(opts)
+    report["_test_wall_s"] = time.monotonic() - t
+    return report, b, gt
+
+
+def test_region_ready_and_cxl_list_shows_memdev(main_boot) -> None:
+    r, _b, _gt = main_boot
+    assert r["qemu"]["exit_code"] == 0, r["guest_failures"]
+    assert r["timings"]["boot_to_init_s"] < r["timings"]["boot_to_region_ready_s"]
+    assert r["region"]["size"] == hex(256 << 20)
+    assert r["region"]["base"] == hex(L.WINDOW_BASE)
+    memdevs = [m for part in r["cxl_list"] for m in part.get("memdevs", [])]
+    assert memdevs and memdevs[0]["memdev"] == "mem0"
+    assert memdevs[0]["ram_size"] == 256 << 20
+    regions = [x for part in r["cxl_list"] for x in part.get("regions", [])]
+    assert regions and regions[0]["decode_state"] == "commit"
+
+
+def test_data_path_both_directions(main_boot) -> None:
+    r, _b, _gt = main_boot
+    dp = r["guest"]["datapath"]
+    assert dp["host_to_guest_bytes"] == L.XFER_BYTES and dp["host_to_guest_bad"] == 0
+    assert r["host_check"]["guest_to_host_bad_bytes"] == 0
+    # The KV cache the guest laid out in /dev/dax0.0 is in the host's media file.
+    assert r["host_check"]["kv_entries_checked"] > 10
+    assert r["host_check"]["kv_bad_bytes"] == 0
+
+
+def test_replay_matches_simulator_api_and_cli(main_boot, trace_file, tmp_path) -> None:
+    from kvcxl.qemu.trace_image import simulate_victims
+
+    r, b, gt = main_boot
+    rep = r["guest"]["replay"]
+    assert rep["bad_bytes"] == 0 and rep["residency_mismatches"] == 0 and rep["ring_errors"] == 0
+    want = simulate_victims(gt)
+    assert len(want) > 100
+    assert b.victims[0] == want  # the firmware service's victims, in order
+    assert rep["victim_hash"] == L.fnv1a_ids(want)  # what the guest agent received
+    assert rep["victims"] == len(want)
+    assert r["firmware"]["sessions"][0]["audit"]["wrong_victims"] == 0
+    # The simulator's CLI on the same file and budget names the same victims.
+    csv_path = tmp_path / "victims.csv"
+    cmd = [sys.executable, "-m", "kvcxl.emu.cli", "simulate", "--trace", str(trace_file)]
+    cmd += ["--policy", "ema", "--budget", str(gt.budget_bytes()), "--dump-victims", str(csv_path)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300, cwd="/")
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    s = gt.stream
+    ours = [
+        (int(s.e_ctx[e]), int(s.e_layer[e]), int(s.e_head[e]), int(s.e_block[e]))
+        for e in b.victims[0]
+    ]
+    cli = [(int(x["context"]), int(x["layer"]), int(x["head"]), int(x["block"])) for x in rows]
+    assert cli == ours
+
+
+def test_injected_poison_seen_by_guest_and_firmware(main_boot) -> None:
+    r, _b, gt = main_boot
+    dpa = L.KV_BASE + POISON_ENTRY * gt.entry_bytes
+    assert f"{dpa:#x}:0x40" in r["guest"]["poison_list"]["entries"]
+    assert any("cxl_poison" in line for line in r["cxl_trace"])
+    assert r["guest"]["replay"]["poisoned_entries"] == 1
+    assert [hex(dpa), hex(64)] in r["firmware"]["poison_reports"]
+    assert r["firmware"]["poisoned_entries"] == [POISON_ENTRY]
+
+
+def test_media_event_traced_by_guest(main_boot) -> None:
+    r, _b, _gt = main_boot
+    assert any(e["event"] == "host_inject_media_event" for e in r["events"])
+    assert any("cxl_general_media" in line for line in r["cxl_trace"]), r["cxl_trace"]
+
+
+def test_malformed_ring_commands_get_error_completions(main_boot) -> None:
+    r, _b, _gt = main_boot
+    m = r["guest"]["malformed"]
+    assert m["unknown_opcode"] == L.RC_UNSUPPORTED
+    assert m["attn_before_open"] == L.RC_INVALID_INPUT
+    assert m["open_too_big"] == L.RC_INVALID_INPUT
+    assert m["count_too_large"] == L.RC_INVALID_PAYLOAD_LENGTH
+    assert m["short_payload"] == L.RC_INVALID_PAYLOAD_LENGTH
+    assert m["entry_out_of_range"] == L.RC_INVALID_INPUT
+    assert m["nan_weight"] == L.RC_INVALID_INPUT
+    assert m["open"] == m["create"] == m["nop_after"] == L.RC_SUCCESS
+
+
+def test_service_killed_mid_run_agent_reports_device_error(host) -> None:
+    from kvcxl.qemu.boot import BootOptions, boot
+
+    def kill_when_replay_starts(ev: dict, b) -> None:
+        if ev.get("event") == "agent_start" and ev.get("job") == "replay":
+            b.kill_service()
+
+    t = time.monotonic()
+    r, b = boot(
+        BootOptions(jobs=("replay",), plugin=False, on_event=kill_when_replay_starts, timeout=300)
+    )
+    wall = time.monotonic() - t
+    assert any(e["event"] == "host_killed_service" for e in r["events"])
+    err = r["guest"].get("device_error")
+    assert err is not None, r["guest_failures"]
+    killed = next(e["t"] for e in r["events"] if e["event"] == "host_killed_service")
+    # The agent's heartbeat timeout is 3 s; TCG and console latency add a few seconds.
+    assert err["t"] - killed < 30
+    assert r["qemu"]["exit_code"] == 0  # the guest powered off by itself
+    assert "replay" not in r["guest"]
+    assert b.qemu.poll() is not None and b.service.poll() is not None
+    assert wall < 300
+
+
+def test_plugin_streams_cxl_accesses(host) -> None:
+    from kvcxl.qemu.boot import BootOptions, boot
+
+    if not host.plugin_available:
+        pytest.skip(f"ring-only mode: {host.plugin_error}")
+    r, _b = boot(BootOptions(jobs=("replay",), plugin=True, timeout=420))
+    assert r["qemu"]["exit_code"] == 0 and r["qemu"]["plugin"] == "on"
+    p = r["firmware"]["plugin"]
+    assert p["reads"] > 0 and p["writes"] > 0 and p["outside_window"] == 0
+    sess = r["firmware"]["sessions"][0]
+    # Every entry the guest read from device memory was seen as CXL.mem reads.
+    assert sess["plugin_entries_accessed"] == sess["entries"]
+    assert r["guest"]["replay"]["bad_bytes"] == 0

@@ -138,3 +138,14 @@ def test_constructor_refuses_bad_values():
         d.report(0, np.array([d.n_pages]), np.array([0.5]))
     with pytest.raises(ValueError, match="within"):
         d.report(0, np.array([1]), np.array([1.5]))
+
+
+def test_queueing_term_reproduces_md1_waiting_time():
+    """Poisson arrivals on one tier with fixed service: mean wait = rho*S / (2(1 - rho))."""
+    from kvcxl.emu.device.bench import queueing_run
+
+    r = queueing_run(0.8, 50_000, seed=1)
+    service = 4096 / 6.5
+    wait = r["latency_mean_ns"] - 25_000 - service
+    assert wait == pytest.approx(0.8 * service / (2 * 0.2), rel=0.05)
+    assert r["latency_p99_ns"] > r["latency_p95_ns"] > r["latency_p50_ns"] > 25_000 + service

@@ -255,6 +255,9 @@ def simulate(
         ids = stream.ids[off[a] : off[z]]
         tick = Tick(step, time)
         if not r:  # CREATE: the host writes new KV into HBM
+            # A write happens after the last read batch: "now" is that batch, so the offline
+            # optimum sees the very next batch as the entry's next use (−1 before any read).
+            tick = Tick(step, time - 1 if opts.policy == "belady" else max(time - 1, 0))
             if ids.size:
                 table.append(
                     stream.e_ctx[ids], stream.e_layer[ids], stream.e_head[ids], stream.e_block[ids]

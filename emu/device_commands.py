@@ -155,6 +155,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--json", dest="json_out", help="write the report to this JSON file")
     f.set_defaults(func=_fuzz)
 
+    d = dsub.add_parser(
+        "describe",
+        help="print the CXL.mem message layouts and the mailbox command table",
+        description="The field table of every CXL.mem message class (bit ranges, widths, "
+        "opcodes) and every mailbox command this device implements.",
+    )
+    d.set_defaults(func=_describe)
+
+    st = dsub.add_parser(
+        "stats",
+        help="ask a running `device serve` for its statistics (JSON)",
+        description="Sends Get Statistics (C003h) to the service on --socket and prints it.",
+    )
+    st.add_argument("--socket", required=True, help="the service's Unix socket")
+    st.add_argument("--json", dest="json_out", help="also write the statistics to this file")
+    st.set_defaults(func=_stats)
+
 
 def _progress(total: int, desc: str):
     from tqdm import tqdm
@@ -273,4 +290,34 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
         dev.close()
+    return 0
+
+
+def _describe(args: argparse.Namespace) -> int:
+    from kvcxl.emu.cxl import mailbox as mb
+    from kvcxl.emu.cxl import mem
+
+    print(mem.describe())
+    print("\nmailbox commands (opcode, name, input bytes, what):")
+    for c in sorted(mb.COMMANDS.values(), key=lambda c: c.opcode):
+        n = "var" if c.in_len is None else str(c.in_len)
+        print(f"  {c.opcode:04X}h  {c.name:24s} in={n:>4s}  {c.doc}")
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from kvcxl.emu.cxl import mailbox as mb
+    from kvcxl.emu.device.service import Client
+
+    try:
+        client = Client(args.socket, timeout=10)
+    except OSError as exc:
+        raise ValueError(f"cannot connect to {args.socket}: {exc.strerror or exc}") from None
+    with client:
+        rsp = client.cci(mb.Opcode.VENDOR_GET_STATS)
+    if rsp.rc != mb.ReturnCode.SUCCESS:
+        raise ValueError(f"Get Statistics answered {mb.ReturnCode(rsp.rc).name}")
+    report = json.loads(rsp.payload)
+    print(json.dumps(report, indent=2))
+    _write_json(args.json_out, report)
     return 0

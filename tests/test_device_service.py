@@ -103,3 +103,16 @@ def test_dram_file_is_the_device_media(server, tmp_path):
             assert os.pread(fd, 7, 2 * 4096) == b"shared!"  # DPA = file offset
         finally:
             os.close(fd)
+
+
+def test_stats_and_describe_commands(server):
+    out = subprocess.run(
+        [sys.executable, "-m", "kvcxl.emu.cli", "device", "stats", "--socket", str(server)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert '"dram_pages": 16' in out and '"tiering": true' in out
+    out = subprocess.run(
+        [sys.executable, "-m", "kvcxl.emu.cli", "device", "describe"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "M2S_RWD" in out and "4300h  Get Poison List" in out

@@ -291,7 +291,81 @@ def main(argv: list[str] | None = None) -> int:
     }
     Path(args.out).write_text(json.dumps(doc, indent=1))
     print(f"wrote {args.out}")
+    md = Path(args.out).with_suffix(".md")
+    md.write_text(render_markdown(doc))
+    print(f"wrote {md}")
     return 0
+
+
+def _pct(r: dict[str, Any] | None) -> str:
+    if r is None or r.get("hit_rate") is None:
+        return "—"
+    ci = r.get("hit_rate_ci95")
+    return (
+        f"{100 * r['hit_rate']:.1f} ± {100 * ci:.1f}"
+        if ci is not None
+        else f"{100 * r['hit_rate']:.1f}"
+    )
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    """Per-workload tables of the results sweep: hit rate % ± 95 % CI (Simulated)."""
+    rows = doc["rows"]
+    budgets = doc["budgets"]
+    out: list[str] = []
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+
+    def find(q: str, wl: str, pol: str, b: str, var: dict[str, Any] | None = None):
+        for r in rows:
+            if (r["question"], r["workload"], r["policy"], r["budget"]) == (q, wl, pol, b) and (
+                var is None or r["variant"] == var
+            ):
+                return r
+        return None
+
+    for wl in workloads:
+        out += [f"### {wl}", ""]
+        hits = " | ".join(f"hit % at {b}" for b in budgets)
+        gaps_head = " | ".join(f"gap to Belady at {b} (pts)" for b in budgets)
+        out.append(f"| policy | {hits} | {gaps_head} |")
+        out.append("|---" * (1 + 2 * len(budgets)) + "|")
+        ranked = {r["policy"] for r in rows if r["question"] == "ranking" and r["workload"] == wl}
+        pols = sorted(
+            ranked, key=lambda p: -(find("ranking", wl, p, budgets[-1]) or {}).get("hit_rate", 0)
+        )
+        for pol in pols:
+            cells = [_pct(find("ranking", wl, pol, b)) for b in budgets]
+            gaps = []
+            for b in budgets:
+                opt, r = find("ranking", wl, "belady", b), find("ranking", wl, pol, b)
+                gaps.append("—" if opt is None or r is None or pol == "belady"
+                            else f"{100 * (opt['hit_rate'] - r['hit_rate']):.1f}")  # fmt: skip
+            out.append(f"| {pol} | " + " | ".join(cells) + " | " + " | ".join(gaps) + " |")
+        out += ["", "α sweep (ema; α = 0.2 from the ranking run):", ""]
+        out.append("| α | " + " | ".join(f"hit % at {b}" for b in budgets) + " |")
+        out.append("|---" * (1 + len(budgets)) + "|")
+        for a in RESULTS_ALPHAS:
+            cells = [
+                _pct(
+                    find("ranking", wl, "ema", b)
+                    if a == 0.2
+                    else find("alpha", wl, "ema", b, {"alpha": a})
+                )
+                for b in budgets
+            ]
+            out.append(f"| {a} | " + " | ".join(cells) + " |")
+        out += ["", "Persistent metadata on → off:", ""]
+        out.append("| policy | " + " | ".join(f"on / off at {b}" for b in budgets) + " |")
+        out.append("|---" * (1 + len(budgets)) + "|")
+        for pol in RESULTS_PERSISTENCE_POLICIES:
+            cells = []
+            for b in budgets:
+                on = find("ranking", wl, pol, b)
+                off = find("persistence", wl, pol, b, {"persistent_metadata": False})
+                cells.append(f"{_pct(on)} / {_pct(off)}")
+            out.append(f"| {pol} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -272,18 +272,19 @@ def _serve(args: argparse.Namespace) -> int:
         except HdmError as exc:
             raise ValueError(f"--decoder {text!r}: {exc}") from None
         dpa += fields["size"] // fields["ways"]
-    server = Server(args.socket, Engine(dev))
 
     def stop(*_: object) -> None:
         raise KeyboardInterrupt
 
+    # Before the socket exists: a client that sees the socket may stop us at once.
     signal.signal(signal.SIGTERM, stop)
-    print(
-        f"kvcxl device: serving {args.capacity} B ({dev.n_pages} pages, "
-        f"{'tiered' if dev.tiering else 'all DRAM'}) on {args.socket}",
-        flush=True,
-    )
+    server = Server(args.socket, Engine(dev))
     try:
+        print(
+            f"kvcxl device: serving {args.capacity} B ({dev.n_pages} pages, "
+            f"{'tiered' if dev.tiering else 'all DRAM'}) on {args.socket}",
+            flush=True,
+        )
         server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
         pass

@@ -205,7 +205,9 @@ def _soak(args: argparse.Namespace) -> int:
     summary = {k: v for k, v in report.items() if k != "setups"}
     print(json.dumps(summary, indent=2))
     _write_json(args.json_out, report)
-    return 1 if report["mismatched_bytes"] or report["wrong_victims"] else 0
+    return (
+        1 if report["mismatched_bytes"] or report["wrong_victims"] or report["poison_errors"] else 0
+    )
 
 
 def _fuzz(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from kvcxl.emu.device import fuzz, media, soak
 def test_small_soak_is_lossless_and_migrates():
     r = soak.run(soak.SoakConfig(ops=6000, seed=3))
     assert r["mismatched_bytes"] == 0 and r["wrong_victims"] == 0
+    assert r["poison_checks"] >= 5 and r["poison_errors"] == 0
     assert r["migrations"] > 500 and r["mem_transactions"] > 100
     assert r["bytes_checked"] > 5 * (4 << 20)  # every set-up's final sweep at least
     assert [(s["ways"], s["granularity"]) for s in r["setups"]] == list(soak.SETUPS)
@@ -28,6 +29,14 @@ def test_soak_catches_a_lost_migration(monkeypatch):
     monkeypatch.setattr(media.DictStore, "take", lossy_take)
     r = soak.run(soak.SoakConfig(ops=3000, setups=((1, 4096),), seed=1))
     assert r["mismatched_bytes"] > 0
+
+
+def test_soak_catches_lost_poison(monkeypatch):
+    from kvcxl.emu.device.device import Type3Device
+
+    monkeypatch.setattr(Type3Device, "inject_poison", lambda self, dpa: None)
+    r = soak.run(soak.SoakConfig(ops=3000, setups=((2, 256),), seed=2))
+    assert r["poison_errors"] > 0
 
 
 def test_soak_refuses_bad_configuration():
@@ -69,6 +78,7 @@ def test_acceptance_soak_one_million_ops(tmp_path):
     assert _cli("device", "soak", "--ops", "1000000", "--json", str(out)) == 0
     r = json.loads(out.read_text())
     assert r["ops"] == 1_000_000 and r["mismatched_bytes"] == 0 and r["wrong_victims"] == 0
+    assert r["poison_checks"] > 900 and r["poison_errors"] == 0
     assert r["migrations"] > 100_000 and len(r["setups"]) >= 4
 
 

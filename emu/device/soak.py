@@ -51,6 +51,7 @@ class SoakConfig:
     mem_fraction: float = 0.05  # share of ops that are single-line CXL.mem transactions
     report_every: int = 64
     report_entries: int = 32
+    poison_every: int = 997  # ops between poison rounds (inject, read back, clear)
     policy: str = "ema"
     seed: int = 0
 
@@ -118,6 +119,8 @@ def run(cfg: SoakConfig, progress: Callable[[int], None] | None = None) -> dict:
             "wrong_victims",
             "audited_victims",
             "unmapped",
+            "poison_checks",
+            "poison_errors",
         ),
         0,
     )
@@ -168,6 +171,8 @@ def run(cfg: SoakConfig, progress: Callable[[int], None] | None = None) -> dict:
                 if rc != mb.ReturnCode.SUCCESS:
                     raise RuntimeError(f"attention report refused: {rc!r} {box.last_error}")
                 c["reports"] += 1
+            if i % cfg.poison_every == cfg.poison_every - 1:
+                _poison_round(s, shadow, rng, c)
             if progress is not None and (i & 1023) == 1023:
                 progress(1024)
                 done_ops += 1024
@@ -261,3 +266,31 @@ def _mem_op(s: _Set, shadow: bytearray, rng: random.Random, c: dict) -> None:
             raise RuntimeError(f"bad response {rsp!r} to write tag {tag}")
         c["writes"] += 1
     c["mem_transactions"] += 1
+
+
+def _poison_round(s: _Set, shadow: bytearray, rng: random.Random, c: dict) -> None:
+    """Inject poison on one line over the mailbox, check reads flag exactly that line
+    (whatever tier it lives in), then clear it with the line's current contents."""
+    line = rng.randrange(len(shadow) // 64)
+    hpa = BASE + line * 64
+    dev = s.owner(hpa)
+    box = s.boxes[s.devices.index(dev)]
+    dpa = dev.hdm.translate(hpa)
+    rc, _ = box.call(mb.Opcode.INJECT_POISON, struct.pack("<Q", dpa))
+    if rc != mb.ReturnCode.SUCCESS:
+        raise RuntimeError(f"Inject Poison refused: {rc!r} {box.last_error}")
+    good = bytes(shadow[line * 64 : line * 64 + 64])
+    inside = dev.read(hpa + 5, 10)
+    rsp = dev.handle(mem.M2SReq(mem.M2SReqOpcode.MEM_RD, 1, hpa >> 6))
+    neighbour = line + 1 if line + 1 < len(shadow) // 64 else line - 1
+    other = s.owner(BASE + neighbour * 64).read(BASE + neighbour * 64, 64)
+    c["poison_errors"] += (not inside.poisoned) + (rsp.poison != 1) + other.poisoned
+    c["mismatched_bytes"] += _diff(inside.data, shadow, line * 64 + 5)
+    c["mismatched_bytes"] += _diff(rsp.data, shadow, line * 64)
+    rc, _ = box.call(mb.Opcode.CLEAR_POISON, struct.pack("<Q", dpa) + good)
+    if rc != mb.ReturnCode.SUCCESS:
+        raise RuntimeError(f"Clear Poison refused: {rc!r} {box.last_error}")
+    after = dev.read(hpa, 64)
+    c["poison_errors"] += after.poisoned
+    c["mismatched_bytes"] += _diff(after.data, shadow, line * 64)
+    c["poison_checks"] += 1

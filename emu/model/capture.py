@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # numpy loads inside the functions: `kvcxl --help` imports th
     from numpy.typing import NDArray
 
 PROMPT_DIR = Path(__file__).with_name("prompts")
+_SHARED: dict[str, tuple[Any, Any]] = {}
 MODELS = ("smollm2-135m",)
 
 
@@ -212,7 +213,10 @@ def to_trace(cap: Capture, *, source: str, decode_only: bool = False, context: i
 
 
 def load_model(threads: int = 1) -> tuple[Any, Any]:
-    """The verified model and its tokenizer, torch pinned to ``threads`` threads."""
+    """The verified model and its tokenizer, torch pinned to ``threads`` threads.
+
+    Loaded once per process (sweeps and tests call this repeatedly; loading takes seconds).
+    """
     import torch
 
     from .llama import Llama
@@ -220,7 +224,9 @@ def load_model(threads: int = 1) -> tuple[Any, Any]:
     if threads < 1:
         raise ValueError(f"threads = {threads}: must be >= 1")
     torch.set_num_threads(threads)
-    return Llama.load()
+    if "model" not in _SHARED:
+        _SHARED["model"] = Llama.load()
+    return _SHARED["model"]
 
 
 # --- command line ----------------------------------------------------------------------------
@@ -316,14 +322,4 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-_SHARED: dict[int, tuple[Any, Any]] = {}
-
-
-def shared_model(threads: int = 1) -> tuple[Any, Any]:
-    """One loaded model per process (tests and sweeps reuse it; loading takes seconds)."""
-    if threads not in _SHARED:
-        _SHARED[threads] = load_model(threads)
-    import torch
-
-    torch.set_num_threads(threads)
-    return _SHARED[threads]
+shared_model = load_model  # the name tests use

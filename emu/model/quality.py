@@ -109,9 +109,9 @@ def parse_budget(text: str, n_tokens: int) -> int:
 
 @dataclass
 class Reference:
-    """The full-cache run: log-probabilities and greedy tokens at every position."""
+    """The full-cache run: logits and greedy tokens at every position."""
 
-    logprobs: NDArray  # (n, vocab) float32
+    logits: NDArray  # (n, vocab) float32 (log-softmax is taken in float64 when comparing)
     top1: NDArray  # (n,) int64
     weights: NDArray  # (n, layers, kv_heads, blocks) float32 block attention
 
@@ -194,18 +194,18 @@ def run(
     base = config or PolicyConfig()
     kv = model.new_cache(n)
     if policy is None:
-        logprobs = np.zeros((n, cfg_m.vocab), dtype=np.float32)
+        logits = np.zeros((n, cfg_m.vocab), dtype=np.float32)
         weights = np.zeros((n, L, H, nb_total), dtype=np.float32)
         for b in range(nb_total):
             p0, p1 = b * block_tokens, min(n, (b + 1) * block_tokens)
             lg, att = model.forward(
                 tokens[p0:p1], kv, block_tokens=block_tokens, capture=base.aggregation
             )
-            logprobs[p0:p1] = _log_softmax(lg)
+            logits[p0:p1] = lg
             weights[p0:p1, :, :, : b + 1] = att
             if tick:
                 tick()
-        return Reference(logprobs, logprobs.argmax(-1), weights), None
+        return Reference(logits, logits.argmax(-1), weights), None
     if reference is None:
         raise ValueError("a bounded run needs the reference run")
     if budget_tokens is None or budget_tokens < block_tokens:
@@ -244,7 +244,7 @@ def run(
             visible=visible,
         )
         lp = _log_softmax(lg)
-        ref = reference.logprobs[p0:p1].astype(np.float64)
+        ref = _log_softmax(reference.logits[p0:p1])
         kl[p0:p1] = np.maximum((np.exp(ref) * (ref - lp)).sum(-1), 0.0)
         agree[p0:p1] = lp.argmax(-1) == reference.top1[p0:p1]
         bounded[p0:p1] = int(res.sum()) < table.n

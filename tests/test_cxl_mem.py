@@ -146,3 +146,20 @@ def test_table_imports_without_numpy_or_amaranth():
         "assert 'numpy' not in sys.modules and 'amaranth' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.hdl
+def test_amaranth_struct_layouts_built_from_the_table_match_its_packing():
+    pytest.importorskip("amaranth")
+    from amaranth.hdl import unsigned
+    from amaranth.lib import data
+
+    for cls in mem.MESSAGE_CLASSES:
+        layout = data.StructLayout({n: unsigned(w) for n, w in mem.field_widths(cls).items()})
+        assert layout.size == cls.bits
+        assert {n: (f.offset, f.width) for n, f in layout} == cls.offsets()
+    msg = mem.M2SRwD(2, 0xBEEF, 123, bytes(range(64)), byte_enable=0xF0F0, poison=1)
+    layout = data.StructLayout({n: unsigned(w) for n, w in mem.field_widths(mem.M2S_RWD).items()})
+    view = data.Const(layout, mem.pack(msg))
+    assert (view.tag, view.addr, view.byte_enable, view.poison) == (0xBEEF, 123, 0xF0F0, 1)
+    assert view.data == int.from_bytes(bytes(range(64)), "little")

@@ -75,7 +75,15 @@ def _boot(plugin: bool) -> dict[str, Any]:
         return {"skipped": f"ring-only mode: {host.plugin_error}"}
     r, _b = boot(BootOptions(jobs=("replay", "bench"), plugin=plugin, timeout=600))
     g = r["guest"]
-    out: dict[str, Any] = {"evidence": "Measured", "plugin": "on" if plugin else "off"}
+    out: dict[str, Any] = {
+        "evidence": "Measured",
+        "plugin": "on" if plugin else "off",
+        "qemu_exit_code": r["qemu"]["exit_code"],
+        "guest_failures": r["guest_failures"],
+        "load_average_1min": os.getloadavg()[0],
+    }
+    if "console_tail" in r:
+        out["console_tail"] = r["console_tail"][-10:]
     out.update(r["timings"])
     if "replay" in g:
         out["replay_attn_records_per_s"] = g["replay"]["attn_records_per_s"]

@@ -87,7 +87,7 @@ class Boot:
             self.opts.plugin if self.opts.plugin is not None else self.host.plugin_available
         )
         if use_plugin and not self.host.plugin_available:
-            raise RuntimeError(f"the TCG plugin is not available: {self.host.plugin_error}")
+            raise ValueError(f"the TCG plugin is not available: {self.host.plugin_error}")
         self.workdir = Path(
             self.opts.workdir or tempfile.mkdtemp(prefix="kvcxl-qemu-", dir=_shm_dir())
         )
@@ -338,7 +338,9 @@ class Boot:
                 "exit_code": rc,
                 "command": (self.workdir / "qemu.cmd").read_text().strip(),
                 "plugin": "on" if use_plugin else "off",
-                "plugin_note": None if use_plugin else (self.host.plugin_error or "disabled"),
+                "plugin_note": None
+                if use_plugin
+                else (self.host.plugin_error or "TCG plugin built but not enabled (--plugin)"),
                 "smp": self.opts.smp,
             },
             "kernel": self.host.kernel_version,
@@ -367,6 +369,9 @@ class Boot:
             "firmware": fw,
             "events": self.events,
         }
+        if "poweroff" not in ev or rc != 0:
+            # The guest did not finish: keep what the console said last.
+            out["console_tail"] = self.console[-40:]
         return out
 
     def _host_side_check(self, gt: Any) -> dict:

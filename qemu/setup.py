@@ -125,9 +125,24 @@ def _packages_ok() -> bool:
         return False
     if not all(shutil.which(b) for b in ("busybox", "cxl", "daxctl", "gcc", "cpio")):
         return False
-    if "statically linked" not in _run(["file", "-L", shutil.which("busybox")]).stdout:
-        return False
+    if not _is_static(Path(shutil.which("busybox")).resolve()):
+        return False  # Debian's dynamic busybox would need its libraries in the initramfs
     return Path("/usr/lib/x86_64-linux-gnu/libc.a").exists() and _glib_cflags() is not None
+
+
+def _is_static(path: Path) -> bool:
+    """An ELF64 executable without a PT_INTERP program header (no dynamic loader)."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if head[:4] != b"\x7fELF" or head[4] != 2:
+            return False
+        phoff = int.from_bytes(head[0x20:0x28], "little")
+        phentsize = int.from_bytes(head[0x36:0x38], "little")
+        phnum = int.from_bytes(head[0x38:0x3A], "little")
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+    types = [int.from_bytes(table[i : i + 4], "little") for i in range(0, len(table), phentsize)]
+    return 3 not in types  # PT_INTERP
 
 
 def _glib_cflags() -> list[str] | None:
@@ -200,7 +215,6 @@ def ensure_packages() -> None:
             "pkg-config",
             "cpio",
             "xz-utils",
-            "file",
         ]
     )
     v = qemu_version()

@@ -138,6 +138,7 @@ def capture(
         weights[s : s + len(part), :, :, : att.shape[-1]] = att
         bar.update(len(part))
     assert logits is not None
+    t_prefill = time.perf_counter() - t0
     for _ in range(steps):
         nxt = int(np.argmax(logits[-1]))
         tokens.append(nxt)
@@ -156,6 +157,7 @@ def capture(
         block_tokens=block_tokens,
         aggregation=aggregation,
         seconds=time.perf_counter() - t0,
+        info={"prefill_seconds": round(t_prefill, 4)},
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,15 @@ output quality is Measured (the real model re-run with the bounded cache).
 """
 
 
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, 88)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     q = sub.add_parser(
         "quality",
         help="output quality (KL, top-1) of the real model under a cache bounded by each policy",
-        description=(
+        description=_wrap(
             "Re-run SmolLM2-135M over a captured trace's tokens with a KV cache bounded by "
             "each policy at each budget (tokens per KV head; kept blocks keep their original "
             "positions) and report, per step and in summary, KL(full ‖ bounded) of the "
@@ -81,12 +86,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser(
         "calibrate",
         help="joint α × β (then keep/evict) sweep of the seed's policy on real traces",
-        description=(
+        description=_wrap(
             "Seed §K.7's calibration: sweep α × β of the ema policy on captured traces, "
             "scored by hit rate at a fixed HBM budget (trace replay with demand paging) and "
             "by output quality (the real model re-run with the bounded cache); then sweep the "
             "keep/evict thresholds at the best (α, β). Writes heat maps (PNG), a JSON "
-            "report and the best point with its 95 %% confidence interval over prompts."
+            "report and the best point with its 95 % confidence interval over prompts."
         ),
         epilog=CALIBRATE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

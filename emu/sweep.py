@@ -228,12 +228,21 @@ RESULTS_ALPHAS = [0.05, 0.1, 0.2, 0.4]
 RESULTS_PERSISTENCE_POLICIES = ["ema", "lfu", "lrfu", "h2o"]
 
 
-def results_specs(workload: str, seeds: int, steps: int) -> dict[str, SweepSpec]:
+def results_specs(
+    workload: str, seeds: int, steps: int, read: str = "dense"
+) -> dict[str, SweepSpec]:
     """The three sweeps behind docs/results.md for one workload."""
     from ..firmware.policies import POLICIES
 
-    common = dict(workload=workload, steps=steps, seeds=list(range(seeds)),
-                  budgets=RESULTS_BUDGETS, warmup_steps=steps // 10, audit=True)  # fmt: skip
+    common = dict(
+        workload=workload,
+        steps=steps,
+        seeds=list(range(seeds)),
+        budgets=RESULTS_BUDGETS,
+        warmup_steps=steps // 10,
+        audit=True,
+        read=read,
+    )
     return {
         "ranking": SweepSpec(policies=sorted(POLICIES), **common),
         "alpha": SweepSpec(
@@ -267,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--workload", action="append", help="only these workloads")
+    p.add_argument("--question", action="append", choices=("ranking", "alpha", "persistence"),
+                   help="only these questions")  # fmt: skip
+    p.add_argument("--read", default="dense", help="dense, topk:K or threshold:T")
     p.add_argument("--jobs", type=int, default=None)
     p.add_argument("--backend", choices=("process", "serial", "dask"), default="process")
     p.add_argument("--scheduler", help="Dask scheduler address")
@@ -274,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     for wl in args.workload or list(WORKLOADS):
-        for name, spec in results_specs(wl, args.seeds, args.steps).items():
+        for name, spec in results_specs(wl, args.seeds, args.steps, args.read).items():
+            if args.question and name not in args.question:
+                continue
             raw = run_sweep(spec, jobs=args.jobs, backend=args.backend, address=args.scheduler)
             for r in combine(raw):
                 r.pop("per_step", None)
@@ -286,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": args.seeds,
         "steps": args.steps,
         "budgets": RESULTS_BUDGETS,
+        "read": args.read,
         "wall_s": round(time.perf_counter() - t0, 1),
         "rows": rows,
     }

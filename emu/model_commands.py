@@ -76,9 +76,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--max-tokens", type=int, metavar="N", help="use only the first N tokens of the trace"
     )
     q.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    q.add_argument("--json", dest="json_out", metavar="FILE", help="write results as JSON")
     q.add_argument(
-        "--per-step", action="store_true", help="include per-step KL and agreement in the JSON"
+        "--json",
+        dest="json_out",
+        metavar="FILE",
+        help="write the summary and every step's KL, top-1 agreement and bounded flag as JSON",
     )
     q.add_argument("--plot", metavar="FILE.png", help="KL and top-1 vs budget, one line per policy")
     q.set_defaults(func=_quality)
@@ -177,9 +179,12 @@ def _quality(args: argparse.Namespace) -> int:
             f"{100 * s['top1_bounded']:>7.1f}%{s['kl_decode']:>11.4f}"
             f"{100 * s['top1_decode']:>7.1f}%"
         )
-    if args.per_step:
-        for s, r in zip(rows, results, strict=True):
-            s["per_step"] = {"kl": r.kl.round(6).tolist(), "top1": r.agree.astype(int).tolist()}
+    for s, r in zip(rows, results, strict=True):
+        s["per_step"] = {
+            "kl": r.kl.round(6).tolist(),
+            "top1_agree": r.agree.astype(int).tolist(),
+            "bounded": r.bounded.astype(int).tolist(),
+        }
     out = {
         "evidence": "Measured",
         "model": trace.extra.get("model"),

@@ -154,12 +154,13 @@ def test_quality_cli(tmp_path, captures, capsys) -> None:
     path = to_trace(captures["code"], source="test").save(tmp_path / "code.npz")
     js = tmp_path / "q.json"
     rc = main(["quality", "--trace", str(path), "--policy", "sink-window", "--budget", "64",
-               "--max-tokens", "96", "--json", str(js), "--per-step"])  # fmt: skip
+               "--max-tokens", "96", "--json", str(js)])  # fmt: skip
     assert rc == 0
     out = json.loads(js.read_text())
     assert out["evidence"] == "Measured" and out["tokens"] == 96
     row = out["results"][0]
     assert row["policy"] == "sink-window" and len(row["per_step"]["kl"]) == 96
+    assert len(row["per_step"]["top1_agree"]) == 96
     assert "sink-window" in capsys.readouterr().out
     # A trace without token ids (not a capture) is refused with a clear message.
     from kvcxl.emu.trace import Trace

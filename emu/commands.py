@@ -397,7 +397,7 @@ def _progress(total: int, desc: str, off: bool):
         return None, None
     from tqdm import tqdm
 
-    bar = tqdm(total=total, desc=desc, unit="run", file=sys.stderr, leave=False)
+    bar = tqdm(total=total, desc=desc, unit="run", file=sys.stderr, leave=False, delay=0.5)
     return bar, bar.update
 
 
@@ -536,8 +536,11 @@ def _simulate(args: argparse.Namespace) -> int:
     policies = args.policy or ["lru", "ema"]
     budgets = args.budget or ["25%"]
     spec: SweepSpec = _spec_from_args(args, policies, budgets)
-    n_tasks = len(spec.seeds) * len(spec.variants)
-    bar, update = _progress(n_tasks, "simulate", args.no_progress)
+    from .sweep import progress_units
+
+    bar, update = _progress(
+        progress_units(spec, args.backend, args.jobs), "simulate", args.no_progress
+    )
     try:
         raw = run_sweep(
             spec, jobs=args.jobs, backend=args.backend, address=args.scheduler, progress=update
@@ -633,7 +636,9 @@ def _demo(args: argparse.Namespace) -> int:
         warmup_steps=args.steps // 10,
     )
     t0 = time.perf_counter()
-    bar, update = _progress(len(spec.seeds), "demo", args.no_progress)
+    from .sweep import progress_units
+
+    bar, update = _progress(progress_units(spec, "process", args.jobs), "demo", args.no_progress)
     try:
         raw = run_sweep(spec, jobs=args.jobs, progress=update)
     finally:

@@ -101,8 +101,16 @@ def validate(spec: SweepSpec) -> None:
         raise ValueError("belady is the demand-paging optimum: drop it or turn prefetch off")
 
 
-def run_task(spec_d: dict[str, Any], seed: int, variant: dict[str, Any]) -> list[dict[str, Any]]:
-    """Compile one seed and replay every (policy, budget) of the spec under one variant."""
+def run_task(
+    spec_d: dict[str, Any],
+    seed: int,
+    variant: dict[str, Any],
+    progress: Callable[[int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Compile one seed and replay every (policy, budget) of the spec under one variant.
+
+    ``progress`` (in-process runs only) is called once per replay.
+    """
     from .simulator import SimOptions, simulate
     from .tiers import TierTiming, parse_size
 
@@ -141,6 +149,8 @@ def run_task(spec_d: dict[str, Any], seed: int, variant: dict[str, Any]) -> list
 
                 r["_victims"] = victims_table(stream, r.pop("_victims"))
             out.append(r)
+            if progress:
+                progress(1)
     return out
 
 
@@ -161,10 +171,9 @@ def run_sweep(
     if backend == "dask":
         results = _run_dask(d, tasks, address, progress)
     elif backend == "serial" or jobs == 1 or len(tasks) == 1:
+        # In-process: progress per replay (see :func:`progress_units`).
         for i, (s, v) in enumerate(tasks):
-            results[i] = run_task(d, s, v)
-            if progress:
-                progress(1)
+            results[i] = run_task(d, s, v, progress)
     elif backend == "process":
         with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as ex:
             futs = {ex.submit(run_task, d, s, v): i for i, (s, v) in enumerate(tasks)}
@@ -175,6 +184,15 @@ def run_sweep(
     else:
         raise ValueError(f"backend {backend!r}: must be 'process', 'serial' or 'dask'")
     return [r for group in results for r in group]
+
+
+def progress_units(spec: SweepSpec, backend: str = "process", jobs: int | None = None) -> int:
+    """How many progress calls :func:`run_sweep` makes: tasks, or replays when in-process."""
+    tasks = len(spec.seeds) * len(spec.variants)
+    jobs = jobs or os.cpu_count() or 1
+    if backend == "serial" or (backend == "process" and (jobs == 1 or tasks == 1)):
+        return tasks * len(spec.policies) * len(spec.budgets)
+    return tasks
 
 
 def _run_dask(d, tasks, address, progress):

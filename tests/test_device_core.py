@@ -149,3 +149,21 @@ def test_queueing_term_reproduces_md1_waiting_time():
     wait = r["latency_mean_ns"] - 25_000 - service
     assert wait == pytest.approx(0.8 * service / (2 * 0.2), rel=0.05)
     assert r["latency_p99_ns"] > r["latency_p95_ns"] > r["latency_p50_ns"] > 25_000 + service
+
+
+def test_shared_dram_file_sees_writes_from_another_process(tmp_path):
+    """The QEMU layout: all pages in DRAM, the file is the media (DPA = file offset)."""
+    import os
+
+    path = tmp_path / "media.img"
+    d = _device(dram_file=path)  # dram_pages=None: no migration
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, b"from the guest", 3 * 4096 + 7)  # as QEMU would, through its mapping
+        assert d.read(BASE + 3 * 4096 + 7, 14).data == b"from the guest"
+        d.write(BASE + 5 * 4096, b"from the device")
+        d.dram.map.flush()
+        assert os.pread(fd, 15, 5 * 4096) == b"from the device"
+    finally:
+        os.close(fd)
+        d.close()

@@ -358,7 +358,15 @@ class Boot:
             "cxl_list": self.cxl_list,
             "guest": {
                 k: ev[k]
-                for k in ("datapath", "replay", "malformed", "bench", "device_error", "poison_list")
+                for k in (
+                    "datapath",
+                    "replay",
+                    "malformed",
+                    "bench",
+                    "device_error",
+                    "poison_list",
+                    "tracing",
+                )
                 if k in ev
             },
             "guest_failures": [

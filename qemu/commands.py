@@ -73,9 +73,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--plugin",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="stream CXL-window accesses through the TCG plugin (off by default: it makes "
-        "every guest memory access a callback, ~3-4x slower boot)",
+        default=None,
+        help="stream the guest's CXL-window accesses to the firmware through the TCG plugin "
+        "(default: on when it was built; it arms itself on the first ring command)",
     )
     b.add_argument(
         "--poison",

@@ -83,7 +83,10 @@ RC_NAMES = {
 }
 
 # struct layouts (little-endian, 64 bytes each)
-DEV_HDR_FMT = struct.Struct("<IHHIIIIQI28x")  # magic ver depth in out status sq_head hb errors
+# magic ver depth in out status sq_head heartbeat errors tracing
+DEV_HDR_FMT = struct.Struct("<IHHIIIIQII24x")
+DEV_TRACING_OFFSET = 36
+TRACING_NONE, TRACING_ARMING, TRACING_ON = 0, 1, 2
 HOST_HDR_FMT = struct.Struct("<II56x")  # sq_tail cq_head
 SQE_FMT = struct.Struct("<HHIIIIIQQ24x")  # op flags cid step layer count in_len arg0 arg1
 CQE_FMT = struct.Struct("<IHHIIIIIIQ20xI")  # cid status op sq_head out_len r0-r3 r4 .. seq
@@ -106,7 +109,8 @@ TRACE_BATCH = np.dtype(
 
 # --- TCG plugin access ring ----------------------------------------------------------
 ACC_MAGIC = 0x4343414B
-ACC_HDR_FMT = struct.Struct("<IIQQQQ24x")  # magic capacity head tail dropped seen
+ACC_HDR_FMT = struct.Struct("<IIQQQQQ16x")  # magic capacity head tail dropped seen armed
+ACC_ARMED_OFFSET = 40
 ACC_REC = np.dtype([("gpa", "<u8"), ("size_flags", "<u4"), ("vcpu", "<u4")])
 ACC_STORE = 1 << 16
 

@@ -48,7 +48,7 @@ class RingClient:
         t0 = time.monotonic()
         while True:
             magic, ver, depth, *_rest = L.DEV_HDR_FMT.unpack_from(self.mm, L.RING_BASE)
-            status = _rest[2]
+            status = _rest[2]  # after slot_in, slot_out
             if magic == L.RING_MAGIC and status == L.DEV_READY:
                 if ver != L.RING_VERSION or depth != L.DEPTH:
                     raise DeviceError(f"ring version {ver} depth {depth}")

@@ -68,6 +68,7 @@ class FirmwareService:
         self.record_victims = record_victims
         self.plugin_path = Path(plugin_ring) if plugin_ring else None
         self.acc: mmap.mmap | None = None
+        self.tracing = L.TRACING_ARMING if self.plugin_path else L.TRACING_NONE
         self.sq_head = 0
         self.heartbeat = 0
         self.errors = 0
@@ -117,6 +118,7 @@ class FirmwareService:
             self.sq_head & 0xFFFFFFFF,
             self.heartbeat,
             self.errors,
+            self.tracing,
         )
 
     def beat(self) -> None:
@@ -448,8 +450,16 @@ class FirmwareService:
                 self.acc = mmap.mmap(fd, sz, mmap.MAP_SHARED)
             finally:
                 os.close(fd)
-        magic, cap, head, tail, dropped, _seen = L.ACC_HDR_FMT.unpack_from(self.acc, 0)
-        if magic != L.ACC_MAGIC or head == tail:
+        magic, cap, head, tail, dropped, _seen, armed = L.ACC_HDR_FMT.unpack_from(self.acc, 0)
+        if magic != L.ACC_MAGIC:
+            return
+        if not armed and self.sq_head > 0:
+            # The guest is using the device: have the plugin instrument from now on.
+            struct.pack_into("<Q", self.acc, L.ACC_ARMED_OFFSET, 1)
+        if armed == 2 and self.tracing != L.TRACING_ON:
+            self.tracing = L.TRACING_ON
+            struct.pack_into("<I", self.mm, L.RING_BASE + L.DEV_TRACING_OFFSET, self.tracing)
+        if head == tail:
             return
         n = min(head - tail, cap)
         idx = (np.arange(tail, tail + n) & (cap - 1)).astype(np.int64)

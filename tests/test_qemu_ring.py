@@ -163,8 +163,9 @@ int main(void) {
            KVCXL_XFER_BYTES, KVCXL_KV_BASE);
     printf("%u %u %u %u %u %u %u\n", KVCXL_SQ, KVCXL_CQ, KVCXL_SLOTS, KVCXL_DEPTH,
            KVCXL_SLOT_IN, KVCXL_SLOT_OUT, KVCXL_RING_MAGIC);
-    printf("%zu %zu %zu\n", offsetof(struct kvcxl_cqe, seq), offsetof(struct kvcxl_sqe, arg0),
-           offsetof(struct kvcxl_dev_hdr, heartbeat));
+    printf("%zu %zu %zu %zu %zu\n", offsetof(struct kvcxl_cqe, seq),
+           offsetof(struct kvcxl_sqe, arg0), offsetof(struct kvcxl_dev_hdr, heartbeat),
+           offsetof(struct kvcxl_acc_hdr, armed), offsetof(struct kvcxl_dev_hdr, tracing));
     for (int k = 0; k < 4; k++) printf("%016llx ", (unsigned long long)kvcxl_pattern(7, 99, k));
     printf("\n");
     return 0;
@@ -197,6 +198,12 @@ def test_c_header_matches_python_layout(tmp_path: Path) -> None:
         L.SLOT_OUT,
         L.RING_MAGIC,
     ]
-    assert [int(x) for x in lines[2].split()] == [60, 24, 24]
+    assert [int(x) for x in lines[2].split()] == [
+        60,
+        24,
+        24,
+        L.ACC_ARMED_OFFSET,
+        L.DEV_TRACING_OFFSET,
+    ]
     words = [int(x, 16) for x in lines[3].split()]
     assert words == list(struct.unpack("<4Q", L.pattern(7, 99, 32)))

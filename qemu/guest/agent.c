@@ -122,6 +122,24 @@ static void ring_wait_ready(void)
     cq_head = hhdr()->cq_head;
 }
 
+static uint16_t call(uint16_t op, uint32_t step, uint32_t layer, uint32_t count,
+                     const void *payload, uint32_t in_len, uint64_t arg0, uint64_t arg1,
+                     struct kvcxl_cqe *out);
+
+/* With the TCG plugin, the first command arms it; wait until it records, so that every
+ * device access of the job is seen (at most 5 s, then go on and say so). */
+static void wait_tracing(void)
+{
+    if (dhdr()->tracing != 1)
+        return;
+    call(KVCXL_OP_NOP, 0, 0, 0, NULL, 0, 0, 0, NULL);
+    uint64_t t0 = now_ns();
+    while (dhdr()->tracing == 1 && now_ns() - t0 < 5000000000ull)
+        usleep(1000);
+    emit("tracing", "\"state\":%u,\"waited_ms\":%llu", dhdr()->tracing,
+         (unsigned long long)((now_ns() - t0) / 1000000));
+}
+
 /* Submit one command; payload (if any) goes to the slot's input buffer.  Returns the
  * submission index, whose completion is cqe_at(index) once seq == index + 1. */
 static uint32_t submit(uint16_t op, uint32_t step, uint32_t layer, uint32_t count,
@@ -588,6 +606,7 @@ int main(int argc, char **argv)
     if (!strcmp(job, "datapath"))
         return job_datapath();
     ring_wait_ready();
+    wait_tracing();
     if (!strcmp(job, "replay"))
         return job_replay();
     if (!strcmp(job, "malformed"))

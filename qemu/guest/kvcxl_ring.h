@@ -46,7 +46,8 @@ struct kvcxl_dev_hdr { /* written by the firmware service only */
     uint32_t sq_head;   /* commands consumed (free-running) */
     uint64_t heartbeat; /* incremented at least every 10 ms while the service runs */
     uint32_t errors;    /* completions with a non-zero status */
-    uint32_t reserved[7];
+    uint32_t tracing;   /* TCG plugin: 0 none, 1 arming, 2 recording CXL-window accesses */
+    uint32_t reserved[6];
 };
 
 struct kvcxl_host_hdr { /* written by the guest only */
@@ -187,7 +188,8 @@ struct kvcxl_acc_hdr {
     uint64_t tail;     /* written by the service (free-running) */
     uint64_t dropped;  /* records lost to a full ring */
     uint64_t seen;     /* CXL-window accesses seen */
-    uint64_t reserved[3];
+    uint64_t armed;    /* 1: the service asks (first ring command); 2: plugin recording */
+    uint64_t reserved[2];
 };
 struct kvcxl_acc_rec {
     uint64_t gpa;

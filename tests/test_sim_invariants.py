@@ -125,3 +125,22 @@ def test_persistent_metadata_matters_for_lfu():
     assert runs[True]["persistent_metadata"] and not runs[False]["persistent_metadata"]
     # Counts that survive eviction keep the returning sessions' entries (Appendix N §N.4).
     assert runs[True]["hits"] != runs[False]["hits"]
+
+
+@pytest.mark.parametrize("read", ["topk:3", "threshold:0.05"])
+def test_sparse_reads_keep_invariants(read):
+    wl = make_workload("retrieval", SHAPE, seed=1)
+    dense = compile_workload(wl, steps=20)
+    sparse = compile_workload(make_workload("retrieval", SHAPE, seed=1), steps=20, read=read)
+    assert sparse.n_entries == dense.n_entries  # the same KV exists; fewer entries are read
+    assert 0 < sparse.n_reads < dense.n_reads
+    if read.startswith("topk"):
+        assert sparse.n_reads == 20 * SHAPE.layers * SHAPE.kv_heads * 3
+    rates = {}
+    for name in ("belady", "ema", "lru", "h2o"):
+        r = simulate(sparse, SimOptions(policy=name, budget_bytes=sparse.kv_bytes // 10,
+                                        audit=True, check=True))  # fmt: skip
+        assert r["hits"] + r["misses"] == sparse.n_reads and r["wrong_victims"] == 0
+        _check_conservation(r, sparse.shape.entry_bytes)
+        rates[name] = r["hit_rate"]
+    assert rates["belady"] >= max(rates.values())

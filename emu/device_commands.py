@@ -93,10 +93,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--config", help="policy configuration TOML (see `kvcxl policy`)")
     s.add_argument(
         "--decoder",
-        action="append",
-        default=[],
         metavar="BASE[:WAYS:GRAN:POS]",
-        help="program and commit a decoder of the whole capacity at HPA BASE (repeatable)",
+        help="program and commit decoder 0 over the whole capacity at HPA BASE (256 MiB "
+        "aligned), optionally interleaved WAYS ways at GRAN bytes as position POS",
     )
     s.add_argument(
         "--entries",
@@ -265,15 +264,13 @@ def _serve(args: argparse.Namespace) -> int:
         record_victims=args.record_victims,
         entries=args.entries,
     )
-    dpa = 0
-    for i, text in enumerate(args.decoder):
-        fields = _parse_decoder(text, args.capacity - dpa)
+    if args.decoder:
+        fields = _parse_decoder(args.decoder, args.capacity)
         try:
-            dev.hdm.program(i, **fields)
-            dev.hdm.commit(i)
+            dev.hdm.program(0, **fields)
+            dev.hdm.commit(0)
         except HdmError as exc:
-            raise ValueError(f"--decoder {text!r}: {exc}") from None
-        dpa += fields["size"] // fields["ways"]
+            raise ValueError(f"--decoder {args.decoder!r}: {exc}") from None
 
     def stop(*_: object) -> None:
         raise KeyboardInterrupt

@@ -119,3 +119,18 @@ def test_ci_shrinks_as_seeds_grow():
         (row,) = combine(run_sweep(spec, backend="serial"))
         widths.append(row["hit_rate_ci95"])
     assert widths[1] < widths[0]
+
+
+def test_config_file_and_option_override(tmp_path):
+    from kvcxl.firmware.config import PolicyConfig
+
+    toml = tmp_path / "p.toml"
+    PolicyConfig(alpha=0.1, beta=0.01).save(toml)
+    out = tmp_path / "r.json"
+    argv = ["simulate", "--workload", "uniform", "--steps", "8", "--policy", "ema"]
+    argv += ["--config", str(toml), "--beta", "0.002", "--json", str(out), "--no-progress"]
+    rc = main(argv)
+    assert rc == 0
+    cfg = json.loads(out.read_text())["config"]["config"]
+    assert cfg["alpha"] == 0.1 and cfg["beta"] == 0.002
+    assert json.loads(out.read_text())["results"][0]["alpha"] == 0.1

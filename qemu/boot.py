@@ -42,6 +42,7 @@ class BootOptions:
     workdir: str | None = None
     keep: bool = False
     wait_s: float = 0.0  # the "wait" job's sleep
+    device_emulator: bool | None = None  # mirror into `kvcxl device serve` (None: if installed)
     on_event: Callable[[dict, Boot], None] | None = None
     console: Callable[[str], None] | None = None  # every console line, as it arrives
 
@@ -55,6 +56,7 @@ class Boot:
     cxl_list: Any = None
     qemu: subprocess.Popen | None = None
     service: subprocess.Popen | None = None
+    device: subprocess.Popen | None = None
     t0: float = 0.0
     workdir: Path | None = None
 
@@ -74,6 +76,10 @@ class Boot:
     @property
     def service_stats(self) -> Path:
         return self.workdir / "service.json"
+
+    @property
+    def device_socket(self) -> Path:
+        return self.workdir / "device.sock"
 
     def event(self, name: str) -> dict | None:
         return next((e for e in self.events if e.get("event") == name), None)
@@ -95,7 +101,8 @@ class Boot:
         report: dict[str, Any] = {"evidence": "Measured"}
         try:
             gt = self._prepare_media()
-            self._start_service(use_plugin)
+            use_device = self._start_device(gt)
+            self._start_service(use_plugin, use_device)
             self._start_qemu(use_plugin)
             rc = self._wait()
             report.update(self._report(gt, rc, use_plugin))
@@ -119,7 +126,42 @@ class Boot:
             f.write(L.pattern(L.SEED_H2G, 0, L.XFER_BYTES))
         return gt
 
-    def _start_service(self, use_plugin: bool) -> None:
+    def _start_device(self, gt: Any) -> bool:
+        """The device emulator of kvcxl.emu.device, with the trace's geometry and budget."""
+        want = self.opts.device_emulator
+        if want is False:
+            return False
+        import importlib.util
+
+        if importlib.util.find_spec("kvcxl.emu.device.service") is None:
+            if want:
+                raise ValueError("the device emulator (kvcxl.emu.device) is not installed")
+            return False
+        unit = 256 << 20
+        capacity = max(unit, -(-gt.n_entries * gt.entry_bytes // unit) * unit)
+        cmd = [sys.executable, "-m", "kvcxl.emu.cli", "device", "serve"]
+        cmd += ["--socket", str(self.device_socket), "--capacity", str(capacity)]
+        cmd += ["--page-bytes", str(gt.entry_bytes), "--dram-pages", str(gt.capacity)]
+        cmd += ["--entries", "host", "--record-victims", "--policy", self.opts.policy]
+        if self.opts.config:
+            cmd += ["--config", self.opts.config]
+        log = open(self.workdir / "device.log", "w")
+        self.device = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd="/"
+        )
+        t = time.monotonic()
+        while not self.device_socket.exists():
+            if self.device.poll() is not None or time.monotonic() - t > 60:
+                self.events.append(
+                    {"event": "host_device_emulator_failed",
+                     "log": (self.workdir / "device.log").read_text()[-500:]}
+                )  # fmt: skip
+                _kill_group(self.device)
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _start_service(self, use_plugin: bool, use_device: bool = False) -> None:
         ready = self.workdir / "service.ready"
         cmd = [
             sys.executable,
@@ -138,6 +180,8 @@ class Boot:
             cmd += ["--config", self.opts.config]
         if use_plugin:
             cmd += ["--plugin-ring", str(self.plugin_ring)]
+        if use_device:
+            cmd += ["--device-socket", str(self.device_socket)]
         log = open(self.workdir / "service.log", "w")
         self.service = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd="/"
@@ -314,6 +358,8 @@ class Boot:
             _kill_group(self.qemu)
         if self.service is not None and self.service.poll() is None:
             _kill_group(self.service)
+        if self.device is not None and self.device.poll() is None:
+            _kill_group(self.device)
         if self.workdir is not None and not self.opts.keep and self.opts.workdir is None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -78,6 +78,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default: on when it was built; it arms itself on the first ring command)",
     )
     b.add_argument(
+        "--device-emulator",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="mirror the firmware calls into `kvcxl device serve` and compare its victims "
+        "(default: when kvcxl.emu.device is installed)",
+    )
+    b.add_argument(
         "--poison",
         action="append",
         default=[],
@@ -180,6 +187,7 @@ def _boot(args: argparse.Namespace) -> int:
         media_events=tuple(_int(d, "media-event DPA") for d in args.media_event),
         keep=args.keep,
         wait_s=args.wait,
+        device_emulator=args.device_emulator,
         console=echo,
         on_event=_progress if not args.console else None,
     )
@@ -229,6 +237,13 @@ def _summary(r: dict) -> None:
             f"ring RTT p50 {x['ring_rtt_us_p50']} us; memcpy to CXL {x['memcpy_to_cxl_MBps']} "
             f"MB/s, guest RAM {x['memcpy_ram_MBps']} MB/s"
         )
+    for sess in (r.get("firmware") or {}).get("sessions", [])[:1]:
+        d = sess.get("device_emulator")
+        if d:
+            print(
+                f"device emulator mirror: {d.get('victims')} victims, equal to the service's: "
+                f"{d.get('victims_equal_service')}, errors {d.get('errors')}"
+            )
     if "device_error" in g:
         print(f"device error: {g['device_error'].get('reason')}")
     for f in r.get("guest_failures", []):

@@ -54,6 +54,7 @@ class FirmwareService:
         config: object = None,
         plugin_ring: str | Path | None = None,
         record_victims: bool = True,
+        device_socket: str | None = None,
     ) -> None:
         from kvcxl.firmware.config import PolicyConfig
 
@@ -69,6 +70,8 @@ class FirmwareService:
         self.plugin_path = Path(plugin_ring) if plugin_ring else None
         self.acc: mmap.mmap | None = None
         self.tracing = L.TRACING_ARMING if self.plugin_path else L.TRACING_NONE
+        self.device_socket = device_socket  # the device emulator mirrors the first session
+        self.bridge = None
         self.sq_head = 0
         self.heartbeat = 0
         self.errors = 0
@@ -231,6 +234,14 @@ class FirmwareService:
         if bt == 0:
             raise RingError(L.RC_INVALID_INPUT, "block_tokens 0")
         self._archive()
+        if self.device_socket is not None:
+            from .device_bridge import DeviceBridge
+
+            try:
+                self.bridge = DeviceBridge(self.device_socket)
+            except OSError as exc:
+                self._log(f"device emulator at {self.device_socket}: {exc}")
+            self.device_socket = None
         self.table = EntryTable(block_tokens=bt, capacity=max(n, 16))
         kwargs = {"mode": "float"} if self.policy_name == "ema" else {}
         try:
@@ -348,6 +359,8 @@ class FirmwareService:
         self._check_step(step)
         self.table.append(rec["ctx"], rec["layer"], rec["head"], rec["block"])
         admitted = self.cache.insert(want, Tick(step, self.time))
+        if self.bridge is not None:
+            self.bridge.guarded(self.bridge.create, step, rec)
         out, (na, nv, nh) = self._decisions(admitted, None)
         return out, (0, na, nv, nh, 0)
 
@@ -361,6 +374,8 @@ class FirmwareService:
             c = rec["ctx"].astype(np.int64)
             self.table.ctx_tokens = grow(self.table.ctx_tokens, int(c.max()) + 1)
             self.table.ctx_tokens[c] = rec["tokens"]
+            if self.bridge is not None:
+                self.bridge.guarded(self.bridge.ctx_len, rec)
         return b"", (0, 0, 0, 0, 0)
 
     def op_attn(self, step, layer, count, payload, arg0, arg1):
@@ -378,6 +393,8 @@ class FirmwareService:
         tick = Tick(step, self.time)
         hit = self.cache.access(ids, w, tick)
         self.time += 1
+        if self.bridge is not None:
+            self.bridge.guarded(self.bridge.attn, step, rec, int(hit.sum()))
         admitted = np.unique(ids[~hit])  # demand paging: every miss is brought into HBM
         touched = ids[w >= self.config.touch_threshold]
         out, (na, nv, nh) = self._decisions(admitted, touched)
@@ -420,7 +437,12 @@ class FirmwareService:
     def _archive(self) -> None:
         """End the open session (if any): keep its statistics, drop its state."""
         if self.cache is not None:
-            self.sessions.append(self._session_stats())
+            sess = self._session_stats()
+            if self.bridge is not None:
+                sess["device_emulator"] = self.bridge.finish(self.victims)
+                self.bridge.close()
+                self.bridge = None
+            self.sessions.append(sess)
         self._reset_state()
 
     _handlers = {
@@ -538,11 +560,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", help="policy configuration TOML")
     ap.add_argument("--plugin-ring", help="shared-memory file the TCG plugin writes")
     ap.add_argument("--ready", help="create this file once the ring is initialised")
+    ap.add_argument(
+        "--device-socket", help="mirror the first session into this `kvcxl device serve`"
+    )
     args = ap.parse_args(argv)
     from kvcxl.firmware.config import PolicyConfig
 
     cfg = PolicyConfig.load(args.config) if args.config else PolicyConfig()
-    svc = FirmwareService(args.media, policy=args.policy, config=cfg, plugin_ring=args.plugin_ring)
+    svc = FirmwareService(
+        args.media,
+        policy=args.policy,
+        config=cfg,
+        plugin_ring=args.plugin_ring,
+        device_socket=args.device_socket,
+    )
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(1))

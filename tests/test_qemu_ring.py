@@ -166,6 +166,8 @@ int main(void) {
     printf("%zu %zu %zu %zu %zu\n", offsetof(struct kvcxl_cqe, seq),
            offsetof(struct kvcxl_sqe, arg0), offsetof(struct kvcxl_dev_hdr, heartbeat),
            offsetof(struct kvcxl_acc_hdr, armed), offsetof(struct kvcxl_dev_hdr, tracing));
+    printf("%u %u %u %u\n", KVCXL_RC_INVALID_INPUT, KVCXL_RC_UNSUPPORTED, KVCXL_RC_INTERNAL,
+           KVCXL_RC_INVALID_PAYLOAD_LENGTH);
     for (int k = 0; k < 4; k++) printf("%016llx ", (unsigned long long)kvcxl_pattern(7, 99, k));
     printf("\n");
     return 0;
@@ -205,5 +207,48 @@ def test_c_header_matches_python_layout(tmp_path: Path) -> None:
         L.ACC_ARMED_OFFSET,
         L.DEV_TRACING_OFFSET,
     ]
-    words = [int(x, 16) for x in lines[3].split()]
+    assert [int(x) for x in lines[3].split()] == [
+        L.RC_INVALID_INPUT,
+        L.RC_UNSUPPORTED,
+        L.RC_INTERNAL,
+        L.RC_INVALID_PAYLOAD_LENGTH,
+    ]
+    words = [int(x, 16) for x in lines[4].split()]
     assert words == list(struct.unpack("<4Q", L.pattern(7, 99, 32)))
+
+
+def test_device_emulator_mirror(media: Path, tmp_path: Path) -> None:
+    """The service mirrors a session into `kvcxl device serve` and reads back its view."""
+    import os
+    import signal
+    import sys
+    import time
+
+    pytest.importorskip("kvcxl.emu.device.service")
+    gt = default_trace(steps=6)
+    sock = tmp_path / "device.sock"
+    cmd = [sys.executable, "-m", "kvcxl.emu.cli", "device", "serve", "--socket", str(sock)]
+    cmd += ["--capacity", str(256 << 20), "--page-bytes", str(gt.entry_bytes)]
+    cmd += ["--dram-pages", str(gt.capacity), "--entries", "host", "--record-victims"]
+    dev = subprocess.Popen(cmd, start_new_session=True, cwd="/")
+    try:
+        t = time.monotonic()
+        while not sock.exists():
+            assert dev.poll() is None and time.monotonic() - t < 60
+            time.sleep(0.05)
+        svc = FirmwareService(media, device_socket=str(sock))
+        cl = RingClient(media)
+        cl.wait_ready(timeout=1)
+        got = replay(cl, gt, poll=svc.poll_once)
+        assert cl.call(L.OP_CLOSE, svc.poll_once).status == L.RC_SUCCESS
+        d = svc.stats()["sessions"][0]["device_emulator"]
+        assert d["errors"] == 0, d.get("first_error")
+        # every READ, CTX_LEN and CREATE (two calls) went through the device's mailbox
+        n_read = sum(1 for a in range(gt.stream.n_events) if gt.stream.ev_kind[a] == 1)
+        assert d["mailbox_calls"] >= n_read + 2  # + statistics + victim log
+        cache = d["statistics"]["cache"]
+        assert cache["hits"] + cache["misses"] == gt.stream.n_reads
+        assert d["victims"] == cache["evictions"] and len(got["victims"]) > 0
+    finally:
+        os.killpg(dev.pid, signal.SIGKILL)
+        dev.wait(timeout=10)

@@ -72,7 +72,7 @@ struct kvcxl_host_hdr { /* written by the guest only */
 #define KVCXL_RC_INVALID_INPUT 0x0002u
 #define KVCXL_RC_UNSUPPORTED 0x0003u
 #define KVCXL_RC_INTERNAL 0x0004u
-#define KVCXL_RC_INVALID_PAYLOAD_LENGTH 0x0011u
+#define KVCXL_RC_INVALID_PAYLOAD_LENGTH 0x0016u
 
 struct kvcxl_sqe {
     uint16_t opcode;

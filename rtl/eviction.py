@@ -1,0 +1,169 @@
+"""EvictionEngine: the top ``k`` eligible entries of a sweep, in the contract's order.
+
+Order (SPEC §5, :mod:`kvcxl.firmware.select`): priority descending, entry index
+ascending; ineligible entries (pinned or not resident) are never chosen.
+
+Structure: a streaming top-K.  ``batch`` slots hold the best candidates so far,
+sorted; a candidate better than the last slot is inserted in one cycle (every
+slot compares against it in parallel, the ones below shift down).  A beat of
+``lanes`` candidates is taken whole; each cycle inserts the lowest-numbered lane
+that still beats the last slot and drops the lanes that do not (the last slot only
+ever improves, so a lane that loses once loses for good).  After the first few
+beats few lanes qualify, so the engine keeps pace with the scoring sweep except
+for the occasional extra cycle per insertion.
+
+When the sweep's ``last`` beat has been consumed the engine emits
+``min(k, eligible)`` victims on ``victim`` (``last`` marks the final one; a pass
+with no victim emits one beat with ``empty`` set), then clears its slots.
+
+``defect="tie_off_by_one"`` plants a bug for the testbench to catch: the
+priority comparison uses ≥ where the contract needs >, so on equal priority a
+later (higher-index) entry displaces an earlier one.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Const, Module, Mux, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from . import layouts as L
+
+DEFECTS = (None, "tie_off_by_one")
+
+
+class EvictionEngine(wiring.Component):
+    """Streaming top-``batch`` victim selection over the scoring engine's output."""
+
+    def __init__(
+        self,
+        entries: int,
+        lanes: int = 1,
+        batch: int = 8,
+        *,
+        q_bits: int = L.Q_BITS,
+        idle_bits: int = L.IDLE_BITS,
+        defect: str | None = None,
+    ):
+        if defect not in DEFECTS:
+            raise ValueError(f"defect = {defect!r}: must be one of {DEFECTS}")
+        if batch < 1:
+            raise ValueError(f"batch = {batch}: must be ≥ 1")
+        if lanes < 1 or entries % lanes:
+            raise ValueError(f"entries = {entries} must be a multiple of lanes = {lanes}")
+        self.entries, self.lanes, self.batch = entries, lanes, batch
+        self.q_bits, self.defect = q_bits, defect
+        groups = entries // lanes
+        self.addr_bits = max((groups - 1).bit_length(), 1)
+        self.index_bits = max((entries - 1).bit_length(), 1)
+        super().__init__(
+            {
+                "cand": In(
+                    stream.Signature(
+                        L.scored_group_layout(lanes, self.addr_bits, q_bits, idle_bits)
+                    )
+                ),
+                "victim": Out(stream.Signature(L.victim_layout(self.index_bits, q_bits))),
+                "k": In(range(batch + 1), init=batch),
+            }
+        )
+
+    def _better(self, p, i, valid, sp, si):
+        """(p, i) ranks before slot (sp, si, valid): priority desc, index asc; empty loses."""
+        if self.defect == "tie_off_by_one":
+            prio_wins = p >= sp
+        else:
+            prio_wins = p > sp
+        return ~valid | prio_wins | ((p == sp) & (i < si))
+
+    def elaborate(self, platform):
+        m = Module()
+        K, lanes = self.batch, self.lanes
+        sv = [Signal(name=f"slot{j}_valid") for j in range(K)]
+        sp = [Signal(self.q_bits, name=f"slot{j}_prio") for j in range(K)]
+        si = [Signal(self.index_bits, name=f"slot{j}_index") for j in range(K)]
+
+        hold = Signal()  # a beat is being inserted
+        emit = Signal()  # the pass is over: streaming victims out
+        pending = Signal(lanes)
+        g_prio = [Signal(self.q_bits, name=f"beat{i}_prio") for i in range(lanes)]
+        g_addr = Signal(self.addr_bits)
+        g_last = Signal()
+        count = Signal(range(K + 1))
+
+        # Lanes of the held beat that would enter the slots.
+        idx = [Signal(self.index_bits, name=f"beat{i}_index") for i in range(lanes)]
+        q = Signal(lanes)
+        for i in range(lanes):
+            m.d.comb += idx[i].eq(g_addr * lanes + i)
+            m.d.comb += q[i].eq(
+                pending[i] & self._better(g_prio[i], idx[i], sv[K - 1], sp[K - 1], si[K - 1])
+            )
+        first = Signal(lanes)
+        m.d.comb += first.eq(q & (~q + 1))  # lowest set bit
+        fin = Signal()
+        m.d.comb += fin.eq((q & (q - 1)) == 0)  # at most one qualifying lane left
+        cp = Signal(self.q_bits)
+        ci = Signal(self.index_bits)
+        for i in reversed(range(lanes)):  # the lowest qualifying lane wins
+            with m.If(q[i]):
+                m.d.comb += [cp.eq(g_prio[i]), ci.eq(idx[i])]
+
+        with m.If(hold & ~emit):
+            with m.If(q != 0):
+                gt = [self._better(cp, ci, sv[j], sp[j], si[j]) for j in range(K)]
+                for j in range(K):
+                    take_cand = gt[j] if j == 0 else gt[j] & ~gt[j - 1]
+                    with m.If(take_cand):
+                        m.d.sync += [sv[j].eq(1), sp[j].eq(cp), si[j].eq(ci)]
+                    if j > 0:
+                        with m.Elif(gt[j - 1]):
+                            m.d.sync += [
+                                sv[j].eq(sv[j - 1]),
+                                sp[j].eq(sp[j - 1]),
+                                si[j].eq(si[j - 1]),
+                            ]
+            m.d.sync += pending.eq(q & ~first)
+            with m.If(fin):
+                m.d.sync += hold.eq(0)
+                with m.If(g_last):
+                    m.d.sync += [emit.eq(1), count.eq(0)]
+
+        m.d.comb += self.cand.ready.eq(~emit & (~hold | (fin & ~g_last)))
+        with m.If(self.cand.valid & self.cand.ready):
+            m.d.sync += [
+                hold.eq(1),
+                pending.eq(Const(0, lanes) | self._eligible_mask()),
+                g_addr.eq(self.cand.payload.addr),
+                g_last.eq(self.cand.payload.last),
+            ]
+            m.d.sync += [g_prio[i].eq(self.cand.payload.lane[i].priority) for i in range(lanes)]
+
+        # Emission: slot 0 is always the next victim; the slots shift up on each beat.
+        none = Signal()
+        m.d.comb += none.eq(~sv[0] | (self.k == 0))
+        nxt_valid = sv[1] if K > 1 else Const(0)
+        last = Signal()
+        m.d.comb += [
+            last.eq(none | (count + 1 >= self.k) | ~nxt_valid),
+            self.victim.valid.eq(emit),
+            self.victim.payload.index.eq(Mux(none, 0, si[0])),
+            self.victim.payload.priority.eq(Mux(none, 0, sp[0])),
+            self.victim.payload.last.eq(last),
+            self.victim.payload.empty.eq(none),
+        ]
+        with m.If(self.victim.valid & self.victim.ready):
+            m.d.sync += count.eq(count + 1)
+            for j in range(K):
+                if j + 1 < K:
+                    m.d.sync += [sv[j].eq(sv[j + 1]), sp[j].eq(sp[j + 1]), si[j].eq(si[j + 1])]
+                else:
+                    m.d.sync += sv[j].eq(0)
+            with m.If(last):
+                m.d.sync += [emit.eq(0)] + [sv[j].eq(0) for j in range(K)]
+        return m
+
+    def _eligible_mask(self):
+        from amaranth.hdl import Cat
+
+        return Cat(*(self.cand.payload.lane[i].eligible for i in range(self.lanes)))

@@ -1,0 +1,296 @@
+"""Bounded model checks of the engines with SymbiYosys (yowasp-sby), at reduced widths.
+
+Checks (each a harness around the real engine, inputs free every cycle):
+
+``eviction``
+    over any input stream of priorities and eligibility flags, in sweep order, for an
+    arbitrary watched entry ``w``: a victim is always eligible (a pinned or
+    non-resident entry is never chosen); ``w`` is chosen at most once per pass; its
+    reported priority is its input priority; victims come out in strictly
+    decreasing (priority, −index) order; if ``w`` is eligible and not chosen, the
+    pass chose ``k`` victims and every one ranks before ``w`` (maximality); the
+    victim stream holds valid and payload while back-pressured.
+``scoring``
+    under arbitrary back-pressure and input gaps, no beat is lost or duplicated:
+    occupancy = accepted − emitted ∈ {0, 1, 2}, output addresses follow the sweep
+    order one by one, and ``out`` holds valid and payload while back-pressured.
+
+The widths are reduced (3-bit priorities, a handful of entries) so that proofs finish
+in seconds; the arithmetic itself is checked bit-exactly in simulation instead.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from amaranth.hdl import (
+    Assert,
+    Assume,
+    Elaboratable,
+    Module,
+    Mux,
+    ResetSignal,
+    Signal,
+)
+
+CHECKS = ("eviction", "scoring")
+
+
+@dataclass
+class FormalResult:
+    check: str
+    status: str  # PASS / FAIL / ERROR
+    depth: int
+    seconds: float
+    params: dict
+    log_tail: str = ""
+
+    def as_dict(self) -> dict:
+        return {
+            "check": self.check,
+            "status": self.status,
+            "depth": self.depth,
+            "seconds": round(self.seconds, 2),
+            "params": self.params,
+        }
+
+
+class _Past:
+    """Registers holding last cycle's value (Amaranth 0.5 has no Past)."""
+
+    def __init__(self, m: Module):
+        self.m = m
+        self.valid = Signal(name="past_valid")
+        m.d.sync += self.valid.eq(1)
+
+    def __call__(self, value, name: str):
+        r = Signal.like(value, name=f"past_{name}")
+        self.m.d.sync += r.eq(value)
+        return r
+
+
+class EvictionHarness(Elaboratable):
+    def __init__(
+        self,
+        entries: int = 4,
+        lanes: int = 2,
+        batch: int = 2,
+        q_bits: int = 3,
+        defect: str | None = None,
+    ):
+        from .eviction import EvictionEngine
+
+        self.dut = EvictionEngine(entries, lanes, batch, q_bits=q_bits, idle_bits=1, defect=defect)
+        self.entries, self.lanes, self.batch, self.q_bits = entries, lanes, batch, q_bits
+
+    def elaborate(self, platform):
+        from amaranth.asserts import AnyConst, AnySeq
+
+        m = Module()
+        _no_reset(m)
+        m.submodules.dut = dut = self.dut
+        lanes, groups = self.lanes, self.entries // self.lanes
+        ib = dut.index_bits
+        past = _Past(m)
+
+        # Free inputs.
+        m.d.comb += [
+            dut.cand.valid.eq(AnySeq(1)),
+            dut.cand.payload.eq(AnySeq(len(dut.cand.payload.as_value()))),
+            dut.victim.ready.eq(AnySeq(1)),
+        ]
+        k = AnyConst(range(self.batch + 1))
+        m.d.comb += [dut.k.eq(k), Assume(k <= self.batch)]
+        # The stream arrives in sweep order, as the scoring engine sends it.
+        addr = Signal(dut.addr_bits)
+        m.d.comb += [
+            Assume(dut.cand.payload.addr == addr),
+            Assume(dut.cand.payload.last == (addr == groups - 1)),
+        ]
+        with m.If(dut.cand.valid & dut.cand.ready):
+            m.d.sync += addr.eq(Mux(addr == groups - 1, 0, addr + 1))
+
+        # The watched entry w: its priority and eligibility in the current pass.
+        w = AnyConst(ib)
+        m.d.comb += Assume(w < self.entries)
+        w_seen, w_elig = Signal(), Signal()
+        w_prio = Signal(self.q_bits)
+        with m.If(dut.cand.valid & dut.cand.ready):
+            for i in range(lanes):
+                with m.If(dut.cand.payload.addr * lanes + i == w):
+                    lane = dut.cand.payload.lane[i]
+                    m.d.sync += [w_seen.eq(1), w_elig.eq(lane.eligible), w_prio.eq(lane.priority)]
+
+        v = dut.victim
+        fire = v.valid & v.ready
+        vi, vp = v.payload.index, v.payload.priority
+        is_w = ~v.payload.empty & (vi == w)
+        chosen = Signal()  # w already emitted in this pass
+        emitted = Signal(range(self.batch + 2))
+        worse = Signal()  # some victim ranked after w
+        prev_ok = Signal()
+        prev_p = Signal(self.q_bits)
+        prev_i = Signal(ib)
+
+        with m.If(v.valid):
+            m.d.comb += Assert(~is_w | (w_seen & w_elig))  # only eligible entries
+            m.d.comb += Assert(~is_w | (vp == w_prio))  # reported priority is the input's
+            m.d.comb += Assert(~(is_w & chosen))  # never twice in a pass
+            with m.If(prev_ok & ~v.payload.empty):  # strictly in the contract's order
+                m.d.comb += Assert((prev_p > vp) | ((prev_p == vp) & (prev_i < vi)))
+            with m.If(v.payload.empty):
+                m.d.comb += Assert(v.payload.last)
+        ranks_after_w = (vp < w_prio) | ((vp == w_prio) & (vi > w))
+        with m.If(fire):
+            m.d.sync += [prev_ok.eq(~v.payload.empty), prev_p.eq(vp), prev_i.eq(vi)]
+            with m.If(is_w):
+                m.d.sync += chosen.eq(1)
+            with m.If(~v.payload.empty):
+                m.d.sync += emitted.eq(emitted + 1)
+                with m.If(ranks_after_w):
+                    m.d.sync += worse.eq(1)
+            with m.If(v.payload.last):
+                n_emitted = Mux(v.payload.empty, 0, emitted + 1)
+                w_out = w_seen & w_elig & ~chosen & ~is_w
+                # Maximality: an eligible w left out means a full batch, all ahead of w.
+                m.d.comb += Assert(
+                    ~w_out | ((n_emitted == k) & ~worse & ~(~v.payload.empty & ranks_after_w))
+                )
+                m.d.sync += [w_seen.eq(0), chosen.eq(0), emitted.eq(0), worse.eq(0), prev_ok.eq(0)]
+        # Stream rule: a back-pressured beat stays, unchanged.
+        was_stalled = past(v.valid & ~v.ready, "vstall")
+        was_payload = past(v.payload.as_value(), "vpayload")
+        with m.If(past.valid & was_stalled):
+            m.d.comb += Assert(v.valid & (v.payload.as_value() == was_payload))
+        return m
+
+
+class ScoringHarness(Elaboratable):
+    def __init__(self, entries: int = 2, lanes: int = 1):
+        from .scoring import ScoringEngine
+
+        self.dut = ScoringEngine(entries, lanes)
+        self.entries, self.lanes = entries, lanes
+
+    def elaborate(self, platform):
+        from amaranth.asserts import AnySeq
+
+        m = Module()
+        _no_reset(m)
+        m.submodules.dut = dut = self.dut
+        groups = self.entries // self.lanes
+        past = _Past(m)
+        m.d.comb += [
+            dut.upd.valid.eq(AnySeq(1)),
+            dut.upd.payload.eq(AnySeq(len(dut.upd.payload.as_value()))),
+            dut.out.ready.eq(AnySeq(1)),
+            dut.rec_w.valid.eq(AnySeq(1)),
+            dut.rec_w.payload.eq(AnySeq(len(dut.rec_w.payload.as_value()))),
+            dut.table_w.valid.eq(AnySeq(1)),
+            dut.table_w.payload.eq(AnySeq(len(dut.table_w.payload.as_value()))),
+            dut.alpha.eq(AnySeq(len(dut.alpha))),
+            dut.touch.eq(AnySeq(len(dut.touch))),
+            dut.shift.eq(AnySeq(len(dut.shift))),
+        ]
+        accepted = Signal(8)
+        emitted = Signal(8)
+        out_addr = Signal(dut.addr_bits)
+        up, out = dut.upd, dut.out
+        with m.If(up.valid & up.ready):
+            m.d.sync += accepted.eq(accepted + 1)
+        with m.If(out.valid & out.ready):
+            m.d.sync += [
+                emitted.eq(emitted + 1),
+                out_addr.eq(Mux(out_addr == groups - 1, 0, out_addr + 1)),
+            ]
+        occ = (accepted - emitted)[:8]
+        m.d.comb += Assert(occ <= 2)
+        with m.If(out.valid):
+            m.d.comb += [
+                Assert(occ >= 1),
+                Assert(out.payload.addr == out_addr),
+                Assert(out.payload.last == (out_addr == groups - 1)),
+            ]
+        with m.If(occ == 0):
+            m.d.comb += Assert(~out.valid)
+        was_stalled = past(out.valid & ~out.ready, "ostall")
+        was_payload = past(out.payload.as_value(), "opayload")
+        with m.If(past.valid & was_stalled):
+            m.d.comb += Assert(out.valid & (out.payload.as_value() == was_payload))
+        return m
+
+
+def _no_reset(m: Module) -> None:
+    # Registers start from their init values; a free reset input would restart the DUT
+    # mid-pass behind the checker's back.
+    m.d.comb += Assume(~ResetSignal("sync"))
+
+
+def _harness(check: str, defect: str | None):
+    if check == "eviction":
+        h = EvictionHarness(defect=defect)
+        params = {
+            "entries": h.entries,
+            "lanes": h.lanes,
+            "batch": h.batch,
+            "q_bits": h.q_bits,
+            "defect": defect,
+        }
+        return h, params, 24
+    if check == "scoring":
+        if defect:
+            raise ValueError("defects are planted in the eviction engine only")
+        h = ScoringHarness()
+        return h, {"entries": h.entries, "lanes": h.lanes}, 12
+    raise ValueError(f"check = {check!r}: must be one of {CHECKS}")
+
+
+def run(
+    check: str, *, depth: int | None = None, defect: str | None = None, workdir: Path | None = None
+) -> FormalResult:
+    """Run one bounded check; returns PASS / FAIL (a counterexample) / ERROR."""
+    from amaranth.back import rtlil
+
+    from . import toolchain
+
+    toolchain.require("yowasp-sby", "yices-smt2")
+    h, params, default_depth = _harness(check, defect)
+    depth = depth or default_depth
+    il = rtlil.convert(h, ports=[])
+    sby = f"""[options]
+mode bmc
+depth {depth}
+multiclock off
+
+[engines]
+smtbmc yices
+
+[script]
+read_rtlil design.il
+prep -top top
+
+[files]
+design.il
+"""
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        d = Path(tmp)
+        (d / "design.il").write_text(il)
+        (d / f"{check}.sby").write_text(sby)
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            ["yowasp-sby", "-f", f"{check}.sby"],
+            cwd=d,
+            env=toolchain.tool_env(),
+            capture_output=True,
+            text=True,
+        )
+        dt = time.perf_counter() - t0
+        out = proc.stdout + proc.stderr
+    m = re.search(r"DONE \((PASS|FAIL|ERROR|UNKNOWN)", out)
+    status = m.group(1) if m else "ERROR"
+    return FormalResult(check, status, depth, dt, params, "\n".join(out.splitlines()[-15:]))

@@ -1,0 +1,177 @@
+"""ScoringEngine: the step-boundary sweep of SPEC §5, ``lanes`` entries per cycle.
+
+For each beat of the ``upd`` stream (the step's weights and read flags of ``lanes``
+consecutive entries, in address order, wrapping at the end of the table) the engine
+reads the entries' records from on-chip memory, applies
+
+    score' = (α·w + (65536 − α)·score + 32768) >> 16
+    idle'  = 0 if read and w ≥ touch_threshold else min(idle + 1, 65535)
+
+writes them back, looks the recency decay up in a 256-entry table (written through
+``table_w``; its contents come from :func:`kvcxl.firmware.fixedpoint.decay_table`)
+and emits
+
+    priority = ((65535 − score') · DECAY[min(idle' >> shift, 255)] + 32768) >> 16
+
+with ``eligible = resident ∧ ¬pinned`` on the ``out`` stream.
+
+Pipeline: stage 0 issues the record read, stage 1 computes the new record, writes
+it back and issues the table reads, stage 2 forms the priority.  All stages advance
+together when ``out`` can take a beat (a stall-able pipeline), so back-pressure on
+``out`` holds every stage, including the synchronous memory read ports.
+The record read port is transparent to the write port, so a table of a single word
+reads back the value written the cycle before.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Const, Module, Mux, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from kvcxl.firmware import fixedpoint as fx
+
+from . import layouts as L
+
+
+class ScoringEngine(wiring.Component):
+    """EMA update, idle counter and eviction priority of ``entries`` records.
+
+    Parameters
+    ----------
+    entries : table size; a multiple of ``lanes``.
+    lanes : entries updated per cycle.
+    decay_init : optional initial decay table (e.g. ``decay_table(β, shift)``);
+        zeros if omitted, to be written through ``table_w``.
+    """
+
+    def __init__(self, entries: int, lanes: int = 1, decay_init=None):
+        if lanes < 1 or entries < lanes or entries % lanes:
+            raise ValueError(
+                f"entries = {entries}, lanes = {lanes}: entries must be a positive "
+                "multiple of lanes"
+            )
+        self.entries = entries
+        self.lanes = lanes
+        self.groups = entries // lanes
+        self.addr_bits = max((self.groups - 1).bit_length(), 1)
+        self.decay_init = [int(v) for v in decay_init] if decay_init is not None else []
+        super().__init__(
+            {
+                "upd": In(stream.Signature(L.update_layout(lanes))),
+                "out": Out(stream.Signature(L.scored_group_layout(lanes, self.addr_bits))),
+                "rec_w": In(stream.Signature(L.record_write_layout(lanes, self.addr_bits))),
+                "table_w": In(stream.Signature(L.table_write_layout())),
+                "alpha": In(L.ALPHA_BITS, init=fx.alpha_to_q16(0.2)),
+                "touch": In(L.Q_BITS),
+                "shift": In(L.SHIFT_BITS),
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        lanes, q_one, q_max = self.lanes, fx.Q_ONE, fx.Q_MAX
+        word = L.record_write_layout(lanes, self.addr_bits)["data"].shape
+
+        m.submodules.records = records = Memory(shape=word, depth=self.groups, init=[])
+        wp = records.write_port()
+        rp = records.read_port(transparent_for=(wp,))
+        m.d.comb += self.table_w.ready.eq(1)  # table writes never wait
+        tables = []
+        for i in range(lanes):
+            # One table copy per lane: a read port each (BRAM-friendly).
+            t = Memory(shape=L.Q_BITS, depth=fx.DECAY_TABLE_SIZE, init=self.decay_init)
+            m.submodules[f"decay{i}"] = t
+            twp = t.write_port()
+            m.d.comb += [
+                twp.en.eq(self.table_w.valid),
+                twp.addr.eq(self.table_w.payload.addr),
+                twp.data.eq(self.table_w.payload.data),
+            ]
+            tables.append(t.read_port())
+
+        v1, v2 = Signal(), Signal()
+        advance = Signal()
+        m.d.comb += advance.eq(~v2 | self.out.ready)
+
+        # Stage 0: the sweep address and the record read.
+        addr0 = Signal(self.addr_bits)
+        m.d.comb += [
+            self.upd.ready.eq(advance),
+            rp.addr.eq(addr0),
+            rp.en.eq(advance),
+        ]
+        with m.If(self.upd.valid & advance):
+            m.d.sync += addr0.eq(Const(0) if self.groups == 1 else _wrap_inc(addr0, self.groups))
+
+        # Stage 1: new record, write-back, table read.
+        addr1 = Signal(self.addr_bits)
+        upd1 = Signal.like(self.upd.payload)
+        last1 = Signal()
+        with m.If(advance):
+            m.d.sync += [
+                v1.eq(self.upd.valid),
+                addr1.eq(addr0),
+                upd1.eq(self.upd.payload),
+                last1.eq(addr0 == self.groups - 1),
+            ]
+        new = Signal(word)
+        for i in range(lanes):
+            rec = rp.data[i]
+            w = upd1.weight[i]
+            touched = upd1.read[i] & (w >= self.touch)
+            ema = (self.alpha * w + (q_one - self.alpha) * rec.score + fx.HALF) >> fx.FRAC_BITS
+            m.d.comb += [
+                new[i].score.eq(ema),
+                new[i].idle.eq(
+                    _sel(touched, 0, _sel(rec.idle == fx.IDLE_MAX, fx.IDLE_MAX, rec.idle + 1))
+                ),
+                new[i].pinned.eq(rec.pinned),
+                new[i].resident.eq(rec.resident),
+            ]
+            shifted = new[i].idle >> self.shift
+            top = fx.DECAY_TABLE_SIZE - 1
+            m.d.comb += [
+                tables[i].addr.eq(_sel(shifted > top, top, shifted)),
+                tables[i].en.eq(advance),
+            ]
+        # Host record writes take the write port when the sweep does not need it.
+        sweep_write = v1 & advance
+        m.d.comb += self.rec_w.ready.eq(~sweep_write)
+        with m.If(sweep_write):
+            m.d.comb += [wp.en.eq(1), wp.addr.eq(addr1), wp.data.eq(new)]
+        with m.Elif(self.rec_w.valid):
+            m.d.comb += [
+                wp.en.eq(1),
+                wp.addr.eq(self.rec_w.payload.addr),
+                wp.data.eq(self.rec_w.payload.data),
+            ]
+
+        # Stage 2: priority.
+        addr2 = Signal(self.addr_bits)
+        last2 = Signal()
+        new2 = Signal(word)
+        with m.If(advance):
+            m.d.sync += [v2.eq(v1), addr2.eq(addr1), last2.eq(last1), new2.eq(new)]
+        m.d.comb += [
+            self.out.valid.eq(v2),
+            self.out.payload.addr.eq(addr2),
+            self.out.payload.last.eq(last2),
+        ]
+        for i in range(lanes):
+            o = self.out.payload.lane[i]
+            r = new2[i]
+            m.d.comb += [
+                o.score.eq(r.score),
+                o.idle.eq(r.idle),
+                o.priority.eq(((q_max - r.score) * tables[i].data + fx.HALF) >> fx.FRAC_BITS),
+                o.eligible.eq(r.resident & ~r.pinned),
+            ]
+        return m
+
+
+_sel = Mux
+
+
+def _wrap_inc(addr, n: int):
+    return Mux(addr == n - 1, 0, addr + 1)

@@ -1,0 +1,117 @@
+"""Build the RTL and run a cocotb + pyuvm testbench on Verilator or Icarus, from Python.
+
+    from kvcxl.tb.runner import run_core
+    res = run_core("icarus", entries=16, lanes=4, batch=8, steps=2000, seed=1)
+
+Builds go under ``build/tb/<config>/`` (gitignored) and are reused when the
+generated Verilog has not changed.  Returns the testbench's figures (dict).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+SIMULATORS = ("verilator", "icarus")
+TOPLEVEL = "policy_core"
+
+
+def build_root() -> Path:
+    return Path(os.environ.get("KVCXL_BUILD", Path.cwd() / "build")) / "tb"
+
+
+def run_core(
+    sim: str = "verilator",
+    *,
+    entries: int = 16,
+    lanes: int = 4,
+    batch: int = 8,
+    steps: int = 1000,
+    seed: int | None = None,
+    defect: str | None = None,
+    waves: bool = False,
+    verbose: bool = False,
+) -> dict:
+    """Run the PolicyCore test; raises RuntimeError if the testbench failed."""
+    if sim not in SIMULATORS:
+        raise ValueError(f"sim = {sim!r}: must be one of {SIMULATORS}")
+    if steps < 1:
+        raise ValueError(f"steps = {steps}: must be ≥ 1")
+    from cocotb_tools.runner import get_runner
+    from kvcxl.rtl import toolchain
+    from kvcxl.rtl.export import build, default_decay, to_verilog, write_if_changed
+
+    toolchain.apply_env()
+    toolchain.require(*(("verilator",) if sim == "verilator" else ("iverilog", "vvp")))
+    if seed is None:
+        seed = random.SystemRandom().randrange(1 << 31)
+    tag = f"core-e{entries}-l{lanes}-b{batch}" + (f"-{defect}" if defect else "")
+    bdir = build_root() / (f"{sim}-{tag}" + ("-waves" if waves else ""))
+    src = bdir / f"{TOPLEVEL}.v"
+    design = build(
+        "core", entries=entries, lanes=lanes, batch=batch, decay_init=default_decay(), defect=defect
+    )
+    write_if_changed(src, to_verilog(design, TOPLEVEL))
+
+    runner = get_runner(sim)
+    build_args = ["-Wno-fatal", "-O3"] if sim == "verilator" else []
+    t0 = time.perf_counter()
+    runner.build(
+        sources=[src],
+        hdl_toplevel=TOPLEVEL,
+        build_dir=bdir,
+        build_args=build_args,
+        waves=waves,
+        timescale=("1ns", "1ps"),
+    )
+    build_s = time.perf_counter() - t0
+    results = bdir / f"results-{seed}.json"
+    results.unlink(missing_ok=True)
+    cfg = {
+        "entries": entries,
+        "lanes": lanes,
+        "batch": batch,
+        "steps": steps,
+        "seed": seed,
+        "defect": defect,
+        "results": str(results),
+    }
+    print(f"tb: {sim} {tag} steps={steps} seed={seed}", flush=True)
+    tb_dir = str(Path(__file__).parent)
+    if tb_dir not in sys.path:  # the runner hands sys.path on as PYTHONPATH
+        sys.path.insert(0, tb_dir)
+    os.environ["KVCXL_TB_CONFIG"] = json.dumps(cfg)
+    t1 = time.perf_counter()
+    xml = runner.test(
+        test_module="kvcxl.tb.cocotb_policy_core",
+        hdl_toplevel=TOPLEVEL,
+        build_dir=bdir,
+        test_dir=bdir,
+        seed=seed,
+        waves=waves,
+        extra_env={"KVCXL_TB_CONFIG": json.dumps(cfg)},
+        verbose=verbose,
+    )
+    run_s = time.perf_counter() - t1
+    if not results.exists():
+        raise RuntimeError(f"testbench produced no results (see {xml})")
+    res = json.loads(results.read_text())
+    res["build_s"] = round(build_s, 2)
+    res["run_s"] = round(run_s, 2)
+    res["results_xml"] = str(xml)
+    if waves:
+        wf = "dump.vcd" if sim == "verilator" else f"{TOPLEVEL}.fst"
+        res["waves"] = str(bdir / wf)
+    from cocotb_tools.runner import get_results
+
+    tests, fails = get_results(xml)
+    res["cocotb_tests"], res["cocotb_failures"] = tests, fails
+    if fails:
+        raise RuntimeError(
+            f"{sim}: testbench failed (seed {seed}): {res.get('examples', [])[:3]}; see {xml}"
+        )
+    return res

@@ -1,0 +1,61 @@
+"""cocotb + pyuvm testbenches of the policy engine RTL, bit-exact against kvcxl.firmware.
+
+Each simulator runs ≥ 10 k eviction passes and ≥ 100 k entry updates with random
+back-pressure, table rewrites into corner scenarios and parameter changes mid-run;
+the seed is printed (set KVCXL_TB_SEED to replay one).  A planted tie-break defect
+must be caught.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.hdl]
+
+STEPS = 10_000
+CORE = {"entries": 16, "lanes": 4, "batch": 4}
+
+
+def _seed() -> int | None:
+    s = os.environ.get("KVCXL_TB_SEED")
+    return int(s) if s else None
+
+
+@pytest.mark.parametrize("sim", ["verilator", "icarus"])
+def test_core_bit_exact(sim):
+    from kvcxl.tb.runner import run_core
+
+    r = run_core(sim, steps=STEPS, seed=_seed(), **CORE)
+    print(
+        f"{sim}: seed {r['config']['seed']}, {r['bus_cycles']} cycles, {r['cycles_per_s']} cycles/s"
+    )
+    assert r["entry_mismatches"] == 0 and r["pass_mismatches"] == 0
+    assert r["wrong_victims"] == 0 and r["misordered_victims"] == 0
+    assert r["entry_updates_checked"] >= 100_000
+    assert r["passes_checked"] >= 10_000 and r["audited_passes"] == r["passes_checked"]
+    # Every corner case was actually exercised, not just planned.
+    for corner in (
+        "tie_passes",
+        "score_saturations",
+        "idle_saturations",
+        "all_pinned_passes",
+        "empty_passes",
+        "batch_over_eligible_passes",
+        "k_zero_passes",
+        "param_changes",
+        "bus_upd_stalls",
+        "bus_upd_gaps",
+        "bus_victim_stalls",
+    ):
+        assert r[corner] > 0, f"corner {corner} never happened (seed {r['config']['seed']})"
+
+
+def test_planted_tie_break_defect_is_caught():
+    from kvcxl.tb.runner import run_core
+
+    r = run_core("icarus", steps=300, seed=_seed(), defect="tie_off_by_one", **CORE)
+    assert r["pass_mismatches"] > 0
+    assert r["misordered_victims"] > 0
+    assert r["entry_mismatches"] == 0  # the defect is in eviction only

@@ -277,7 +277,9 @@ class Type3Device:
         self._enter_step(step)
         if ids.size:
             self._grow_entries(int(ids.max()))
-        admitted = self.cache.insert(ids, Tick(step, self.time))
+        # A write follows the last read batch: it carries that batch's time (as the
+        # simulator stamps its CREATE events), so recency policies rank it with that batch.
+        admitted = self.cache.insert(ids, Tick(step, max(self.time - 1, 0)))
         if self.tiering and admitted.size:
             for p in admitted[self.cache.is_resident(admitted)].tolist():
                 self._promote(p)

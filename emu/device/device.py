@@ -6,7 +6,10 @@ exactly one tier, device DRAM or NVMe, and reads and writes go to that tier.
 Correctness never depends on placement: whatever the firmware moved, a read
 returns the bytes last written (the LOSSLESS constraint, checked by the soak).
 
-Firmware.  Each DPA page is one policy entry (entry id = page number).  The host
+Firmware.  Each DPA page is one policy entry (entry id = page number); with
+``entries="pages"`` every page is an entry from the start (replay's view), with
+``entries="host"`` entries appear as the host describes, creates or reports them
+(the simulator's view; see the vendor mailbox commands).  The host
 reports attention batches through the vendor mailbox command (Attention Report);
 each report is one batch of :meth:`kvcxl.firmware.cache.PolicyCache.access` —
 the same call, with the same step/time ticks, that

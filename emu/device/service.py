@@ -99,9 +99,8 @@ class Engine:
             data = body[16:]
             if len(data) > MAX_IO or hpa + len(data) > mem.HPA_LIMIT:
                 raise _FrameError(f"bad_range: {len(data)} bytes at {hpa:#x}")
-            t0 = dev.clock_ns
-            mapped = dev.write(hpa, data, poison=bool(flags & FLAG_POISON), at=t0)
-            latency = dev.latencies[-1] if len(dev.latencies) else 0.0
+            mapped = dev.write(hpa, data, poison=bool(flags & FLAG_POISON))
+            latency = dev.latencies[-1]  # the write just appended its latency
             return WRITE, _RW_HDR.pack(0 if mapped else FLAG_UNMAPPED, latency)
         if kind == HDM:
             return HDM, json.dumps(self._hdm(body)).encode()

@@ -116,3 +116,42 @@ def test_stats_and_describe_commands(server):
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "M2S_RWD" in out and "4300h  Get Poison List" in out
+
+
+def test_random_frames_over_the_socket_never_take_the_service_down(tmp_path):
+    import random
+    import threading
+
+    from kvcxl.emu.device.fuzz import make_engine
+
+    path = tmp_path / "fuzz.sock"
+    server = svc.Server(path, make_engine())
+    th = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    th.start()
+    rng = random.Random(7)
+    kinds = [svc.MEM, svc.CCI, svc.READ, svc.WRITE, svc.HDM, 0, 0x7F, 0x99]
+    answered = 0
+    try:
+        c = svc.Client(path)
+        for _ in range(2000):
+            kind, _ = c.call(rng.choice(kinds), rng.randbytes(rng.randrange(100)))
+            assert kind in svc.KINDS
+            answered += 1
+        c.close()
+        for bad in (0, svc.MAX_FRAME + 1):  # unframeable lengths: error, then close
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(path))
+            s.sendall(struct.pack("<I", bad))
+            assert svc.recv_frame(s)[0] == svc.ERROR
+            s.close()
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(str(path))
+        s.sendall(struct.pack("<I", 50) + b"\x01abc")  # half a frame, then hang up
+        s.close()
+        with svc.Client(path) as c:  # still serving
+            assert c.hdm("list")["ok"]
+    finally:
+        server.shutdown()
+        server.server_close()
+        th.join()
+    assert answered == 2000

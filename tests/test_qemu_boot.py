@@ -141,18 +141,36 @@ def test_malformed_ring_commands_get_error_completions(main_boot) -> None:
     assert m["open"] == m["create"] == m["nop_after"] == L.RC_SUCCESS
 
 
-def test_service_killed_mid_run_agent_reports_device_error(host) -> None:
+def test_cli_inject_then_service_killed_mid_run(host) -> None:
+    """`kvcxl qemu inject` on a running guest; then the firmware service dies mid-replay:
+    the agent reports a device error in bounded time and the guest powers off by itself."""
     from kvcxl.qemu.boot import BootOptions, boot
 
-    def kill_when_replay_starts(ev: dict, b) -> None:
+    dpa = L.KV_BASE + 3 * 4096
+    injected: list[subprocess.CompletedProcess] = []
+
+    def hook(ev: dict, b) -> None:
+        if ev.get("event") == "waiting":  # the guest idles: inject through the CLI
+            cmd = [sys.executable, "-m", "kvcxl.emu.cli", "qemu", "inject", "poison"]
+            cmd += ["--qmp", str(b.qmp_socket), "--dpa", hex(dpa)]
+            injected.append(subprocess.run(cmd, capture_output=True, text=True, timeout=60))
         if ev.get("event") == "agent_start" and ev.get("job") == "replay":
             b.kill_service()
 
     t = time.monotonic()
     r, b = boot(
-        BootOptions(jobs=("replay",), plugin=False, on_event=kill_when_replay_starts, timeout=300)
+        BootOptions(
+            jobs=("wait", "poison", "replay"),
+            wait_s=6,  # room for the CLI (a Python start-up) on a loaded machine
+            plugin=False,
+            device_emulator=False,
+            on_event=hook,
+            timeout=300,
+        )
     )
     wall = time.monotonic() - t
+    assert injected and injected[0].returncode == 0, injected and injected[0].stderr
+    assert f"{dpa:#x}:0x40" in r["guest"]["poison_list"]["entries"]
     assert any(e["event"] == "host_killed_service" for e in r["events"])
     err = r["guest"].get("device_error")
     assert err is not None, r["guest_failures"]
@@ -172,6 +190,7 @@ def test_plugin_streams_cxl_accesses(host) -> None:
         pytest.skip(f"ring-only mode: {host.plugin_error}")
     r, _b = boot(BootOptions(jobs=("replay",), plugin=True, timeout=420))
     assert r["qemu"]["exit_code"] == 0 and r["qemu"]["plugin"] == "on"
+    assert r["guest"]["tracing"]["state"] == L.TRACING_ON  # armed before the job's accesses
     p = r["firmware"]["plugin"]
     assert p["reads"] > 0 and p["writes"] > 0 and p["outside_window"] == 0
     sess = r["firmware"]["sessions"][0]

@@ -66,18 +66,20 @@ echo "@kvcxl-begin cxl-list"
 cxl list -M -R
 echo "@kvcxl-end cxl-list"
 
+# The device's poison list, as the kernel traces it: "DPA:LEN," for the agent.
 POISON=""
-case ",$JOBS," in *,poison,*)
+poison_list() {
     echo 1 > $D/mem0/trigger_poison_list 2>/dev/null
     sleep 0.2
-    POISON=$(grep cxl_poison $T/trace | sed -n 's/.* dpa=\(0x[0-9a-f]*\) dpa_length=\(0x[0-9a-f]*\).*/\1:\2/p' | tr '\n' ',')
-    ev poison_list ",\"entries\":\"$POISON\"";;
-esac
+    POISON=$(grep cxl_poison $T/trace | sed -n 's/.* dpa=\(0x[0-9a-f]*\) dpa_length=\(0x[0-9a-f]*\).*/\1:\2/p' | sort -u | tr '\n' ',')
+    ev poison_list ",\"entries\":\"$POISON\""
+}
 
-AGENT="/bin/kvcxl-agent --dax /dev/dax0.0 --base $BASE"
-[ -n "$POISON" ] && AGENT="$AGENT --poison $POISON"
 for j in $(echo "$JOBS" | tr ',' ' '); do
+    AGENT="/bin/kvcxl-agent --dax /dev/dax0.0 --base $BASE"
+    [ -n "$POISON" ] && AGENT="$AGENT --poison $POISON"
     case $j in
+        poison) poison_list;;
         datapath) $AGENT datapath || ev agent_failed ",\"job\":\"datapath\"";;
         replay) $AGENT replay || ev agent_failed ",\"job\":\"replay\"";;
         malformed) $AGENT malformed || ev agent_failed ",\"job\":\"malformed\"";;

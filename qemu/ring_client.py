@@ -10,6 +10,7 @@ import mmap
 import os
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,7 +83,7 @@ class RingClient:
         struct.pack_into("<I", self.mm, L.RING_BASE + L.HOST_HDR, self.sq_tail)
         return i
 
-    def wait(self, i: int, poll: callable | None = None) -> Completion:
+    def wait(self, i: int, poll: Callable[[], object] | None = None) -> Completion:
         """Wait for completion ``i``; ``poll`` (the service, in-process) is run meanwhile."""
         c = L.cq_offset(i)
         hb = self._heartbeat()
@@ -105,7 +106,7 @@ class RingClient:
         struct.pack_into("<I", self.mm, L.RING_BASE + L.HOST_HDR + 4, self.cq_head)
         return Completion(cid, status, op, out_len, (r0, r1, r2, r3, r4), out)
 
-    def call(self, op: int, poll: callable | None = None, **kw) -> Completion:
+    def call(self, op: int, poll: Callable[[], object] | None = None, **kw) -> Completion:
         return self.wait(self.submit(op, **kw), poll)
 
     def _heartbeat(self) -> int:
@@ -121,7 +122,7 @@ def decisions(c: Completion) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return adm, vic, hints
 
 
-def replay(client: RingClient, gt, poll: callable | None = None) -> dict:
+def replay(client: RingClient, gt, poll: Callable[[], object] | None = None) -> dict:
     """Send a guest trace's events through the ring as the agent does; victims in order."""
     from .trace_image import events
 

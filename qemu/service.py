@@ -28,6 +28,7 @@ import struct
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -143,7 +144,7 @@ class FirmwareService:
             self.drain_plugin()
         return n
 
-    def run(self, stop: callable, idle_sleep: float = 5e-5) -> None:
+    def run(self, stop: Callable[[], bool], idle_sleep: float = 5e-5) -> None:
         """Poll until ``stop()`` is true: busy while commands flow, napping when idle."""
         last_beat = 0.0
         idle = 0

@@ -359,7 +359,9 @@ class FirmwareService:
             raise RingError(L.RC_INVALID_INPUT, f"more than the {self.n_entries} opened entries")
         self._check_step(step)
         self.table.append(rec["ctx"], rec["layer"], rec["head"], rec["block"])
-        admitted = self.cache.insert(want, Tick(step, self.time))
+        # New KV is written after the last read batch: stamped with that batch's time, as
+        # the simulator does.
+        admitted = self.cache.insert(want, Tick(step, max(self.time - 1, 0)))
         if self.bridge is not None:
             self.bridge.guarded(self.bridge.create, step, rec)
         out, (na, nv, nh) = self._decisions(admitted, None)

@@ -35,11 +35,16 @@ def dev(media: Path):
     cl.close()
 
 
-def test_replay_through_ring_equals_simulator(dev) -> None:
-    svc, cl = dev
+@pytest.mark.parametrize(
+    "policy", ["ema", "lru", "fifo", "lfu", "lrfu", "h2o", "sink-window", "random"]
+)
+def test_replay_through_ring_equals_simulator(media: Path, policy: str) -> None:
+    svc = FirmwareService(media, policy=policy)
+    cl = RingClient(media)
+    cl.wait_ready(timeout=1)
     gt = default_trace(steps=12)
     got = replay(cl, gt, poll=svc.poll_once)
-    want = simulate_victims(gt)
+    want = simulate_victims(gt, policy)
     assert len(want) > 100
     assert got["victims"] == want
     assert got["residency_mismatches"] == 0

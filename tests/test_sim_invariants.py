@@ -144,3 +144,11 @@ def test_sparse_reads_keep_invariants(read):
         _check_conservation(r, sparse.shape.entry_bytes)
         rates[name] = r["hit_rate"]
     assert rates["belady"] >= max(rates.values())
+
+
+def test_oversized_workload_refused(monkeypatch):
+    from kvcxl.emu.workloads import stream as stream_mod
+
+    monkeypatch.setattr(stream_mod, "MAX_ENTRIES", 100)
+    with pytest.raises(ValueError, match="creates more than 100 entries"):
+        compile_workload(make_workload("cyclic", SHAPE, seed=0), steps=5)

@@ -28,6 +28,7 @@ from ..shape import ModelShape
 from ..trace import Trace
 
 CREATE, READ = 0, 1
+MAX_ENTRIES = 60_000_000  # ~2.5 GB of per-entry arrays: beyond this, refuse rather than swap
 
 
 @dataclass
@@ -175,6 +176,12 @@ class _Builder:
             )
             self.e.append((np.full(ids.size, ctx, np.int32), ll.ravel(), hh.ravel(), bb.ravel()))
             self.n += ids.size
+            if self.n > MAX_ENTRIES:
+                raise ValueError(
+                    f"the workload creates more than {MAX_ENTRIES:,} entries "
+                    f"({MAX_ENTRIES * s.entry_bytes / 2**30:,.0f} GiB of modelled KV) by step "
+                    f"{step}: shrink --context-tokens, the sessions or --steps"
+                )
             self._event(CREATE, step, -1, ids, np.zeros(ids.size, np.float32))
 
     def _event(

@@ -251,14 +251,21 @@ def _summary(r: dict) -> None:
 
 
 def _inject(args: argparse.Namespace) -> int:
+    from kvcxl.emu.cli import CliError
+
     from .qmp import Qmp
 
     dpa = _int(args.dpa, "DPA")
-    with Qmp(args.qmp) as q:
-        if args.kind == "poison":
-            q.inject_poison(dpa, args.length)
-            print(f"poisoned DPA {dpa:#x}+{args.length}")
-        else:
-            q.inject_media_event(dpa)
-            print(f"General Media event at DPA {dpa:#x}")
+    try:
+        with Qmp(args.qmp) as q:
+            if args.kind == "poison":
+                q.inject_poison(dpa, args.length)
+                print(f"poisoned DPA {dpa:#x}+{args.length}")
+            else:
+                q.inject_media_event(dpa)
+                print(f"General Media event at DPA {dpa:#x}")
+    except (ValueError, FileNotFoundError):
+        raise
+    except Exception as exc:  # QMP's own errors: QEMU refused or the socket went away
+        raise CliError(f"QEMU refused {args.kind} at {dpa:#x}: {exc}") from None
     return 0

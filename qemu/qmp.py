@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 DEVICE_PATH = "/machine/peripheral/cxl-vmem0"
+MEMDEV_PATH = "/objects/cxl-mem1"
 _REPO = str(Path(__file__).resolve().parent.parent)
 
 
@@ -63,8 +64,15 @@ class Qmp:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def device_bytes(self) -> int:
+        """Size of the device's volatile memory (QEMU does not check injected ranges)."""
+        return int(self.cmd("qom-get", path=MEMDEV_PATH, property="size"))
+
     def inject_poison(self, dpa: int, length: int = 64, path: str = DEVICE_PATH) -> Any:
         check_range(dpa, length)
+        size = self.device_bytes()
+        if dpa + length > size:
+            raise ValueError(f"poison 0x{dpa:x}+{length} is beyond the device's {size >> 20} MiB")
         return self.cmd("cxl-inject-poison", path=path, start=dpa, length=length)
 
     def inject_media_event(

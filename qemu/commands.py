@@ -244,6 +244,14 @@ def _summary(r: dict) -> None:
                 f"device emulator mirror: {d.get('victims')} victims, equal to the service's: "
                 f"{d.get('victims_equal_service')}, errors {d.get('errors')}"
             )
+    if r.get("cxl_trace"):
+        kinds: dict[str, int] = {}
+        for line in r["cxl_trace"]:
+            name = next((w.rstrip(":") for w in line.split() if w.startswith("cxl_")), "?")
+            kinds[name] = kinds.get(name, 0) + 1
+        print("guest traced CXL events: " + ", ".join(f"{k} x{v}" for k, v in kinds.items()))
+    if "poison_list" in g:
+        print(f"guest poison list: {g['poison_list']['entries'] or 'empty'}")
     if "device_error" in g:
         print(f"device error: {g['device_error'].get('reason')}")
     for f in r.get("guest_failures", []):

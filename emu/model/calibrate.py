@@ -339,7 +339,11 @@ def heatmap(report: dict[str, Any], key: str, path: Path, label: str, fmt: str) 
     fig, ax = plt.subplots(
         figsize=(1.3 * len(report["betas"]) + 2.5, 0.7 * len(report["alphas"]) + 2)
     )
-    im = ax.imshow(z, cmap="viridis", aspect="auto", origin="lower")
+    spread = float(np.nanmax(z) - np.nanmin(z))
+    # A flat surface keeps a colour scale of at least ±0.005 so noise does not look like signal.
+    mid = float(np.nanmean(z))
+    lo, hi = (mid - 0.005, mid + 0.005) if spread < 0.01 else (None, None)
+    im = ax.imshow(z, cmap="viridis", aspect="auto", origin="lower", vmin=lo, vmax=hi)
     ax.set_xticks(range(len(report["betas"])), [f"{b:g}" for b in report["betas"]])
     ax.set_yticks(range(len(report["alphas"])), [f"{a:g}" for a in report["alphas"]])
     ax.set(xlabel="β (recency decay)", ylabel="α (EMA)")
@@ -349,7 +353,7 @@ def heatmap(report: dict[str, Any], key: str, path: Path, label: str, fmt: str) 
     fig.colorbar(im, ax=ax, label=label)
     ax.set_title(
         f"{label}, budget {report['budget_tokens']} tok/head, mean of "
-        f"{len(report['traces'])} prompts",
+        f"{len(report['traces'])} prompts; spread {spread:.2g}",
         fontsize=9,
     )
     fig.tight_layout()

@@ -213,15 +213,17 @@ def _plot_quality(rows: list[dict], path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-    for label in dict.fromkeys(r["policy"] for r in rows):
+    styles = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", (0, (5, 2, 1, 2)))]
+    for n, label in enumerate(dict.fromkeys(r["policy"] for r in rows)):
+        marker, ls = styles[n % len(styles)]
         pts = sorted(
             (r["budget_tokens"], r["kl_bounded"], r["top1_bounded"])
             for r in rows
             if r["policy"] == label
         )
         xs = [p[0] for p in pts]
-        a1.plot(xs, [p[1] for p in pts], marker="o", label=label)
-        a2.plot(xs, [100 * p[2] for p in pts], marker="o", label=label)
+        a1.plot(xs, [p[1] for p in pts], marker=marker, ls=ls, label=label)
+        a2.plot(xs, [100 * p[2] for p in pts], marker=marker, ls=ls, label=label)
     a1.set(xlabel="budget (tokens per KV head)", ylabel="KL(full ‖ bounded), nats", yscale="log")
     a2.set(xlabel="budget (tokens per KV head)", ylabel="top-1 agreement (%)")
     a1.legend(fontsize=8)

@@ -161,7 +161,7 @@ def test_cli_inject_then_service_killed_mid_run(host) -> None:
     r, b = boot(
         BootOptions(
             jobs=("wait", "poison", "replay"),
-            wait_s=6,  # room for the CLI (a Python start-up) on a loaded machine
+            wait_s=10,  # room for the CLI (a Python start-up) on a loaded machine
             plugin=False,
             device_emulator=False,
             on_event=hook,

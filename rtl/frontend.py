@@ -1,0 +1,199 @@
+"""CxlMemFrontEnd: the device side of CXL.mem in front of the policy engine.
+
+M2S Req and M2S RwD arrive on valid/ready streams, S2M NDR and S2M DRS leave on
+valid/ready streams; every payload layout is built from the one message table in
+:mod:`kvcxl.emu.cxl.mem` (``field_widths``), so the RTL, the emulator and the
+testbench share the field names, order and widths.
+
+One HDM decoder (CXL 2.0 §8.2.5.12) translates HPA → DPA with the emulator's rule
+(:mod:`kvcxl.emu.cxl.hdm`): ``way = (o >> (8+ig)) mod 2^iw``; if ``way == position``,
+``dpa = (o >> (8+ig+iw)) << (8+ig) | o mod 2^(8+ig)``, with ``o = hpa − base``.
+Base and size are programmed in 256 MiB units, as the registers hold them.
+
+Behaviour (one message at a time, in arrival order; RwD before Req when both wait):
+
+* MemRd / MemRdData: a decoded line inside the on-chip line store answers DRS
+  MemData with the line and its poison bit, and reports the entry it belongs to
+  (``dpa >> entry_shift``) on ``touch`` — the metadata lookup that marks the
+  entry read.  Otherwise DRS MemData-NXM with poison set.
+* MemSpecRd: no response (a speculative read is a hint); the entry is still touched.
+* MemInv: NDR Cmp.
+* MemWr / MemWrPtl: the enabled bytes are written and the line's poison bit takes
+  the message's; NDR Cmp.  A write that does not decode completes without effect.
+* Every response echoes ``tag`` and ``ld_id``; ``dev_load`` is Light.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from kvcxl.emu.cxl import mem as cxl
+
+HDM_UNIT_SHIFT = 28  # base/size registers count 256 MiB
+LINE_SHIFT = cxl.LINE_SHIFT
+
+
+def message_layout(cls: cxl.MessageClass) -> data.StructLayout:
+    """The Amaranth layout of one CXL.mem message class, from the shared field table."""
+    return data.StructLayout({name: unsigned(w) for name, w in cxl.field_widths(cls).items()})
+
+
+class CxlMemFrontEnd(wiring.Component):
+    def __init__(self, lines: int = 64, entry_shift: int = 13, entries: int = 1024):
+        if lines < 1 or lines & (lines - 1):
+            raise ValueError(f"lines = {lines}: must be a power of two ≥ 1")
+        if entry_shift < LINE_SHIFT:
+            raise ValueError(f"entry_shift = {entry_shift}: an entry is at least one line (6)")
+        self.lines, self.entry_shift, self.entries = lines, entry_shift, entries
+        self.index_bits = max((entries - 1).bit_length(), 1)
+        hpa_units = cxl.ADDR_BITS + LINE_SHIFT - HDM_UNIT_SHIFT
+        super().__init__(
+            {
+                "req": In(stream.Signature(message_layout(cxl.M2S_REQ))),
+                "rwd": In(stream.Signature(message_layout(cxl.M2S_RWD))),
+                "ndr": Out(stream.Signature(message_layout(cxl.S2M_NDR))),
+                "drs": Out(stream.Signature(message_layout(cxl.S2M_DRS))),
+                "touch": Out(stream.Signature(unsigned(self.index_bits))),
+                # HDM decoder registers
+                "hdm_commit": In(1),
+                "hdm_base": In(hpa_units),
+                "hdm_size": In(hpa_units),
+                "hdm_ig": In(3),  # granularity 256 B << ig
+                "hdm_iw": In(3),  # ways 1 << iw
+                "hdm_pos": In(4),
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        lw = cxl.LINE_BYTES * 8
+        m.submodules.lines = store = Memory(shape=unsigned(lw), depth=self.lines, init=[])
+        m.submodules.poison = pstore = Memory(shape=1, depth=self.lines, init=[])
+        rp, wp = store.read_port(), store.write_port(granularity=8)
+        prp, pwp = pstore.read_port(), pstore.write_port()
+
+        is_wr = Signal()
+        hdr_op = Signal(4)
+        tag = Signal(16)
+        ld_id = Signal(4)
+        line = Signal(cxl.ADDR_BITS)
+        poison = Signal()
+        benable = Signal(cxl.LINE_BYTES)
+        wdata = Signal(lw)
+
+        # HPA → DPA through the one decoder.
+        hpa = Signal(cxl.ADDR_BITS + LINE_SHIFT)
+        m.d.comb += hpa.eq(line << LINE_SHIFT)
+        base = Signal.like(hpa)
+        limit = Signal(len(hpa) + 1)
+        m.d.comb += [
+            base.eq(self.hdm_base << HDM_UNIT_SHIFT),
+            limit.eq(base + (self.hdm_size << HDM_UNIT_SHIFT)),
+        ]
+        off = Signal.like(hpa)
+        m.d.comb += off.eq(hpa - base)
+        g = Signal(range(8 + 6 + 1))  # log2 granularity
+        m.d.comb += g.eq(8 + self.hdm_ig)
+        way = Signal(4)
+        m.d.comb += way.eq((off >> g) & ((Const(1, 5) << self.hdm_iw) - 1))
+        dpa = Signal.like(hpa)
+        m.d.comb += dpa.eq((((off >> g) >> self.hdm_iw) << g) | (off & ((Const(1, 16) << g) - 1)))
+        hit = Signal()
+        m.d.comb += hit.eq(
+            self.hdm_commit
+            & (hpa >= base)
+            & (hpa < limit)
+            & (way == self.hdm_pos)
+            & ((dpa >> LINE_SHIFT) < self.lines)
+        )
+        slot = (dpa >> LINE_SHIFT)[: max((self.lines - 1).bit_length(), 1)]
+        m.d.comb += [rp.addr.eq(slot), prp.addr.eq(slot), wp.addr.eq(slot), pwp.addr.eq(slot)]
+
+        ndr, drs, touch = self.ndr, self.drs, self.touch
+        ndr_p, drs_p = ndr.payload, drs.payload
+        m.d.comb += [
+            ndr_p.tag.eq(tag),
+            ndr_p.ld_id.eq(ld_id),
+            ndr_p.opcode.eq(cxl.S2MNDROpcode.CMP),
+            ndr_p.meta_field.eq(cxl.MetaField.NO_OP),
+            ndr_p.dev_load.eq(cxl.DevLoad.LIGHT),
+            drs_p.tag.eq(tag),
+            drs_p.ld_id.eq(ld_id),
+            drs_p.meta_field.eq(cxl.MetaField.NO_OP),
+            drs_p.dev_load.eq(cxl.DevLoad.LIGHT),
+            touch.payload.eq((dpa >> self.entry_shift)[: self.index_bits]),
+        ]
+        hit_r = Signal()
+        is_read = (hdr_op == cxl.M2SReqOpcode.MEM_RD) | (hdr_op == cxl.M2SReqOpcode.MEM_RD_DATA)
+        is_spec = hdr_op == cxl.M2SReqOpcode.MEM_SPEC_RD
+
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.rwd.ready.eq(1)
+                with m.If(self.rwd.valid):
+                    p = self.rwd.payload
+                    m.d.sync += [
+                        is_wr.eq(1),
+                        hdr_op.eq(p.opcode),
+                        tag.eq(p.tag),
+                        ld_id.eq(p.ld_id),
+                        line.eq(p.addr),
+                        poison.eq(p.poison),
+                        benable.eq(p.byte_enable),
+                        wdata.eq(p.data),
+                    ]
+                    m.next = "DECODE"
+                with m.Else():
+                    m.d.comb += self.req.ready.eq(1)
+                    with m.If(self.req.valid):
+                        p = self.req.payload
+                        m.d.sync += [
+                            is_wr.eq(0),
+                            hdr_op.eq(p.opcode),
+                            tag.eq(p.tag),
+                            ld_id.eq(p.ld_id),
+                            line.eq(p.addr),
+                        ]
+                        m.next = "DECODE"
+            with m.State("DECODE"):
+                # The line store's read ports see the decoded slot this cycle.
+                m.d.sync += hit_r.eq(hit)
+                with m.If(is_wr):
+                    with m.If(hit):
+                        m.d.comb += [
+                            wp.en.eq(benable),
+                            wp.data.eq(wdata),
+                            pwp.en.eq(1),
+                            pwp.data.eq(poison),
+                        ]
+                    m.next = "NDR"
+                with m.Elif(is_read | is_spec):
+                    m.next = "TOUCH"
+                with m.Else():
+                    m.next = "NDR"
+            with m.State("TOUCH"):
+                with m.If(hit_r):
+                    m.d.comb += touch.valid.eq(1)
+                with m.If(~hit_r | touch.ready):
+                    with m.If(is_spec):
+                        m.next = "IDLE"
+                    with m.Else():
+                        m.next = "DRS"
+            with m.State("DRS"):
+                m.d.comb += [
+                    drs.valid.eq(1),
+                    drs_p.opcode.eq(
+                        Mux(hit_r, cxl.S2MDRSOpcode.MEM_DATA, cxl.S2MDRSOpcode.MEM_DATA_NXM)
+                    ),
+                    drs_p.poison.eq(Mux(hit_r, prp.data, 1)),
+                    drs_p.data.eq(Mux(hit_r, rp.data, 0)),
+                ]
+                with m.If(drs.ready):
+                    m.next = "IDLE"
+            with m.State("NDR"):
+                m.d.comb += ndr.valid.eq(1)
+                with m.If(ndr.ready):
+                    m.next = "IDLE"
+        return m

@@ -230,7 +230,7 @@ def test_device_emulator_mirror(media: Path, tmp_path: Path) -> None:
     import time
 
     pytest.importorskip("kvcxl.emu.device.service")
-    gt = default_trace(steps=6)
+    gt = default_trace()
     sock = tmp_path / "device.sock"
     cmd = [sys.executable, "-m", "kvcxl.emu.cli", "device", "serve", "--socket", str(sock)]
     cmd += ["--capacity", str(256 << 20), "--page-bytes", str(gt.entry_bytes)]
@@ -254,6 +254,8 @@ def test_device_emulator_mirror(media: Path, tmp_path: Path) -> None:
         cache = d["statistics"]["cache"]
         assert cache["hits"] + cache["misses"] == gt.stream.n_reads
         assert d["victims"] == cache["evictions"] and len(got["victims"]) > 0
+        # the device emulator, fed the same calls, evicts exactly what the service evicted
+        assert d["victims_equal_service"], d.get("first_different_victim")
     finally:
         os.killpg(dev.pid, signal.SIGKILL)
         dev.wait(timeout=10)

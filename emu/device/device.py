@@ -129,6 +129,7 @@ class Type3Device:
         self.record_victims = record_victims
         self.victims: list[tuple[int, int, float]] = []
         self.time = 0
+        self._created = np.zeros(16, dtype=bool)  # entries created by the host so far
         self.step: int | None = None
 
         self.dram = (
@@ -280,6 +281,13 @@ class Type3Device:
         self._enter_step(step)
         if ids.size:
             self._grow_entries(int(ids.max()))
+            # Entries described ahead of their creation were aged by the step boundary
+            # that _enter_step just closed; a newly created entry starts fresh (score 0,
+            # idle 0), as the simulator's entries do when they are appended.
+            self._created = grow(self._created, self.table.n, False)
+            first = np.unique(ids[~self._created[ids]])
+            self.cache.policy.forget(first)
+            self._created[first] = True
         # A write follows the last read batch: it carries that batch's time (as the
         # simulator stamps its CREATE events), so recency policies rank it with that batch.
         admitted = self.cache.insert(ids, Tick(step, max(self.time - 1, 0)))

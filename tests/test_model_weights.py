@@ -31,3 +31,35 @@ def test_cli_reports_missing_model_in_one_line(monkeypatch, tmp_path, capsys) ->
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not installed" in err[0]
+
+
+class _Tok:
+    """A stand-in tokenizer: one id per character (prompt loading needs only encode)."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+
+def test_prompt_files_text_json_and_errors(tmp_path) -> None:
+    from kvcxl.emu.model.capture import load_prompt, load_token_file
+
+    txt = tmp_path / "p.txt"
+    txt.write_text("hi")
+    assert load_prompt(txt, _Tok()) == [104, 105]
+    chat = tmp_path / "c.json"
+    chat.write_text('{"messages": [{"role": "user", "content": "x"}]}')
+    text = "".join(map(chr, load_prompt(chat, _Tok())))
+    assert text.endswith("<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n")
+    assert text.startswith("<|im_start|>system\n")  # the template's default system message
+    bad = tmp_path / "b.json"
+    bad.write_text('{"msgs": []}')
+    with pytest.raises(ValueError, match="must be"):
+        load_prompt(bad, _Tok())
+    with pytest.raises(FileNotFoundError, match="committed prompts: "):
+        load_prompt(tmp_path / "none.json", _Tok())
+    ids = tmp_path / "ids.txt"
+    ids.write_text("[1, 2,3]")
+    assert load_token_file(ids, 10) == [1, 2, 3]
+    ids.write_text("1 x")
+    with pytest.raises(ValueError, match="not a token id"):
+        load_token_file(ids, 10)

@@ -118,6 +118,7 @@ class _Builder:
         self.grids: dict[int, NDArray] = {}
         self.tokens: dict[int, int] = {}
         self.first_own_block: dict[int, int] = {}
+        self.children: set[int] = set()  # contexts that share entries of a parent context
         self.e: list[tuple[NDArray, NDArray, NDArray, NDArray]] = []
         self.kind: list[int] = []
         self.step: list[int] = []
@@ -155,6 +156,8 @@ class _Builder:
                 tokens += start
             self.tokens[ctx] = start
             self.first_own_block[ctx] = -(-start // bt)
+            if parent is not None:
+                self.children.add(ctx)
         old = self.tokens[ctx]
         tokens = min(tokens, s.context_tokens)
         if tokens <= old:
@@ -232,6 +235,24 @@ class _Builder:
         )
 
 
+def merge_duplicates(ids: NDArray, w: NDArray) -> tuple[NDArray, NDArray]:
+    """One read per entry per batch, with the largest weight.
+
+    A block shared by several sequences of the serving batch (a shared prefix) is read
+    once per layer for all of them, as prefix-sharing attention kernels do.  It also
+    keeps Belady's farthest-next-use rule optimal: with one read per entry per batch,
+    every use of an entry is worth the same.
+    """
+    order = np.argsort(ids, kind="stable")
+    s = ids[order]
+    if s.size < 2 or np.all(s[1:] != s[:-1]):
+        return ids, w
+    first = np.ones(s.size, dtype=bool)
+    first[1:] = s[1:] != s[:-1]
+    starts = np.flatnonzero(first)
+    return s[starts], np.maximum.reduceat(w[order], starts)
+
+
 def parse_read_mode(text: str) -> tuple[str, float]:
     """``dense``, ``topk:K`` or ``threshold:T`` → (mode, value)."""
     if text == "dense":
@@ -303,14 +324,13 @@ def compile_workload(
                 m = mask[layer]
                 per_layer_ids[layer].append(grid[layer][m])
                 per_layer_w[layer].append(w[layer][m])
+        shared = any(ctx in b.children for ctx in plan.decode)
         for layer in range(shape.layers):
-            b.read(
-                plan.step,
-                layer,
-                np.concatenate(per_layer_ids[layer]),
-                np.concatenate(per_layer_w[layer]).astype(np.float32),
-                len(plan.decode) if layer == 0 else 0,
-            )
+            ids = np.concatenate(per_layer_ids[layer])
+            w = np.concatenate(per_layer_w[layer]).astype(np.float32)
+            if shared:
+                ids, w = merge_duplicates(ids, w)
+            b.read(plan.step, layer, ids, w, len(plan.decode) if layer == 0 else 0)
         for ctx in plan.decode:  # each decoding context appends its new token
             b.grow(ctx, b.tokens[ctx] + 1, plan.step)
         if progress is not None:
@@ -378,8 +398,9 @@ def from_trace(trace: Trace) -> ReadStream:
         kinds.append(READ)
         evsteps.append(int(step[a]))
         evlayers.append(int(layer[a]))
-        pids.append(ids[a:z])
-        pws.append(w[a:z])
+        bid, bw = merge_duplicates(ids[a:z], w[a:z])
+        pids.append(bid)
+        pws.append(bw)
         lens.append([])
         if int(step[a]) != seen_step:  # contexts read in this step each decode one token
             seen_step = int(step[a])

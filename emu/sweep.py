@@ -387,6 +387,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 for b in budgets
             ]
             out.append(f"| {a} | " + " | ".join(cells) + " |")
+        if not any(r["question"] == "persistence" and r["workload"] == wl for r in rows):
+            out.append("")
+            continue
         out += ["", "Persistent metadata on → off:", ""]
         out.append("| policy | " + " | ".join(f"on / off at {b}" for b in budgets) + " |")
         out.append("|---" * (1 + len(budgets)) + "|")

@@ -549,11 +549,22 @@ def _simulate(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
     rows = combine(raw)
-    src = f"trace {args.trace}" if args.trace else f"workload {spec.workload}"
-    print(
-        f"{src}, preset {spec.preset}, {spec.steps} steps, {len(spec.seeds)} seed(s), "
-        f"read {spec.read}, prefetch {'on' if spec.prefetch else 'off'}  (Simulated)"
-    )
+    if args.trace:
+        meta = _trace_meta(args.trace)
+        shape = meta.get("shape", {})
+        src = f"trace {args.trace}"
+        head = (
+            f"{src} ({meta.get('evidence')} trace, {shape.get('name')} shape, "
+            f"{meta.get('source', '')}), prefetch {'on' if spec.prefetch else 'off'}; "
+            "replay Simulated"
+        )
+    else:
+        src = f"workload {spec.workload}"
+        head = (
+            f"{src}, preset {spec.preset}, {spec.steps} steps, {len(spec.seeds)} seed(s), "
+            f"read {spec.read}, prefetch {'on' if spec.prefetch else 'off'}  (Simulated)"
+        )
+    print(head)
     print(format_table(rows))
     if args.dump_victims:
         _dump_victims(raw, args.dump_victims)
@@ -570,6 +581,14 @@ def _simulate(args: argparse.Namespace) -> int:
         print(f"eviction audit FAILED: {wrong} wrong victims", file=sys.stderr)
         return 1
     return 0
+
+
+def _trace_meta(path: str) -> dict[str, Any]:
+    """A trace file's metadata without loading its columns."""
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as npz:
+        return json.loads(str(npz["meta"][()]))
 
 
 def _json_default(o: Any) -> Any:
@@ -718,6 +737,11 @@ def _trace_info(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2))
         return 0
     for k, v in info.items():
+        if k == "extra" and isinstance(v, dict):
+            for ek, ev in v.items():
+                text = repr(ev)
+                print(f"extra.{ek:<12} {text if len(text) <= 100 else text[:97] + '...'}")
+            continue
         print(f"{k:<18} {v}")
     return 0
 

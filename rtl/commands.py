@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-DESIGNS = ("core", "scoring", "eviction")
+DESIGNS = ("core", "scoring", "eviction", "top")
 
 
 def _positive(v: str) -> int:
@@ -66,9 +66,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--design",
         choices=DESIGNS,
         default="core",
-        help="core = scoring → eviction (default); or one engine alone",
+        help=(
+            "core = scoring → eviction (default); scoring or eviction alone; top = CXL.mem "
+            "front end + weight buffer + core + prefetch, sized by --layers/--heads/--blocks"
+        ),
     )
     _add_shape(v, 1024, 1, 64)
+    v.add_argument("--layers", type=_positive, default=4, help="top only (default 4)")
+    v.add_argument("--heads", type=_positive, default=2, help="top only (default 2)")
+    v.add_argument("--blocks", type=_positive, default=8, help="top only (default 8)")
     v.set_defaults(func=_verilog)
 
     f = rs.add_parser(
@@ -140,16 +146,33 @@ def _emit(res, json_out: str | None) -> None:
 def _verilog(args) -> int:
     from .export import build, default_decay, to_verilog, write_if_changed
 
-    if args.entries % args.lanes:
+    if args.design != "top" and args.entries % args.lanes:
         raise ValueError(f"--entries {args.entries} must be a multiple of --lanes {args.lanes}")
     params = {"entries": args.entries, "lanes": args.lanes}
-    if args.design in ("core", "eviction"):
+    if args.design == "top":
+        entries = args.layers * args.heads * args.blocks
+        if entries % args.lanes:
+            raise ValueError(
+                f"layers·heads·blocks = {entries} must be a multiple of --lanes {args.lanes}"
+            )
+        params = {
+            "layers": args.layers,
+            "heads": args.heads,
+            "blocks": args.blocks,
+            "lanes": args.lanes,
+            "batch": args.batch,
+            "decay_init": default_decay(),
+        }
+    elif args.design in ("core", "eviction"):
         params["batch"] = args.batch
     if args.design in ("core", "scoring"):
         params["decay_init"] = default_decay()
-    name = {"core": "policy_core", "scoring": "scoring_engine", "eviction": "eviction_engine"}[
-        args.design
-    ]
+    name = {
+        "core": "policy_core",
+        "scoring": "scoring_engine",
+        "eviction": "eviction_engine",
+        "top": "policy_engine",
+    }[args.design]
     out = Path(args.out)
     path = out / f"{name}.v"
     write_if_changed(path, to_verilog(build(args.design, **params), name))

@@ -111,3 +111,12 @@ def test_cli_refuses_entries_not_multiple_of_lanes(tmp_path, capsys):
 
     assert main(["rtl", "verilog", "-o", str(tmp_path), "--entries", "10", "--lanes", "4"]) == 2
     assert "multiple" in capsys.readouterr().err
+
+
+def test_cli_verilog_top(tmp_path):
+    from kvcxl.emu.cli import main
+
+    argv = ["rtl", "verilog", "--design", "top", "-o", str(tmp_path), "--lanes", "2"]
+    assert main(argv) == 0
+    text = (tmp_path / "policy_engine.v").read_text()
+    assert "module policy_engine" in text and "req__payload" in text and "drs__payload" in text

@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 demo: $(CORE)
 	$(BIN)/kvcxl demo
 
-test: $(ALL) system-deps
+test: $(ALL) system-deps lint
 	$(BIN)/kvcxl setup
 	$(BIN)/python -m pytest -m "" $(PYTEST_ARGS)
 
@@ -22,6 +22,7 @@ test-fast: $(ALL)
 
 lint: $(ALL)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check firmware emu rtl tb qemu tests setup.py
 
 setup: $(ALL) system-deps
 	$(BIN)/kvcxl setup

@@ -11,6 +11,7 @@ combined over seeds into rows with 95 % confidence intervals.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -175,7 +176,10 @@ def run_sweep(
         for i, (s, v) in enumerate(tasks):
             results[i] = run_task(d, s, v, progress)
     elif backend == "process":
-        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as ex:
+        # forkserver: workers never inherit the caller's threads (a Dask client, a test
+        # runner's helpers), which plain fork can deadlock on.
+        ctx = multiprocessing.get_context("forkserver")
+        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as ex:
             futs = {ex.submit(run_task, d, s, v): i for i, (s, v) in enumerate(tasks)}
             for f in as_completed(futs):
                 results[futs[f]] = f.result()

@@ -77,9 +77,8 @@ def ema_update_q16(score: ArrayLike, weight: ArrayLike, alpha_q: int) -> int | N
 def idle_next(idle: ArrayLike, touched: ArrayLike) -> int | NDArray:
     """The idle counter at a step boundary: 0 if touched in the step, else +1 saturating."""
     i = _work(idle)
-    return _int_out(
-        np.where(np.asarray(touched, dtype=bool), 0, np.minimum(i + 1, IDLE_MAX)).astype(i.dtype)
-    )
+    kept = ~np.asarray(touched, dtype=bool)
+    return _int_out(np.minimum(i + 1, IDLE_MAX) * kept.astype(i.dtype))
 
 
 def decay_table(beta: float, shift: int) -> NDArray:

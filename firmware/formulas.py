@@ -29,9 +29,21 @@ def ema_update(score: ArrayLike, weight: ArrayLike, alpha: float) -> float | NDA
     return _out(alpha * w + (1.0 - alpha) * s)
 
 
+_LOOKUP_MIN_SIZE = 1 << 14  # integer idle arrays at least this large use a lookup
+_LOOKUP_MAX_IDLE = 1 << 22
+
+
 def recency_decay(steps_since_access: ArrayLike, beta: float) -> float | NDArray:
     """r = 1 − exp(−β · steps_since_access): 0 when just touched, → 1 when long idle."""
-    idle = np.asarray(steps_since_access, dtype=np.float64)
+    raw = np.asarray(steps_since_access)
+    if raw.dtype.kind in "iu" and raw.size >= _LOOKUP_MIN_SIZE:
+        top = int(raw.max()) if raw.size else 0
+        if 0 <= int(raw.min()) and top < _LOOKUP_MAX_IDLE:
+            # Idle counts are small integers: evaluate expm1 once per distinct value and
+            # gather (bit-identical to the element-wise form, an order of magnitude faster).
+            table = -np.expm1(-beta * np.arange(top + 1, dtype=np.float64))
+            return table[raw]
+    idle = raw.astype(np.float64)
     return _out(-np.expm1(-beta * idle))
 
 

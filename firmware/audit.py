@@ -14,6 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .select import reference_order
+from .table import unique_ids
 
 
 @dataclass
@@ -31,9 +32,9 @@ class EvictionAudit:
         """Audit one selection; returns the number of wrong victims in it."""
         victims = np.asarray(victims, dtype=np.int64)
         expected = reference_order(eligible, priority)[: victims.size]
-        wrong = int(np.setdiff1d(np.unique(victims), expected).size)
-        if victims.size != np.unique(victims).size:
-            wrong += victims.size - np.unique(victims).size  # a victim chosen twice
+        distinct = unique_ids(victims)
+        wrong = int(np.setdiff1d(distinct, expected, assume_unique=True).size)
+        wrong += victims.size - distinct.size  # a victim chosen twice
         misordered = int(np.count_nonzero(victims != expected))
         self.checked += int(victims.size)
         self.wrong += wrong

@@ -28,21 +28,9 @@ from numpy.typing import NDArray
 
 from .audit import EvictionAudit
 from .policies.base import Policy, Tick
-from .table import grow
+from .table import grow, unique_ids
 
 VictimSink = Callable[[NDArray, NDArray, Tick], None]
-
-
-def unique_ids(ids: NDArray) -> NDArray:
-    """Sorted distinct ids. Same result as ``np.unique``, whose hash-based path in numpy 2.4
-    is ~50× slower than a sort on large int64 batches (1.9 s vs 0.04 s for 655 k ids)."""
-    s = np.sort(np.asarray(ids, dtype=np.int64))
-    if s.size < 2:
-        return s
-    keep = np.empty(s.size, dtype=bool)
-    keep[0] = True
-    np.not_equal(s[1:], s[:-1], out=keep[1:])
-    return s[keep]
 
 
 @dataclass
@@ -102,7 +90,7 @@ class PolicyCache:
         self.stats.hits += nh
         self.stats.misses += ids.size - nh
         # Admit first (a policy without persistent metadata starts the entry afresh), then
-        # record the reads, then evict: entries read in this batch compete with fresh state.
+        # record the reads, then evict the overflow.
         self._admit(unique_ids(ids[~hit]), tick, make_room=False)
         self.policy.on_access(ids, np.asarray(weights, dtype=np.float64), tick)
         self._make_room(tick, protect=ids if self.protect_batch else None)

@@ -46,7 +46,7 @@ from kvcxl.firmware.cache import PolicyCache
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.policies import POLICIES, make_policy
 from kvcxl.firmware.policies.base import Tick
-from kvcxl.firmware.table import EntryTable, grow
+from kvcxl.firmware.table import EntryTable, grow, unique_ids
 from numpy.typing import NDArray
 
 from .media import DictStore, MmapStore, zeros
@@ -202,7 +202,7 @@ class Type3Device:
             self._grow_entries(int(ids.max()))
         hit = self.cache.access(ids, w, Tick(step, self.time))
         if self.tiering and ids.size:
-            missed = np.unique(ids[~hit])
+            missed = unique_ids(ids[~hit])
             for p in missed[self.cache.is_resident(missed)].tolist():
                 self._promote(p)
         self.time += 1
@@ -285,7 +285,7 @@ class Type3Device:
             # that _enter_step just closed; a newly created entry starts fresh (score 0,
             # idle 0), as the simulator's entries do when they are appended.
             self._created = grow(self._created, self.table.n, False)
-            first = np.unique(ids[~self._created[ids]])
+            first = unique_ids(ids[~self._created[ids]])
             self.cache.policy.forget(first)
             self._created[first] = True
         # A write follows the last read batch: it carries that batch's time (as the

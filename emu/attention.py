@@ -6,7 +6,7 @@ softmax mass, computed for each query head of the GQA group and aggregated by
 ``max`` or ``mean``.  Per query head the mass is split into
 
 * a **sink** share on block 0 (attention sinks; the share grows with depth, as
-  measured on SmolLM2: layers 12–28 put 30–60 % on position 0),
+  measured on SmolLM2: layers 0–11 put under 12 % on block 0, layers 12–29 28–63 %),
 * a **recent window** share spread over the newest tokens with exponential decay,
 * a **retrieval** share that a few sharp heads put on a handful of *needle*
   blocks of the context (fixed per context: long-range reuse),
@@ -14,7 +14,12 @@ softmax mass, computed for each query head of the GQA group and aggregated by
   block is created (lognormal: a few heavy hitters) times per-step jitter.
 
 Every parameter lives in :class:`AttentionParams`, so that real traces can fit
-them (issue #7); every random draw comes from a seeded generator.
+them (kvcxl.emu.model.fit); every random draw comes from a seeded generator.  The
+sink and recent shares are either a line over depth (``sink_mass_first`` …
+``sink_mass_last``, one ``recent_mass``) or a per-layer *profile*: values at evenly
+spaced relative depths 0 … 1, interpolated linearly onto the shape's layers, so a
+profile fitted on SmolLM2's 30 layers also drives a 4-layer or an 80-layer shape.
+:func:`preset_attention` gives each model-shape preset its default parameters.
 """
 
 from __future__ import annotations
@@ -42,25 +47,112 @@ class AttentionParams:
     retrieval_fraction: float = 0.05  # share of (layer, KV head) pairs that are retrieval heads
     retrieval_mass: float = 0.5  # share a retrieval head puts on the needles
     needles: int = 2  # needle blocks per context
+    # Per-layer profiles (relative depth 0 … 1); when given they replace the line above.
+    sink_profile: tuple[float, ...] = ()
+    recent_profile: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if not np.isfinite(v) or v < 0:
-                raise ValueError(f"attention parameter {f.name} = {v!r}: must be finite and >= 0")
-        for name in ("sink_mass_first", "sink_mass_last", "retrieval_fraction", "retrieval_mass"):
-            if getattr(self, name) > 1:
+        for name in _PROFILES:  # JSON and TOML give lists: store tuples (hashable, frozen)
+            v = getattr(self, name)
+            if isinstance(v, (str, bytes)) or not hasattr(v, "__len__"):
                 raise ValueError(
-                    f"attention parameter {name} = {getattr(self, name)!r}: must be <= 1"
+                    f"attention parameter {name} = {v!r}: must be a list of per-layer fractions"
                 )
-        if max(self.sink_mass_first, self.sink_mass_last) + self.recent_mass > 1:
-            raise ValueError("attention parameters: sink_mass + recent_mass must be <= 1")
+            object.__setattr__(self, name, tuple(float(x) for x in v))
+        for f in fields(self):
+            for v in np.atleast_1d(np.asarray(getattr(self, f.name), dtype=float)):
+                if not np.isfinite(v) or v < 0:
+                    raise ValueError(
+                        f"attention parameter {f.name} = {v!r}: must be finite and >= 0"
+                    )
+        for name in ("sink_mass_first", "sink_mass_last", "retrieval_fraction", "retrieval_mass",
+                     *_PROFILES):  # fmt: skip
+            v = np.asarray(getattr(self, name), dtype=float)
+            if v.size and v.max() > 1:
+                raise ValueError(f"attention parameter {name} = {v.max()!r}: must be <= 1")
+        if len(self.sink_profile) == 1 or len(self.recent_profile) == 1:
+            raise ValueError("attention profiles need at least 2 points (depth 0 and depth 1)")
+        # Both profiles are piecewise linear: checking sink + recent <= 1 at every knot
+        # of either checks it at every depth.
+        knots = np.union1d(
+            [0.0, 1.0],
+            np.union1d(_depths(len(self.sink_profile)), _depths(len(self.recent_profile))),
+        )
+        total = self._sink_at(knots) + self._recent_at(knots)
+        if total.max() > 1 + 1e-9:
+            d = float(knots[int(total.argmax())])
+            raise ValueError(
+                f"attention parameters: sink + recent mass = {total.max():.4f} at relative "
+                f"depth {d:.3f}: must be <= 1"
+            )
+
+    def _sink_at(self, depth: NDArray) -> NDArray:
+        if self.sink_profile:
+            return np.interp(depth, _depths(len(self.sink_profile)), self.sink_profile)
+        return self.sink_mass_first + (self.sink_mass_last - self.sink_mass_first) * depth
+
+    def _recent_at(self, depth: NDArray) -> NDArray:
+        if self.recent_profile:
+            return np.interp(depth, _depths(len(self.recent_profile)), self.recent_profile)
+        return np.full(np.shape(depth), self.recent_mass)
+
+    def sink_by_layer(self, layers: int) -> NDArray:
+        """Sink share of each of ``layers`` layers (float32)."""
+        if not self.sink_profile:
+            return np.linspace(self.sink_mass_first, self.sink_mass_last, layers, dtype=np.float32)
+        return self._sink_at(_depths(layers)).astype(np.float32)
+
+    def recent_by_layer(self, layers: int) -> NDArray:
+        """Recent-window share of each of ``layers`` layers (float32)."""
+        return self._recent_at(_depths(layers)).astype(np.float32)
 
     def with_(self, **changes: Any) -> AttentionParams:
-        return AttentionParams(**{**asdict(self), **changes})
+        """A copy with some parameters changed (validated).
+
+        Setting the line (``sink_mass_first``/``sink_mass_last``, ``recent_mass``)
+        without its profile drops the profile, so an override is never shadowed.
+        """
+        known = {f.name for f in fields(self)}
+        for k in changes:
+            if k not in known:
+                raise ValueError(
+                    f"unknown attention parameter {k!r}: known are {', '.join(sorted(known))}"
+                )
+        base = asdict(self)
+        if {"sink_mass_first", "sink_mass_last"} & changes.keys():
+            base["sink_profile"] = ()
+        if "recent_mass" in changes:
+            base["recent_profile"] = ()
+        return AttentionParams(**{**base, **changes})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+_PROFILES = ("sink_profile", "recent_profile")
+
+
+def _depths(n: int) -> NDArray:
+    """Relative depth 0 … 1 of ``n`` evenly spaced layers (a single layer is depth 0)."""
+    return np.linspace(0.0, 1.0, n) if n > 1 else np.zeros(n)
+
+
+def preset_attention(shape: ModelShape) -> AttentionParams:
+    """Default generator parameters for a shape.
+
+    ``ci`` and ``smollm2`` use the fit to SmolLM2-135M's measured attention
+    (:data:`kvcxl.emu.model.fit.FITTED`, docs/model.md); every other shape (``s1``,
+    custom) keeps the seed-derived defaults of :class:`AttentionParams`, since the
+    fit comes from a 135 M-parameter model and ``s1`` is a 70 B one.
+    """
+    if shape.name in FITTED_PRESETS:
+        from .model.fit import fitted_params
+
+        return fitted_params()
+    return AttentionParams()
+
+
+FITTED_PRESETS = ("ci", "smollm2")
 
 
 class ContextAttention:
@@ -109,7 +201,8 @@ class AttentionModel:
         self.aggregation = aggregation
         L, H = shape.layers, shape.kv_heads
         p = params
-        self.sink = np.linspace(p.sink_mass_first, p.sink_mass_last, L, dtype=np.float32)
+        self.sink = p.sink_by_layer(L)
+        self.recent = p.recent_by_layer(L)
         rng = np.random.default_rng([seed, 0xA77E])
         n_ret = round(p.retrieval_fraction * L * H)
         if p.retrieval_fraction > 0:
@@ -137,12 +230,12 @@ class AttentionModel:
         if needles is None or needles.size == 0:
             ret_mass[:] = 0.0
         sink = self.sink[:, None] * (1.0 - ret_mass)  # a retrieval head's mass goes to needles
-        bg_mass = np.clip(1.0 - sink - p.recent_mass - ret_mass, 0.0, None)
+        bg_mass = np.clip(1.0 - sink - self.recent[:, None] - ret_mass, 0.0, None)
         out = None
         for _g in range(G):
             gain = rng.lognormal(0.0, p.group_sigma, size=(L, H, 1)).astype(np.float32)
             w = bg * (bg_mass[:, :, None] * gain)
-            w += (p.recent_mass * rec)[None, None, :]
+            w += (self.recent[:, None] * rec[None, :])[:, None, :]
             w[:, :, 0] += sink
             if needles is not None and needles.size:
                 w[:, :, needles[needles < nb]] += (ret_mass / max(needles.size, 1))[:, :, None]

@@ -218,7 +218,9 @@ def _add_run_options(p: argparse.ArgumentParser, *, steps: int = 200) -> None:
         type=_kv,
         default=[],
         metavar="K=V",
-        help="synthetic attention parameter, e.g. sink_mass_last=0.3",
+        help="synthetic attention parameter over the preset's defaults (ci and smollm2: the "
+        "fit to SmolLM2, docs/model.md), e.g. sink_mass_last=0.3 or "
+        "sink_profile=[0.05,0.1,0.6,0.5] (per-layer, depth 0 to 1)",
     )
     x = p.add_argument_group("execution")
     x.add_argument("--jobs", type=int, default=None, help="parallel processes (default: cores)")

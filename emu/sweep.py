@@ -54,7 +54,7 @@ class SweepSpec:
 
 def build_stream(spec: SweepSpec, seed: int):
     """The read stream of one seed (a trace ignores the seed)."""
-    from .attention import AttentionParams
+    from .attention import preset_attention
     from .shape import preset
     from .trace import Trace
     from .workloads import compile_workload, from_trace, make_workload
@@ -67,7 +67,7 @@ def build_stream(spec: SweepSpec, seed: int):
     return compile_workload(
         wl,
         spec.steps,
-        attention=AttentionParams(**spec.attention),
+        attention=preset_attention(shape).with_(**spec.attention),
         aggregation=base_cfg.aggregation,
         read=spec.read,
     )

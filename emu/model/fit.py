@@ -3,19 +3,28 @@
 Statistics are taken from per-position captures (dense block weights, combined
 over the GQA group as the trace says), on steps whose context has at least
 ``min_blocks`` blocks, so that the sink block, the recent blocks and the far blocks
-are distinct:
+are distinct.  The generator's shares are fractions of *each query head's* softmax
+mass, so the mass statistics come from ``mean``-aggregated captures (the group
+mean of per-head fractions); a retrieval head shows in one query head, so the
+retrieval statistics come from ``max``-aggregated captures when given:
 
-* **sink mass per layer** — the weight of block 0; fitted by least squares to the
-  generator's linear profile ``sink_mass_first … sink_mass_last`` over layers.
-* **recent window** — the mean weight by block distance from the query's block
-  (block 0 excluded) is fitted as background + ``A·exp(−distance_tokens / τ)``;
-  ``recent_tokens = τ`` and ``recent_mass`` is the mass above background.
+* **sink per layer** — the mean weight of block 0 at each layer: ``sink_profile``
+  (and, for the line form, the least-squares line ``sink_mass_first … last``).
+* **recent window per layer** — at each layer, the mean weight by block distance
+  from the query's block (block 0 excluded), minus the layer's background (median
+  weight 4 or more blocks back), summed over the 4 newest blocks:
+  ``recent_profile`` (capped at 1 − sink; pooled over layers: ``recent_mass``).
+  ``recent_tokens`` is the e-folding distance of the pooled excess.
 * **retrieval heads** — a (layer, head) whose largest far block (≥ 4 blocks back,
   not block 0) holds on average ≥ ``retrieval_cut`` of its mass; their share of all
-  heads is ``retrieval_fraction`` and their mean far-peak mass ``retrieval_mass``.
-* **background spread** — ``relevance_sigma``: the σ of log time-averaged far-block
-  weights within a head; ``jitter_sigma``: the σ over steps of log weight around
-  each block's own mean.
+  heads is ``retrieval_fraction``; ``retrieval_mass`` is their mean far-peak mass
+  times the generator's ``needles`` (it splits the mass over them).
+* **background spread** — on far blocks (≥ 4 blocks back at that step), each
+  weight taken relative to that step's mean far block (the per-block share falls
+  as the context grows): ``relevance_sigma`` is the σ of the log time-averaged
+  relative weight within a head; ``jitter_sigma`` the σ over steps of the log
+  relative weight around each block's own mean (both σ from the median absolute
+  deviation).
 
 ``group_sigma`` (spread between the query heads of one group) cannot be seen after
 aggregation and keeps its default; ``needles`` likewise.
@@ -29,24 +38,38 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ..attention import AttentionParams
+
 # Fitted on the three committed prompts (chat, long-doc, code), 32 generated tokens each,
-# 16-token blocks, max aggregation: `kvcxl.emu.model.fit.main` / docs/model.md. Measured.
-FITTED: dict[str, float] = {
-    "sink_mass_first": 0.0089,
-    "sink_mass_last": 0.8626,
-    "recent_mass": 0.1374,
-    "recent_tokens": 16.46,
-    "relevance_sigma": 0.839,
-    "jitter_sigma": 1.9296,
+# 16-token blocks: mass statistics from mean-aggregated captures, retrieval heads from
+# max-aggregated ones (`python -m kvcxl.emu.model.fit`, docs/model.md). Measured.
+# tests/test_model_fit.py re-captures and re-fits to check these values.
+# fmt: off
+FITTED: dict[str, Any] = {
+    "sink_mass_first": 0.0001,
+    "sink_mass_last": 0.6184,
+    "recent_mass": 0.3299,
+    "recent_tokens": 15.82,
+    "relevance_sigma": 0.6549,
+    "jitter_sigma": 0.8265,
     "retrieval_fraction": 0.0667,
-    "retrieval_mass": 0.316,
+    "retrieval_mass": 0.6321,
+    "sink_profile": (
+        0.0371, 0.0313, 0.0663, 0.1081, 0.0632, 0.0705, 0.0769, 0.0834, 0.0781, 0.0869, 0.0136,
+        0.0305, 0.3644, 0.3907, 0.4532, 0.4352, 0.2767, 0.4844, 0.5815, 0.4007, 0.5827, 0.4145,
+        0.4443, 0.5631, 0.6069, 0.6273, 0.6068, 0.4548, 0.5048, 0.3382,
+    ),
+    "recent_profile": (
+        0.3126, 0.6389, 0.4847, 0.1645, 0.1255, 0.1354, 0.1743, 0.0952, 0.1171, 0.3496, 0.454,
+        0.7821, 0.4872, 0.5446, 0.3161, 0.3281, 0.6042, 0.3091, 0.3244, 0.4637, 0.1724, 0.3162,
+        0.3711, 0.1479, 0.1182, 0.3031, 0.2514, 0.4484, 0.2771, 0.4214,
+    ),
 }
+# fmt: on
 
 
 def fitted_params() -> Any:
     """The generator's parameters fitted to SmolLM2-135M (docs/model.md), for the ci preset."""
-    from ..attention import AttentionParams
-
     return AttentionParams().with_(**FITTED) if FITTED else AttentionParams()
 
 
@@ -59,9 +82,9 @@ def trace_stats(w: NDArray, block_tokens: int, min_blocks: int = 8) -> dict[str,
     if use.size == 0:
         raise ValueError(f"no step has {min_blocks} blocks of context: capture a longer sequence")
     sink = w[use, :, :, 0].mean(axis=(0, 2))  # (L,)
-    # Mean weight by block distance from the query's block (distance 0 = own block).
+    # Mean weight by layer and block distance from the query's block (0 = own block).
     maxd = int(qblock[use].max())
-    prof = np.zeros(maxd + 1)
+    prof = np.zeros((L, maxd + 1))
     cnt = np.zeros(maxd + 1)
     far_peak = np.zeros((L, H))
     n_far = 0
@@ -69,7 +92,7 @@ def trace_stats(w: NDArray, block_tokens: int, min_blocks: int = 8) -> dict[str,
     for s in use:
         qb = int(qblock[s])
         d = qb - np.arange(1, qb + 1)  # blocks 1 … qb
-        prof[d] += w[s, :, :, 1 : qb + 1].mean(axis=(0, 1))
+        prof[:, d] += w[s, :, :, 1 : qb + 1].mean(axis=1)
         cnt[d] += 1
         far = w[s, :, :, 1 : max(qb - 3, 1)]
         if far.shape[-1]:
@@ -81,10 +104,16 @@ def trace_stats(w: NDArray, block_tokens: int, min_blocks: int = 8) -> dict[str,
     s_last = int(use[-1])
     qb = int(qblock[s_last])
     if qb > 5:
-        far_all = w[use][:, :, :, 1 : qb - 3]  # blocks existing at every used step? keep valid
-        valid = far_all > 0
+        far_all = w[use][:, :, :, 1 : qb - 3]
+        # Only (step, block) pairs where the block is far (>= 4 blocks back) at that step:
+        # a block that was recent earlier would add the recency trend to the jitter.
+        far_at = np.arange(1, qb - 3)[None, :] <= (qblock[use] - 4)[:, None]
+        valid = (far_all > 0) & far_at[:, None, None, :]
         mean_b = np.where(valid, far_all, np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
+            # Relative to the step's mean far block: the background's share per block falls
+            # as 1/n while the context grows, which is not jitter.
+            mean_b = mean_b / np.nanmean(mean_b, axis=-1, keepdims=True)
             tm = np.nanmean(mean_b, axis=0)  # (L, H, blocks)
             lr = np.log(tm)
             logs_rel = (lr - np.nanmean(lr, axis=-1, keepdims=True))[np.isfinite(lr)]
@@ -92,7 +121,8 @@ def trace_stats(w: NDArray, block_tokens: int, min_blocks: int = 8) -> dict[str,
             logs_jit = lj[np.isfinite(lj)]
     return {
         "sink_by_layer": sink,
-        "distance_profile": prof,
+        "distance_profile_by_layer": prof,
+        "distance_profile": prof.mean(axis=0),
         "far_peak": far_peak,
         "log_relevance": np.asarray(logs_rel),
         "log_jitter": np.asarray(logs_jit),
@@ -100,47 +130,87 @@ def trace_stats(w: NDArray, block_tokens: int, min_blocks: int = 8) -> dict[str,
     }
 
 
+NEEDLES = AttentionParams().needles  # the generator's default, which the fit keeps
+RECENT_BLOCKS = 4  # the newest blocks whose excess over background is the recent window
+
+
+def _excess(prof: NDArray, n: int) -> tuple[NDArray, NDArray]:
+    """Background (median weight ≥ RECENT_BLOCKS back) and excess over it, on the last axis."""
+    k = RECENT_BLOCKS
+    bg = np.median(prof[..., min(k, n - 1) :], axis=-1) if n > k else prof.min(axis=-1)
+    return bg, np.clip(prof[..., :n] - bg[..., None], 0.0, None)
+
+
+def _robust_sigma(x: NDArray) -> float:
+    """σ from the median absolute deviation (consistent for normal logs, blind to a few
+    near-zero weights, e.g. a head whose whole mass is on sink, window and needles)."""
+    return float(1.4826 * np.median(np.abs(x - np.median(x))))
+
+
 def fit(
-    weights: Sequence[NDArray], block_tokens: int, retrieval_cut: float = 0.3
-) -> tuple[dict[str, float], dict[str, Any]]:
-    """Fitted AttentionParams fields and the statistics behind them, pooled over traces."""
+    weights: Sequence[NDArray],
+    block_tokens: int,
+    retrieval_cut: float = 0.3,
+    retrieval_weights: Sequence[NDArray] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Fitted AttentionParams fields and the statistics behind them, pooled over traces.
+
+    ``weights`` give the mass statistics (best: mean-aggregated captures);
+    ``retrieval_weights`` (best: max-aggregated captures of the same prompts), when
+    given, give the retrieval statistics instead of ``weights``.
+    """
     stats = [trace_stats(w, block_tokens) for w in weights]
+    ret_stats = stats
+    if retrieval_weights is not None:
+        ret_stats = [trace_stats(w, block_tokens) for w in retrieval_weights]
     L = stats[0]["sink_by_layer"].size
     sink = np.mean([s["sink_by_layer"] for s in stats], axis=0)
     x = np.arange(L) / max(L - 1, 1)
     slope, icpt = np.polyfit(x, sink, 1)
     first = float(np.clip(icpt, 0.0, 1.0))
     last = float(np.clip(icpt + slope, 0.0, 1.0))
-    # Distance profile pooled over traces (shortest common length).
+    # Distance profiles pooled over traces (shortest common length).
     n = min(s["distance_profile"].size for s in stats)
-    prof = np.mean([s["distance_profile"][:n] for s in stats], axis=0)
-    bg = float(np.median(prof[min(4, n - 1) :])) if n > 4 else float(prof.min())
-    excess = np.clip(prof - bg, 1e-9, None)
+    prof_l = np.mean([s["distance_profile_by_layer"][:, :n] for s in stats], axis=0)  # (L, n)
+    prof = prof_l.mean(axis=0)
+    bg, excess = _excess(prof, n)
+    bg_l, excess_l = _excess(prof_l, n)
     d_tok = np.arange(n) * block_tokens
-    k = max(2, min(4, n))
-    slope_r, _ = np.polyfit(d_tok[:k], np.log(excess[:k]), 1)
+    k = max(2, min(RECENT_BLOCKS, n))
+    slope_r, _ = np.polyfit(d_tok[:k], np.log(np.clip(excess[:k], 1e-9, None)), 1)
     tau = float(np.clip(-1.0 / slope_r if slope_r < 0 else 1e3, 1.0, 1e4))
     recent_mass = float(np.clip(excess[:k].sum(), 0.0, 1.0 - max(first, last)))
-    far_peak = np.mean([s["far_peak"] for s in stats], axis=0)
+    recent_l_raw = excess_l[:, :k].sum(axis=1)
+    recent_l = np.minimum(recent_l_raw, 1.0 - sink)
+    far_peak = np.mean([s["far_peak"] for s in ret_stats], axis=0)
     ret = far_peak >= retrieval_cut
     rel = np.concatenate([s["log_relevance"] for s in stats])
     jit = np.concatenate([s["log_jitter"] for s in stats])
-    params = {
+    params: dict[str, Any] = {
         "sink_mass_first": round(first, 4),
         "sink_mass_last": round(last, 4),
         "recent_mass": round(recent_mass, 4),
         "recent_tokens": round(tau, 2),
-        "relevance_sigma": round(float(rel.std()) if rel.size else 1.2, 4),
-        "jitter_sigma": round(float(jit.std()) if jit.size else 0.3, 4),
+        "relevance_sigma": round(_robust_sigma(rel) if rel.size else 1.2, 4),
+        "jitter_sigma": round(_robust_sigma(jit) if jit.size else 0.3, 4),
         "retrieval_fraction": round(float(ret.mean()), 4),
-        "retrieval_mass": round(float(far_peak[ret].mean()) if ret.any() else 0.0, 4),
+        # The generator splits a retrieval head's mass over its needles: per-needle = peak.
+        "retrieval_mass": round(
+            min(1.0, float(far_peak[ret].mean()) * NEEDLES) if ret.any() else 0.0, 4
+        ),
+        # Rounded down so the rounded profiles still satisfy sink + recent <= 1.
+        "sink_profile": [float(np.floor(float(v) * 1e4) / 1e4) for v in sink],
+        "recent_profile": [float(np.floor(float(v) * 1e4) / 1e4) for v in recent_l],
     }
     evidence = {
         "evidence": "Measured",
         "sink_by_layer": [round(float(v), 4) for v in sink],
         "sink_linear_fit_rmse": round(float(np.sqrt(np.mean((icpt + slope * x - sink) ** 2))), 4),
+        "recent_by_layer_uncapped": [round(float(v), 4) for v in recent_l_raw],
+        "recent_layers_capped": int((recent_l_raw > 1.0 - sink).sum()),
         "distance_profile_first_blocks": [round(float(v), 5) for v in prof[:8]],
-        "background_per_block": round(bg, 5),
+        "background_per_block": round(float(bg), 5),
+        "background_per_block_by_layer": [round(float(v), 5) for v in bg_l],
         "retrieval_heads": [[int(a), int(b)] for a, b in np.argwhere(ret)],
         "steps_used": [s["steps_used"] for s in stats],
     }
@@ -148,17 +218,30 @@ def fit(
 
 
 def main(paths: Sequence[str]) -> dict[str, Any]:
-    """Fit from trace files; returns {"params": …, "evidence": …} (used by docs/model.md)."""
+    """Fit from trace files; returns {"params": …, "evidence": …} (used by docs/model.md).
+
+    Given captures of both aggregations, the mass statistics come from the ``mean``
+    ones and the retrieval statistics from the ``max`` ones; given one kind, from it.
+    """
     from ..trace import Trace
     from .calibrate import dense_weights
 
+    if not paths:
+        raise ValueError("no trace given: pass one or more captured traces (.npz)")
     traces = [Trace.load(p) for p in paths]
     bts = {t.shape.block_tokens for t in traces}
     if len(bts) != 1:
-        raise ValueError("all traces must share one block size")
-    params, evidence = fit([dense_weights(t) for t in traces], bts.pop())
-    from ..attention import AttentionParams
-
+        raise ValueError(f"all traces must share one block size (got {sorted(bts)})")
+    by_agg = {a: [t for t in traces if t.aggregation == a] for a in ("mean", "max")}
+    mass = by_agg["mean"] or by_agg["max"]
+    ret = by_agg["max"] if by_agg["mean"] and by_agg["max"] else None
+    params, evidence = fit(
+        [dense_weights(t) for t in mass],
+        bts.pop(),
+        retrieval_weights=None if ret is None else [dense_weights(t) for t in ret],
+    )
+    evidence["mass_aggregation"] = mass[0].aggregation
+    evidence["retrieval_aggregation"] = (ret or mass)[0].aggregation
     AttentionParams().with_(**params)  # the fitted values are valid generator parameters
     return {"params": params, "evidence": evidence}
 

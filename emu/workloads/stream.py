@@ -23,7 +23,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ...firmware.cache import unique_ids
-from ..attention import AttentionModel, AttentionParams, ContextAttention, sparse_mask
+from ..attention import (
+    AttentionModel,
+    AttentionParams,
+    ContextAttention,
+    preset_attention,
+    sparse_mask,
+)
 from ..shape import ModelShape
 from ..trace import Trace
 
@@ -281,7 +287,7 @@ def compile_workload(
     if steps < 1:
         raise ValueError(f"steps = {steps} is out of range: must be >= 1")
     shape = workload.shape
-    attention = attention or AttentionParams()
+    attention = attention or preset_attention(shape)
     mode, value = parse_read_mode(read)
     model = AttentionModel(shape, attention, aggregation, workload.seed)
     rng = np.random.default_rng([workload.seed, 0xC0DE])

@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from kvcxl.emu.model.calibrate import ci95, threshold_sweep
-from kvcxl.emu.model.fit import fit, fitted_params
+from kvcxl.emu.model.fit import FITTED, fit, fitted_params
 
 
-def _synthetic(params, layers=8, kv_heads=2, tokens=320, seed=0):
+def _synthetic(params, layers=8, kv_heads=2, tokens=320, seed=0, aggregation="mean", q_heads=None):
     from kvcxl.emu.attention import AttentionModel, ContextAttention
     from kvcxl.emu.shape import ModelShape
 
-    shape = ModelShape("t", layers, 2 * kv_heads, kv_heads, 64, 2, 16, tokens)
-    am = AttentionModel(shape, params, "mean", seed)
+    shape = ModelShape("t", layers, q_heads or 2 * kv_heads, kv_heads, 64, 2, 16, tokens)
+    am = AttentionModel(shape, params, aggregation, seed)
     rng = np.random.default_rng(seed)
     ctx = ContextAttention(shape, params, rng)
     nb = -(-tokens // 16)
@@ -24,7 +24,7 @@ def _synthetic(params, layers=8, kv_heads=2, tokens=320, seed=0):
     return w
 
 
-def test_fit_recovers_the_sink_profile_of_the_generator() -> None:
+def test_fit_recovers_the_sink_line_of_the_generator() -> None:
     from kvcxl.emu.attention import AttentionParams
 
     true = AttentionParams(sink_mass_first=0.1, sink_mass_last=0.5, recent_mass=0.3,
@@ -37,12 +37,64 @@ def test_fit_recovers_the_sink_profile_of_the_generator() -> None:
     AttentionParams().with_(**params)  # valid generator parameters
 
 
-def test_fitted_params_are_valid() -> None:
+def test_fit_recovers_a_step_profile_and_per_layer_recent_mass() -> None:
+    from kvcxl.emu.attention import AttentionParams
+
+    sink = [0.05, 0.05, 0.08, 0.1, 0.6, 0.55, 0.65, 0.5]
+    recent = [0.5, 0.3, 0.4, 0.2, 0.3, 0.2, 0.1, 0.35]
+    true = AttentionParams(sink_profile=sink, recent_profile=recent, retrieval_fraction=0.0,
+                           jitter_sigma=0.6, relevance_sigma=0.8)  # fmt: skip
+    params, ev = fit([_synthetic(true, tokens=400, seed=s) for s in range(2)], 16)
+    np.testing.assert_allclose(params["sink_profile"], sink, atol=0.03)
+    np.testing.assert_allclose(params["recent_profile"], recent, atol=0.06)
+    # A line cannot follow the step: its residual shows it.
+    assert ev["sink_linear_fit_rmse"] > 0.1
+    assert params["jitter_sigma"] == pytest.approx(0.6, abs=0.1)
+    assert params["relevance_sigma"] == pytest.approx(0.8, abs=0.15)
+
+
+def test_committed_fit_round_trips_through_the_generator() -> None:
+    """The generator run with FITTED on SmolLM2's shape, fitted again, gives FITTED back."""
+    p = fitted_params()
+    lengths = (262, 738, 431)  # the committed prompts' captured lengths (docs/model.md)
+    mean = [_synthetic(p, 30, 3, n, seed, "mean", 9) for seed, n in enumerate(lengths)]
+    mx = [_synthetic(p, 30, 3, n, seed, "max", 9) for seed, n in enumerate(lengths)]
+    got, _ = fit(mean, 16, retrieval_weights=mx)
+    for name in ("sink_profile", "recent_profile"):
+        err = np.asarray(got[name]) - np.asarray(FITTED[name])
+        assert np.sqrt(np.mean(err**2)) < 0.05, name
+    assert got["jitter_sigma"] == pytest.approx(FITTED["jitter_sigma"], abs=0.1)
+    assert got["relevance_sigma"] == pytest.approx(FITTED["relevance_sigma"], abs=0.1)
+    assert got["recent_tokens"] == pytest.approx(FITTED["recent_tokens"], rel=0.3)
+    assert got["retrieval_fraction"] == pytest.approx(FITTED["retrieval_fraction"], abs=0.034)
+
+
+def test_fitted_params_are_valid_and_show_the_measured_step() -> None:
     from kvcxl.emu.attention import AttentionParams
 
     p = fitted_params()
     assert isinstance(p, AttentionParams)
-    assert p.sink_mass_last > p.sink_mass_first  # SmolLM2's sink grows with depth
+    sink = p.sink_by_layer(30)
+    assert sink[:12].max() < 0.15 and sink[12:].min() > 0.25  # SmolLM2: a step at layer 12
+    assert (sink + p.recent_by_layer(30)).max() <= 1.0
+
+
+def test_ci_and_smollm2_presets_use_the_fit_and_s1_keeps_the_seed_values() -> None:
+    from kvcxl.emu.attention import AttentionParams, preset_attention
+    from kvcxl.emu.shape import preset
+    from kvcxl.emu.sweep import SweepSpec, build_stream
+    from kvcxl.emu.workloads import compile_workload, make_workload
+
+    assert preset_attention(preset("ci")) == fitted_params()
+    assert preset_attention(preset("smollm2")) == fitted_params()
+    assert preset_attention(preset("s1")) == AttentionParams()
+    stream = compile_workload(make_workload("zipf-sessions", preset("ci"), seed=0), 2)
+    assert stream.info["attention"] == fitted_params().to_dict()
+    # An override of the line drops the profile it would otherwise be shadowed by.
+    spec = SweepSpec(workload="zipf-sessions", steps=2, attention={"sink_mass_last": 0.3})
+    att = build_stream(spec, 0).info["attention"]
+    assert att["sink_mass_last"] == 0.3 and att["sink_profile"] == ()
+    assert att["recent_profile"] == FITTED["recent_profile"]
 
 
 def test_ci95() -> None:

@@ -63,7 +63,7 @@ class AttentionParams:
             for v in np.atleast_1d(np.asarray(getattr(self, f.name), dtype=float)):
                 if not np.isfinite(v) or v < 0:
                     raise ValueError(
-                        f"attention parameter {f.name} = {v!r}: must be finite and >= 0"
+                        f"attention parameter {f.name} = {float(v)!r}: must be finite and >= 0"
                     )
         for name in ("sink_mass_first", "sink_mass_last", "retrieval_fraction", "retrieval_mass",
                      *_PROFILES):  # fmt: skip

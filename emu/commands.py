@@ -336,7 +336,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     t = sub.add_parser(
         "trace",
-        help="kvcxl traces: validate, info, export (npz/CSV/oracleGeneral), capture",
+        help="kvcxl traces: validate, info, export (npz/CSV/oracleGeneral), capture, fit",
         description="Work with kvcxl attention traces (docs/trace-format.md).",
     )
     ts = t.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
@@ -374,6 +374,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         tc = ts.add_parser("capture", help="record a Measured trace from SmolLM2-135M (offline)")
         capture.add_arguments(tc)
         tc.set_defaults(func=capture.main)
+    fit = importlib.import_module("kvcxl.emu.model.fit")  # numpy only: always present
+    tf = ts.add_parser("fit", help="fit the synthetic attention generator to captured traces")
+    fit.add_arguments(tf)
+    tf.set_defaults(func=fit.cli)
 
 
 # --- helpers -----------------------------------------------------------------------------------

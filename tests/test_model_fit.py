@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from kvcxl.emu.model.calibrate import ci95, threshold_sweep
@@ -9,19 +11,11 @@ from kvcxl.emu.model.fit import FITTED, fit, fitted_params
 
 
 def _synthetic(params, layers=8, kv_heads=2, tokens=320, seed=0, aggregation="mean", q_heads=None):
-    from kvcxl.emu.attention import AttentionModel, ContextAttention
+    from kvcxl.emu.model.fit import generate_dense
     from kvcxl.emu.shape import ModelShape
 
     shape = ModelShape("t", layers, q_heads or 2 * kv_heads, kv_heads, 64, 2, 16, tokens)
-    am = AttentionModel(shape, params, aggregation, seed)
-    rng = np.random.default_rng(seed)
-    ctx = ContextAttention(shape, params, rng)
-    nb = -(-tokens // 16)
-    w = np.zeros((tokens, layers, kv_heads, nb), dtype=np.float32)
-    for s in range(tokens):
-        a = am.weights(ctx, s + 1, rng)
-        w[s, :, :, : a.shape[-1]] = a
-    return w
+    return generate_dense(params, shape, tokens, seed, aggregation)
 
 
 def test_fit_recovers_the_sink_line_of_the_generator() -> None:
@@ -113,3 +107,63 @@ def test_threshold_sweep_is_monotone() -> None:
     nv = [e["nvme_read_fraction"] for e in r["evict"]]
     assert hot == sorted(hot, reverse=True) and hit == sorted(hit, reverse=True)
     assert nv == sorted(nv)
+
+
+def _per_position_trace(params, n, seed, aggregation, tmp_path, block_tokens=16):
+    """A generator run stored as a per-position trace (labelled Simulated)."""
+    import dataclasses
+
+    from kvcxl.emu.model.capture import Capture, to_trace
+    from kvcxl.emu.model.fit import generate_dense
+    from kvcxl.emu.shape import preset
+
+    shape = preset("smollm2").with_(block_tokens=block_tokens)
+    w = generate_dense(params, shape, n, seed, aggregation)
+    cap = Capture(list(range(n)), n - 8, w, block_tokens, aggregation)
+    tr = dataclasses.replace(to_trace(cap, source="generator"), evidence="Simulated")
+    return str(tr.save(tmp_path / f"g{seed}-{aggregation}-{block_tokens}.npz"))
+
+
+def test_trace_fit_cli_fits_checks_and_plots(tmp_path, capsys) -> None:
+    import json
+
+    from kvcxl.emu.attention import AttentionParams
+    from kvcxl.emu.cli import main
+
+    p = fitted_params()
+    files = [_per_position_trace(p, 200, s, a, tmp_path) for s in (0, 1) for a in ("mean", "max")]
+    out_json, out_png = tmp_path / "fit.json", tmp_path / "fit.png"
+    assert main(["trace", "fit", *files, "--json", str(out_json), "--plot", str(out_png)]) == 0
+    text = capsys.readouterr().out
+    assert "mass from mean, retrieval from max" in text and "round trip" in text
+    doc = json.loads(out_json.read_text())
+    AttentionParams().with_(**doc["params"])
+    assert doc["round_trip"]["profile_rmse"]["sink_profile"] < 0.05
+    assert out_png.stat().st_size > 10_000
+    # Mixed block sizes and an empty list are refused with a message (exit 2).
+    other = _per_position_trace(p, 200, 2, "mean", tmp_path, block_tokens=8)
+    assert main(["trace", "fit", files[0], other]) == 2
+    assert "one block size" in capsys.readouterr().err
+
+
+def test_attention_params_refuse_bad_profiles() -> None:
+    from kvcxl.emu.attention import AttentionParams
+
+    p = AttentionParams()
+    msg = re.escape("sink + recent mass = 1.2400 at relative depth 0.000")
+    with pytest.raises(ValueError, match=msg):
+        p.with_(sink_profile=[0.9, 0.1])
+    with pytest.raises(ValueError, match="at least 2 points"):
+        p.with_(sink_profile=[0.5])
+    with pytest.raises(ValueError, match="list of per-layer fractions"):
+        p.with_(recent_profile="0.1,0.2")
+    with pytest.raises(ValueError, match=re.escape("recent_profile = -1.0")):
+        p.with_(recent_profile=[0.2, -1])
+    with pytest.raises(ValueError, match="unknown attention parameter 'sink_mass'"):
+        p.with_(sink_mass=0.2)
+    q = p.with_(sink_profile=[0.0, 0.1, 0.6, 0.5], recent_profile=[0.4, 0.2])
+    assert q.sink_profile == (0.0, 0.1, 0.6, 0.5)  # lists are stored as tuples
+    np.testing.assert_allclose(q.sink_by_layer(7), [0, 0.05, 0.1, 0.35, 0.6, 0.55, 0.5], atol=1e-6)
+    np.testing.assert_allclose(q.recent_by_layer(3), [0.4, 0.3, 0.2], atol=1e-6)
+    # Without profiles the line is as before.
+    np.testing.assert_allclose(p.sink_by_layer(3), [0.05, 0.25, 0.45], atol=1e-6)

@@ -33,7 +33,9 @@ aggregation and keeps its default; ``needles`` likewise.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -225,6 +227,40 @@ def fit(
     return params, evidence
 
 
+def generate_dense(
+    params: AttentionParams, shape: Any, tokens: int, seed: int, aggregation: str
+) -> NDArray:
+    """The generator's dense weights (steps, layers, kv_heads, blocks) for one context of
+    ``tokens`` positions, one step per position, as a capture records them."""
+    from ..attention import AttentionModel, ContextAttention
+
+    am = AttentionModel(shape, params, aggregation, seed)
+    rng = np.random.default_rng(seed)
+    ctx = ContextAttention(shape, params, rng)
+    nb = -(-tokens // shape.block_tokens)
+    w = np.zeros((tokens, shape.layers, shape.kv_heads, nb), dtype=np.float32)
+    for s in range(tokens):
+        a = am.weights(ctx, s + 1, rng)
+        w[s, :, :, : a.shape[-1]] = a
+    return w
+
+
+def round_trip(
+    params: dict[str, Any], shape: Any, lengths: Sequence[int]
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Run the generator at ``params`` on ``shape`` for contexts of ``lengths`` tokens, fit
+    again, and return the refitted values and each profile's RMSE against ``params``."""
+    p = AttentionParams().with_(**params)
+    mean = [generate_dense(p, shape, n, seed, "mean") for seed, n in enumerate(lengths)]
+    mx = [generate_dense(p, shape, n, seed, "max") for seed, n in enumerate(lengths)]
+    got, _ = fit(mean, shape.block_tokens, retrieval_weights=mx)
+    rmse = {
+        name: round(float(np.sqrt(np.mean((np.subtract(got[name], params[name])) ** 2))), 4)
+        for name in ("sink_profile", "recent_profile")
+    }
+    return got, rmse
+
+
 def main(paths: Sequence[str]) -> dict[str, Any]:
     """Fit from trace files; returns {"params": …, "evidence": …} (used by docs/model.md).
 
@@ -243,15 +279,114 @@ def main(paths: Sequence[str]) -> dict[str, Any]:
     by_agg = {a: [t for t in traces if t.aggregation == a] for a in ("mean", "max")}
     mass = by_agg["mean"] or by_agg["max"]
     ret = by_agg["max"] if by_agg["mean"] and by_agg["max"] else None
+    mass_w = [dense_weights(t) for t in mass]
     params, evidence = fit(
-        [dense_weights(t) for t in mass],
+        mass_w,
         bts.pop(),
         retrieval_weights=None if ret is None else [dense_weights(t) for t in ret],
     )
     evidence["mass_aggregation"] = mass[0].aggregation
     evidence["retrieval_aggregation"] = (ret or mass)[0].aggregation
+    evidence["lengths"] = [int(w.shape[0]) for w in mass_w]
+    evidence["shape"] = mass[0].shape.to_dict()
     AttentionParams().with_(**params)  # the fitted values are valid generator parameters
     return {"params": params, "evidence": evidence}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``kvcxl trace fit`` (the parser is created by the trace command)."""
+    p.description = (
+        "Fit the synthetic attention generator (sink and recent-window share per layer, "
+        "recent-window length, background spread, retrieval heads) to per-position captures "
+        "from `kvcxl trace capture`. Give mean-aggregated captures for the mass statistics "
+        "and max-aggregated ones of the same prompts for the retrieval heads. Prints the "
+        "fitted values beside the committed ones that the ci and smollm2 presets use, and "
+        "checks the fit by running the generator at the fitted values and fitting again."
+    )
+    p.epilog = (
+        "example (the committed fit, docs/model.md):\n"
+        "  for p in chat long-doc code; do\n"
+        "    kvcxl trace capture --prompt $p --steps 32 --aggregation mean -o $p-mean.npz\n"
+        "    kvcxl trace capture --prompt $p --steps 32 -o $p-max.npz; done\n"
+        "  kvcxl trace fit *-mean.npz *-max.npz --plot fit.png --json fit.json"
+    )
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("traces", nargs="+", metavar="TRACE", help="captured traces (.npz)")
+    p.add_argument("--json", dest="json_out", metavar="FILE", help="write params and evidence")
+    p.add_argument(
+        "--plot", metavar="FILE.png", help="per-layer sink and recent share: measured vs generator"
+    )
+    p.add_argument(
+        "--no-check", action="store_true", help="skip the generator round trip (a few seconds)"
+    )
+
+
+def cli(args: argparse.Namespace) -> int:
+    """Handler of ``kvcxl trace fit``."""
+    import json
+
+    from ..shape import ModelShape
+
+    out = main(args.traces)
+    params, ev = out["params"], out["evidence"]
+    print(
+        f"fit over {len(ev['lengths'])} capture(s) of {ev['lengths']} positions; mass from "
+        f"{ev['mass_aggregation']}, retrieval from {ev['retrieval_aggregation']} "
+        "aggregation  (Measured)"
+    )
+    print(f"{'parameter':<22}{'fitted':>10}{'committed':>11}")
+    for name, v in params.items():
+        c = FITTED.get(name)
+        if isinstance(v, list):
+            d = np.abs(np.subtract(v, c)).max() if c is not None and len(c) == len(v) else None
+            note = "" if d is None else f"max |diff| {d:.4f}"
+            print(f"{name:<22}{'(' + str(len(v)) + ' layers)':>10}{'':>11}  {note}")
+        else:
+            print(f"{name:<22}{v:>10.4f}{'' if c is None else f'{c:>11.4f}'}")
+    print(f"sink line RMSE over layers: {ev['sink_linear_fit_rmse']}  (the profile replaces it)")
+    regen = None
+    if not args.no_check:
+        shape = ModelShape(**{**ev["shape"], "name": "fit-check"})
+        regen, rmse = round_trip(params, shape, ev["lengths"])
+        out["round_trip"] = {"refitted": regen, "profile_rmse": rmse, "evidence": "Simulated"}
+        print(
+            "round trip (generator at the fitted values, fitted again; Simulated): "
+            f"sink RMSE {rmse['sink_profile']}, recent RMSE {rmse['recent_profile']}, "
+            f"jitter {regen['jitter_sigma']} vs {params['jitter_sigma']}, relevance "
+            f"{regen['relevance_sigma']} vs {params['relevance_sigma']}, retrieval heads "
+            f"{regen['retrieval_fraction']} vs {params['retrieval_fraction']}"
+        )
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(out, indent=2))
+        print(f"wrote {args.json_out}")
+    if args.plot:
+        _plot(params, regen, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _plot(params: dict[str, Any], regen: dict[str, Any] | None, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
+    panels = (("sink_profile", "sink share (block 0)"), ("recent_profile", "recent-window share"))
+    for ax, (name, title) in zip(axes, panels, strict=True):
+        layers = np.arange(len(params[name]))
+        ax.plot(layers, params[name], "o", label="captures (Measured)")
+        if regen is not None:
+            ax.plot(layers, regen[name], "-", label="generator at the fit, refitted (Simulated)")
+        ax.set_title(title)
+        ax.set_xlabel("layer")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of a head's attention")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":  # python -m kvcxl.emu.model.fit TRACE...

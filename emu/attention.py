@@ -17,8 +17,9 @@ Every parameter lives in :class:`AttentionParams`, so that real traces can fit
 them (kvcxl.emu.model.fit); every random draw comes from a seeded generator.  The
 sink and recent shares are either a line over depth (``sink_mass_first`` …
 ``sink_mass_last``, one ``recent_mass``) or a per-layer *profile*: values at evenly
-spaced relative depths 0 … 1, interpolated linearly onto the shape's layers, so a
-profile fitted on SmolLM2's 30 layers also drives a 4-layer or an 80-layer shape.
+spaced relative depths 0 … 1, interpolated onto a deeper shape and averaged onto a
+shallower one, so a profile fitted on SmolLM2's 30 layers also drives the 4-layer
+``ci`` shape and the 80-layer ``s1`` one.
 :func:`preset_attention` gives each model-shape preset its default parameters.
 """
 
@@ -72,6 +73,12 @@ class AttentionParams:
                 raise ValueError(f"attention parameter {name} = {v.max()!r}: must be <= 1")
         if len(self.sink_profile) == 1 or len(self.recent_profile) == 1:
             raise ValueError("attention profiles need at least 2 points (depth 0 and depth 1)")
+        if self.sink_profile and self.recent_profile:
+            if len(self.sink_profile) != len(self.recent_profile):
+                raise ValueError(
+                    f"attention profiles: sink_profile has {len(self.sink_profile)} points, "
+                    f"recent_profile {len(self.recent_profile)}: give both per the same layers"
+                )
         # Both profiles are piecewise linear: checking sink + recent <= 1 at every knot
         # of either checks it at every depth.
         knots = np.union1d(
@@ -100,11 +107,13 @@ class AttentionParams:
         """Sink share of each of ``layers`` layers (float32)."""
         if not self.sink_profile:
             return np.linspace(self.sink_mass_first, self.sink_mass_last, layers, dtype=np.float32)
-        return self._sink_at(_depths(layers)).astype(np.float32)
+        return _resample(self.sink_profile, layers)
 
     def recent_by_layer(self, layers: int) -> NDArray:
         """Recent-window share of each of ``layers`` layers (float32)."""
-        return self._recent_at(_depths(layers)).astype(np.float32)
+        if not self.recent_profile:
+            return np.full(layers, self.recent_mass, dtype=np.float32)
+        return _resample(self.recent_profile, layers)
 
     def with_(self, **changes: Any) -> AttentionParams:
         """A copy with some parameters changed (validated).
@@ -135,6 +144,22 @@ _PROFILES = ("sink_profile", "recent_profile")
 def _depths(n: int) -> NDArray:
     """Relative depth 0 … 1 of ``n`` evenly spaced layers (a single layer is depth 0)."""
     return np.linspace(0.0, 1.0, n) if n > 1 else np.zeros(n)
+
+
+def _resample(profile: tuple[float, ...], layers: int) -> NDArray:
+    """A per-layer profile of n points on ``layers`` layers (float32).
+
+    Upsampling interpolates linearly over relative depth; downsampling averages the
+    points that fall in each layer's share of depth, so a 4-layer shape keeps the mean
+    mass of SmolLM2's 30 layers rather than sampling 4 of them.  ``layers == n`` gives
+    the profile back.
+    """
+    v = np.asarray(profile, dtype=np.float64)
+    n = v.size
+    if layers >= n:
+        return np.interp(_depths(layers), _depths(n), v).astype(np.float32)
+    group = ((np.arange(n) + 0.5) * layers / n).astype(np.int64)
+    return (np.bincount(group, v, layers) / np.bincount(group, minlength=layers)).astype(np.float32)
 
 
 def preset_attention(shape: ModelShape) -> AttentionParams:
@@ -203,6 +228,12 @@ class AttentionModel:
         p = params
         self.sink = p.sink_by_layer(L)
         self.recent = p.recent_by_layer(L)
+        total = self.sink + self.recent
+        if total.max() > 1 + 1e-6:
+            raise ValueError(
+                f"attention parameters: sink + recent mass = {total.max():.4f} at layer "
+                f"{int(total.argmax())} of {L}: must be <= 1"
+            )
         rng = np.random.default_rng([seed, 0xA77E])
         n_ret = round(p.retrieval_fraction * L * H)
         if p.retrieval_fraction > 0:

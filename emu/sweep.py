@@ -251,12 +251,20 @@ RESULTS_PERSISTENCE_POLICIES = ["ema", "lfu", "lrfu", "h2o"]
 
 
 def results_specs(
-    workload: str, seeds: int, steps: int, read: str = "dense"
+    workload: str, seeds: int, steps: int, read: str = "dense", attention: str = "preset"
 ) -> dict[str, SweepSpec]:
-    """The three sweeps behind docs/results.md for one workload."""
-    from ..firmware.policies import POLICIES
+    """The three sweeps behind docs/results.md for one workload.
 
+    ``attention`` is ``"preset"`` (the ci preset's parameters: the SmolLM2 fit) or
+    ``"seed"`` (the seed-derived defaults of AttentionParams, for comparison).
+    """
+    from ..firmware.policies import POLICIES
+    from .attention import AttentionParams
+
+    if attention not in ("preset", "seed"):
+        raise ValueError(f"attention = {attention!r}: must be 'preset' or 'seed'")
     common = dict(
+        attention=AttentionParams().to_dict() if attention == "seed" else {},
         workload=workload,
         steps=steps,
         seeds=list(range(seeds)),
@@ -301,6 +309,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--question", action="append", choices=("ranking", "alpha", "persistence"),
                    help="only these questions")  # fmt: skip
     p.add_argument("--read", default="dense", help="dense, topk:K or threshold:T")
+    p.add_argument(
+        "--attention",
+        choices=("preset", "seed"),
+        default="preset",
+        help="synthetic attention: the ci preset's (fitted to SmolLM2, default) or the "
+        "seed-derived defaults (for comparison)",
+    )
     p.add_argument("--jobs", type=int, default=None)
     p.add_argument("--backend", choices=("process", "serial", "dask"), default="process")
     p.add_argument("--scheduler", help="Dask scheduler address")
@@ -308,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     for wl in args.workload or list(WORKLOADS):
-        for name, spec in results_specs(wl, args.seeds, args.steps, args.read).items():
+        specs = results_specs(wl, args.seeds, args.steps, args.read, args.attention)
+        for name, spec in specs.items():
             if args.question and name not in args.question:
                 continue
             raw = run_sweep(spec, jobs=args.jobs, backend=args.backend, address=args.scheduler)
@@ -323,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "budgets": RESULTS_BUDGETS,
         "read": args.read,
+        "attention": args.attention,
         "wall_s": round(time.perf_counter() - t0, 1),
         "rows": rows,
     }

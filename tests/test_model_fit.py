@@ -161,9 +161,15 @@ def test_attention_params_refuse_bad_profiles() -> None:
         p.with_(recent_profile=[0.2, -1])
     with pytest.raises(ValueError, match="unknown attention parameter 'sink_mass'"):
         p.with_(sink_mass=0.2)
-    q = p.with_(sink_profile=[0.0, 0.1, 0.6, 0.5], recent_profile=[0.4, 0.2])
+    with pytest.raises(ValueError, match="sink_profile has 4 points, recent_profile 2"):
+        p.with_(sink_profile=[0.0, 0.1, 0.6, 0.5], recent_profile=[0.4, 0.2])
+    q = p.with_(sink_profile=[0.0, 0.1, 0.6, 0.5], recent_profile=[0.4, 0.2, 0.3, 0.2])
     assert q.sink_profile == (0.0, 0.1, 0.6, 0.5)  # lists are stored as tuples
+    # Deeper shapes interpolate, the same depth gives the profile back, shallower average.
     np.testing.assert_allclose(q.sink_by_layer(7), [0, 0.05, 0.1, 0.35, 0.6, 0.55, 0.5], atol=1e-6)
-    np.testing.assert_allclose(q.recent_by_layer(3), [0.4, 0.3, 0.2], atol=1e-6)
+    np.testing.assert_allclose(q.sink_by_layer(4), [0.0, 0.1, 0.6, 0.5], atol=1e-7)
+    np.testing.assert_allclose(q.sink_by_layer(2), [0.05, 0.55], atol=1e-7)
+    np.testing.assert_allclose(q.recent_by_layer(2), [0.3, 0.25], atol=1e-7)
+    np.testing.assert_allclose(q.sink_by_layer(1), [0.3], atol=1e-7)
     # Without profiles the line is as before.
     np.testing.assert_allclose(p.sink_by_layer(3), [0.05, 0.25, 0.45], atol=1e-6)

@@ -672,10 +672,17 @@ def _demo(args: argparse.Namespace) -> int:
     rows = combine(raw)
     wall = time.perf_counter() - t0
     table = format_table(rows)
+    from .attention import FITTED_PRESETS
+
+    attention = (
+        "fitted to SmolLM2-135M (docs/model.md)"
+        if spec.preset in FITTED_PRESETS
+        else "the seed's defaults"
+    )
     head = (
-        f"workload {spec.workload} on the ci preset, {spec.steps} decode steps "
+        f"workload {spec.workload} on the {spec.preset} preset, {spec.steps} decode steps "
         f"({spec.warmup_steps} warm-up excluded), {len(spec.seeds)} seeds, dense reads, "
-        "prefetch off, eviction audit on. Simulated."
+        f"synthetic attention {attention}, prefetch off, eviction audit on. Simulated."
     )
     print(head)
     print(table)

@@ -129,12 +129,20 @@ def simulate(
     victims: list[NDArray] = []
     dump: list[tuple[NDArray, NDArray, int]] = []
 
-    def sink(ids: NDArray, prio: NDArray, tick: Tick) -> None:
+    def sink(ids: NDArray, prio: NDArray | None, tick: Tick) -> None:
         victims.append(ids.copy())
         if opts.record_victims:
             dump.append((ids.copy(), np.asarray(prio, dtype=np.float64).copy(), tick.step))
 
-    cache = PolicyCache(policy, capacity, audit=audit, on_victims=sink)
+    # Victim order matters only to a dump (compared entry by entry with the device and guest).
+    cache = PolicyCache(
+        policy,
+        capacity,
+        audit=audit,
+        on_victims=sink,
+        ordered_victims=opts.record_victims,
+        victim_priority=opts.record_victims,
+    )
     cache.ensure(n_total)
     policy.ensure(n_total)
     tiers = Tiers(
@@ -368,7 +376,7 @@ def simulate(
         "cache": cs,
         "audited_victims": audit.checked if audit else None,
         "wrong_victims": audit.wrong if audit else None,
-        "misordered_victims": audit.misordered if audit else None,
+        "misordered_victims": audit.as_dict()["misordered_victims"] if audit else None,
         "granularity": opts.granularity,
         "persistent_metadata": cfg.persistent_metadata,
         "alpha": cfg.alpha,

@@ -192,7 +192,7 @@ class Tiers:
         if over > 0:
             in_cxl = np.flatnonzero(self.tier[: self.n] == TIER_CXL)
             # Oldest arrivals in CXL DRAM go down first (ties: lower entry id).
-            out = select_victims(in_cxl, -self.since[in_cxl], over)
+            out = select_victims(in_cxl, -self.since[in_cxl], over, ordered=False)
             self.moved[TIER_CXL, TIER_NVME] += out.size
             self.count[TIER_CXL] -= out.size
             self.count[TIER_NVME] += out.size

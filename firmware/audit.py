@@ -24,21 +24,28 @@ class EvictionAudit:
     checked: int = 0
     wrong: int = 0
     misordered: int = 0
+    order_checked: int = 0  # victims whose order was checked (passes selected in order)
     passes: int = 0
     examples: list[dict] = field(default_factory=list)
     max_examples: int = 8
 
-    def check(self, eligible: NDArray, priority: NDArray, victims: NDArray) -> int:
-        """Audit one selection; returns the number of wrong victims in it."""
+    def check(
+        self, eligible: NDArray, priority: NDArray, victims: NDArray, ordered: bool = True
+    ) -> int:
+        """Audit one selection; returns the number of wrong victims in it.
+
+        ``ordered=False``: the victims were selected as a set, so only membership is checked.
+        """
         victims = np.asarray(victims, dtype=np.int64)
         expected = reference_order(eligible, priority)[: victims.size]
         distinct = unique_ids(victims)
         wrong = int(np.setdiff1d(distinct, expected, assume_unique=True).size)
         wrong += victims.size - distinct.size  # a victim chosen twice
-        misordered = int(np.count_nonzero(victims != expected))
+        if ordered:
+            self.misordered += int(np.count_nonzero(victims != expected))
+            self.order_checked += int(victims.size)
         self.checked += int(victims.size)
         self.wrong += wrong
-        self.misordered += misordered
         self.passes += 1
         if wrong and len(self.examples) < self.max_examples:
             self.examples.append(
@@ -50,6 +57,6 @@ class EvictionAudit:
         return {
             "audited_victims": self.checked,
             "wrong_victims": self.wrong,
-            "misordered_victims": self.misordered,
+            "misordered_victims": self.misordered if self.order_checked else None,
             "audited_passes": self.passes,
         }

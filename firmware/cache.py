@@ -20,6 +20,7 @@ Semantics (documented in docs/policy.md):
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,7 +31,8 @@ from .audit import EvictionAudit
 from .policies.base import Policy, Tick
 from .table import grow, unique_ids
 
-VictimSink = Callable[[NDArray, NDArray, Tick], None]
+# Receives (victim ids, their priorities or None, tick) as each pass removes them.
+VictimSink = Callable[[NDArray, "NDArray | None", Tick], None]
 
 
 @dataclass
@@ -57,6 +59,8 @@ class PolicyCache:
         audit: EvictionAudit | None = None,
         on_victims: VictimSink | None = None,
         protect_batch: bool | None = None,
+        ordered_victims: bool = True,
+        victim_priority: bool = True,
     ) -> None:
         if capacity < 0:
             raise ValueError(f"capacity = {capacity} is out of range: must be >= 0 entries")
@@ -65,6 +69,12 @@ class PolicyCache:
         self.pinned_capacity = int(policy.config.pinned_fraction * capacity)
         self.audit = audit
         self.on_victims = on_victims
+        self.victim_priority = victim_priority  # False: the sink gets None, not priorities
+        # Victims of a pass leave together, so their order is visible only to a victim sink
+        # (dumps, the RTL stream); a caller without one may skip ordering them.
+        # (A policy whose own select() takes no `ordered` keeps ordering: correct, slower.)
+        takes = "ordered" in inspect.signature(policy.select).parameters
+        self.ordered_victims = ordered_victims or not takes
         # Demand paging keeps every entry of the batch just read (no bypass). The offline
         # optimum may bypass (evict what it just read), which makes it the upper bound of
         # every online policy; protect_batch=True forces classic no-bypass Belady.
@@ -149,9 +159,13 @@ class PolicyCache:
             if np.count_nonzero(mask) < over:  # the batch alone overflows: let it compete
                 mask[protect] = self.resident[protect] & ~self.pinned[protect]
         eligible = np.flatnonzero(mask)
-        victims = self.policy.select(eligible, over, tick)
+        if self.ordered_victims:
+            victims = self.policy.select(eligible, over, tick)
+        else:
+            victims = self.policy.select(eligible, over, tick, ordered=False)
         if self.audit is not None:
-            self.audit.check(eligible, self.policy.priority(eligible, tick), victims)
+            priority = self.policy.priority(eligible, tick)
+            self.audit.check(eligible, priority, victims, self.ordered_victims)
         batch = self.policy.config.eviction_batch
         self.stats.eviction_passes += -(-victims.size // batch)
         self._remove(victims, tick)
@@ -160,7 +174,8 @@ class PolicyCache:
         if ids.size == 0:
             return
         if self.on_victims is not None:
-            self.on_victims(ids, self.policy.priority(ids, tick), tick)
+            prio = self.policy.priority(ids, tick) if self.victim_priority else None
+            self.on_victims(ids, prio, tick)
         self.resident[ids] = False
         self.n_resident -= ids.size
         self.stats.evictions += ids.size

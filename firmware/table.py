@@ -20,10 +20,25 @@ def grow(arr: NDArray, n: int, fill: object = 0) -> NDArray:
     return new
 
 
+_BITMAP_FROM = 1 << 12  # batches at least this large may use the bitmap path
+
+
 def unique_ids(ids: NDArray) -> NDArray:
     """Sorted distinct ids. Same result as ``np.unique``, whose hash-based path in numpy 2.4
-    is ~50× slower than a sort on large int64 batches (1.9 s vs 0.04 s for 655 k ids)."""
-    s = np.sort(np.asarray(ids, dtype=np.int64))
+    is ~50× slower than a sort on large int64 batches (1.9 s vs 0.04 s for 655 k ids).
+
+    Entry ids are dense, so a large batch whose ids span at most 8× its size is deduplicated
+    by marking a bitmap: O(n + span) instead of a sort (0.13 s vs 0.41 s for 4.9 M ids).
+    """
+    a = np.asarray(ids, dtype=np.int64)
+    if a.size >= _BITMAP_FROM:
+        lo, hi = int(a.min()), int(a.max())
+        if hi - lo < 8 * a.size:
+            seen = np.zeros(hi - lo + 1, dtype=bool)
+            seen[a - lo] = True
+            out = np.flatnonzero(seen)
+            return out + lo if lo else out
+    s = np.sort(a)
     if s.size < 2:
         return s
     keep = np.empty(s.size, dtype=bool)

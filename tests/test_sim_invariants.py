@@ -166,3 +166,18 @@ def test_shared_blocks_read_once_per_batch():
     opt = simulate(s, SimOptions(policy="belady", budget_bytes=budget))["hit_rate"]
     for name in ("lfu", "ema", "lru"):
         assert opt >= simulate(s, SimOptions(policy=name, budget_bytes=budget))["hit_rate"]
+
+
+def test_unordered_victims_change_no_result(stream):
+    """Without a victim dump the cache selects each pass's victims as a set: every count,
+    byte and tier is the same as with ordered selection, and the audit still finds them
+    exactly the top-k."""
+    budget = stream.kv_bytes // 10
+    for name in ("ema", "lru", "h2o"):
+        base = SimOptions(policy=name, budget_bytes=budget, audit=True, cxl_bytes=budget)
+        fast = simulate(stream, base)
+        ordered = simulate(stream, SimOptions(**{**base.__dict__, "record_victims": True}))
+        assert fast["misordered_victims"] is None and ordered["misordered_victims"] == 0
+        assert fast["wrong_victims"] == ordered["wrong_victims"] == 0
+        for key in ("hits", "misses", "misses_cxl", "misses_nvme", "bytes_moved", "cache"):
+            assert fast[key] == ordered[key], (name, key)

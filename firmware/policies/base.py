@@ -94,9 +94,10 @@ class Policy(ABC):
     def priority(self, ids: NDArray, tick: Tick) -> NDArray:
         """Eviction priority of ``ids`` recomputed from current state; higher evicts sooner."""
 
-    def select(self, eligible: NDArray, k: int, tick: Tick) -> NDArray:
-        """Up to ``k`` victims among ``eligible``, in eviction order."""
-        return select_victims(eligible, self.priority(eligible, tick), k)
+    def select(self, eligible: NDArray, k: int, tick: Tick, ordered: bool = True) -> NDArray:
+        """Up to ``k`` victims among ``eligible``, in eviction order (``ordered=False``: the
+        same set, unordered)."""
+        return select_victims(eligible, self.priority(eligible, tick), k, ordered)
 
     def wants_pin(self, ids: NDArray) -> NDArray:
         """Which of ``ids`` this policy would pin (never evict). None by default."""

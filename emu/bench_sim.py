@@ -64,18 +64,24 @@ def _s1_context(quick: bool) -> dict[str, Any]:
     }
     # Budget 100 %: the read path alone (every read hits).  Budget 25 %: every dense step
     # misses 75 % of the context and evicts as much again (the thrashing regime).
-    runs = [("lru", "step", 100), ("ema", "step", 100), ("ema", "layer", 100)]
-    runs += [("lru", "step", 25), ("ema", "step", 25)] if not quick else [("ema", "step", 25)]
-    for policy, gran, pct in runs:
+    # "ordered": victims selected in contract order and recorded with their priorities (what
+    # a victim dump costs), beside the default set selection, in the same run.
+    runs = [("lru", "step", 100, ""), ("ema", "step", 100, ""), ("ema", "layer", 100, "")]
+    runs += [("lru", "step", 25, ""), ("ema", "step", 25, "")] if not quick else []
+    runs += [("ema", "step", 25, "_ordered")]
+    for policy, gran, pct, variant in runs:
         opts = SimOptions(
-            policy=policy, budget_bytes=stream.kv_bytes * pct // 100, granularity=gran
+            policy=policy,
+            budget_bytes=stream.kv_bytes * pct // 100,
+            granularity=gran,
+            record_victims=bool(variant),
         )
         marks: list[float] = []
         t0 = time.perf_counter()
         r = simulate(stream, opts, progress=lambda _n, m=marks: m.append(time.perf_counter()))
         t1 = time.perf_counter()
         step_s = (t1 - marks[0]) / decode  # the first event is the prefill write
-        key = f"{policy}_{gran}_budget{pct}"
+        key = f"{policy}_{gran}_budget{pct}{variant}"
         out[f"{key}_prefill_s"] = round(marks[0] - t0, 3)
         out[f"{key}_ms_per_dense_step"] = round(1e3 * step_s, 1)
         out[f"{key}_entry_reads_per_s"] = round(entries / step_s)

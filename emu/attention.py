@@ -45,6 +45,10 @@ class AttentionParams:
     relevance_sigma: float = 1.2  # lognormal σ of per-block relevance (heavy hitters)
     jitter_sigma: float = 0.3  # lognormal σ of per-step, per-block background jitter
     group_sigma: float = 0.25  # lognormal σ between the query heads of one GQA group
+    # Lognormal σ (mean 1) of factors on each query head's own sink, recent and background
+    # shares (renormalised), fixed per model: query heads of one group split their mass
+    # differently, which a max over the group sees.
+    split_sigma: float = 0.0
     retrieval_fraction: float = 0.05  # share of (layer, KV head) pairs that are retrieval heads
     retrieval_mass: float = 0.5  # share a retrieval head puts on the needles
     needles: int = 2  # needle blocks per context
@@ -240,6 +244,12 @@ class AttentionModel:
             n_ret = max(1, n_ret)
         self.retrieval = np.zeros((L, H), dtype=bool)
         self.retrieval.flat[rng.choice(L * H, size=min(n_ret, L * H), replace=False)] = True
+        # Per query head factors on the sink, recent and background shares (drawn after the
+        # retrieval heads, and only when used, so that split_sigma = 0 keeps every stream).
+        self.split: NDArray | None = None
+        if p.split_sigma > 0:
+            z = rng.standard_normal((3, shape.group_size, L, H))
+            self.split = np.exp(p.split_sigma * z - p.split_sigma**2 / 2).astype(np.float32)
 
     def weights(self, ctx: ContextAttention, n_tokens: int, rng: np.random.Generator) -> NDArray:
         """(layers, kv_heads, n_blocks) float32 weights for the query at position n_tokens − 1."""
@@ -263,11 +273,20 @@ class AttentionModel:
         sink = self.sink[:, None] * (1.0 - ret_mass)  # a retrieval head's mass goes to needles
         bg_mass = np.clip(1.0 - sink - self.recent[:, None] - ret_mass, 0.0, None)
         out = None
-        for _g in range(G):
+        for g in range(G):
             gain = rng.lognormal(0.0, p.group_sigma, size=(L, H, 1)).astype(np.float32)
-            w = bg * (bg_mass[:, :, None] * gain)
-            w += (self.recent[:, None] * rec[None, :])[:, None, :]
-            w[:, :, 0] += sink
+            if self.split is None:
+                w = bg * (bg_mass[:, :, None] * gain)
+                w += (self.recent[:, None] * rec[None, :])[:, None, :]
+                w[:, :, 0] += sink
+            else:
+                # The normalisation below renormalises the three shares: a composition.
+                sink_g = sink * self.split[0, g]
+                recent_g = self.recent[:, None] * self.split[1, g]  # (L, H)
+                bg_g = bg_mass * self.split[2, g]
+                w = bg * (bg_g[:, :, None] * gain)
+                w += recent_g[:, :, None] * rec[None, None, :]
+                w[:, :, 0] += sink_g
             if needles is not None and needles.size:
                 w[:, :, needles[needles < nb]] += (ret_mass / max(needles.size, 1))[:, :, None]
             w /= w.sum(axis=2, keepdims=True)

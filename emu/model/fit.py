@@ -44,19 +44,12 @@ from numpy.typing import NDArray
 from ..attention import AttentionParams
 
 # Fitted on the three committed prompts (chat, long-doc, code), 32 generated tokens each,
-# 16-token blocks: mass statistics from mean-aggregated captures, retrieval heads from
-# max-aggregated ones (`python -m kvcxl.emu.model.fit`, docs/model.md). Measured.
-# tests/test_model_fit.py re-captures and re-fits to check these values.
+# 16-token blocks (`kvcxl trace fit`, docs/model.md). Measured: the statistics the
+# generator must reproduce (mass from mean-aggregated captures, the max/mean sink ratio
+# from both kinds). FITTED: the generator's parameters, refined by running it until its
+# statistics match MEASURED. tests/test_model_fit*.py check both against fresh runs.
 # fmt: off
-FITTED: dict[str, Any] = {
-    "sink_mass_first": 0.0,
-    "sink_mass_last": 0.6123,
-    "recent_mass": 0.3299,
-    "recent_tokens": 15.82,
-    "relevance_sigma": 0.6549,
-    "jitter_sigma": 0.8265,
-    "retrieval_fraction": 0.0667,
-    "retrieval_mass": 0.6321,
+MEASURED: dict[str, Any] = {
     "sink_profile": (
         0.0006, 0.0102, 0.033, 0.0558, 0.0167, 0.0221, 0.029, 0.0295, 0.0259, 0.0458, 0.0015,
         0.0174, 0.3525, 0.385, 0.4351, 0.4168, 0.2671, 0.4686, 0.5737, 0.3903, 0.564, 0.3944,
@@ -67,6 +60,29 @@ FITTED: dict[str, Any] = {
         0.7821, 0.4872, 0.5446, 0.3161, 0.3281, 0.6042, 0.3091, 0.3244, 0.4637, 0.1724, 0.3162,
         0.3711, 0.1479, 0.1182, 0.3031, 0.2514, 0.4484, 0.2771, 0.4214,
     ),
+    "sink_max_ratio": 1.4177,
+}
+
+FITTED: dict[str, Any] = {
+    "sink_mass_first": 0.0,
+    "sink_mass_last": 0.6123,
+    "recent_mass": 0.3299,
+    "recent_tokens": 15.82,
+    "relevance_sigma": 0.6549,
+    "jitter_sigma": 0.8265,
+    "retrieval_fraction": 0.0667,
+    "retrieval_mass": 0.6321,
+    "sink_profile": (
+        0.0, 0.0019, 0.016, 0.0333, 0.0115, 0.0121, 0.0314, 0.0, 0.0098, 0.0456, 0.0, 0.0151,
+        0.3459, 0.3548, 0.5421, 0.4602, 0.2317, 0.527, 0.6536, 0.4821, 0.6958, 0.5377, 0.4505,
+        0.708, 0.7341, 0.71, 0.5923, 0.4164, 0.5873, 0.2887,
+    ),
+    "recent_profile": (
+        0.2272, 0.715, 0.3494, 0.1085, 0.046, 0.056, 0.2055, 0.0107, 0.0782, 0.3423, 0.4677,
+        0.9291, 0.6314, 0.61, 0.247, 0.399, 0.7322, 0.2563, 0.3464, 0.395, 0.1607, 0.2841,
+        0.3938, 0.1626, 0.0689, 0.2899, 0.2536, 0.4966, 0.2609, 0.4668,
+    ),
+    "split_sigma": 0.954,
 }
 # fmt: on
 
@@ -245,34 +261,86 @@ def generate_dense(
     return w
 
 
-def round_trip(
-    params: dict[str, Any],
-    shape: Any,
-    lengths: Sequence[int],
-    mass_aggregation: str = "mean",
-    retrieval_aggregation: str = "max",
-) -> tuple[dict[str, Any], dict[str, float]]:
-    """Run the generator at ``params`` on ``shape`` for contexts of ``lengths`` tokens,
-    aggregated as the fit's captures were, fit again, and return the refitted values and
-    each profile's RMSE against ``params``."""
+SPLIT_GRID = tuple(round(0.1 * i, 1) for i in range(13))  # split_sigma candidates 0 … 1.2
+REFINE_ROUNDS = 3  # profile corrections after split_sigma is chosen
+REFINE_PASSES = 2  # (choose split_sigma, correct the profiles) passes
+
+
+def sink_max_ratio(mean_sink: Sequence[float], max_sink: Sequence[float]) -> float:
+    """Mean over layers with a real sink (mean view > 0.1) of max-view / mean-view sink: how
+    differently the query heads of one group split their mass (1 = all alike)."""
+    a, b = np.asarray(mean_sink, dtype=float), np.asarray(max_sink, dtype=float)
+    sel = a > 0.1
+    return round(float((b[sel] / a[sel]).mean()), 4) if sel.any() else 1.0
+
+
+def generated_stats(
+    params: dict[str, Any], shape: Any, lengths: Sequence[int]
+) -> tuple[dict[str, Any], float]:
+    """The generator at ``params`` on ``shape``, one context per length (seeds 0, 1, …):
+    the mean-view statistics (as :func:`fit` gives them, retrieval from the max view) and
+    the max/mean sink ratio."""
     p = AttentionParams().with_(**params)
-    mass = [generate_dense(p, shape, n, seed, mass_aggregation) for seed, n in enumerate(lengths)]
-    ret = None
-    if retrieval_aggregation != mass_aggregation:
-        ret = [generate_dense(p, shape, n, s, retrieval_aggregation) for s, n in enumerate(lengths)]
-    got, _ = fit(mass, shape.block_tokens, retrieval_weights=ret)
-    rmse = {
-        name: round(float(np.sqrt(np.mean((np.subtract(got[name], params[name])) ** 2))), 4)
+    mean = [generate_dense(p, shape, n, seed, "mean") for seed, n in enumerate(lengths)]
+    mx = [generate_dense(p, shape, n, seed, "max") for seed, n in enumerate(lengths)]
+    got, _ = fit(mean, shape.block_tokens, retrieval_weights=mx)
+    got_max, _ = fit(mx, shape.block_tokens)
+    return got, sink_max_ratio(got["sink_profile"], got_max["sink_profile"])
+
+
+def refine(
+    params: dict[str, Any], measured: dict[str, Any], shape: Any, lengths: Sequence[int]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Indirect inference: generator inputs whose generated statistics match the measured ones.
+
+    Each of :data:`REFINE_PASSES` passes chooses ``split_sigma`` on :data:`SPLIT_GRID` so
+    that the generator's max/mean sink ratio matches the captures' (interpolated between
+    grid points), then corrects the sink and recent profiles :data:`REFINE_ROUNDS` times
+    by the difference between the measured and the generated profile (the split and the
+    renormalisation move them).
+    """
+    p = dict(params)
+    target = float(measured["sink_max_ratio"])
+    sink = np.asarray(p["sink_profile"], dtype=float)
+    recent = np.asarray(p["recent_profile"], dtype=float)
+    ratios: list[float] = []
+    for _ in range(REFINE_PASSES):
+        ratios = [generated_stats({**p, "split_sigma": s}, shape, lengths)[1] for s in SPLIT_GRID]
+        mono = np.maximum.accumulate(ratios)
+        p["split_sigma"] = round(float(np.interp(target, mono, SPLIT_GRID)), 3)
+        for _ in range(REFINE_ROUNDS):
+            got, _ratio = generated_stats(p, shape, lengths)
+            sink = np.clip(sink + np.subtract(measured["sink_profile"], got["sink_profile"]), 0, 1)
+            recent = np.clip(
+                recent + np.subtract(measured["recent_profile"], got["recent_profile"]), 0, 1
+            )
+            recent = np.minimum(recent, 1.0 - sink)
+            p["sink_profile"] = [float(np.floor(v * 1e4) / 1e4) for v in sink]
+            p["recent_profile"] = [float(np.floor(v * 1e4) / 1e4) for v in recent]
+    got, ratio = generated_stats(p, shape, lengths)
+    report = {
+        "evidence": "Simulated",
+        "split_grid_ratios": [round(float(r), 4) for r in ratios],
+        "sink_max_ratio": ratio,
+        "profile_rmse": _rmse(got, measured),
+    }
+    return p, report
+
+
+def _rmse(got: dict[str, Any], want: dict[str, Any]) -> dict[str, float]:
+    return {
+        name: round(float(np.sqrt(np.mean(np.subtract(got[name], want[name]) ** 2))), 4)
         for name in ("sink_profile", "recent_profile")
     }
-    return got, rmse
 
 
-def main(paths: Sequence[str]) -> dict[str, Any]:
-    """Fit from trace files; returns {"params": …, "evidence": …} (used by docs/model.md).
+def main(paths: Sequence[str], refine_generator: bool = True) -> dict[str, Any]:
+    """Fit from trace files; returns {"params", "measured", "evidence"} (docs/model.md).
 
     Given captures of both aggregations, the mass statistics come from the ``mean``
     ones and the retrieval statistics from the ``max`` ones; given one kind, from it.
+    ``measured`` holds the statistics the generator must reproduce; with both kinds and
+    ``refine_generator``, ``params`` are refined (:func:`refine`) to reproduce them.
     """
     from ..trace import Trace
     from .calibrate import dense_weights
@@ -283,21 +351,31 @@ def main(paths: Sequence[str]) -> dict[str, Any]:
     bts = {t.shape.block_tokens for t in traces}
     if len(bts) != 1:
         raise ValueError(f"all traces must share one block size (got {sorted(bts)})")
+    bt = bts.pop()
     by_agg = {a: [t for t in traces if t.aggregation == a] for a in ("mean", "max")}
     mass = by_agg["mean"] or by_agg["max"]
     ret = by_agg["max"] if by_agg["mean"] and by_agg["max"] else None
     mass_w = [dense_weights(t) for t in mass]
-    params, evidence = fit(
-        mass_w,
-        bts.pop(),
-        retrieval_weights=None if ret is None else [dense_weights(t) for t in ret],
-    )
+    ret_w = None if ret is None else [dense_weights(t) for t in ret]
+    params, evidence = fit(mass_w, bt, retrieval_weights=ret_w)
+    measured: dict[str, Any] = {
+        "sink_profile": params["sink_profile"],
+        "recent_profile": params["recent_profile"],
+    }
     evidence["mass_aggregation"] = mass[0].aggregation
     evidence["retrieval_aggregation"] = (ret or mass)[0].aggregation
     evidence["lengths"] = [int(w.shape[0]) for w in mass_w]
     evidence["shape"] = mass[0].shape.to_dict()
+    if ret_w is not None:
+        max_sink = fit(ret_w, bt)[0]["sink_profile"]
+        measured["sink_max_ratio"] = sink_max_ratio(params["sink_profile"], max_sink)
+        if refine_generator:
+            from ..shape import ModelShape
+
+            shape = ModelShape(**{**evidence["shape"], "name": "fit"})
+            params, evidence["refine"] = refine(params, measured, shape, evidence["lengths"])
     AttentionParams().with_(**params)  # the fitted values are valid generator parameters
-    return {"params": params, "evidence": evidence}
+    return {"params": params, "measured": measured, "evidence": evidence}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -307,8 +385,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "recent-window length, background spread, retrieval heads) to per-position captures "
         "from `kvcxl trace capture`. Give mean-aggregated captures for the mass statistics "
         "and max-aggregated ones of the same prompts for the retrieval heads. Prints the "
-        "fitted values beside the committed ones that the ci and smollm2 presets use, and "
-        "checks the fit by running the generator at the fitted values and fitting again."
+        "fitted values beside the committed ones that the ci and smollm2 presets use. With "
+        "both kinds of capture the parameters are then refined by running the generator "
+        "(indirect inference) until its statistics match the captures', and checked so."
     )
     p.epilog = (
         "example (the committed fit, docs/model.md):\n"
@@ -324,8 +403,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--plot", metavar="FILE.png", help="per-layer sink and recent share: measured vs generator"
     )
     p.add_argument(
-        "--no-check", action="store_true", help="skip the generator round trip (a few seconds)"
+        "--no-refine",
+        action="store_true",
+        help="keep the direct statistics as the parameters (skip the ~20 s of generator runs "
+        "that choose split_sigma and correct the profiles)",
     )
+    p.add_argument(
+        "--no-check", action="store_true", help="skip running the generator at the fitted values"
+    )
+
+
+def check(
+    params: dict[str, Any],
+    measured: dict[str, Any],
+    shape: Any,
+    lengths: Sequence[int],
+    mass_aggregation: str,
+    retrieval_aggregation: str,
+) -> dict[str, Any]:
+    """The generator at ``params``, fitted again as the captures were: its statistics, their
+    profile RMSE against ``measured`` and (mean and max captures) its max/mean sink ratio."""
+    if (mass_aggregation, retrieval_aggregation) == ("mean", "max"):
+        got, ratio = generated_stats(params, shape, lengths)
+    else:
+        p = AttentionParams().with_(**params)
+        w = [generate_dense(p, shape, n, seed, mass_aggregation) for seed, n in enumerate(lengths)]
+        got, ratio = fit(w, shape.block_tokens)[0], None
+    return {
+        "evidence": "Simulated",
+        "generated": got,
+        "profile_rmse": _rmse(got, measured),
+        "sink_max_ratio": ratio,
+    }
 
 
 def cli(args: argparse.Namespace) -> int:
@@ -334,8 +443,8 @@ def cli(args: argparse.Namespace) -> int:
 
     from ..shape import ModelShape
 
-    out = main(args.traces)
-    params, ev = out["params"], out["evidence"]
+    out = main(args.traces, refine_generator=not args.no_refine)
+    params, measured, ev = out["params"], out["measured"], out["evidence"]
     print(
         f"fit over {len(ev['lengths'])} capture(s) of {ev['lengths']} positions; mass from "
         f"{ev['mass_aggregation']}, retrieval from {ev['retrieval_aggregation']} "
@@ -345,6 +454,12 @@ def cli(args: argparse.Namespace) -> int:
         print(
             "note: mass statistics from max-aggregated captures overstate each query head's "
             "shares; capture with --aggregation mean as well (see --help)"
+        )
+    if "refine" in ev:
+        print(
+            f"refined by running the generator: split_sigma {params['split_sigma']} for a "
+            f"max/mean sink ratio of {measured['sink_max_ratio']}, profiles corrected "
+            f"{REFINE_ROUNDS} times  (Simulated)"
         )
     print(f"{'parameter':<22}{'fitted':>10}{'committed':>11}")
     for name, v in params.items():
@@ -356,30 +471,33 @@ def cli(args: argparse.Namespace) -> int:
         else:
             print(f"{name:<22}{v:>10.4f}{'' if c is None else f'{c:>11.4f}'}")
     print(f"sink line RMSE over layers: {ev['sink_linear_fit_rmse']}  (the profile replaces it)")
-    regen = None
+    generated = None
     if not args.no_check:
         shape = ModelShape(**{**ev["shape"], "name": "fit-check"})
-        regen, rmse = round_trip(
-            params, shape, ev["lengths"], ev["mass_aggregation"], ev["retrieval_aggregation"]
-        )
-        out["round_trip"] = {"refitted": regen, "profile_rmse": rmse, "evidence": "Simulated"}
+        out["check"] = check(
+            params, measured, shape, ev["lengths"], ev["mass_aggregation"],
+            ev["retrieval_aggregation"],
+        )  # fmt: skip
+        generated = out["check"]["generated"]
+        rmse, ratio = out["check"]["profile_rmse"], out["check"]["sink_max_ratio"]
         print(
-            "round trip (generator at the fitted values, fitted again; Simulated): "
+            "check (generator at the fitted values vs the captures; Simulated): "
             f"sink RMSE {rmse['sink_profile']}, recent RMSE {rmse['recent_profile']}, "
-            f"jitter {regen['jitter_sigma']} vs {params['jitter_sigma']}, relevance "
-            f"{regen['relevance_sigma']} vs {params['relevance_sigma']}, retrieval heads "
-            f"{regen['retrieval_fraction']} vs {params['retrieval_fraction']}"
+            f"jitter {generated['jitter_sigma']} vs {params['jitter_sigma']}, relevance "
+            f"{generated['relevance_sigma']} vs {params['relevance_sigma']}, retrieval heads "
+            f"{generated['retrieval_fraction']} vs {params['retrieval_fraction']}"
+            + ("" if ratio is None else f", max/mean sink {ratio} vs {measured['sink_max_ratio']}")
         )
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=2))
         print(f"wrote {args.json_out}")
     if args.plot:
-        _plot(params, regen, args.plot)
+        _plot(measured, generated, args.plot)
         print(f"wrote {args.plot}")
     return 0
 
 
-def _plot(params: dict[str, Any], regen: dict[str, Any] | None, path: str) -> None:
+def _plot(measured: dict[str, Any], regen: dict[str, Any] | None, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -388,10 +506,10 @@ def _plot(params: dict[str, Any], regen: dict[str, Any] | None, path: str) -> No
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
     panels = (("sink_profile", "sink share (block 0)"), ("recent_profile", "recent-window share"))
     for ax, (name, title) in zip(axes, panels, strict=True):
-        layers = np.arange(len(params[name]))
-        ax.plot(layers, params[name], "o", label="captures (Measured)")
+        layers = np.arange(len(measured[name]))
+        ax.plot(layers, measured[name], "o", label="captures (Measured)")
         if regen is not None:
-            ax.plot(layers, regen[name], "-", label="generator at the fit, refitted (Simulated)")
+            ax.plot(layers, regen[name], "-", label="generator at the fit (Simulated)")
         ax.set_title(title)
         ax.set_xlabel("layer")
         ax.set_ylim(0, 1)

@@ -211,7 +211,9 @@ class ScoringHarness(Elaboratable):
                 out_addr.eq(Mux(out_addr == groups - 1, 0, out_addr + 1)),
             ]
         occ = (accepted - emitted)[:8]
-        m.d.comb += Assert(occ <= 2)
+        from .scoring import DEPTH
+
+        m.d.comb += Assert(occ <= DEPTH)
         with m.If(out.valid):
             m.d.comb += [
                 Assert(occ >= 1),

@@ -15,12 +15,16 @@ and emits
 
 with ``eligible = resident ∧ ¬pinned`` on the ``out`` stream.
 
-Pipeline: stage 0 issues the record read, stage 1 computes the new record, writes
-it back and issues the table reads, stage 2 forms the priority.  All stages advance
-together when ``out`` can take a beat (a stall-able pipeline), so back-pressure on
-``out`` holds every stage, including the synchronous memory read ports.
-The record read port is transparent to the write port, so a table of a single word
-reads back the value written the cycle before.
+Pipeline: stage 0 issues the record read; stage 1 forms the two EMA products and
+the new idle count; stage 1b adds the products into the new score, writes the record
+back and issues the table reads; stage 2 forms the priority.  The products are
+registered so that no cycle holds a memory read, a multiply, an add and a memory
+write in series (the path that limited Fmax).  All stages advance together when
+``out`` can take a beat (a stall-able pipeline), so back-pressure on ``out`` holds
+every stage, including the synchronous memory read ports.  The record read port is
+transparent to the write port, so a sweep of two or more words always reads the value
+written back for the same word; a table of a single word (read again before its
+write-back) takes the stage-1b record instead, through a bypass built only then.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from amaranth.lib.wiring import In, Out
 from kvcxl.firmware import fixedpoint as fx
 
 from . import layouts as L
+
+DEPTH = 3  # beats in flight: stages 1, 1b and 2 (the formal harness bounds occupancy so)
 
 
 class ScoringEngine(wiring.Component):
@@ -90,7 +96,7 @@ class ScoringEngine(wiring.Component):
             ]
             tables.append(t.read_port())
 
-        v1, v2 = Signal(), Signal()
+        v1, v1b, v2 = Signal(), Signal(), Signal()
         advance = Signal()
         m.d.comb += advance.eq(~v2 | self.out.ready)
 
@@ -104,7 +110,7 @@ class ScoringEngine(wiring.Component):
         with m.If(self.upd.valid & advance):
             m.d.sync += addr0.eq(Const(0) if self.groups == 1 else _wrap_inc(addr0, self.groups))
 
-        # Stage 1: new record, write-back, table read.
+        # Stage 1: the EMA products and the new idle count.
         addr1 = Signal(self.addr_bits)
         upd1 = Signal.like(self.upd.payload)
         last1 = Signal()
@@ -115,31 +121,57 @@ class ScoringEngine(wiring.Component):
                 upd1.eq(self.upd.payload),
                 last1.eq(addr0 == self.groups - 1),
             ]
-        new = Signal(word)
+        new = Signal(word)  # stage 1b's record: the write-back (and the bypass)
+        rec1 = Signal(word)
+        if self.groups == 1:
+            # The one word was read before the previous beat's write-back: take it from 1b.
+            m.d.comb += rec1.eq(Mux(v1b, new, rp.data))
+        else:
+            m.d.comb += rec1.eq(rp.data)
+        addr1b = Signal(self.addr_bits)
+        last1b = Signal()
+        prod_w, prod_s, meta1b = [], [], Signal(word)
         for i in range(lanes):
-            rec = rp.data[i]
+            rec = rec1[i]
             w = upd1.weight[i]
             touched = upd1.read[i] & (w >= self.touch)
-            ema = (self.alpha * w + (q_one - self.alpha) * rec.score + fx.HALF) >> fx.FRAC_BITS
+            pw_expr = self.alpha * w
+            ps_expr = (q_one - self.alpha) * rec.score
+            pw, ps = Signal(pw_expr.shape()), Signal(ps_expr.shape())
+            prod_w.append(pw)
+            prod_s.append(ps)
+            with m.If(advance):
+                m.d.sync += [
+                    pw.eq(pw_expr),
+                    ps.eq(ps_expr),
+                    meta1b[i].idle.eq(
+                        _sel(touched, 0, _sel(rec.idle == fx.IDLE_MAX, fx.IDLE_MAX, rec.idle + 1))
+                    ),
+                    meta1b[i].pinned.eq(rec.pinned),
+                    meta1b[i].resident.eq(rec.resident),
+                ]
+        with m.If(advance):
+            m.d.sync += [v1b.eq(v1), addr1b.eq(addr1), last1b.eq(last1)]
+
+        # Stage 1b: the new score, the write-back, the table reads.
+        for i in range(lanes):
             m.d.comb += [
-                new[i].score.eq(ema),
-                new[i].idle.eq(
-                    _sel(touched, 0, _sel(rec.idle == fx.IDLE_MAX, fx.IDLE_MAX, rec.idle + 1))
-                ),
-                new[i].pinned.eq(rec.pinned),
-                new[i].resident.eq(rec.resident),
+                new[i].score.eq((prod_w[i] + prod_s[i] + fx.HALF) >> fx.FRAC_BITS),
+                new[i].idle.eq(meta1b[i].idle),
+                new[i].pinned.eq(meta1b[i].pinned),
+                new[i].resident.eq(meta1b[i].resident),
             ]
-            shifted = new[i].idle >> self.shift
+            shifted = meta1b[i].idle >> self.shift
             top = fx.DECAY_TABLE_SIZE - 1
             m.d.comb += [
                 tables[i].addr.eq(_sel(shifted > top, top, shifted)),
                 tables[i].en.eq(advance),
             ]
         # Host record writes take the write port when the sweep does not need it.
-        sweep_write = v1 & advance
+        sweep_write = v1b & advance
         m.d.comb += self.rec_w.ready.eq(~sweep_write)
         with m.If(sweep_write):
-            m.d.comb += [wp.en.eq(1), wp.addr.eq(addr1), wp.data.eq(new)]
+            m.d.comb += [wp.en.eq(1), wp.addr.eq(addr1b), wp.data.eq(new)]
         with m.Elif(self.rec_w.valid):
             m.d.comb += [
                 wp.en.eq(1),
@@ -152,7 +184,7 @@ class ScoringEngine(wiring.Component):
         last2 = Signal()
         new2 = Signal(word)
         with m.If(advance):
-            m.d.sync += [v2.eq(v1), addr2.eq(addr1), last2.eq(last1), new2.eq(new)]
+            m.d.sync += [v2.eq(v1b), addr2.eq(addr1b), last2.eq(last1b), new2.eq(new)]
         m.d.comb += [
             self.out.valid.eq(v2),
             self.out.payload.addr.eq(addr2),

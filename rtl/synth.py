@@ -204,7 +204,26 @@ def run(cfg: SynthConfig, workdir: Path | None = None) -> dict:
     res["wrapper_ffs"] = wrapper_ffs
     # Analytical model from the measured Fmax: one entry per lane per cycle.
     res["entry_updates_per_s"] = round(cfg.lanes * clk["achieved"] * 1e6)
+    res["critical_path"] = _critical_path(report)
     res["synth_s"] = round(t_synth, 1)
     res["pnr_s"] = round(t_pnr, 1)
     res["device_flags"] = dev_flags
     return res
+
+
+def _critical_path(report: dict) -> dict | None:
+    """The slowest path of nextpnr's report: its start and end cells, its delay and how
+    much of it is logic (the rest is routing)."""
+    paths = report.get("critical_paths") or []
+    if not paths or not paths[0].get("path"):
+        return None
+    segs = paths[0]["path"]
+    return {
+        "from": segs[0].get("from", {}).get("cell"),
+        "to": segs[-1].get("to", {}).get("cell"),
+        "delay_ns": round(sum(float(g.get("delay", 0.0)) for g in segs), 2),
+        "logic_ns": round(
+            sum(float(g.get("delay", 0.0)) for g in segs if g.get("type") != "routing"), 2
+        ),
+        "segments": len(segs),
+    }

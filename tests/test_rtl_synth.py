@@ -37,6 +37,10 @@ def test_synth_ecp5_reports_resources_and_fmax(tmp_path):
     assert r["timing_met"] == (r["fmax_mhz"] >= r["target_mhz"])
     # Analytical model: one entry per lane per cycle at the measured Fmax.
     assert abs(r["entry_updates_per_s"] - r["fmax_mhz"] * 1e6) < 1e4
+    # The reported critical path is the one that sets Fmax.
+    cp = r["critical_path"]
+    assert cp["from"] and cp["to"] and 0 < cp["logic_ns"] <= cp["delay_ns"]
+    assert 1000 / cp["delay_ns"] == pytest.approx(r["fmax_mhz"], rel=0.05)
 
 
 def test_synth_ice40_fits_a_small_core():

@@ -45,6 +45,12 @@ class BootOptions:
     device_emulator: bool | None = None  # mirror into `kvcxl device serve` (None: if installed)
     on_event: Callable[[dict, Boot], None] | None = None
     console: Callable[[str], None] | None = None  # every console line, as it arrives
+    # A guest silent this long (the 'wait' job's sleep added) has stalled: QEMU is stopped.
+    stall_s: float = 120.0
+    # Boots retried when the guest stalls before the kvcxl agent starts, i.e. in Linux's
+    # boot, driver probing or region set-up under TCG (QEMU's and Linux's code, not ours);
+    # each retry is reported in "boot_retries".  A stall after the agent started is a result.
+    retries: int = 1
 
 
 @dataclass
@@ -59,6 +65,7 @@ class Boot:
     device: subprocess.Popen | None = None
     t0: float = 0.0
     workdir: Path | None = None
+    last_line_t: float = 0.0  # monotonic time of the last console line
 
     # --- paths --------------------------------------------------------------------------
     @property
@@ -266,9 +273,11 @@ class Boot:
 
     def _read_console(self) -> None:
         block: list[str] | None = None
-        log = open(self.workdir / "console.log", "w")
+        # Line-buffered, so that a hung guest's last words are on disk.
+        log = open(self.workdir / "console.log", "w", buffering=1)
         for raw in self.qemu.stdout:
             line = raw.decode(errors="replace").rstrip("\r\n")
+            self.last_line_t = time.monotonic()
             log.write(line + "\n")
             self.console.append(line)
             if self.opts.console:
@@ -314,14 +323,33 @@ class Boot:
                 self.events.append({"event": "hook_failed", "reason": str(exc)})
 
     def _wait(self) -> int:
-        try:
-            rc = self.qemu.wait(timeout=self.opts.timeout)
-        except subprocess.TimeoutExpired:
-            self.events.append({"event": "host_timeout", "timeout_s": self.opts.timeout})
-            self._quit_qemu()
-            rc = self.qemu.wait(timeout=30)
+        stall = self.opts.stall_s + self.opts.wait_s
+        self.last_line_t = max(self.last_line_t, time.monotonic())
+        deadline = time.monotonic() + self.opts.timeout
+        rc = None
+        while rc is None:
+            try:
+                rc = self.qemu.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                now = time.monotonic()
+                if now >= deadline:
+                    self.events.append({"event": "host_timeout", "timeout_s": self.opts.timeout})
+                elif now - self.last_line_t >= stall:
+                    self.events.append(
+                        {"event": "host_stall", "silent_s": round(now - self.last_line_t, 1),
+                         "t": round(now - self.t0, 3)}
+                    )  # fmt: skip
+                else:
+                    continue
+                self._quit_qemu()
+                rc = self.qemu.wait(timeout=30)
         self._reader.join(timeout=10)
         return rc
+
+    @property
+    def stalled_before_agent(self) -> bool:
+        names = {e["event"] for e in self.events}
+        return "host_stall" in names and "agent_start" not in names
 
     def _quit_qemu(self) -> None:
         """Ask QEMU to quit over QMP; kill its process group if it does not."""
@@ -467,5 +495,16 @@ def _shm_dir() -> str:
 
 
 def boot(opts: BootOptions) -> tuple[dict, Boot]:
-    b = Boot(opts)
-    return b.run(), b
+    """Run one boot (retried per ``opts.retries`` when it stalls before the agent starts)."""
+    retried: list[dict] = []
+    while True:
+        b = Boot(opts)
+        report = b.run()
+        if not (b.stalled_before_agent and len(retried) < opts.retries):
+            break
+        stall = next(e for e in b.events if e["event"] == "host_stall")
+        retried.append(
+            {"silent_s": stall["silent_s"], "t": stall["t"], "console_tail": b.console[-20:]}
+        )
+    report["boot_retries"] = retried
+    return report, b

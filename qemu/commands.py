@@ -108,6 +108,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--smp", type=int, default=2, help="guest CPUs (default 2)")
     b.add_argument("--wait", type=float, default=30.0, help="seconds the 'wait' job idles")
     b.add_argument("--timeout", type=float, default=600.0, help="hard limit for the whole boot")
+    b.add_argument(
+        "--stall-s",
+        type=float,
+        default=120.0,
+        help="a guest silent this long on the console has stalled: stop QEMU (default 120)",
+    )
+    b.add_argument(
+        "--retries",
+        type=int,
+        default=1,
+        help="boots retried when the guest stalls before the kvcxl agent starts (Linux boot, "
+        "driver probing, region set-up under TCG); reported as boot_retries (default 1)",
+    )
     b.add_argument("--console", action="store_true", help="echo the guest console")
     b.add_argument("--keep", action="store_true", help="keep the work directory (media, logs)")
     b.add_argument("--json", dest="json_out", help="write the full report to this file")
@@ -200,7 +213,11 @@ def _boot(args: argparse.Namespace) -> int:
         device_emulator=args.device_emulator,
         console=echo,
         on_event=_progress if not args.console else None,
+        stall_s=args.stall_s,
+        retries=args.retries,
     )
+    if args.retries < 0 or args.stall_s <= 0:
+        raise CliError(f"--retries {args.retries} / --stall-s {args.stall_s}: must be >= 0 / > 0")
     try:
         report, b = boot(opts)
     except SetupError as exc:
@@ -212,8 +229,18 @@ def _boot(args: argparse.Namespace) -> int:
     _summary(report)
     if args.keep:
         print(f"work directory kept: {b.workdir}")
-    ok = report["qemu"]["exit_code"] == 0 and not report["guest_failures"]
-    return 0 if ok else 1
+    return 0 if boot_ok(report) else 1
+
+
+def boot_ok(report: dict) -> bool:
+    """The guest powered off by itself, with no failure, timeout or stall."""
+    names = {e["event"] for e in report["events"]}
+    return (
+        report["qemu"]["exit_code"] == 0
+        and not report["guest_failures"]
+        and "poweroff" in names
+        and not names & {"host_timeout", "host_stall"}
+    )
 
 
 def _progress(ev: dict, b: object) -> None:
@@ -226,6 +253,14 @@ def _progress(ev: dict, b: object) -> None:
 
 
 def _summary(r: dict) -> None:
+    for x in r.get("boot_retries", []):
+        print(
+            f"retried: the guest stalled before the kvcxl agent started (silent {x['silent_s']} s"
+            f" at {x['t']} s); its last console line: {(x['console_tail'] or ['(none)'])[-1]!r}"
+        )
+    for e in r["events"]:
+        if e["event"] in ("host_timeout", "host_stall"):
+            print(f"FAILED: {e['event']} {e}")
     t = r.get("timings", {})
     print(
         f"boot to /init {t.get('boot_to_init_s', '?')} s, region ready "

@@ -6,9 +6,11 @@ on the way out, pass or fail."""
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,23 @@ from kvcxl.qemu import layout as L
 pytestmark = [pytest.mark.slow, pytest.mark.qemu]
 
 POISON_ENTRY = 5
+
+
+def _boot(opts):
+    """boot(), saying so in the test output when a boot had to be retried."""
+    from kvcxl.qemu.boot import boot
+
+    report, b = boot(opts)
+    for x in report["boot_retries"]:
+        warnings.warn(
+            f"boot retried: the guest stalled before the kvcxl agent started ({x})", stacklevel=2
+        )
+    return report, b
+
+
+def _where(r: dict) -> str:
+    """What a failed boot's report says about where the guest stopped."""
+    return json.dumps({k: r.get(k) for k in ("events", "console_tail", "boot_retries")})[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +61,7 @@ def trace_file(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def main_boot(host, trace_file):
     """One boot exercising region, data path, replay, poison, media event, malformed ring."""
-    from kvcxl.qemu.boot import BootOptions, boot
+    from kvcxl.qemu.boot import BootOptions
     from kvcxl.qemu.trace_image import load_trace
 
     gt = load_trace(trace_file, 0.25)
@@ -56,7 +75,7 @@ def main_boot(host, trace_file):
         timeout=420,
     )
     t = time.monotonic()
-    report, b = boot(opts)
+    report, b = _boot(opts)
     report["_test_wall_s"] = time.monotonic() - t
     return report, b, gt
 
@@ -145,7 +164,7 @@ def test_malformed_ring_commands_get_error_completions(main_boot) -> None:
 def test_cli_inject_then_service_killed_mid_run(host) -> None:
     """`kvcxl qemu inject` on a running guest; then the firmware service dies mid-replay:
     the agent reports a device error in bounded time and the guest powers off by itself."""
-    from kvcxl.qemu.boot import BootOptions, boot
+    from kvcxl.qemu.boot import BootOptions
 
     dpa = L.KV_BASE + 3 * 4096
     injected: list[subprocess.CompletedProcess] = []
@@ -159,7 +178,7 @@ def test_cli_inject_then_service_killed_mid_run(host) -> None:
             b.kill_service()
 
     t = time.monotonic()
-    r, b = boot(
+    r, b = _boot(
         BootOptions(
             jobs=("wait", "poison", "replay"),
             wait_s=10,  # room for the CLI (a Python start-up) on a loaded machine
@@ -185,12 +204,13 @@ def test_cli_inject_then_service_killed_mid_run(host) -> None:
 
 
 def test_plugin_streams_cxl_accesses(host) -> None:
-    from kvcxl.qemu.boot import BootOptions, boot
+    from kvcxl.qemu.boot import BootOptions
 
     if not host.plugin_available:
         pytest.skip(f"ring-only mode: {host.plugin_error}")
-    r, _b = boot(BootOptions(jobs=("replay",), plugin=True, timeout=420))
+    r, _b = _boot(BootOptions(jobs=("replay",), plugin=True, timeout=420))
     assert r["qemu"]["exit_code"] == 0 and r["qemu"]["plugin"] == "on"
+    assert "tracing" in r["guest"], _where(r)
     assert r["guest"]["tracing"]["state"] == L.TRACING_ON  # armed before the job's accesses
     p = r["firmware"]["plugin"]
     assert p["reads"] > 0 and p["writes"] > 0 and p["outside_window"] == 0
@@ -198,3 +218,22 @@ def test_plugin_streams_cxl_accesses(host) -> None:
     # Every entry the guest read from device memory was seen as CXL.mem reads.
     assert sess["plugin_entries_accessed"] == sess["entries"]
     assert r["guest"]["replay"]["bad_bytes"] == 0
+
+
+def test_a_silent_guest_is_stopped_retried_and_reported(host) -> None:
+    """The stall watchdog: a guest silent for stall_s is stopped; a stall before the agent
+    starts is retried (here it stalls again, since 1 s is shorter than the kernel's quiet
+    boot) and the final report fails, saying where."""
+    from kvcxl.qemu.boot import BootOptions, boot
+    from kvcxl.qemu.commands import boot_ok
+
+    t = time.monotonic()
+    r, b = boot(
+        BootOptions(jobs=("datapath",), plugin=False, device_emulator=False, stall_s=1.0,
+                    retries=1, timeout=120)
+    )  # fmt: skip
+    assert time.monotonic() - t < 120
+    assert len(r["boot_retries"]) == 1 and r["boot_retries"][0]["silent_s"] >= 1.0
+    assert any(e["event"] == "host_stall" for e in r["events"])
+    assert not boot_ok(r) and "console_tail" in r
+    assert b.qemu.poll() is not None and b.service.poll() is not None

@@ -524,11 +524,14 @@ def _list() -> int:
     print("policies:")
     for name, cls in sorted(POLICIES.items()):
         print(f"  {name:<14} {cls.summary}")
-    print("presets:")
+    from .attention import FITTED_PRESETS
+
+    print("presets (and their synthetic attention):")
     for name, s in PRESETS.items():
+        att = "fitted to SmolLM2-135M" if name in FITTED_PRESETS else "the seed's defaults"
         print(
             f"  {name:<8} {s.layers} layers, {s.q_heads}/{s.kv_heads} Q/KV heads, d_head "
-            f"{s.d_head}, {s.context_tokens:,} tokens, entry {s.entry_bytes:,} B"
+            f"{s.d_head}, {s.context_tokens:,} tokens, entry {s.entry_bytes:,} B; attention {att}"
         )
     return 0
 

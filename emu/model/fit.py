@@ -289,7 +289,11 @@ def generated_stats(
 
 
 def refine(
-    params: dict[str, Any], measured: dict[str, Any], shape: Any, lengths: Sequence[int]
+    params: dict[str, Any],
+    measured: dict[str, Any],
+    shape: Any,
+    lengths: Sequence[int],
+    progress: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Indirect inference: generator inputs whose generated statistics match the measured ones.
 
@@ -299,17 +303,26 @@ def refine(
     by the difference between the measured and the generated profile (the split and the
     renormalisation move them).
     """
+    from tqdm import tqdm
+
     p = dict(params)
     target = float(measured["sink_max_ratio"])
     sink = np.asarray(p["sink_profile"], dtype=float)
     recent = np.asarray(p["recent_profile"], dtype=float)
     ratios: list[float] = []
+    runs = REFINE_PASSES * (len(SPLIT_GRID) + REFINE_ROUNDS) + 1
+    bar = tqdm(total=runs, desc="refine", unit="run", disable=not progress, leave=False)
+
+    def stats(q: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        bar.update(1)
+        return generated_stats(q, shape, lengths)
+
     for _ in range(REFINE_PASSES):
-        ratios = [generated_stats({**p, "split_sigma": s}, shape, lengths)[1] for s in SPLIT_GRID]
+        ratios = [stats({**p, "split_sigma": s})[1] for s in SPLIT_GRID]
         mono = np.maximum.accumulate(ratios)
         p["split_sigma"] = round(float(np.interp(target, mono, SPLIT_GRID)), 3)
         for _ in range(REFINE_ROUNDS):
-            got, _ratio = generated_stats(p, shape, lengths)
+            got, _ratio = stats(p)
             sink = np.clip(sink + np.subtract(measured["sink_profile"], got["sink_profile"]), 0, 1)
             recent = np.clip(
                 recent + np.subtract(measured["recent_profile"], got["recent_profile"]), 0, 1
@@ -317,7 +330,8 @@ def refine(
             recent = np.minimum(recent, 1.0 - sink)
             p["sink_profile"] = [float(np.floor(v * 1e4) / 1e4) for v in sink]
             p["recent_profile"] = [float(np.floor(v * 1e4) / 1e4) for v in recent]
-    got, ratio = generated_stats(p, shape, lengths)
+    got, ratio = stats(p)
+    bar.close()
     report = {
         "evidence": "Simulated",
         "split_grid_ratios": [round(float(r), 4) for r in ratios],
@@ -334,7 +348,9 @@ def _rmse(got: dict[str, Any], want: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def main(paths: Sequence[str], refine_generator: bool = True) -> dict[str, Any]:
+def main(
+    paths: Sequence[str], refine_generator: bool = True, progress: bool = False
+) -> dict[str, Any]:
     """Fit from trace files; returns {"params", "measured", "evidence"} (docs/model.md).
 
     Given captures of both aggregations, the mass statistics come from the ``mean``
@@ -373,7 +389,9 @@ def main(paths: Sequence[str], refine_generator: bool = True) -> dict[str, Any]:
             from ..shape import ModelShape
 
             shape = ModelShape(**{**evidence["shape"], "name": "fit"})
-            params, evidence["refine"] = refine(params, measured, shape, evidence["lengths"])
+            params, evidence["refine"] = refine(
+                params, measured, shape, evidence["lengths"], progress
+            )
     AttentionParams().with_(**params)  # the fitted values are valid generator parameters
     return {"params": params, "measured": measured, "evidence": evidence}
 
@@ -443,7 +461,7 @@ def cli(args: argparse.Namespace) -> int:
 
     from ..shape import ModelShape
 
-    out = main(args.traces, refine_generator=not args.no_refine)
+    out = main(args.traces, refine_generator=not args.no_refine, progress=True)
     params, measured, ev = out["params"], out["measured"], out["evidence"]
     print(
         f"fit over {len(ev['lengths'])} capture(s) of {ev['lengths']} positions; mass from "

@@ -92,8 +92,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Seed §K.7's calibration: sweep α × β of the ema policy on captured traces, "
             "scored by hit rate at a fixed HBM budget (trace replay with demand paging) and "
             "by output quality (the real model re-run with the bounded cache); then sweep the "
-            "keep/evict thresholds at the best (α, β). Writes heat maps (PNG), a JSON "
-            "report and the best point with its 95 % confidence interval over prompts."
+            "keep/evict thresholds and the touch threshold at the best (α, β). Writes heat "
+            "maps (PNG), a JSON report and the best point with its 95 % confidence interval "
+            "over prompts."
         ),
         epilog=CALIBRATE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -111,6 +112,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument("--keep", default="0.02,0.05,0.1,0.2", help="keep thresholds to sweep")
     c.add_argument("--evict", default="0.005,0.01,0.02,0.05", help="evict thresholds to sweep")
+    c.add_argument(
+        "--touch",
+        default="0.001,0.005,0.01,0.02,0.05",
+        help="touch thresholds to sweep at the best (α, β) by hit rate (a read lighter than "
+        "this does not reset the idle count)",
+    )
     c.add_argument(
         "--no-quality", action="store_true", help="score by hit rate only (no model runs)"
     )

@@ -191,3 +191,8 @@ def test_tiny_calibration_grid(tmp_path, captures) -> None:
     keep = r["thresholds"]["per_trace"][0]["keep"]
     hot = [k["hot_set_fraction"] for k in keep]
     assert hot == sorted(hot, reverse=True)  # a higher keep threshold means a smaller hot set
+    t = r["touch_threshold"]
+    assert [row["touch_threshold"] for row in t["rows"]] == [0.001, 0.005, 0.01, 0.02, 0.05]
+    assert t["best"] in [row["touch_threshold"] for row in t["rows"]]
+    # At or below the read threshold (0.01) every read touches: the same replay.
+    assert t["rows"][0]["hit_rate"] == t["rows"][2]["hit_rate"]

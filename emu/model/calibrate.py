@@ -199,6 +199,7 @@ def sweep(
     model: Any = None,
     keeps: Sequence[float] = (0.02, 0.05, 0.1, 0.2),
     evicts: Sequence[float] = (0.005, 0.01, 0.02, 0.05),
+    touches: Sequence[float] = (0.001, 0.005, 0.01, 0.02, 0.05),
     baselines: Sequence[str] = ("lru", "sink-window", "h2o"),
     progress: bool = False,
 ) -> dict[str, Any]:
@@ -211,6 +212,8 @@ def sweep(
         base.with_(alpha=a)  # validates (ConfigError names the bad value)
     for b in betas:
         base.with_(beta=b)
+    for t in touches:
+        base.with_(touch_threshold=t)
     A, B, P = len(alphas), len(betas), len(traces)
     hit = np.zeros((A, B, P))
     mass = np.zeros((A, B, P))
@@ -307,7 +310,43 @@ def sweep(
         "alpha": best_a,
         "per_trace": [threshold_sweep(d, best_a, keeps, evicts, read_threshold, bt) for d in dense],
     }
+    cfg = base.with_(alpha=alphas[ib], beta=betas[jb])
+    report["touch_threshold"] = touch_sweep(dense, cfg, touches, budget_tokens, bt, read_threshold)
     return report
+
+
+def touch_sweep(
+    dense: Sequence[NDArray],
+    config: Any,
+    touches: Sequence[float],
+    budget_tokens: int,
+    block_tokens: int,
+    read_threshold: float,
+) -> dict[str, Any]:
+    """The ema's hit rate (Simulated) by touch threshold at ``config``'s α and β, with its 95 %
+    CI over traces: a read with weight below the threshold does not reset the idle count."""
+    rows = []
+    for t in touches:
+        cfg = config.with_(touch_threshold=t)
+        vals = [
+            replay_hit_rate(d, "ema", cfg, budget_tokens, block_tokens, read_threshold)
+            for d in dense
+        ]
+        rows.append(
+            {
+                "touch_threshold": t,
+                "hit_rate": ci95([v["hit_rate"] for v in vals]),
+                "per_trace": [round(v["hit_rate"], 5) for v in vals],
+            }
+        )
+    best = max(rows, key=lambda r: r["hit_rate"][0])
+    return {
+        "evidence": "Simulated",
+        "alpha": config.alpha,
+        "beta": config.beta,
+        "rows": rows,
+        "best": best["touch_threshold"],
+    }
 
 
 def _nearest(alphas: Sequence[float], betas: Sequence[float], a: float, b: float) -> Any:
@@ -371,6 +410,7 @@ def main(
     betas = _floats(args.beta, "beta")
     keeps = _floats(args.keep, "keep")
     evicts = _floats(args.evict, "evict")
+    touches = _floats(args.touch, "touch")
     try:
         budget = int(args.budget)
     except ValueError:
@@ -405,6 +445,7 @@ def main(
         model=model,
         keeps=keeps,
         evicts=evicts,
+        touches=touches,
         progress=True,
     )
     out = Path(args.out)
@@ -442,3 +483,9 @@ def _print(r: dict[str, Any]) -> None:
             print(line)
     for b in r["baselines"]:
         print(f"  {b['policy']:<17} hit {_fmt(b['hit_rate'])}  mass {_fmt(b['mass_hit_rate'])}")
+    t = r.get("touch_threshold")
+    if t:
+        print(f"  touch threshold at α={t['alpha']:g} β={t['beta']:g} (hit rate, Simulated):")
+        for row in t["rows"]:
+            mark = "  ← best" if row["touch_threshold"] == t["best"] else ""
+            print(f"    {row['touch_threshold']:<8g} {_fmt(row['hit_rate'])}{mark}")

@@ -184,6 +184,11 @@ def preset_attention(shape: ModelShape) -> AttentionParams:
 FITTED_PRESETS = ("ci", "smollm2")
 
 
+def attention_source(preset_name: str) -> str:
+    """Where a preset's default attention comes from, for reports."""
+    return "fitted to SmolLM2-135M" if preset_name in FITTED_PRESETS else "the seed's defaults"
+
+
 class ContextAttention:
     """Per-context state of the model: block relevance and needle positions."""
 

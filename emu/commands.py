@@ -524,11 +524,11 @@ def _list() -> int:
     print("policies:")
     for name, cls in sorted(POLICIES.items()):
         print(f"  {name:<14} {cls.summary}")
-    from .attention import FITTED_PRESETS
+    from .attention import attention_source
 
     print("presets (and their synthetic attention):")
     for name, s in PRESETS.items():
-        att = "fitted to SmolLM2-135M" if name in FITTED_PRESETS else "the seed's defaults"
+        att = attention_source(name)
         print(
             f"  {name:<8} {s.layers} layers, {s.q_heads}/{s.kv_heads} Q/KV heads, d_head "
             f"{s.d_head}, {s.context_tokens:,} tokens, entry {s.entry_bytes:,} B; attention {att}"
@@ -675,13 +675,11 @@ def _demo(args: argparse.Namespace) -> int:
     rows = combine(raw)
     wall = time.perf_counter() - t0
     table = format_table(rows)
-    from .attention import FITTED_PRESETS
+    from .attention import FITTED_PRESETS, attention_source
 
-    attention = (
-        "fitted to SmolLM2-135M (docs/model.md)"
-        if spec.preset in FITTED_PRESETS
-        else "the seed's defaults"
-    )
+    attention = attention_source(spec.preset)
+    if spec.preset in FITTED_PRESETS:
+        attention += " (docs/model.md)"
     head = (
         f"workload {spec.workload} on the {spec.preset} preset, {spec.steps} decode steps "
         f"({spec.warmup_steps} warm-up excluded), {len(spec.seeds)} seeds, dense reads, "

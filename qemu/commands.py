@@ -196,6 +196,8 @@ def _boot(args: argparse.Namespace) -> int:
     jobs = tuple(args.jobs or ("datapath", "replay"))
     if poison and "poison" not in jobs:
         jobs = ("poison", *jobs)
+    if args.retries < 0 or args.stall_s <= 0:
+        raise CliError(f"--retries {args.retries} / --stall-s {args.stall_s}: must be >= 0 / > 0")
     echo = (lambda line: print(line, flush=True)) if args.console else None
     opts = BootOptions(
         jobs=jobs,
@@ -216,8 +218,6 @@ def _boot(args: argparse.Namespace) -> int:
         stall_s=args.stall_s,
         retries=args.retries,
     )
-    if args.retries < 0 or args.stall_s <= 0:
-        raise CliError(f"--retries {args.retries} / --stall-s {args.stall_s}: must be >= 0 / > 0")
     try:
         report, b = boot(opts)
     except SetupError as exc:

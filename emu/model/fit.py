@@ -431,7 +431,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-refine",
         action="store_true",
-        help="keep the direct statistics as the parameters (skip the ~20 s of generator runs "
+        help="keep the direct statistics as the parameters (skip the ~15 s of generator runs "
         "that choose split_sigma and correct the profiles)",
     )
     p.add_argument(

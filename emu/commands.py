@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .simulator import GRANULARITIES
+
 # Policy parameters exposed as options: name → kind ("float", "int", "str", "bool", "floats").
 # Validation (ranges, choices) is PolicyConfig's; tests check this list matches it.
 POLICY_OPTIONS: dict[str, str] = {
@@ -151,9 +153,10 @@ def _add_run_options(p: argparse.ArgumentParser, *, steps: int = 200) -> None:
     )
     g.add_argument(
         "--granularity",
-        choices=("layer", "step"),
+        choices=GRANULARITIES,
         default="layer",
-        help="one cache batch per layer of a step, or per whole step",
+        help="what the cache serves as one batch: a layer of a step (default), a whole step, "
+        "or every read on its own (request: a classic one-request cache, as libCacheSim)",
     )
     g.add_argument(
         "--prefetch",

@@ -39,6 +39,8 @@ from ..firmware.table import EntryTable, grow
 from .tiers import Tiers, TierTiming
 from .workloads.stream import CREATE, ReadStream
 
+GRANULARITIES = ("layer", "step", "request")
+
 
 @dataclass
 class SimOptions:
@@ -55,14 +57,16 @@ class SimOptions:
     placement: str = "policy"  # "policy": the firmware's placement rule; "fill": CXL first
     audit: bool = False
     warmup_steps: int = 0
-    granularity: str = "layer"  # "layer" or "step"
+    granularity: str = "layer"  # "layer", "step" or "request"
     mode: str = "float"  # ema: "float" or "int" (the Q0.16 contract)
     check: bool = False  # verify tier invariants after every event (slower)
     record_victims: bool = False
 
     def __post_init__(self) -> None:
-        if self.granularity not in ("layer", "step"):
-            raise ValueError(f"granularity {self.granularity!r}: must be 'layer' or 'step'")
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(
+                f"granularity {self.granularity!r}: must be one of {', '.join(GRANULARITIES)}"
+            )
         if self.budget_bytes < 0:
             raise ValueError(f"budget {self.budget_bytes} B is negative")
         if self.prefetch_limit < 1:
@@ -75,18 +79,74 @@ def _scored(policy: Policy) -> bool:
     return type(policy).score is not Policy.score
 
 
-def _groups(stream: ReadStream, granularity: str) -> tuple[NDArray, NDArray]:
-    """Event ranges replayed as one batch: [start, end) per group."""
-    n = stream.n_events
-    if granularity == "layer" or n == 0:
-        idx = np.arange(n)
-        return idx, idx + 1
-    # Merge consecutive READ events of the same step.
-    k, s = stream.ev_kind, stream.ev_step
-    new = np.ones(n, dtype=bool)
-    new[1:] = (k[1:] == CREATE) | (k[:-1] == CREATE) | (s[1:] != s[:-1])
-    starts = np.flatnonzero(new)
-    return starts, np.concatenate([starts[1:], [n]])
+@dataclass
+class _Batch:
+    """One unit of replay: a write (CREATE) or a batch of reads served together."""
+
+    read: bool
+    step: int
+    ids: NDArray
+    w: NDArray | None
+    tokens: int  # tokens decoded in the step (counted once, on its first batch)
+    lens: tuple[NDArray, NDArray] | None  # (context, tokens) lengths set before the batch
+
+
+def plan_batches(stream: ReadStream, granularity: str) -> list[_Batch]:
+    """The stream's events regrouped as the replay serves them (docs/simulator.md).
+
+    ``layer``: one batch per READ event (one layer of a step); ``step``: the consecutive
+    READ events of a step form one batch; ``request``: every read is its own batch.
+    A trace's CREATE events are dropped (``create_on_first_read``): the replay writes a
+    trace's entries just before the batch that first reads them, whatever the grouping.
+    """
+    kinds, steps, off, loff = stream.ev_kind, stream.ev_step, stream.ev_off, stream.len_off
+    lazy = stream.create_on_first_read
+    ev = np.flatnonzero(kinds != CREATE) if lazy else np.arange(stream.n_events)
+    out: list[_Batch] = []
+
+    def lens(a: int, z: int) -> tuple[NDArray, NDArray] | None:
+        lo, hi = int(loff[a]), int(loff[z])
+        return (stream.len_ctx[lo:hi], stream.len_tokens[lo:hi]) if hi > lo else None
+
+    i, n = 0, ev.size
+    while i < n:
+        e = int(ev[i])
+        step = int(steps[e])
+        if kinds[e] == CREATE:
+            ids = stream.ids[off[e] : off[e + 1]]
+            out.append(_Batch(False, step, ids, None, 0, lens(e, e + 1)))
+            i += 1
+            continue
+        j = i + 1
+        if granularity == "step":
+            while j < n and kinds[ev[j]] != CREATE and int(steps[ev[j]]) == step:
+                j += 1
+        group = ev[i:j]
+        if group.size == 1 or np.all(np.diff(group) == 1):
+            a, z = int(group[0]), int(group[-1]) + 1
+            ids, w = stream.ids[off[a] : off[z]], stream.w[off[a] : off[z]]
+            ln = lens(a, z)
+        else:  # a trace's layer batches with its (dropped) CREATE events between them
+            ids = np.concatenate([stream.ids[off[g] : off[g + 1]] for g in group])
+            w = np.concatenate([stream.w[off[g] : off[g + 1]] for g in group])
+            parts = [x for g in group if (x := lens(int(g), int(g) + 1)) is not None]
+            ln = (
+                (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+                if parts
+                else None
+            )
+        tokens = int(stream.ev_tokens[group].sum())
+        if granularity == "request":
+            for k in range(ids.size):
+                first = k == 0
+                out.append(
+                    _Batch(True, step, ids[k : k + 1], w[k : k + 1], tokens if first else 0,
+                           ln if first else None)
+                )  # fmt: skip
+        else:
+            out.append(_Batch(True, step, ids, w, tokens, ln))
+        i = j
+    return out
 
 
 def simulate(
@@ -108,20 +168,15 @@ def simulate(
             f"the tiers hold {(capacity + cxl_cap + nvme_cap) * eb} B but the workload creates "
             f"{n_total * eb} B of KV: raise --budget, --cxl or --nvme"
         )
-    starts, ends = _groups(stream, opts.granularity)
+    plan = plan_batches(stream, opts.granularity)
     kinds = stream.ev_kind
-    off = stream.ev_off
-    is_read = kinds[starts] != CREATE
 
     table = EntryTable(block_tokens=shape.block_tokens, capacity=max(n_total, 16))
     kwargs: dict[str, Any] = {}
     if opts.policy == "belady":
         if opts.prefetch:
             raise ValueError("belady is the demand-paging optimum: run it with prefetch off")
-        batches = [
-            stream.ids[off[a] : off[z]] for a, z, r in zip(starts, ends, is_read, strict=True) if r
-        ]
-        kwargs["future"] = Future.from_batches(batches)
+        kwargs["future"] = Future.from_batches([b.ids for b in plan if b.read])
     if opts.policy == "ema":
         kwargs["mode"] = opts.mode
     policy = make_policy(opts.policy, cfg, table, **kwargs)
@@ -163,7 +218,9 @@ def simulate(
     st_bytes = np.zeros(n_steps, np.float64)
     pf_total = pf_useful = pf_wasted = 0
     pf_useful_warm = 0
-    moved_at_warm = tiers.moved.copy()
+    # Entries moved, by the read step an event belongs to (the first read step at or after
+    # its own step: a step's writes count with its reads).
+    st_moved = np.zeros((max(n_steps, 1), *tiers.moved.shape), np.int64)
     warm_idx = min(opts.warmup_steps, n_steps)
     t = opts.timing
     t_batch = {
@@ -242,39 +299,60 @@ def simulate(
         settle(tick)
         return int(chosen.size)
 
+    lazy = stream.create_on_first_read
+    created = np.zeros(n_total, dtype=bool)
+    bt = shape.block_tokens
+
+    def write(ids: NDArray, step: int) -> None:
+        """The host writes new KV into HBM (entries ``ids``, in creation order)."""
+        # A write happens after the last read batch: "now" is that batch, so the offline
+        # optimum sees the very next batch as the entry's next use (−1 before any read).
+        tick = Tick(step, time - 1 if opts.policy == "belady" else max(time - 1, 0))
+        if ids.size == 0:
+            return
+        if ids[0] != table.n or not np.array_equal(ids, np.arange(table.n, table.n + ids.size)):
+            raise ValueError(f"stream creates entries out of order at step {step}")
+        c = stream.e_ctx[ids]
+        table.append(c, stream.e_layer[ids], stream.e_head[ids], stream.e_block[ids])
+        if lazy:  # a trace's context is as long as its highest block so far (blocks full)
+            np.maximum.at(table.ctx_tokens, c, (stream.e_block[ids].astype(np.int64) + 1) * bt)
+        created[ids] = True
+        tiers.create(ids)
+        cache.insert(ids, tick)
+        settle(tick)
+
     time = 0
     last_step: int | None = None
-    step_pos = -1
-    for a, z, r in zip(starts.tolist(), ends.tolist(), is_read.tolist(), strict=True):
-        step = int(stream.ev_step[a])
+    pos = 0  # index among read steps of the current event's step
+    mark = tiers.moved.copy()
+    for b in plan:
+        step = b.step
         if last_step is not None and step != last_step:
             cache.end_step(Tick(last_step, max(time - 1, 0)))
-        if step != last_step and r:
-            step_pos = int(np.searchsorted(read_steps, step))
-            if step_pos == warm_idx and warm_idx > 0:
-                moved_at_warm = tiers.moved.copy()
-                pf_useful_warm = pf_useful
+            new_pos = min(int(np.searchsorted(read_steps, step)), max(n_steps - 1, 0))
+            if new_pos != pos:
+                st_moved[pos] += tiers.moved - mark
+                mark = tiers.moved.copy()
+                pos = new_pos
+                if pos == warm_idx:
+                    pf_useful_warm = pf_useful
+        elif last_step is None:
+            pos = min(int(np.searchsorted(read_steps, step)), max(n_steps - 1, 0))
         last_step = step
-        lo, hi = int(stream.len_off[a]), int(stream.len_off[z])
-        if hi > lo:
-            c = stream.len_ctx[lo:hi]
+        if b.lens is not None:
+            c, tok = b.lens
             table.ctx_tokens = grow(table.ctx_tokens, int(c.max()) + 1)
-            table.ctx_tokens[c] = stream.len_tokens[lo:hi]
-        ids = stream.ids[off[a] : off[z]]
-        tick = Tick(step, time)
-        if not r:  # CREATE: the host writes new KV into HBM
-            # A write happens after the last read batch: "now" is that batch, so the offline
-            # optimum sees the very next batch as the entry's next use (−1 before any read).
-            tick = Tick(step, time - 1 if opts.policy == "belady" else max(time - 1, 0))
-            if ids.size:
-                table.append(
-                    stream.e_ctx[ids], stream.e_layer[ids], stream.e_head[ids], stream.e_block[ids]
-                )
-                tiers.create(ids)
-                cache.insert(ids, tick)
-                settle(tick)
+            np.maximum.at(table.ctx_tokens, c, tok)  # a context never shrinks
+        ids = b.ids
+        if not b.read:
+            write(ids, step)
         else:
-            w = stream.w[off[a] : off[z]]
+            if lazy:
+                new = ids[~created[ids]]
+                if new.size:
+                    write(unique_ids(new), step)
+            tick = Tick(step, time)
+            w = b.w
             src_tier = tiers.tier[ids]  # where every read is served from if it misses
             hit = cache.access(ids, w, tick)
             miss = ~hit
@@ -289,24 +367,24 @@ def simulate(
                     prefetched[u] = False
             tiers.promote(unique_ids(ids[miss]))
             settle(tick)
-            sp = step_pos
-            st_reads[sp] += ids.size
-            st_hits[sp] += nh
-            st_miss[sp] += counts
-            st_bytes[sp] += ids.size * eb
-            st_tokens[sp] += int(stream.ev_tokens[a:z].sum())
+            st_reads[pos] += ids.size
+            st_hits[pos] += nh
+            st_miss[pos] += counts
+            st_bytes[pos] += ids.size * eb
+            st_tokens[pos] += b.tokens
             for tier_code in (TIER_CXL, TIER_NVME):
                 if counts[tier_code]:
-                    st_stall[sp] += t_batch[tier_code](int(counts[tier_code]))
+                    st_stall[pos] += t_batch[tier_code](int(counts[tier_code]))
             if opts.prefetch:
                 pf_total += do_prefetch(ids, w, tick)
             time += 1
         if opts.check:
             tiers.check(table.n, cache.n_resident, cache.capacity)
         if progress is not None:
-            progress(z - a)
+            progress(1)
     if last_step is not None:
         cache.end_step(Tick(last_step, max(time - 1, 0)))
+    st_moved[pos] += tiers.moved - mark
     tiers.check(table.n, cache.n_resident, cache.capacity)
 
     # --- metrics over the measured (post-warm-up) steps --------------------------------
@@ -326,11 +404,7 @@ def simulate(
     )
     step_ns = hbm_step_ns + st_stall[m] + compute_ns
     tokens = int(st_tokens[m].sum())
-    moved = tiers.moved - moved_at_warm
-    saved = tiers.moved
-    tiers.moved = moved
-    bytes_moved = tiers.bytes_moved()
-    tiers.moved = saved
+    bytes_moved = tiers.bytes_moved(st_moved[warm_idx:].sum(axis=0))
     stall = st_stall[m]
     cs = cache.stats.as_dict()
     out: dict[str, Any] = {
@@ -385,6 +459,7 @@ def simulate(
             "reads": st_reads.tolist(),
             "hits": st_hits.tolist(),
             "stall_ns": st_stall.tolist(),
+            "bytes_moved": [tiers.bytes_moved(m) for m in st_moved[:n_steps]],
         },
     }
     if opts.record_victims:

@@ -222,9 +222,10 @@ class Tiers:
         if counts[TIER_CXL] > self.cap[TIER_CXL] or counts[TIER_NVME] > self.cap[TIER_NVME]:
             raise AssertionError("a lower tier is over capacity")
 
-    def bytes_moved(self) -> dict[str, int]:
-        """Bytes moved per tier pair, ``"from->to"`` (pinned HBM counted as HBM)."""
-        m = self.moved.copy()
+    def bytes_moved(self, moved: NDArray | None = None) -> dict[str, int]:
+        """Bytes moved per tier pair, ``"from->to"`` (pinned HBM counted as HBM), of
+        ``moved`` (an entries-moved matrix like :attr:`moved`; default: everything so far)."""
+        m = (self.moved if moved is None else moved).copy()
         m[TIER_HBM] += m[TIER_HBM_PINNED]
         m[:, TIER_HBM] += m[:, TIER_HBM_PINNED]
         out = {}

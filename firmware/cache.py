@@ -14,8 +14,14 @@ Semantics (documented in docs/policy.md):
   may also bypass (evict what it just read) unless ``protect_batch`` is set.
 * Order within a batch: misses are admitted (``on_insert``), then every read is
   recorded (``on_access``), then the overflow is evicted.
-* Pinned entries (those the policy wants pinned, while pinned slots last) are
-  never eligible; pinned slots are ``pinned_fraction × capacity``.
+* A write (new KV, or a prefetch) admits its entries, then evicts the overflow
+  under the same rule: the entries it just wrote are not eligible unless the
+  write alone overflows the capacity (a device never drops KV it is being handed
+  before its first read); the offline optimum may bypass here too.
+* Pinned entries are never eligible.  Pinned slots are
+  ``floor(pinned_fraction × capacity)``; as entries are admitted (in ascending id
+  order within one admission), each one the policy wants pinned takes a free
+  slot; a pinned entry stays pinned and resident, so slots are never freed.
 """
 
 from __future__ import annotations
@@ -101,7 +107,7 @@ class PolicyCache:
         self.stats.misses += ids.size - nh
         # Admit first (a policy without persistent metadata starts the entry afresh), then
         # record the reads, then evict the overflow.
-        self._admit(unique_ids(ids[~hit]), tick, make_room=False)
+        self._admit(unique_ids(ids[~hit]), tick)
         self.policy.on_access(ids, np.asarray(weights, dtype=np.float64), tick)
         self._make_room(tick, protect=ids if self.protect_batch else None)
         return hit
@@ -114,6 +120,7 @@ class PolicyCache:
         self.ensure(int(ids.max()) + 1)
         new = ids[~self.resident[ids]]
         self._admit(new, tick)
+        self._make_room(tick, protect=new if self.protect_batch else None)
         return new
 
     def end_step(self, tick: Tick) -> None:
@@ -133,7 +140,7 @@ class PolicyCache:
         self._remove(ids, tick)
 
     # --- internals -------------------------------------------------------------------
-    def _admit(self, ids: NDArray, tick: Tick, make_room: bool = True) -> None:
+    def _admit(self, ids: NDArray, tick: Tick) -> None:
         if ids.size == 0:
             return
         self.resident[ids] = True
@@ -145,8 +152,6 @@ class PolicyCache:
             self.pinned[want] = True
             self.stats.pinned += want.size
         self.policy.on_insert(ids, tick)
-        if make_room:
-            self._make_room(tick)
 
     def _make_room(self, tick: Tick, protect: NDArray | None = None) -> None:
         over = self.n_resident - self.capacity

@@ -58,6 +58,9 @@ class ReadStream:
     evidence: str = "Simulated"
     source: str = ""
     info: dict[str, Any] = field(default_factory=dict)
+    # True for a trace: an entry is written into HBM just before the batch that first reads
+    # it, whatever the replay's granularity (the CREATE events mark layer batches).
+    create_on_first_read: bool = False
 
     @property
     def n_entries(self) -> int:
@@ -386,6 +389,7 @@ def from_trace(trace: Trace) -> ReadStream:
     seen_step = -1
     made = 0
     bt = s.block_tokens
+    ctx_len: dict[int, int] = {}  # a context never shrinks: its longest block end so far
     for a, z in zip(starts.tolist(), ends.tolist(), strict=True):
         top = int(ids[a:z].max()) + 1
         if top > made:
@@ -395,10 +399,14 @@ def from_trace(trace: Trace) -> ReadStream:
             evlayers.append(-1)
             pids.append(new)
             pws.append(np.zeros(new.size, np.float32))
-            # Context length: at least up to the end of its newest block so far.
+            # Context length: the end of its highest block created so far (blocks full).
             c = e_ctx[new].astype(np.int64)
             tok = (e_block[new].astype(np.int64) + 1) * bt
-            lens.append(list(zip(c.tolist(), tok.tolist(), strict=True)))
+            grown: dict[int, int] = {}
+            for ci, ti in zip(c.tolist(), tok.tolist(), strict=True):
+                if ti > ctx_len.get(ci, 0):
+                    ctx_len[ci] = grown[ci] = ti
+            lens.append(sorted(grown.items()))
             toks.append(0)
             made = top
         kinds.append(READ)
@@ -443,4 +451,5 @@ def from_trace(trace: Trace) -> ReadStream:
         evidence=trace.evidence,
         source=trace.source,
         info={"trace": trace.source, **trace.extra},
+        create_on_first_read=True,
     )

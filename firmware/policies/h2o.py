@@ -1,6 +1,8 @@
 """H2O (Zhang et al. 2023): heavy hitters by accumulated attention, plus a recent window.
 
-Entries within recent_tokens of their context's newest token are evicted last;
+The first ``sink_tokens`` tokens (the attention sink) are pinned, as in
+sink-window.  Entries within ``recent_tokens`` of their context's newest token are
+evicted last (among themselves by the contract's tie-break: lower entry id first);
 the rest go in order of least accumulated attention weight.
 """
 
@@ -24,3 +26,6 @@ class H2oPolicy(Policy):
     def priority(self, ids: NDArray, tick: Tick) -> NDArray:
         recent = self.table.age_tokens(ids) < self.config.recent_tokens
         return np.where(recent, -np.inf, -self.acc[ids])
+
+    def wants_pin(self, ids: NDArray) -> NDArray:
+        return self.table.first_token(ids) < self.config.sink_tokens

@@ -32,7 +32,7 @@ from ..firmware.audit import EvictionAudit
 from ..firmware.cache import PolicyCache, unique_ids
 from ..firmware.config import PolicyConfig
 from ..firmware.formulas import TIER_CXL, TIER_HBM, TIER_NVME
-from ..firmware.policies import make_policy
+from ..firmware.policies import POLICIES, make_policy
 from ..firmware.policies.base import Policy, Tick
 from ..firmware.policies.belady import Future
 from ..firmware.table import EntryTable, grow
@@ -173,9 +173,10 @@ def simulate(
 
     table = EntryTable(block_tokens=shape.block_tokens, capacity=max(n_total, 16))
     kwargs: dict[str, Any] = {}
-    if opts.policy == "belady":
+    offline = opts.policy in POLICIES and not POLICIES[opts.policy].online
+    if offline:  # an offline policy is given the future: every read batch as replayed
         if opts.prefetch:
-            raise ValueError("belady is the demand-paging optimum: run it with prefetch off")
+            raise ValueError(f"{opts.policy} is a demand-paging optimum: run it with prefetch off")
         kwargs["future"] = Future.from_batches([b.ids for b in plan if b.read])
     if opts.policy == "ema":
         kwargs["mode"] = opts.mode
@@ -307,7 +308,7 @@ def simulate(
         """The host writes new KV into HBM (entries ``ids``, in creation order)."""
         # A write happens after the last read batch: "now" is that batch, so the offline
         # optimum sees the very next batch as the entry's next use (−1 before any read).
-        tick = Tick(step, time - 1 if opts.policy == "belady" else max(time - 1, 0))
+        tick = Tick(step, time - 1 if offline else max(time - 1, 0))
         if ids.size == 0:
             return
         if ids[0] != table.n or not np.array_equal(ids, np.arange(table.n, table.n + ids.size)):

@@ -252,12 +252,12 @@ def register(sub: argparse._SubParsersAction) -> None:
             "rate, byte miss ratio, bytes moved per tier pair, effective latency, stall, "
             "tokens/s, prefetch precision/coverage and audited victims. Every figure is "
             "Simulated. With --seeds N the workload is regenerated with N seeds and means carry "
-            "95%% confidence intervals."
+            "95% confidence intervals."
         ),
         epilog=(
             "examples:\n"
-            "  kvcxl simulate --workload cyclic --policy lru --policy ema --budget 10%% "
-            "--budget 25%%\n"
+            "  kvcxl simulate --workload cyclic --policy lru --policy ema --budget 10% "
+            "--budget 25%\n"
             "  kvcxl simulate --trace run.npz --policy ema --alpha 0.05 --budget 64MiB --audit\n"
             "  kvcxl simulate --seeds 10 --json out.json --plot hit.png\n"
             "  kvcxl simulate --list     (workloads, policies, presets)"
@@ -324,7 +324,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=_Formatter,
         description=(
             "Runs every policy (Belady's optimum included) at budgets "
-            + ", ".join(DEMO_BUDGETS).replace("%", "%%")
+            + ", ".join(DEMO_BUDGETS)
             + " of the default workload's KV bytes over a few seeds, prints the table and "
             "writes report.md, results.json and hit_rate.png into --out. Simulated."
         ),

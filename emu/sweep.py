@@ -299,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m kvcxl.emu.sweep",
         description="Runs the sweeps behind docs/results.md (every workload, the policy ranking, "
-        "the α sweep and persistent metadata on/off, at 10 %% and 20 %% budgets) and writes one "
-        "JSON file of rows with 95 %% CIs. Simulated.",
+        "the α sweep and persistent metadata on/off, at 10 % and 20 % budgets) and writes one "
+        "JSON file of rows with 95 % CIs. Simulated.",
     )
     p.add_argument("--out", default="out/results.json")
     p.add_argument("--seeds", type=int, default=10)

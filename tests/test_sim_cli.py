@@ -134,3 +134,35 @@ def test_config_file_and_option_override(tmp_path):
     cfg = json.loads(out.read_text())["config"]["config"]
     assert cfg["alpha"] == 0.1 and cfg["beta"] == 0.002
     assert json.loads(out.read_text())["results"][0]["alpha"] == 0.1
+
+
+def _subparsers(parser):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield sub
+                yield from _subparsers(sub)
+
+
+def test_no_help_text_prints_a_doubled_percent():
+    import contextlib
+    import io
+
+    import pytest
+
+    # argparse %-formats `help` strings but prints `description` and `epilog` verbatim,
+    # so an escaped "%%" there reaches the user as a literal "%%".
+    from kvcxl.emu.cli import build_parser
+    from kvcxl.emu.sweep import main as sweep_main
+
+    parsers = [build_parser(), *_subparsers(build_parser())]
+    assert len(parsers) > 20
+    for p in parsers:
+        text = p.format_help()
+        assert "%%" not in text, p.prog
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        sweep_main(["--help"])
+    assert "%%" not in out.getvalue() and "10 % and 20 %" in out.getvalue()

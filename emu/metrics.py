@@ -73,7 +73,10 @@ SEED_METRICS = (
     "prefetch_coverage",
 )
 #: Counters summed over seeds.
-SUMMED = ("reads", "hits", "misses", "audited_victims", "wrong_victims")
+SUMMED = (
+    "reads", "hits", "misses", "audited_victims", "wrong_victims", "history_checked",
+    "priority_mismatches", "outranked_by_history", "pin_violations", "audit_faults",
+)  # fmt: skip
 
 
 def combine_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -35,11 +35,15 @@ from ..firmware.formulas import TIER_CXL, TIER_HBM, TIER_NVME
 from ..firmware.policies import POLICIES, make_policy
 from ..firmware.policies.base import Policy, Tick
 from ..firmware.policies.belady import Future
-from ..firmware.table import EntryTable, grow
+from ..firmware.table import EntryTable
 from .tiers import Tiers, TierTiming
 from .workloads.stream import CREATE, ReadStream
 
 GRANULARITIES = ("layer", "step", "request")
+AUDIT_KEYS = (
+    "audited_victims", "wrong_victims", "misordered_victims", "audited_passes",
+    "history_checked", "priority_mismatches", "outranked_by_history", "pin_violations",
+)  # fmt: skip
 
 
 @dataclass
@@ -316,7 +320,7 @@ def simulate(
         c = stream.e_ctx[ids]
         table.append(c, stream.e_layer[ids], stream.e_head[ids], stream.e_block[ids])
         if lazy:  # a trace's context is as long as its highest block so far (blocks full)
-            np.maximum.at(table.ctx_tokens, c, (stream.e_block[ids].astype(np.int64) + 1) * bt)
+            table.raise_lengths(c, (stream.e_block[ids].astype(np.int64) + 1) * bt)
         created[ids] = True
         tiers.create(ids)
         cache.insert(ids, tick)
@@ -342,8 +346,7 @@ def simulate(
         last_step = step
         if b.lens is not None:
             c, tok = b.lens
-            table.ctx_tokens = grow(table.ctx_tokens, int(c.max()) + 1)
-            np.maximum.at(table.ctx_tokens, c, tok)  # a context never shrinks
+            table.raise_lengths(c, tok)
         ids = b.ids
         if not b.read:
             write(ids, step)
@@ -449,9 +452,8 @@ def simulate(
         "entry_bytes": int(eb),
         "occupancy_end": tiers.occupancy() | {"hbm_pinned": int(cs["pinned"])},
         "cache": cs,
-        "audited_victims": audit.checked if audit else None,
-        "wrong_victims": audit.wrong if audit else None,
-        "misordered_victims": audit.as_dict()["misordered_victims"] if audit else None,
+        **(audit.as_dict() if audit else dict.fromkeys(AUDIT_KEYS)),
+        "audit_faults": audit.faults if audit else None,
         "granularity": opts.granularity,
         "persistent_metadata": cfg.persistent_metadata,
         "alpha": cfg.alpha,

@@ -1,9 +1,22 @@
-"""The eviction audit (SPEC §6): every victim checked against a brute-force ranking.
+"""The eviction audit (SPEC §6): every victim checked twice.
 
 The seed's first simulator evicted from a heap keyed on stale decaying scores and
 picked the wrong victim 99.6 % of the time; only an external audit noticed.  Here
-the audit is a standing check: for each eviction pass it recomputes every
-eligible entry's priority from the policy's current state and sorts them all.
+the audit is a standing check with two parts:
+
+* **top-k** (``wrong``, ``misordered``): for each eviction pass it recomputes every
+  eligible entry's priority from the policy's current state, sorts them all by the
+  contract order and compares the victims with the true top-k.  This catches a
+  broken selection, never a wrong priority.
+* **history** (``priority_mismatches``, ``outranked``, ``pin_violations``): an
+  :class:`~kvcxl.firmware.history.EntryHistory` records each entry's own history
+  from the cache's events and recomputes priorities from it by the documented
+  formulas — for every victim and a sample of the other eligible entries per pass
+  (all of them when there are few).  A priority that differs from the policy's,
+  a sampled entry that should have gone before a victim, or a victim the
+  documented pinning rule protects, is counted.  This catches an idle counter not
+  reset, a context length that shrank, a pin ignored, an EMA stepped wrongly.
+  (The random and offline policies' keys are inputs, not history: top-k only.)
 """
 
 from __future__ import annotations
@@ -13,8 +26,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from .history import EntryHistory
 from .select import reference_order
 from .table import unique_ids
+
+HISTORY_SAMPLE = 64  # non-victims recomputed per pass (every eligible entry up to 4× this)
 
 
 @dataclass
@@ -26,8 +42,85 @@ class EvictionAudit:
     misordered: int = 0
     order_checked: int = 0  # victims whose order was checked (passes selected in order)
     passes: int = 0
+    history: bool = True  # also recompute priorities from each entry's own history
+    history_checked: int = 0  # entries whose priority was recomputed from history
+    priority_mismatches: int = 0
+    outranked: int = 0  # recomputed non-victims that should have gone before a victim
+    pin_violations: int = 0
     examples: list[dict] = field(default_factory=list)
     max_examples: int = 8
+    _hist: EntryHistory | None = field(default=None, repr=False)
+    _rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0), repr=False)
+
+    # --- the history: the cache reports its events here ---------------------------------
+    def attach(self, policy: object, pinned_capacity: int) -> None:
+        """Start a history of ``policy``'s entries (called by the cache that owns both)."""
+        if self.history:
+            self._hist = EntryHistory(policy, pinned_capacity)
+
+    def on_admit(self, ids: NDArray, time: int) -> None:
+        if self._hist is not None:
+            self._hist.on_admit(ids, time)
+
+    def on_read(self, ids: NDArray, weights: NDArray, time: int) -> None:
+        if self._hist is not None:
+            self._hist.on_read(ids, weights, time)
+
+    def on_end_step(self) -> None:
+        if self._hist is not None:
+            self._hist.on_end_step()
+
+    def check_history(self, eligible: NDArray, victims: NDArray, policy: object, tick) -> int:
+        """Recompute victims' and sampled entries' priorities from history; returns faults."""
+        h = self._hist
+        if h is None or victims.size == 0:
+            return 0
+        faults = 0
+        pinned = victims[h.pinned[victims]] if victims.max() < h.pinned.size else victims[:0]
+        self.pin_violations += int(pinned.size)
+        faults += int(pinned.size)
+        rest = np.setdiff1d(eligible, victims, assume_unique=True)
+        if rest.size > 4 * HISTORY_SAMPLE:
+            rest = self._rng.choice(rest, HISTORY_SAMPLE, replace=False)
+        sample = np.concatenate([victims, rest])
+        hp = h.priority(sample, tick.time)
+        if hp is None:
+            return faults
+        pp = np.asarray(policy.priority(sample, tick))  # type: ignore[attr-defined]
+        if hp.dtype.kind == "f" or pp.dtype.kind == "f":
+            same = np.isclose(pp.astype(np.float64), hp.astype(np.float64), rtol=1e-9, atol=1e-12)
+        else:
+            same = pp == hp
+        bad = int(np.count_nonzero(~same))
+        # By the history's own priorities, no sampled non-victim may outrank a victim.
+        v, r = hp[: victims.size], hp[victims.size :]
+        lo = np.argmin(v) if v.size else 0  # the last victim in contract order
+        lo_p = v[lo]
+        lo_candidates = victims[v == lo_p]
+        lo_id = lo_candidates.max()
+        out = int(np.count_nonzero((r > lo_p) | ((r == lo_p) & (rest < lo_id))))
+        if hp.dtype.kind == "f":  # a near-tie within rounding is not a fault
+            out = int(
+                np.count_nonzero(
+                    ((r > lo_p) & ~np.isclose(r, lo_p, rtol=1e-9, atol=1e-12))
+                    | ((r == lo_p) & (rest < lo_id))
+                )
+            )
+        self.history_checked += int(sample.size)
+        self.priority_mismatches += bad
+        self.outranked += out
+        if (bad or out) and len(self.examples) < self.max_examples:
+            i = int(np.flatnonzero(~same)[0]) if bad else 0
+            self.examples.append(
+                {
+                    "entry": int(sample[i]),
+                    "policy_priority": float(pp[i]),
+                    "history_priority": float(hp[i]),
+                    "step": int(tick.step),
+                    "outranked": out,
+                }
+            )
+        return faults + bad + out
 
     def check(
         self, eligible: NDArray, priority: NDArray, victims: NDArray, ordered: bool = True
@@ -59,4 +152,13 @@ class EvictionAudit:
             "wrong_victims": self.wrong,
             "misordered_victims": self.misordered if self.order_checked else None,
             "audited_passes": self.passes,
+            "history_checked": self.history_checked if self._hist is not None else None,
+            "priority_mismatches": self.priority_mismatches if self._hist is not None else None,
+            "outranked_by_history": self.outranked if self._hist is not None else None,
+            "pin_violations": self.pin_violations if self._hist is not None else None,
         }
+
+    @property
+    def faults(self) -> int:
+        """Everything the audit found wrong (0 on a correct run)."""
+        return self.wrong + self.priority_mismatches + self.outranked + self.pin_violations

@@ -89,6 +89,8 @@ class PolicyCache:
         self.pinned = np.zeros(16, dtype=bool)
         self.n_resident = 0
         self.stats = CacheStats()
+        if audit is not None:
+            audit.attach(policy, self.pinned_capacity)
 
     def ensure(self, n: int) -> None:
         self.resident = grow(self.resident, n, False)
@@ -108,7 +110,10 @@ class PolicyCache:
         # Admit first (a policy without persistent metadata starts the entry afresh), then
         # record the reads, then evict the overflow.
         self._admit(unique_ids(ids[~hit]), tick)
-        self.policy.on_access(ids, np.asarray(weights, dtype=np.float64), tick)
+        weights = np.asarray(weights, dtype=np.float64)
+        self.policy.on_access(ids, weights, tick)
+        if self.audit is not None:
+            self.audit.on_read(ids, weights, tick.time)
         self._make_room(tick, protect=ids if self.protect_batch else None)
         return hit
 
@@ -125,6 +130,8 @@ class PolicyCache:
 
     def end_step(self, tick: Tick) -> None:
         self.policy.end_step(tick)
+        if self.audit is not None:
+            self.audit.on_end_step()
 
     def is_resident(self, ids: NDArray) -> NDArray:
         ids = np.asarray(ids, dtype=np.int64)
@@ -152,6 +159,8 @@ class PolicyCache:
             self.pinned[want] = True
             self.stats.pinned += want.size
         self.policy.on_insert(ids, tick)
+        if self.audit is not None:
+            self.audit.on_admit(ids, tick.time)
 
     def _make_room(self, tick: Tick, protect: NDArray | None = None) -> None:
         over = self.n_resident - self.capacity
@@ -171,6 +180,7 @@ class PolicyCache:
         if self.audit is not None:
             priority = self.policy.priority(eligible, tick)
             self.audit.check(eligible, priority, victims, self.ordered_victims)
+            self.audit.check_history(eligible, victims, self.policy, tick)
         batch = self.policy.config.eviction_batch
         self.stats.eviction_passes += -(-victims.size // batch)
         self._remove(victims, tick)

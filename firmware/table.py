@@ -7,6 +7,8 @@ engine (policy metadata, residency, tiers) is indexed by them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
@@ -60,6 +62,8 @@ class EntryTable:
         self.head = np.zeros(capacity, dtype=np.int32)
         self.block = np.zeros(capacity, dtype=np.int32)
         self.ctx_tokens = np.zeros(16, dtype=np.int64)  # current length of each context
+        # Called with every length report (contexts, tokens): the audit's history listens.
+        self.observers: list[Callable[[NDArray, NDArray], None]] = []
 
     def append(
         self, ctx: ArrayLike, layer: ArrayLike, head: ArrayLike, block: ArrayLike
@@ -83,14 +87,20 @@ class EntryTable:
         self.head[self.n : end] = h.ravel()
         self.block[self.n : end] = b.ravel()
         self.n = end
-        if k:
-            top = int(c.max()) + 1
-            self.ctx_tokens = grow(self.ctx_tokens, top)
-            # A context is at least as long as its last block's first token + 1.
-            np.maximum.at(
-                self.ctx_tokens, c.ravel(), b.ravel().astype(np.int64) * self.block_tokens + 1
-            )
+        if k:  # a context is at least as long as its last block's first token + 1
+            self.raise_lengths(c.ravel(), b.ravel().astype(np.int64) * self.block_tokens + 1)
         return ids
+
+    def raise_lengths(self, ctx: ArrayLike, tokens: ArrayLike) -> None:
+        """Contexts ``ctx`` are now at least ``tokens`` long (a context never shrinks)."""
+        c = np.asarray(ctx, dtype=np.int64)
+        t = np.asarray(tokens, dtype=np.int64)
+        if c.size == 0:
+            return
+        self.ctx_tokens = grow(self.ctx_tokens, int(c.max()) + 1)
+        np.maximum.at(self.ctx_tokens, c, t)
+        for observe in self.observers:
+            observe(c, t)
 
     def set_context_tokens(self, ctx: int, tokens: int) -> None:
         self.ctx_tokens = grow(self.ctx_tokens, ctx + 1)

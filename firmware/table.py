@@ -103,8 +103,8 @@ class EntryTable:
             observe(c, t)
 
     def set_context_tokens(self, ctx: int, tokens: int) -> None:
-        self.ctx_tokens = grow(self.ctx_tokens, ctx + 1)
-        self.ctx_tokens[ctx] = tokens
+        """Context ``ctx`` now holds ``tokens`` tokens (a shorter report leaves it as it was)."""
+        self.raise_lengths([ctx], [tokens])
 
     def first_token(self, ids: NDArray) -> NDArray:
         """Token position of each entry's first token."""

@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 from .audit import EvictionAudit
 from .cache import PolicyCache
 from .config import PolicyConfig
-from .policies import make_policy
+from .policies import POLICIES, make_policy
 from .policies.base import Tick
 from .policies.belady import Future
 from .table import EntryTable
@@ -64,7 +64,7 @@ def replay(
         table = EntryTable(block_tokens=16)
         table.append(np.arange(n), 0, 0, 1 << 20)  # far from any anchor zone
     kwargs: dict = dict(policy_kwargs or {})
-    if policy == "belady":
+    if policy in POLICIES and not POLICIES[policy].online:  # offline: given the future
         kwargs["future"] = Future.from_batches(list(batches))
     if policy == "ema":
         kwargs["mode"] = mode

@@ -181,7 +181,9 @@ def test_audit_catches_the_stale_heap_defect():
 
 
 def test_unknown_policy_is_refused_with_the_list():
-    with pytest.raises(ValueError, match=r"unknown policy 'lruu'; choose from: belady, ema"):
+    with pytest.raises(
+        ValueError, match=r"unknown policy 'lruu'; choose from: belady, belady-nobypass, ema"
+    ):
         make_policy("lruu", PolicyConfig(), EntryTable())
 
 

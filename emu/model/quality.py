@@ -63,8 +63,8 @@ class PolicySpec:
         if name not in POLICIES:
             known = sorted([*POLICIES, *ALIASES])
             raise ValueError(f"unknown policy {name!r}; choose from: {', '.join(known)}")
-        if name == "belady":
-            raise ValueError("policy 'belady' needs the future reads, which a bounded run changes")
+        if not POLICIES[name].online:
+            raise ValueError(f"policy {name!r} needs the future reads, which a bounded run changes")
         for item in filter(None, rest.split(",")):
             key, eq, value = item.partition("=")
             if not eq:

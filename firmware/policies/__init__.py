@@ -1,13 +1,18 @@
 """Policies, one small module each, all behind :class:`~kvcxl.firmware.policies.base.Policy`.
 
-Adding a policy is adding a file here and importing it below.
+Adding a policy is adding a file here and importing it below.  ``belady.py`` holds two:
+``belady`` (the offline optimum, may bypass) and ``belady-nobypass`` (classic OPT,
+libCacheSim's Belady).
 """
 
 from . import belady, ema, fifo, h2o, lfu, lrfu, lru, random, sink_window
 from .base import POLICIES, Policy, Tick, make_policy, register
+from .belady import BeladyNoBypassPolicy, BeladyPolicy
 
 __all__ = [
     "POLICIES",
+    "BeladyNoBypassPolicy",
+    "BeladyPolicy",
     "Policy",
     "Tick",
     "belady",

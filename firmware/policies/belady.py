@@ -3,6 +3,12 @@
 It is given the future of the trace as a :class:`Future`.  An entry never read
 again has priority +inf.  With demand paging (prefetch off) no online policy
 can beat its hit count on the same request stream.
+
+Two variants: ``belady`` may bypass (evict what it just read or wrote, when that is
+read again latest), the upper bound of every online policy here; ``belady-nobypass``
+is the classic demand-paging OPT that libCacheSim's ``Belady`` implements (the
+entries just read or written are never its victims), so the two can be compared
+hit for hit (tests/test_firmware_libcachesim.py).
 """
 
 from __future__ import annotations
@@ -67,8 +73,18 @@ class BeladyPolicy(Policy):
     ) -> None:
         super().__init__(config, table)
         if future is None:
-            raise ValueError("the belady policy needs the future of the trace (future=...)")
+            raise ValueError(f"the {self.name} policy needs the future of the trace (future=...)")
         self.future = future
 
     def priority(self, ids: NDArray, tick: Tick) -> NDArray:
         return self.future.next_use(ids, tick.time)
+
+
+@register
+class BeladyNoBypassPolicy(BeladyPolicy):
+    name = "belady-nobypass"
+    summary = (
+        "Belady's offline optimum without bypass: the classic OPT libCacheSim implements "
+        "(never evicts what it just read or wrote)"
+    )
+    may_bypass = False

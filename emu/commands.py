@@ -356,15 +356,35 @@ def register(sub: argparse._SubParsersAction) -> None:
         "export",
         help="write a trace or a synthetic workload as npz, libCacheSim CSV or oracleGeneral",
         formatter_class=_Formatter,
-        description="Export the read stream of a trace file or of a synthetic workload. npz is "
-        "the kvcxl trace format (useful to save a workload); csv and oracle-general are "
-        "libCacheSim request traces (one request per entry read).",
+        description="Export the read stream of a trace file or of a synthetic workload "
+        "(docs/trace-format.md).\n\n"
+        "npz: the kvcxl trace format. A workload is saved as a version-2 trace: its reads and "
+        "its writes (prefills and new blocks, with the contexts' lengths in tokens), in event "
+        "order, so that `kvcxl simulate --trace FILE` replays it exactly as the workload "
+        "(same hits, misses, victims and bytes moved for every policy and granularity). "
+        "--reads-only saves the reads alone (version 1): a replay then writes each entry just "
+        "before the batch that first reads it, which is what a request trace means.\n\n"
+        "csv and oracle-general: libCacheSim request traces, one request per entry read "
+        "(writes are not requests), object ids dense in order of first request, object size "
+        "= entry bytes; oracle-general carries the next-access times libCacheSim's Belady "
+        "needs.",
     )
     tsrc = te.add_mutually_exclusive_group(required=True)
     tsrc.add_argument("--trace", metavar="FILE", help="a kvcxl trace")
     tsrc.add_argument("--workload", help="a synthetic workload")
-    te.add_argument("--format", choices=("npz", "csv", "oracle-general"), default="npz")
+    te.add_argument(
+        "--format",
+        choices=("npz", "csv", "oracle-general"),
+        default="npz",
+        help="npz: kvcxl trace (a workload: version 2, reads and writes; with --reads-only: "
+        "version 1); csv, oracle-general: libCacheSim request traces",
+    )
     te.add_argument("-o", "--output", required=True)
+    te.add_argument(
+        "--reads-only",
+        action="store_true",
+        help="npz: save the reads alone as a version-1 trace (no writes)",
+    )
     te.add_argument("--seed", type=int, default=0)
     te.add_argument("--steps", type=int, default=200)
     te.add_argument("--read", default="dense", help="dense, topk:K or threshold:T")
@@ -773,6 +793,8 @@ def _trace_export(args: argparse.Namespace) -> int:
     from .trace import Trace
     from .workloads import compile_workload, from_trace, make_workload
 
+    if args.reads_only and args.format != "npz":
+        raise ValueError("--reads-only applies to --format npz (csv and oracle-general are reads)")
     if args.trace:
         trace = Trace.load(args.trace)
         stream = from_trace(trace)
@@ -781,11 +803,17 @@ def _trace_export(args: argparse.Namespace) -> int:
         stream = compile_workload(wl, args.steps, read=args.read)
         trace = None
     if args.format == "npz":
-        (trace or stream.to_trace()).save(args.output)
-        n = stream.n_reads
+        if args.reads_only or trace is None:
+            trace = stream.to_trace(writes=not args.reads_only)
+        trace.save(args.output)
+        info = trace.info()
+        n = info["records"]
+        what = f"{n:,} reads, {info['write_records']:,} writes (npz, version {trace.version})"
     elif args.format == "csv":
         n = write_csv(stream, args.output)
+        what = f"{n:,} requests (csv)"
     else:
         n = write_oracle_general(stream, args.output)
-    print(f"wrote {args.output}: {n:,} requests ({args.format})")
+        what = f"{n:,} requests (oracle-general)"
+    print(f"wrote {args.output}: {what}")
     return 0

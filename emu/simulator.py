@@ -100,12 +100,12 @@ def plan_batches(stream: ReadStream, granularity: str) -> list[_Batch]:
 
     ``layer``: one batch per READ event (one layer of a step); ``step``: the consecutive
     READ events of a step form one batch; ``request``: every read is its own batch.
-    A trace's CREATE events are dropped (``create_on_first_read``): the replay writes a
-    trace's entries just before the batch that first reads them, whatever the grouping.
+    A trace's lazy CREATE events are dropped (``stream.lazy_creates``): the replay writes
+    the entries no write record created just before the batch that first reads them,
+    whatever the grouping; explicit writes (a version-2 trace's, a workload's) stay events.
     """
     kinds, steps, off, loff = stream.ev_kind, stream.ev_step, stream.ev_off, stream.len_off
-    lazy = stream.create_on_first_read
-    ev = np.flatnonzero(kinds != CREATE) if lazy else np.arange(stream.n_events)
+    ev = np.flatnonzero(~stream.lazy_creates)
     out: list[_Batch] = []
 
     def lens(a: int, z: int) -> tuple[NDArray, NDArray] | None:
@@ -304,11 +304,11 @@ def simulate(
         settle(tick)
         return int(chosen.size)
 
-    lazy = stream.create_on_first_read
+    lazy = bool(stream.lazy_creates.any())  # some entries are created on their first read
     created = np.zeros(n_total, dtype=bool)
     bt = shape.block_tokens
 
-    def write(ids: NDArray, step: int) -> None:
+    def write(ids: NDArray, step: int, on_first_read: bool = False) -> None:
         """The host writes new KV into HBM (entries ``ids``, in creation order)."""
         # A write happens after the last read batch: "now" is that batch, so the offline
         # optimum sees the very next batch as the entry's next use (−1 before any read).
@@ -319,7 +319,7 @@ def simulate(
             raise ValueError(f"stream creates entries out of order at step {step}")
         c = stream.e_ctx[ids]
         table.append(c, stream.e_layer[ids], stream.e_head[ids], stream.e_block[ids])
-        if lazy:  # a trace's context is as long as its highest block so far (blocks full)
+        if on_first_read:  # a trace's context is as long as its highest block so far (full)
             table.raise_lengths(c, (stream.e_block[ids].astype(np.int64) + 1) * bt)
         created[ids] = True
         tiers.create(ids)
@@ -354,7 +354,7 @@ def simulate(
             if lazy:
                 new = ids[~created[ids]]
                 if new.size:
-                    write(unique_ids(new), step)
+                    write(unique_ids(new), step, on_first_read=True)
             tick = Tick(step, time)
             w = b.w
             src_tier = tiers.tier[ids]  # where every read is served from if it misses

@@ -1,10 +1,13 @@
-"""The kvcxl attention trace: a versioned, columnar ``.npz`` file of entry reads.
+"""The kvcxl attention trace: a versioned, columnar ``.npz`` file of entry reads (and writes).
 
 One record is one read of one entry — block ``block`` of KV head ``head`` of layer
 ``layer`` of context ``context`` — in decode step ``step``, with the attention
 weight the host reported for it (SPEC §3: the sum of the block's softmax weights,
 aggregated over the GQA group by ``aggregation``).  Records are ordered by step.
-The format is specified in docs/trace-format.md.
+Version 2 adds two optional columns: ``op`` (0 read, 1 write: the host writing an
+entry's KV, e.g. a prefill or a new block) and ``tokens`` (on a write, the context's
+length after it); with ``op`` the record order is the event order.  A trace without
+them is saved as version 1.  The format is specified in docs/trace-format.md.
 
 Build one in memory and save it::
 
@@ -20,7 +23,8 @@ Build one in memory and save it::
 Loading refuses, with a :class:`TraceError` naming the problem: a missing array, a
 wrong dtype, columns of unequal length, a negative id, an id beyond the model
 shape, steps out of order, a NaN or negative weight, an unknown format version or
-evidence class.
+evidence class, an ``op`` other than 0 or 1, a ``tokens`` value on a read or a weight on
+a write.
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ from numpy.typing import ArrayLike, NDArray
 from .shape import PRESETS, ModelShape, ShapeError
 
 FORMAT = "kvcxl-trace"
-VERSION = 1
+VERSION = 2  # the newest version this build writes; it reads every one of VERSIONS
+VERSIONS = (1, 2)
+OP_READ, OP_WRITE = 0, 1
 EVIDENCE_CLASSES = ("Measured", "Simulated", "Analytical model")
 AGGREGATIONS = ("max", "mean")
 
@@ -49,6 +55,11 @@ COLUMNS: dict[str, tuple[str, np.dtype]] = {
     "head": ("i", np.dtype(np.int32)),
     "block": ("i", np.dtype(np.int32)),
     "weight": ("f", np.dtype(np.float32)),
+}
+#: Optional columns of version 2 (absent: every record is a read).
+OPTIONAL_COLUMNS: dict[str, tuple[str, np.dtype]] = {
+    "op": ("i", np.dtype(np.int8)),
+    "tokens": ("i", np.dtype(np.int64)),
 }
 
 
@@ -62,7 +73,7 @@ class TraceError(ValueError):
 
 
 def _column(name: str, values: ArrayLike) -> NDArray:
-    kind, dtype = COLUMNS[name]
+    kind, dtype = COLUMNS[name] if name in COLUMNS else OPTIONAL_COLUMNS[name]
     a = np.asarray(values)
     if a.ndim != 1:
         raise TraceError(f"array {name!r} has {a.ndim} dimensions: must be one-dimensional")
@@ -76,10 +87,11 @@ def _column(name: str, values: ArrayLike) -> NDArray:
         lo, hi = int(a.min()), int(a.max())
         if lo < 0:
             i = int(np.argmax(a < 0))
-            label = "step" if name == "step" else f"{name} id"
+            label = name if name in ("step", "op", "tokens") else f"{name} id"
             raise TraceError(f"negative {label} {lo} at record {i}")
         if hi > np.iinfo(dtype).max:
-            raise TraceError(f"{name} id {hi} does not fit in {dtype}")
+            label = name if name in ("step", "op", "tokens") else f"{name} id"
+            raise TraceError(f"{label} {hi} does not fit in {dtype}")
     return np.ascontiguousarray(a, dtype=dtype)
 
 
@@ -91,6 +103,12 @@ class Trace:
     trace's block size is ``shape.block_tokens``.  ``evidence`` is one of
     Measured (captured from a real model run), Simulated (a synthetic workload) or
     Analytical model.  ``extra`` holds any further JSON-serialisable metadata.
+
+    Version 2 (all optional): ``op`` per record, 0 = read, 1 = write (with it the record
+    order is the event order); ``tokens`` per record, on a write the context's length
+    in tokens after it (0: not given; 0 on every read); ``prefixes``, a list of
+    ``(context, parent, blocks)``: the context's first ``blocks`` blocks are the
+    parent's entries (a shared prefix; reads of them name the parent).
     """
 
     step: NDArray
@@ -104,12 +122,23 @@ class Trace:
     evidence: str = "Simulated"
     source: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    op: NDArray | None = None
+    tokens: NDArray | None = None
+    prefixes: list[tuple[int, int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name in COLUMNS:
             setattr(self, name, _column(name, getattr(self, name)))
+        if self.tokens is not None and self.op is None:
+            raise TraceError("array 'tokens' without 'op': lengths belong to write records")
+        if self.op is not None:
+            self.op = _column("op", self.op)
+            n_op = self.op.size
+            self.tokens = (
+                np.zeros(n_op, np.int64) if self.tokens is None else _column("tokens", self.tokens)
+            )
         n = self.step.size
-        for name in COLUMNS:
+        for name in self.columns():
             size = getattr(self, name).size
             if size != n:
                 raise TraceError(
@@ -157,6 +186,48 @@ class Trace:
                         f"{name} id {int(col[i])} at record {i} is out of range for the model "
                         f"shape ({limit} {what})"
                     )
+            if self.op is not None:
+                self._check_ops()
+        self.prefixes = self._check_prefixes(self.prefixes)
+
+    def _check_ops(self) -> None:
+        op, tokens = self.op, self.tokens
+        bad = np.flatnonzero((op != OP_READ) & (op != OP_WRITE))
+        if bad.size:
+            i = int(bad[0])
+            raise TraceError(
+                f"op {int(op[i])} at record {i} is unknown: must be 0 (read) or 1 (write)"
+            )
+        rd = op == OP_READ
+        bad = np.flatnonzero(rd & (tokens != 0))
+        if bad.size:
+            i = int(bad[0])
+            raise TraceError(
+                f"tokens {int(tokens[i])} at record {i} is on a read record: must be 0"
+            )
+        bad = np.flatnonzero(~rd & (self.weight != 0))
+        if bad.size:
+            i = int(bad[0])
+            raise TraceError(
+                f"weight {float(self.weight[i]):g} at record {i} is on a write record: must be 0"
+            )
+
+    @staticmethod
+    def _check_prefixes(prefixes: Any) -> list[tuple[int, int, int]]:
+        out = []
+        for p in prefixes or []:
+            try:
+                c, parent, blocks = (int(x) for x in p)
+            except (TypeError, ValueError):
+                raise TraceError(
+                    f"prefix {p!r}: must be [context, parent, blocks] (three integers)"
+                ) from None
+            if c < 0 or parent < 0 or blocks < 1 or c == parent:
+                raise TraceError(
+                    f"prefix {p!r}: context and parent must be distinct ids >= 0, blocks >= 1"
+                )
+            out.append((c, parent, blocks))
+        return out
 
     # --- construction -------------------------------------------------------------
     @classmethod
@@ -170,10 +241,24 @@ class Trace:
         return cls(z, z, z, z, z, np.zeros(0, dtype=np.float32), **meta)
 
     # --- metadata -------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """The lowest format version that holds this trace (2 with writes or prefixes)."""
+        return 2 if self.op is not None or self.prefixes else 1
+
+    def columns(self) -> tuple[str, ...]:
+        """The columns this trace has (the six of version 1, then ``op`` and ``tokens``)."""
+        return (*COLUMNS, *(OPTIONAL_COLUMNS if self.op is not None else ()))
+
+    @property
+    def read_mask(self) -> NDArray:
+        """Which records are reads."""
+        return np.ones(len(self), bool) if self.op is None else self.op == OP_READ
+
     def meta(self) -> dict[str, Any]:
-        return {
+        meta = {
             "format": FORMAT,
-            "version": VERSION,
+            "version": self.version,
             "shape": self.shape.to_dict(),
             "block_tokens": self.shape.block_tokens,
             "aggregation": self.aggregation,
@@ -181,6 +266,9 @@ class Trace:
             "source": self.source,
             "extra": self.extra,
         }
+        if self.prefixes:
+            meta["prefixes"] = [list(p) for p in self.prefixes]
+        return meta
 
     def __len__(self) -> int:
         return int(self.step.size)
@@ -191,12 +279,18 @@ class Trace:
         return int(s.size and 1 + np.count_nonzero(s[1:] != s[:-1]))
 
     def info(self) -> dict[str, Any]:
-        """Summary figures of the trace (what ``kvcxl trace info`` prints)."""
+        """Summary figures of the trace (what ``kvcxl trace info`` prints).
+
+        ``records`` counts the read records (the requests a replay serves), as in
+        version 1 where every record is a read; ``write_records`` the write records.
+        """
         n = len(self)
         keys = self.entry_keys()
+        reads = int(np.count_nonzero(self.read_mask))
         return {
             **{k: v for k, v in self.meta().items() if k != "extra"},
-            "records": n,
+            "records": reads,
+            "write_records": n - reads,
             "steps": self.n_steps,
             "first_step": int(self.step[0]) if n else None,
             "last_step": int(self.step[-1]) if n else None,
@@ -206,7 +300,7 @@ class Trace:
             "weight_mean": float(self.weight.mean()) if n else None,
             "weight_max": float(self.weight.max()) if n else None,
             "entry_bytes": self.shape.entry_bytes,
-            "read_bytes": n * self.shape.entry_bytes,
+            "read_bytes": reads * self.shape.entry_bytes,
             "extra": self.extra,
         }
 
@@ -229,13 +323,16 @@ class Trace:
             evidence=self.evidence,
             source=self.source,
             extra=dict(self.extra),
+            op=None if self.op is None else self.op[lo:hi],
+            tokens=None if self.tokens is None else self.tokens[lo:hi],
+            prefixes=list(self.prefixes),
         )
 
     # --- files -----------------------------------------------------------------------
     def save(self, path: str | Path, *, compress: bool = True) -> Path:
-        """Write the trace as ``.npz`` (compressed by default)."""
+        """Write the trace as ``.npz`` (compressed by default; version 1 unless it needs 2)."""
         path = Path(path)
-        arrays = {c: getattr(self, c) for c in COLUMNS}
+        arrays = {c: getattr(self, c) for c in self.columns()}
         arrays["meta"] = np.array(json.dumps(self.meta(), sort_keys=True))
         saver = np.savez_compressed if compress else np.savez
         with open(path, "wb") as f:  # a file object: numpy must not append ".npz"
@@ -264,10 +361,10 @@ class Trace:
             if not isinstance(meta, dict) or meta.get("format") != FORMAT:
                 raise TraceError(f"{path}: metadata 'format' is not {FORMAT!r}")
             version = meta.get("version")
-            if version != VERSION:
+            if version not in VERSIONS or isinstance(version, bool):
                 raise TraceError(
-                    f"{path}: unknown trace version {version!r} (this build reads version "
-                    f"{VERSION})"
+                    f"{path}: unknown trace version {version!r} (this build reads versions "
+                    f"{', '.join(map(str, VERSIONS))})"
                 )
             for key in ("shape", "aggregation", "evidence"):
                 if key not in meta:
@@ -276,6 +373,15 @@ class Trace:
             if missing:
                 raise TraceError(f"{path}: missing array {missing[0]!r}")
             cols = {c: npz[c] for c in COLUMNS}
+            extra_cols = [c for c in OPTIONAL_COLUMNS if c in npz.files]
+            if extra_cols and version < 2:
+                raise TraceError(
+                    f"{path}: array {extra_cols[0]!r} in a version {version} file (it needs "
+                    "version 2)"
+                )
+            cols.update({c: npz[c] for c in extra_cols})
+        if version < 2 and "prefixes" in meta:
+            raise TraceError(f"{path}: metadata 'prefixes' in a version {version} file")
         if not isinstance(meta["shape"], dict):
             raise TraceError(f"{path}: metadata 'shape' must be a table of dimensions")
         if "block_tokens" in meta and meta["block_tokens"] != meta["shape"].get("block_tokens"):
@@ -291,6 +397,7 @@ class Trace:
                 evidence=meta["evidence"],
                 source=str(meta.get("source", "")),
                 extra=dict(meta.get("extra") or {}),
+                prefixes=meta.get("prefixes") or [],
             )
         except TraceError as exc:
             raise TraceError(f"{path}: {exc}") from None

@@ -5,13 +5,21 @@ cache policy, so a workload is compiled once (:func:`compile_workload`) or a tra
 converted once (:func:`from_trace`), and every policy and budget replays the same
 :class:`ReadStream`.  Events, in order:
 
-* CREATE — new entries (a prefill, or a decode step that opened a new block); their
-  KV is written into HBM.  Entry ids are dense and handed out in creation order.
+* CREATE — a write: new entries (a prefill, or a decode step that opened a new block);
+  their KV is written into HBM.  Entry ids are dense and handed out in creation order.
 * READ — one layer of one decode step: the entries read (all decoding contexts
   together) with their attention weights.
 
 Each event may also update context lengths (tokens), which recency-by-position
-policies (sink-window, h2o) use.
+policies (sink-window, h2o) use.  A workload's step is at most one write event (the
+prefills and new contexts of the step), its non-empty layer reads in order, then at
+most one write event (the token every decoding context appended: new blocks and
+lengths); all of a workload's length updates ride on its write events.
+
+A trace's entries that no write record creates are written just before the batch
+that first reads them (``create_on_first_read``; per event :attr:`ReadStream.ev_lazy`
+when a trace mixes both): the stream marks where with a CREATE event placed before
+the layer that first reads them.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from ..attention import (
     sparse_mask,
 )
 from ..shape import ModelShape
-from ..trace import Trace
+from ..trace import OP_WRITE, Trace
 
 CREATE, READ = 0, 1
 MAX_ENTRIES = 60_000_000  # ~2.5 GB of per-entry arrays: beyond this, refuse rather than swap
@@ -61,6 +69,21 @@ class ReadStream:
     # True for a trace: an entry is written into HBM just before the batch that first reads
     # it, whatever the replay's granularity (the CREATE events mark layer batches).
     create_on_first_read: bool = False
+    # Per event, for a trace that has write records AND reads of entries no write record
+    # creates: True marks a CREATE event that stands for "written just before the batch that
+    # first reads them" (placed before their layer's READ event); False an explicit write.
+    # None: every CREATE is lazy if create_on_first_read, else none is.
+    ev_lazy: NDArray | None = None
+    # Shared prefixes: (context, parent, blocks): the context's first `blocks` blocks are the
+    # parent's entries (its grid holds their ids; prefetch proposes them).
+    prefixes: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @property
+    def lazy_creates(self) -> NDArray:
+        """Per event: a CREATE event the replay performs on first read instead (see ev_lazy)."""
+        if self.ev_lazy is not None:
+            return self.ev_lazy
+        return (self.ev_kind == CREATE) & bool(self.create_on_first_read)
 
     @property
     def n_entries(self) -> int:
@@ -94,9 +117,20 @@ class ReadStream:
         rm = np.flatnonzero(self.read_mask)
         return [self.ids[self.ev_off[i] : self.ev_off[i + 1]] for i in rm], self.ev_step[rm]
 
-    def to_trace(self) -> Trace:
-        """The read events as a :class:`Trace` (entry identities instead of ids)."""
+    def to_trace(self, writes: bool = True) -> Trace:
+        """The stream as a :class:`Trace` (entry identities instead of ids).
+
+        With ``writes`` (default) a stream that writes (a workload) becomes a version-2
+        trace whose records are its events in order — write records for its CREATE events
+        (with the context lengths), read records for its READ events — which
+        :func:`from_trace` turns back into the same stream, so it replays identically.
+        Without writes, or for a stream that has none (a version-1 trace's), the reads
+        alone: a version-1 trace, whose entries a replay writes just before their first read.
+        """
         rm = np.flatnonzero(self.read_mask)
+        explicit = (self.ev_kind == CREATE) & ~self.lazy_creates
+        if writes and (explicit.any() or not _layer_ordered(self.ev_step[rm], self.ev_layer[rm])):
+            return self._to_trace_v2()
         sizes = self.ev_off[rm + 1] - self.ev_off[rm]
         sel = (
             np.concatenate([np.arange(self.ev_off[i], self.ev_off[i + 1]) for i in rm])
@@ -111,15 +145,92 @@ class ReadStream:
             head=self.e_head[ids],
             block=self.e_block[ids],
             weight=self.w[sel],
-            shape=self.shape,
-            evidence=self.evidence,
-            source=self.source,
-            extra=dict(self.info),
+            **self._trace_meta(v2=False),
+        )
+
+    def _trace_meta(self, v2: bool = True) -> dict[str, Any]:
+        agg = self.info.get("aggregation", "max")
+        return {
+            "shape": self.shape,
+            "aggregation": agg if agg in ("max", "mean") else "max",
+            "evidence": self.evidence,
+            "source": self.source,
+            "extra": dict(self.info),
+            "prefixes": list(self.prefixes) if v2 else [],  # a version-1 trace has none
+        }
+
+    def _to_trace_v2(self) -> Trace:
+        """Every event as records: writes (op 1) and reads (op 0), in event order."""
+        lazy = self.lazy_creates
+        cols: dict[str, list[NDArray]] = {k: [] for k in ("step", "id", "w", "op", "tok")}
+        last_own: dict[int, int] = {}  # context -> an entry of its own created so far
+        for e in range(self.n_events):
+            a, z = int(self.ev_off[e]), int(self.ev_off[e + 1])
+            ids = self.ids[a:z]
+            step = int(self.ev_step[e])
+            if self.ev_kind[e] != CREATE:
+                cols["step"].append(np.full(ids.size, step, np.int64))
+                cols["id"].append(ids)
+                cols["w"].append(self.w[a:z])
+                cols["op"].append(np.zeros(ids.size, np.int8))
+                cols["tok"].append(np.zeros(ids.size, np.int64))
+                continue
+            if ids.size:
+                c = self.e_ctx[ids].astype(np.int64)
+                last_own.update(zip(c.tolist(), ids.tolist(), strict=True))
+            if lazy[e]:  # its reads create these entries
+                continue
+            lens: dict[int, int] = {}
+            lo, hi = int(self.len_off[e]), int(self.len_off[e + 1])
+            for ci, ti in zip(self.len_ctx[lo:hi].tolist(), self.len_tokens[lo:hi].tolist(),
+                              strict=True):  # fmt: skip
+                lens[ci] = max(lens.get(ci, 0), ti)
+            made = set(self.e_ctx[ids].tolist())
+            upd = sorted(ci for ci in lens if ci not in made)
+            for ci in upd:
+                if ci not in last_own:
+                    raise ValueError(
+                        f"context {ci} changes length at step {step} before it has an entry of "
+                        "its own: a trace cannot express that"
+                    )
+            tok = np.array([lens.get(ci, 0) for ci in self.e_ctx[ids].tolist()], np.int64)
+            ref = np.array([last_own[ci] for ci in upd], np.int64)
+            n = ids.size + ref.size
+            cols["step"].append(np.full(n, step, np.int64))
+            cols["id"].append(np.concatenate([ids, ref]))
+            cols["w"].append(np.zeros(n, np.float32))
+            cols["op"].append(np.full(n, OP_WRITE, np.int8))
+            cols["tok"].append(np.concatenate([tok, [lens[ci] for ci in upd]]).astype(np.int64))
+        cat = {k: np.concatenate(v) if v else np.zeros(0, np.int64) for k, v in cols.items()}
+        ids = cat["id"].astype(np.int64)
+        return Trace(
+            step=cat["step"],
+            context=self.e_ctx[ids],
+            layer=self.e_layer[ids],
+            head=self.e_head[ids],
+            block=self.e_block[ids],
+            weight=cat["w"].astype(np.float32),
+            op=cat["op"].astype(np.int8),
+            tokens=cat["tok"],
+            **self._trace_meta(),
         )
 
 
+def _layer_ordered(steps: NDArray, layers: NDArray) -> bool:
+    """Whether READ events run in strictly ascending (step, layer) order (a v1 trace's order)."""
+    if steps.size < 2:
+        return True
+    ds, dl = np.diff(steps), np.diff(layers)
+    return bool(np.all((ds > 0) | ((ds == 0) & (dl > 0))))
+
+
 class _Builder:
-    """Accumulates events; owns the entry grids of every context."""
+    """Accumulates events; owns the entry grids of every context.
+
+    Creations and length updates wait in ``pending_*`` until :meth:`flush` writes them as
+    one CREATE event: before a step's first read and at the step's end, so a step is at
+    most one write, its reads layer by layer, at most one write.
+    """
 
     def __init__(self, shape: ModelShape) -> None:
         self.shape = shape
@@ -137,6 +248,8 @@ class _Builder:
         self.payload_w: list[NDArray] = []
         self.lens: list[list[tuple[int, int]]] = []
         self.pending_lens: list[tuple[int, int]] = []
+        self.pending_ids: list[NDArray] = []
+        self.prefixes: list[tuple[int, int, int]] = []
 
     def _grid(self, ctx: int, nb: int) -> NDArray:
         s = self.shape
@@ -163,6 +276,8 @@ class _Builder:
                 g[:, :, :pb] = self.grids[parent][:, :, :pb]
                 start = pb * bt
                 tokens += start
+                if pb:
+                    self.prefixes.append((ctx, parent, pb))
             self.tokens[ctx] = start
             self.first_own_block[ctx] = -(-start // bt)
             if parent is not None:
@@ -194,7 +309,23 @@ class _Builder:
                     f"({MAX_ENTRIES * s.entry_bytes / 2**30:,.0f} GiB of modelled KV) by step "
                     f"{step}: shrink --context-tokens, the sessions or --steps"
                 )
-            self._event(CREATE, step, -1, ids, np.zeros(ids.size, np.float32))
+            self.pending_ids.append(ids)
+
+    def decode_token(self, ctx: int, step: int) -> None:
+        """``ctx`` appends the token it decoded; a context at its cap still reports its length
+        (a no-op update that says it decoded, which a trace's tokens-decoded rule counts)."""
+        before = len(self.pending_lens)
+        self.grow(ctx, self.tokens[ctx] + 1, step)
+        if len(self.pending_lens) == before:
+            self.pending_lens.append((ctx, self.tokens[ctx]))
+
+    def flush(self, step: int) -> None:
+        """One write event: every creation and length update since the last one."""
+        if not self.pending_ids and not self.pending_lens:
+            return
+        ids = np.concatenate(self.pending_ids) if self.pending_ids else np.zeros(0, np.int64)
+        self.pending_ids = []
+        self._event(CREATE, step, -1, ids, np.zeros(ids.size, np.float32))
 
     def _event(
         self, kind: int, step: int, layer: int, ids: NDArray, w: NDArray, tokens: int = 0
@@ -208,13 +339,18 @@ class _Builder:
         self.lens.append(self.pending_lens)
         self.pending_lens = []
 
-    def read(self, step: int, layer: int, ids: NDArray, w: NDArray, tokens: int) -> None:
+    def read(self, step: int, layer: int, ids: NDArray, w: NDArray, tokens: int) -> bool:
+        """A layer's reads, after the pending writes; a layer that reads nothing is no event
+        (no batch: it would only advance the batch clock).  Returns whether it was one."""
+        if ids.size == 0:
+            return False
+        self.flush(step)
         self._event(READ, step, layer, ids, w, tokens)
+        return True
 
     def finish(self, evidence: str, source: str, info: dict[str, Any]) -> ReadStream:
         s = self.shape
-        if self.pending_lens and self.kind:
-            self.lens[-1].extend(self.pending_lens)
+        self.flush(self.step[-1] if self.step else 0)
         sizes = np.array([a.size for a in self.payload_ids], dtype=np.int64)
         lsizes = np.array([len(x) for x in self.lens], dtype=np.int64)
         flat_lens = [x for group in self.lens for x in group]
@@ -241,6 +377,7 @@ class _Builder:
             evidence=evidence,
             source=source,
             info=info,
+            prefixes=list(self.prefixes),
         )
 
 
@@ -314,6 +451,7 @@ def compile_workload(
         for ctx, tokens, parent in plan.prefill:
             b.grow(ctx, b.tokens.get(ctx, 0) + tokens, plan.step, parent)
         if not plan.decode:
+            b.flush(plan.step)
             continue
         per_layer_ids: list[list[NDArray]] = [[] for _ in range(shape.layers)]
         per_layer_w: list[list[NDArray]] = [[] for _ in range(shape.layers)]
@@ -334,14 +472,17 @@ def compile_workload(
                 per_layer_ids[layer].append(grid[layer][m])
                 per_layer_w[layer].append(w[layer][m])
         shared = any(ctx in b.children for ctx in plan.decode)
+        decoded = len(plan.decode)  # counted on the step's first read event
         for layer in range(shape.layers):
             ids = np.concatenate(per_layer_ids[layer])
             w = np.concatenate(per_layer_w[layer]).astype(np.float32)
             if shared:
                 ids, w = merge_duplicates(ids, w)
-            b.read(plan.step, layer, ids, w, len(plan.decode) if layer == 0 else 0)
+            if b.read(plan.step, layer, ids, w, decoded):
+                decoded = 0
         for ctx in plan.decode:  # each decoding context appends its new token
-            b.grow(ctx, b.tokens[ctx] + 1, plan.step)
+            b.decode_token(ctx, plan.step)
+        b.flush(plan.step)
         if progress is not None:
             progress(1)
     info = {
@@ -357,7 +498,23 @@ def compile_workload(
 
 
 def from_trace(trace: Trace) -> ReadStream:
-    """A trace as a stream: entries are created (written to HBM) just before their first read."""
+    """A trace as a stream (docs/trace-format.md).
+
+    Version 1 (no ``op`` column): every record is a read; the records are served by step,
+    then layer; entries are created (written to HBM) just before their first read.
+    Version 2 with ``op``: the records are the events in order; a write record creates its
+    entry (or, for an existing one, only updates its context's length), and an entry no
+    write created is created just before its first read, as in version 1.
+    """
+    stream = _from_reads(trace) if trace.op is None else _from_events(trace)
+    if trace.prefixes:
+        _share_prefixes(stream.grids, trace.prefixes, trace.shape)
+        stream.prefixes = list(trace.prefixes)
+    return stream
+
+
+def _from_reads(trace: Trace) -> ReadStream:
+    """A version-1 trace (reads only): entries created just before their first read."""
     s = trace.shape
     order = np.lexsort((trace.layer, trace.step))  # by step, then layer; stable
     step, layer = trace.step[order], trace.layer[order]
@@ -422,12 +579,7 @@ def from_trace(trace: Trace) -> ReadStream:
             toks.append(int(unique_ids(ctx_sorted[a:hi]).size))
         else:
             toks.append(0)
-    grids: dict[int, NDArray] = {}
-    for c in unique_ids(e_ctx).tolist():
-        sel = np.flatnonzero(e_ctx == c)
-        g = np.full((s.layers, s.kv_heads, int(e_block[sel].max()) + 1), -1, dtype=np.int64)
-        g[e_layer[sel], e_head[sel], e_block[sel]] = sel
-        grids[c] = g
+    grids = _grids(s, e_ctx, e_layer, e_head, e_block)
     sizes = np.array([p.size for p in pids], dtype=np.int64)
     lsizes = np.array([len(x) for x in lens], dtype=np.int64)
     flat = [x for group in lens for x in group]
@@ -452,4 +604,200 @@ def from_trace(trace: Trace) -> ReadStream:
         source=trace.source,
         info={"trace": trace.source, **trace.extra},
         create_on_first_read=True,
+    )
+
+
+def _grids(
+    s: ModelShape, e_ctx: NDArray, e_layer: NDArray, e_head: NDArray, e_block: NDArray
+) -> dict[int, NDArray]:
+    """Context -> (layers, kv_heads, blocks) entry ids (−1 for none), from the entries."""
+    grids: dict[int, NDArray] = {}
+    for c in unique_ids(e_ctx).tolist():
+        sel = np.flatnonzero(e_ctx == c)
+        g = np.full((s.layers, s.kv_heads, int(e_block[sel].max()) + 1), -1, dtype=np.int64)
+        g[e_layer[sel], e_head[sel], e_block[sel]] = sel
+        grids[c] = g
+    return grids
+
+
+def _share_prefixes(
+    grids: dict[int, NDArray], prefixes: list[tuple[int, int, int]], s: ModelShape
+) -> None:
+    """A context's first blocks are its parent's entries (as the workload's grids hold them)."""
+    for c, parent, nb in prefixes:
+        pg = grids.get(parent)
+        if pg is None:
+            continue
+        k = min(nb, pg.shape[2])
+        g = grids.get(c)
+        if g is None:
+            g = np.full((s.layers, s.kv_heads, k), -1, dtype=np.int64)
+        elif g.shape[2] < k:
+            g = np.concatenate(
+                [g, np.full((s.layers, s.kv_heads, k - g.shape[2]), -1, np.int64)], axis=2
+            )
+        g[:, :, :k] = pg[:, :, :k]
+        grids[c] = g
+
+
+def _first_appearance(keys: NDArray) -> tuple[NDArray, NDArray]:
+    """Dense ids in order of first appearance, and the record that first holds each id."""
+    srt = np.argsort(keys, kind="stable")  # a stable sort: np.unique's hash path is slow
+    ks = keys[srt]
+    new = np.ones(ks.size, dtype=bool)
+    new[1:] = ks[1:] != ks[:-1]
+    group = np.cumsum(new) - 1
+    first = srt[new]
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    ids = np.empty(keys.size, dtype=np.int64)
+    ids[srt] = rank[group]
+    return ids, np.sort(first)
+
+
+def _ctx_max(ctx: NDArray, tokens: NDArray) -> list[tuple[int, int]]:
+    """(context, largest tokens) per context, ascending, ignoring tokens <= 0."""
+    keep = tokens > 0
+    c, t = ctx[keep].astype(np.int64), tokens[keep].astype(np.int64)
+    if c.size == 0:
+        return []
+    o = np.lexsort((t, c))
+    c, t = c[o], t[o]
+    last = np.ones(c.size, dtype=bool)
+    last[:-1] = c[1:] != c[:-1]
+    return list(zip(c[last].tolist(), t[last].tolist(), strict=True))
+
+
+def _decoded_per_step(trace: Trace) -> dict[int, int]:
+    """Tokens decoded per step of a version-2 trace (docs/trace-format.md).
+
+    The distinct contexts with a write record after the step's first read (each decoding
+    context writes the token it produced after reading); a step without such a write
+    counts, as in version 1, the distinct contexts it reads.
+    """
+    is_w = trace.op == OP_WRITE
+    step, ctx = trace.step, trace.context.astype(np.int64)
+    rd = np.flatnonzero(~is_w)
+    if rd.size == 0:
+        return {}
+    steps, first = np.unique(step[rd], return_index=True)
+    first_read = rd[first]
+
+    def distinct_per_step(st: NDArray, c: NDArray) -> dict[int, int]:
+        if st.size == 0:
+            return {}
+        o = np.lexsort((c, st))
+        st, c = st[o], c[o]
+        new = np.ones(st.size, dtype=bool)
+        new[1:] = (st[1:] != st[:-1]) | (c[1:] != c[:-1])
+        u, n = np.unique(st[new], return_counts=True)
+        return dict(zip(u.tolist(), n.tolist(), strict=True))
+
+    wr = np.flatnonzero(is_w)
+    pos = np.minimum(np.searchsorted(steps, step[wr]), steps.size - 1)
+    after = (steps[pos] == step[wr]) & (wr > first_read[pos])
+    by_writes = distinct_per_step(step[wr[after]], ctx[wr[after]])
+    by_reads = distinct_per_step(step[rd], ctx[rd])
+    return {s: by_writes.get(s, by_reads[s]) for s in steps.tolist()}
+
+
+def _from_events(trace: Trace) -> ReadStream:
+    """A version-2 trace with ``op``: its records are the events, in file order."""
+    s = trace.shape
+    bt = s.block_tokens
+    n = len(trace)
+    is_w = trace.op == OP_WRITE
+    step, layer, ctx = trace.step, trace.layer, trace.context
+    ids, by_id = _first_appearance(trace.entry_keys())
+    first = np.zeros(n, dtype=bool)
+    first[by_id] = True  # the record that creates its entry (a write) or first reads it
+    e_ctx, e_layer, e_head, e_block = (
+        ctx[by_id],
+        layer[by_id],
+        trace.head[by_id],
+        trace.block[by_id],
+    )
+    block_end = (trace.block.astype(np.int64) + 1) * bt  # v1's length: blocks assumed full
+    # Events: runs of equal (step, op) for writes, equal (step, op, layer) for reads.
+    if n:
+        cut = (step[1:] != step[:-1]) | (is_w[1:] != is_w[:-1])
+        cut |= ~is_w[1:] & (layer[1:] != layer[:-1])
+        starts = np.concatenate([[0], np.flatnonzero(cut) + 1])
+        ends = np.concatenate([starts[1:], [n]])
+    else:
+        starts = ends = np.zeros(0, dtype=np.int64)
+    decoded = _decoded_per_step(trace)
+    any_writes = bool(is_w.any())
+    kinds: list[int] = []
+    evsteps: list[int] = []
+    evlayers: list[int] = []
+    pids: list[NDArray] = []
+    pws: list[NDArray] = []
+    lens: list[list[tuple[int, int]]] = []
+    toks: list[int] = []
+    lazy: list[bool] = []
+    seen_step = None
+    for a, z in zip(starts.tolist(), ends.tolist(), strict=True):
+        st = int(step[a])
+        new = ids[a:z][first[a:z]]  # ascending and consecutive: ids follow first appearance
+        if is_w[a]:
+            # A write creates its new entries; every record may set its context's length.
+            tok = trace.tokens[a:z]
+            length = np.where(tok > 0, tok, np.where(first[a:z], block_end[a:z], 0))
+            kinds.append(CREATE)
+            evsteps.append(st)
+            evlayers.append(-1)
+            pids.append(new)
+            pws.append(np.zeros(new.size, np.float32))
+            lens.append(_ctx_max(ctx[a:z], length))
+            toks.append(0)
+            lazy.append(False)
+            continue
+        if new.size:  # entries no write created: written just before the batch first reading them
+            sel = np.flatnonzero(first[a:z]) + a
+            kinds.append(CREATE)
+            evsteps.append(st)
+            evlayers.append(-1)
+            pids.append(new)
+            pws.append(np.zeros(new.size, np.float32))
+            lens.append(_ctx_max(ctx[sel], block_end[sel]))
+            toks.append(0)
+            lazy.append(True)
+        bid, bw = merge_duplicates(ids[a:z], trace.weight[a:z])
+        kinds.append(READ)
+        evsteps.append(st)
+        evlayers.append(int(layer[a]))
+        pids.append(bid)
+        pws.append(bw)
+        lens.append([])
+        toks.append(decoded[st] if st != seen_step else 0)
+        seen_step = st
+        lazy.append(False)
+    ev_lazy = np.array(lazy, dtype=bool)
+    sizes = np.array([p.size for p in pids], dtype=np.int64)
+    lsizes = np.array([len(x) for x in lens], dtype=np.int64)
+    flat = [x for group in lens for x in group]
+    return ReadStream(
+        shape=s,
+        e_ctx=e_ctx.astype(np.int32),
+        e_layer=e_layer.astype(np.int32),
+        e_head=e_head.astype(np.int32),
+        e_block=e_block.astype(np.int32),
+        ev_kind=np.array(kinds, dtype=np.int8),
+        ev_step=np.array(evsteps, dtype=np.int64),
+        ev_layer=np.array(evlayers, dtype=np.int32),
+        ev_off=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+        ev_tokens=np.array(toks, dtype=np.int64),
+        ids=np.concatenate(pids) if pids else np.zeros(0, np.int64),
+        w=np.concatenate(pws).astype(np.float32) if pws else np.zeros(0, np.float32),
+        len_off=np.concatenate([[0], np.cumsum(lsizes)]).astype(np.int64),
+        len_ctx=np.array([c for c, _ in flat], dtype=np.int64),
+        len_tokens=np.array([t for _, t in flat], dtype=np.int64),
+        grids=_grids(s, e_ctx, e_layer, e_head, e_block),
+        evidence=trace.evidence,
+        source=trace.source,
+        info={"trace": trace.source, **trace.extra},
+        # Without writes it is a version-1 trace in file order: every CREATE is lazy.
+        create_on_first_read=not any_writes,
+        ev_lazy=ev_lazy if any_writes and ev_lazy.any() else None,
     )

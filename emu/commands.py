@@ -444,7 +444,7 @@ def _fmt_ci(v: float | None, ci: float | None, scale: float = 100.0, digits: int
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The results as an aligned text table (hit rate in %, 95 % CI when seeds > 1)."""
     head = (
-        f"{'policy':<12}{'budget':>9}{'hit rate %':>16}{'eff. lat. ns':>16}"
+        f"{'policy':<16}{'budget':>9}{'hit rate %':>16}{'eff. lat. ns':>16}"
         f"{'stall µs/step':>15}{'tok/s':>10}{'moved MiB':>11}{'faults/audited':>16}"
     )
     lines = [head]
@@ -454,7 +454,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         tps = r.get("tokens_per_s")
         moved = sum(r.get("bytes_moved_mean", {}).values()) / 2**20
         lines.append(
-            f"{r['policy']:<12}{r['budget']:>9}{_fmt_ci(r['hit_rate'], r['hit_rate_ci95']):>16}"
+            f"{r['policy']:<16}{r['budget']:>9}{_fmt_ci(r['hit_rate'], r['hit_rate_ci95']):>16}"
             f"{_fmt_ci(r['effective_latency_ns'], r['effective_latency_ns_ci95'], 1, 0):>16}"
             f"{r['stall_ns_per_step_mean'] / 1e3:>15.1f}"
             f"{'—' if tps is None else f'{tps:,.0f}':>10}{moved:>11.1f}{aud:>16}"
@@ -760,13 +760,17 @@ def _demo_report(head: str, table: str, rows: list[dict[str, Any]], wall: float)
 
 
 def _trace_validate(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from .trace import Trace
 
     for f in args.files:
         t = Trace.load(f)  # TraceError (a ValueError) → one line, exit 2
+        writes = len(t) - int(np.count_nonzero(t.read_mask))
         print(
-            f"{f}: valid kvcxl trace v1, {len(t):,} records, {t.n_steps} steps, "
-            f"evidence {t.evidence}"
+            f"{f}: valid kvcxl trace v{t.version}, {len(t) - writes:,} read records"
+            + (f" and {writes:,} write records" if writes else "")
+            + f", {t.n_steps} steps, evidence {t.evidence}"
         )
     return 0
 

@@ -124,7 +124,7 @@ def _compare(args: argparse.Namespace) -> int:
     caps = [max(1, int(args.objects * f)) for f in (0.02, 0.05, 0.10, 0.20)]
     results = []
     print(
-        f"{'policy':<12}"
+        f"{'policy':<16}"
         + "".join(f"{c:>10}" for c in caps)
         + "   (hit rate by capacity, Simulated)"
     )
@@ -145,7 +145,7 @@ def _compare(args: argparse.Namespace) -> int:
                     **r.audit,
                 }
             )
-        print(f"{name:<12}" + "".join(f"{h:>10.3f}" for h in row))
+        print(f"{name:<16}" + "".join(f"{h:>10.3f}" for h in row))
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(

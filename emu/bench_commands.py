@@ -3,7 +3,6 @@
 Each part lists a module in BENCH_MODULES exposing ``benches() -> dict[str, Bench]``
 where a Bench is a callable ``(quick: bool) -> dict`` returning its figures
 (plain JSON values; include "evidence": "Measured" and the units in the key names).
-A module that is absent (part not installed) is skipped and says so.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "bench",
         help="measure speed and memory of every part; JSON out",
         description=(
-            "Runs the benchmarks of every installed part in one process and prints their "
+            "Runs the benchmarks of every part in one process and prints their "
             "figures (all Measured on this machine). --list shows what exists."
         ),
     )
@@ -44,13 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def collect() -> dict:
     found: dict = {}
     for name in BENCH_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and name.startswith(exc.name):
-                continue
-            raise
-        found.update(mod.benches())
+        found.update(importlib.import_module(name).benches())
     return found
 
 

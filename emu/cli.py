@@ -1,9 +1,8 @@
 """The ``kvcxl`` command line: one entry point, subcommands contributed by each part.
 
 Each part of the project owns a small module exposing ``register(subparsers)``.
-Those modules import only the standard library at import time so that
-``kvcxl --help`` stays fast; heavy imports (numpy, amaranth, torch) happen inside
-the command handlers.
+Those modules keep their heavy imports (amaranth, torch, matplotlib) inside the
+command handlers so that ``kvcxl --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -41,14 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            # A part that is not installed (or not written yet) simply adds no commands.
-            if exc.name is not None and name.startswith(exc.name):
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 

@@ -1,7 +1,8 @@
 """``kvcxl simulate``, ``sizing``, ``demo`` and ``trace``: the simulator's command line.
 
-Only the standard library is imported here; numpy and the engine load inside the
-handlers so that ``kvcxl --help`` stays fast.
+The option tables come from the modules that own them (granularities from the
+simulator, tier defaults from :mod:`.timing`, the size grammar from :mod:`.sizes`);
+workloads, sweeps and plotting load inside the handlers.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from .simulator import GRANULARITIES
+from .sizes import SIZE_HELP, parse_size
+from .timing import CXL_DRAM, HBM, NVME
 
 # Policy parameters exposed as options: name → kind ("float", "int", "str", "bool", "floats").
 # Validation (ranges, choices) is PolicyConfig's; tests check this list matches it.
@@ -142,9 +145,14 @@ def _add_run_options(p: argparse.ArgumentParser, *, steps: int = 200) -> None:
     g.add_argument(
         "--cxl",
         metavar="SIZE",
-        help="CXL DRAM capacity (bytes, 1TiB, or %% of the KV bytes); default: room for everything",
+        help="CXL DRAM capacity: a size (1TiB, 2GB) or %% of the KV bytes; default: room for "
+        f"everything ({SIZE_HELP})",
     )
-    g.add_argument("--nvme", metavar="SIZE", help="NVMe capacity; default: room for everything")
+    g.add_argument(
+        "--nvme",
+        metavar="SIZE",
+        help=f"NVMe capacity, as --cxl; default: room for everything ({SIZE_HELP})",
+    )
     g.add_argument(
         "--read",
         default="dense",
@@ -202,8 +210,11 @@ def _add_run_options(p: argparse.ArgumentParser, *, steps: int = 200) -> None:
             default=None,
             help=argparse.SUPPRESS
             if name != "cxl_gbps"
-            else "tier timing overrides (SPEC §9 defaults): --cxl-gbps, --cxl-latency-ns, "
-            "--nvme-gbps, --nvme-latency-ns, --hbm-gbps",
+            else "tier timing overrides: --cxl-gbps, --cxl-latency-ns, --nvme-gbps, "
+            "--nvme-latency-ns, --hbm-gbps (defaults, docs/simulator.md: CXL DRAM "
+            f"{CXL_DRAM.latency_ns:g} ns + {CXL_DRAM.bandwidth_gbps:g} GB/s, NVMe "
+            f"{NVME.latency_ns / 1000:g} µs + {NVME.bandwidth_gbps:g} GB/s, HBM "
+            f"{HBM.bandwidth_gbps / 1000:g} TB/s)",
         )
     w = p.add_argument_group("workload")
     w.add_argument("--steps", type=int, default=steps, help="decode steps")
@@ -276,8 +287,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--budget",
         action="append",
         metavar="B",
-        help="HBM budget: bytes (512MiB, 2GB) or %% of the workload's KV bytes "
-        "(repeatable; default 25%%)",
+        help="HBM budget: a size (512MiB, 2GB) or %% of the workload's KV bytes "
+        f"(repeatable; default 25%%; {SIZE_HELP})",
     )
     p.add_argument("--seeds", type=int, default=1, help="workload seeds (mean and 95%% CI)")
     p.add_argument("--seed", type=int, default=0, help="first seed")
@@ -306,16 +317,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="analytic KV-cache sizing of a model shape (seed §K.2; Analytical model)",
         formatter_class=_Formatter,
         description="KV bytes per token, per block, per context and for N users, and how many "
-        "full contexts HBM, CXL DRAM and NVMe hold. Analytical model.",
+        f"full contexts HBM, CXL DRAM and NVMe hold. Analytical model. Sizes: {SIZE_HELP}.",
         epilog="example: kvcxl sizing --preset s1 --users 8",
     )
     s.add_argument("--users", type=int, default=8, help="concurrent full contexts")
-    s.add_argument("--hbm", default="192GB", help="GPU HBM")
-    s.add_argument("--weights", default="140GB", help="model weights in HBM")
-    s.add_argument("--activations", default="5GB", help="activations / workspace in HBM")
-    s.add_argument("--pinned", default="10GB", help="pinned (anchor) KV in HBM")
-    s.add_argument("--cxl", default="1000GB", help="CXL DRAM behind HBM")
-    s.add_argument("--nvme", default="16000GB", help="NVMe behind CXL DRAM")
+    for flag, default, what in (
+        ("--hbm", "192GB", "GPU HBM"),
+        ("--weights", "140GB", "model weights in HBM"),
+        ("--activations", "5GB", "activations / workspace in HBM"),
+        ("--pinned", "10GB", "pinned (anchor) KV in HBM"),
+        ("--cxl", "1000GB", "CXL DRAM behind HBM"),
+        ("--nvme", "16000GB", "NVMe behind CXL DRAM"),
+    ):
+        s.add_argument(flag, default=default, metavar="SIZE", help=what)
     s.add_argument("--json", dest="json_out", metavar="FILE")
     _add_model_options(s)
     s.set_defaults(func=_sizing, preset="s1")
@@ -391,14 +405,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     te.add_argument("--workload-param", action="append", type=_kv, default=[], metavar="K=V")
     _add_model_options(te)
     te.set_defaults(func=_trace_export)
-    try:  # real-model capture (issue #7), present once that part is installed
-        capture = importlib.import_module("kvcxl.emu.model.capture")
-    except ImportError:
-        capture = None
-    if capture is not None:
-        tc = ts.add_parser("capture", help="record a Measured trace from SmolLM2-135M (offline)")
-        capture.add_arguments(tc)
-        tc.set_defaults(func=capture.main)
+    capture = importlib.import_module("kvcxl.emu.model.capture")  # stdlib at import time
+    tc = ts.add_parser("capture", help="record a Measured trace from SmolLM2-135M (offline)")
+    capture.add_arguments(tc)
+    tc.set_defaults(func=capture.main)
     fit = importlib.import_module("kvcxl.emu.model.fit")  # numpy only: always present
     tf = ts.add_parser("fit", help="fit the synthetic attention generator to captured traces")
     fit.add_arguments(tf)
@@ -656,7 +666,6 @@ def _dump_victims(raw: list[dict[str, Any]], path: str) -> None:
 
 def _sizing(args: argparse.Namespace) -> int:
     from .shape import Deployment, format_sizing, sizing
-    from .tiers import parse_size
 
     dep = Deployment(
         users=args.users,

@@ -1,6 +1,7 @@
 """``kvcxl device serve | soak | fuzz``: the CXL Type-3 device emulator from the command line.
 
-Only the standard library is imported here; the device is imported by the handlers.
+Only the standard library (and the size grammar, :mod:`.sizes`) is imported here; the
+device is imported by the handlers.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import argparse
 import json
 import sys
 
+from .sizes import SIZE_HELP, size_arg
+
 _SERVE_EPILOG = """\
 protocol (docs/device.md): each frame is u32 length, u8 kind, body; kinds
   0x01 CXL.mem message, 0x02 CCI mailbox message, 0x03 READ (u64 HPA, u32 len),
@@ -16,7 +19,7 @@ protocol (docs/device.md): each frame is u32 length, u8 kind, body; kinds
 
 examples:
   kvcxl device serve --socket /tmp/kvcxl.sock --decoder 0x100000000
-  kvcxl device serve --socket /tmp/kvcxl.sock --dram-file /dev/shm/cxl.img --capacity 256M
+  kvcxl device serve --socket /tmp/kvcxl.sock --dram-file /dev/shm/cxl.img --capacity 256MiB
 """
 
 _SOAK_EPILOG = """\
@@ -29,20 +32,6 @@ _FUZZ_EPILOG = """\
 examples:
   kvcxl device fuzz --cases 100000 --json fuzz.json  # the acceptance run (0 crashes)
 """
-
-
-def _size(text: str) -> int:
-    """Parse 256M, 1G, 4096, 0x1000."""
-    t = text.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    try:
-        if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
-        return int(t, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size (e.g. 256M, 1G, 0x1000)"
-        ) from None
 
 
 def _setups(text: str) -> tuple[tuple[int, int], ...]:
@@ -80,8 +69,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     s.add_argument("--socket", required=True, help="path of the Unix socket to create")
-    s.add_argument("--capacity", type=_size, default=1 << 30, help="DPA bytes (default 1G)")
-    s.add_argument("--page-bytes", type=_size, default=4096, help="migration page (default 4K)")
+    s.add_argument(
+        "--capacity",
+        type=size_arg,
+        default="1GiB",
+        metavar="SIZE",
+        help=f"DPA bytes (default 1GiB; {SIZE_HELP})",
+    )
+    s.add_argument(
+        "--page-bytes",
+        type=size_arg,
+        default="4KiB",
+        metavar="SIZE",
+        help=f"migration page (default 4KiB; {SIZE_HELP})",
+    )
     s.add_argument(
         "--dram-pages",
         type=int,
@@ -126,7 +127,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="interleave set-ups WAYSxGRAN,... (default 1x4096,2x256,4x1024,8x16384,16x256)",
     )
-    k.add_argument("--span", type=_size, default=4 << 20, help="HPA bytes exercised (default 4M)")
+    k.add_argument(
+        "--span",
+        type=size_arg,
+        default="4MiB",
+        metavar="SIZE",
+        help=f"HPA bytes exercised (default 4MiB; {SIZE_HELP})",
+    )
     k.add_argument("--policy", default="ema", help="firmware policy (default ema)")
     k.add_argument("--seed", type=int, default=0)
     k.add_argument("--json", dest="json_out", help="write the report to this JSON file")

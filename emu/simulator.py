@@ -27,16 +27,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..firmware import prefetch as pf
-from ..firmware.audit import EvictionAudit
-from ..firmware.cache import PolicyCache, unique_ids
 from ..firmware.config import PolicyConfig
 from ..firmware.formulas import TIER_CXL, TIER_HBM, TIER_NVME
-from ..firmware.policies import POLICIES, make_policy
-from ..firmware.policies.base import Policy, Tick
+from ..firmware.policies import POLICIES
 from ..firmware.policies.belady import Future
-from ..firmware.table import EntryTable
-from .tiers import Tiers, TierTiming
+from ..firmware.session import Decisions, FirmwareSession
+from ..firmware.table import EntryTable, unique_ids
+from .tiers import Tiers
+from .timing import TierTiming
 from .workloads.stream import CREATE, ReadStream
 
 GRANULARITIES = ("layer", "step", "request")
@@ -77,10 +75,6 @@ class SimOptions:
             raise ValueError(f"prefetch_limit = {self.prefetch_limit}: must be >= 1")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps = {self.warmup_steps}: must be >= 0")
-
-
-def _scored(policy: Policy) -> bool:
-    return type(policy).score is not Policy.score
 
 
 @dataclass
@@ -159,7 +153,8 @@ def simulate(
     *,
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Replay ``stream`` under ``opts``; returns the metrics of SPEC §9 (Simulated)."""
+    """Replay ``stream`` under ``opts``; returns the metrics of docs/simulator.md, "Timing model
+    and metrics" (Simulated)."""
     shape = stream.shape
     cfg = opts.config
     eb = shape.entry_bytes
@@ -175,42 +170,33 @@ def simulate(
     plan = plan_batches(stream, opts.granularity)
     kinds = stream.ev_kind
 
-    table = EntryTable(block_tokens=shape.block_tokens, capacity=max(n_total, 16))
-    kwargs: dict[str, Any] = {}
-    offline = opts.policy in POLICIES and not POLICIES[opts.policy].online
-    if offline:  # an offline policy is given the future: every read batch as replayed
+    cls = POLICIES.get(opts.policy)
+    future = None
+    if cls is not None and not cls.online:  # given the future: every read batch as replayed
         if opts.prefetch:
             raise ValueError(f"{opts.policy} is a demand-paging optimum: run it with prefetch off")
-        kwargs["future"] = Future.from_batches([b.ids for b in plan if b.read])
-    if opts.policy == "ema":
-        kwargs["mode"] = opts.mode
-    policy = make_policy(opts.policy, cfg, table, **kwargs)
-    audit = EvictionAudit() if opts.audit else None
-    victims: list[NDArray] = []
-    dump: list[tuple[NDArray, NDArray, int]] = []
-
-    def sink(ids: NDArray, prio: NDArray | None, tick: Tick) -> None:
-        victims.append(ids.copy())
-        if opts.record_victims:
-            dump.append((ids.copy(), np.asarray(prio, dtype=np.float64).copy(), tick.step))
-
+        future = Future.from_batches([b.ids for b in plan if b.read])
     # Victim order matters only to a dump (compared entry by entry with the device and guest).
-    cache = PolicyCache(
-        policy,
+    fw = FirmwareSession(
+        opts.policy,
         capacity,
-        audit=audit,
-        on_victims=sink,
+        cfg,
+        mode=opts.mode,
+        table=EntryTable(block_tokens=shape.block_tokens, capacity=max(n_total, 16)),
+        audit=opts.audit,
+        placement=opts.placement,
+        future=future,
         ordered_victims=opts.record_victims,
         victim_priority=opts.record_victims,
     )
-    cache.ensure(n_total)
-    policy.ensure(n_total)
-    tiers = Tiers(
-        eb, cxl_cap, nvme_cap, placement=opts.placement, config=cfg, scored=_scored(policy)
-    )
+    fw.ensure(n_total)
+    for ctx, parent, blocks in stream.prefixes:
+        fw.share_prefix(ctx, parent, blocks)
+    table, cache, audit = fw.table, fw.cache, fw.audit
+    dump: list[tuple[NDArray, NDArray, int]] = []
+    tiers = Tiers(eb, cxl_cap, nvme_cap)
     tiers._ensure(n_total)
     prefetched = np.zeros(n_total, dtype=bool)
-    has_idle = hasattr(policy, "idle")
 
     # Per-step accumulators (index = position of the step among read steps).
     read_steps = unique_ids(stream.ev_step[kinds != CREATE])
@@ -233,75 +219,27 @@ def simulate(
         TIER_NVME: lambda n: t.nvme_latency_ns + n * eb / t.nvme_gbps,
     }
 
-    def settle(tick: Tick) -> None:
-        """Move this batch's victims out of HBM (placement decides where)."""
-        if not victims:
+    def settle(d: Decisions, step: int, time: int) -> None:
+        """Move a call's victims out of HBM, where placement sends them."""
+        if d.victims.size == 0:
             return
-        ids = victims[0] if len(victims) == 1 else np.concatenate(victims)
-        victims.clear()
+        if opts.record_victims:
+            dump.append((d.victims, np.asarray(d.priority, dtype=np.float64), step))
         if opts.prefetch:
             nonlocal pf_wasted
-            pf_wasted += int(np.count_nonzero(prefetched[ids]))
-            prefetched[ids] = False
-        if tiers.placement == "fill":  # no score needed: everything goes to CXL first
-            tiers.demote(ids, None, None, None, tick.time)
-            return
-        idle = anchor = None
-        if cfg.placement_mode == "weighted":
-            idle = policy.idle[ids] if has_idle else None
-            anchor = (table.first_token(ids) < cfg.anchor_zone_size).astype(np.float64)
-        tiers.demote(ids, policy.score(ids), idle, anchor, tick.time)
+            pf_wasted += int(np.count_nonzero(prefetched[d.victims]))
+            prefetched[d.victims] = False
+        tiers.demote(d.victims, d.tiers, time)
 
-    def do_prefetch(ids: NDArray, w: NDArray, tick: Tick) -> int:
-        touched = w >= cfg.touch_threshold
-        src = ids[touched]
-        if src.size == 0:
+    def do_prefetch(ids: NDArray, w: NDArray, step: int, time: int) -> int:
+        chosen = fw.prefetch_candidates(ids, w, opts.prefetch_limit)
+        if chosen.size == 0:
             return 0
-        if src.size > opts.prefetch_limit:
-            top = np.argpartition(-w[touched], opts.prefetch_limit - 1)[: opts.prefetch_limit]
-            src = src[top]
-        cand_ids, cand_dist = [], []
-        ctx = stream.e_ctx[src]
-        for c in unique_ids(ctx).tolist():
-            s = src[ctx == c]
-            grid = stream.grids[c]
-            cand = pf.propose(
-                stream.e_layer[s], stream.e_head[s], stream.e_block[s],
-                n_layers=shape.layers, n_blocks=grid.shape[2],
-                block_tokens=shape.block_tokens, config=cfg,
-            )  # fmt: skip
-            cid = grid[cand.layer, cand.head, cand.block]
-            ok = (cid >= 0) & (cid < table.n)
-            cand_ids.append(cid[ok])
-            cand_dist.append(cand.distance_blocks[ok])
-        cid = np.concatenate(cand_ids)
-        dist = np.concatenate(cand_dist)
-        keep = ~cache.is_resident(cid)
-        cid, dist = cid[keep], dist[keep]
-        if cid.size == 0:
-            return 0
-        # One candidate per entry, at its smallest distance.
-        o = np.lexsort((dist, cid))
-        cid, dist = cid[o], dist[o]
-        first = np.ones(cid.size, dtype=bool)
-        first[1:] = cid[1:] != cid[:-1]
-        cid, dist = cid[first], dist[first]
-        score = policy.score(cid)
-        if opts.mode == "int" and opts.policy == "ema":
-            score = policy.score_[cid]
-        ranks = pf.rank(
-            dist,
-            score,
-            shape.block_tokens,
-            cfg,
-            mode=opts.mode if opts.policy == "ema" else "float",
-        )
-        chosen = pf.order(cid, ranks)[: opts.prefetch_limit]
         tiers.promote(chosen)
-        admitted = cache.insert(chosen, tick)
-        assert admitted.size == chosen.size
+        d = fw.prefetch(chosen)
+        assert d.admitted.size == chosen.size
         prefetched[chosen] = True
-        settle(tick)
+        settle(d, step, time)
         return int(chosen.size)
 
     lazy = bool(stream.lazy_creates.any())  # some entries are created on their first read
@@ -310,30 +248,26 @@ def simulate(
 
     def write(ids: NDArray, step: int, on_first_read: bool = False) -> None:
         """The host writes new KV into HBM (entries ``ids``, in creation order)."""
-        # A write happens after the last read batch: "now" is that batch, so the offline
-        # optimum sees the very next batch as the entry's next use (−1 before any read).
-        tick = Tick(step, time - 1 if offline else max(time - 1, 0))
         if ids.size == 0:
             return
         if ids[0] != table.n or not np.array_equal(ids, np.arange(table.n, table.n + ids.size)):
             raise ValueError(f"stream creates entries out of order at step {step}")
         c = stream.e_ctx[ids]
-        table.append(c, stream.e_layer[ids], stream.e_head[ids], stream.e_block[ids])
+        fw.describe(c, stream.e_layer[ids], stream.e_head[ids], stream.e_block[ids])
         if on_first_read:  # a trace's context is as long as its highest block so far (full)
-            table.raise_lengths(c, (stream.e_block[ids].astype(np.int64) + 1) * bt)
+            fw.lengths(c, (stream.e_block[ids].astype(np.int64) + 1) * bt)
         created[ids] = True
         tiers.create(ids)
-        cache.insert(ids, tick)
-        settle(tick)
+        # A write follows the last read batch: it carries that batch's time (the session's
+        # clock rule; the offline optimum sees −1 before any read).
+        settle(fw.write(step, ids), step, fw.time - 1 if fw.offline else max(fw.time - 1, 0))
 
-    time = 0
     last_step: int | None = None
     pos = 0  # index among read steps of the current event's step
     mark = tiers.moved.copy()
     for b in plan:
         step = b.step
         if last_step is not None and step != last_step:
-            cache.end_step(Tick(last_step, max(time - 1, 0)))
             new_pos = min(int(np.searchsorted(read_steps, step)), max(n_steps - 1, 0))
             if new_pos != pos:
                 st_moved[pos] += tiers.moved - mark
@@ -344,9 +278,9 @@ def simulate(
         elif last_step is None:
             pos = min(int(np.searchsorted(read_steps, step)), max(n_steps - 1, 0))
         last_step = step
+        fw.at(step)
         if b.lens is not None:
-            c, tok = b.lens
-            table.raise_lengths(c, tok)
+            fw.lengths(*b.lens)
         ids = b.ids
         if not b.read:
             write(ids, step)
@@ -355,13 +289,11 @@ def simulate(
                 new = ids[~created[ids]]
                 if new.size:
                     write(unique_ids(new), step, on_first_read=True)
-            tick = Tick(step, time)
             w = b.w
             src_tier = tiers.tier[ids]  # where every read is served from if it misses
-            hit = cache.access(ids, w, tick)
-            miss = ~hit
-            miss_src = src_tier[miss]
-            counts = np.bincount(miss_src, minlength=4)
+            time = fw.time
+            hit, d = fw.read(step, ids, w)
+            counts = np.bincount(src_tier[~hit], minlength=4)
             nh = ids.size - int(counts.sum())
             if pf_total:
                 useful = prefetched[ids] & hit
@@ -369,8 +301,8 @@ def simulate(
                     u = unique_ids(ids[useful])
                     pf_useful += u.size
                     prefetched[u] = False
-            tiers.promote(unique_ids(ids[miss]))
-            settle(tick)
+            tiers.promote(d.admitted)
+            settle(d, step, time)
             st_reads[pos] += ids.size
             st_hits[pos] += nh
             st_miss[pos] += counts
@@ -380,14 +312,12 @@ def simulate(
                 if counts[tier_code]:
                     st_stall[pos] += t_batch[tier_code](int(counts[tier_code]))
             if opts.prefetch:
-                pf_total += do_prefetch(ids, w, tick)
-            time += 1
+                pf_total += do_prefetch(ids, w, step, time)
         if opts.check:
             tiers.check(table.n, cache.n_resident, cache.capacity)
         if progress is not None:
             progress(1)
-    if last_step is not None:
-        cache.end_step(Tick(last_step, max(time - 1, 0)))
+    fw.end_step()
     st_moved[pos] += tiers.moved - mark
     tiers.check(table.n, cache.n_resident, cache.capacity)
 
@@ -445,7 +375,7 @@ def simulate(
             else None
         ),
         "metadata_bytes_per_entry": int(
-            sum(np.dtype(d).itemsize for d, _ in policy.columns.values())
+            sum(np.dtype(d).itemsize for d, _ in fw.policy.columns.values())
         ),
         "entries": int(n_total),
         "kv_bytes": int(n_total * eb),

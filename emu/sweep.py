@@ -82,7 +82,8 @@ def _config(spec: SweepSpec, variant: dict[str, Any]):
 def validate(spec: SweepSpec) -> None:
     """Refuse a bad spec before any work starts (names the bad value)."""
     from ..firmware.policies import POLICIES
-    from .tiers import TierTiming, parse_size
+    from .sizes import parse_size
+    from .timing import TierTiming
     from .workloads import WORKLOADS, parse_read_mode
 
     if not spec.trace and spec.workload not in WORKLOADS:
@@ -113,7 +114,8 @@ def run_task(
     ``progress`` (in-process runs only) is called once per replay.
     """
     from .simulator import SimOptions, simulate
-    from .tiers import TierTiming, parse_size
+    from .sizes import parse_size
+    from .timing import TierTiming
 
     spec = SweepSpec(**spec_d)
     stream = build_stream(spec, seed)

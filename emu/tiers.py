@@ -7,17 +7,11 @@ served from its tier, never dropped.  HBM residency is decided by
 leaves HBM goes (placement), spills CXL DRAM to NVMe when CXL is full, and counts
 the bytes moved between every pair of tiers.
 
-The timing model (SPEC §9; analytic inputs, not measurements, all overridable):
-an access to a tier costs ``latency + bytes / bandwidth``.  Defaults: HBM
-8 TB/s (B200); CXL DRAM 200 ns + 64 GB/s; NVMe 25 µs + 14 GB/s (a PCIe Gen5 x4
-drive; the seed gives no NVMe bandwidth).  The optional compute term is the
-measured GB10 decode model ``73.9 ms + 17.58 ms · KV_GiB`` (Appendix L).
+What an access to a tier costs (latency + bytes / bandwidth, the defaults, the
+optional compute term) is :mod:`kvcxl.emu.timing`, shared with the device emulator.
 """
 
 from __future__ import annotations
-
-import re
-from dataclasses import asdict, dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -28,100 +22,19 @@ from ..firmware.formulas import (
     TIER_HBM_PINNED,
     TIER_NAMES,
     TIER_NVME,
-    placement_thresholds,
-    placement_weighted,
 )
 from ..firmware.select import select_victims
 
 HOST = 4  # source of newly written KV (the GPU producing it)
 PAIR_NAMES = (*TIER_NAMES, "host")
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-    "t": 10**12, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}  # fmt: skip
-
-
-def parse_size(text: str | int | float, total: int | None = None) -> int:
-    """``512MiB``, ``2GB``, ``4096`` (bytes) or ``25%`` (of ``total``) → bytes."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        if text < 0:
-            raise ValueError(f"size {text!r} is negative")
-        return int(text)
-    t = str(text).strip()
-    if t.endswith("%"):
-        try:
-            pct = float(t[:-1])
-        except ValueError:
-            raise ValueError(f"size {text!r}: {t[:-1]!r} is not a number") from None
-        if not 0 <= pct <= 100 or not np.isfinite(pct):
-            raise ValueError(f"size {text!r}: a percentage must be in [0, 100]")
-        if total is None:
-            raise ValueError(f"size {text!r}: a percentage needs a workload to be relative to")
-        return int(total * pct / 100)
-    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)", t)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(
-            f"size {text!r} is not understood: use bytes (4096), a unit (512MiB, 2GB) or a "
-            "percentage of the workload's KV bytes (25%)"
-        )
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-@dataclass(frozen=True)
-class TierTiming:
-    """Per-access latency (ns) and bandwidth (GB/s = bytes/ns) of each tier."""
-
-    hbm_latency_ns: float = 0.0
-    hbm_gbps: float = 8000.0
-    cxl_latency_ns: float = 200.0
-    cxl_gbps: float = 64.0
-    nvme_latency_ns: float = 25_000.0
-    nvme_gbps: float = 14.0
-    compute_model: bool = False  # add the GB10 decode model as compute time per step
-    compute_base_ms: float = 73.9
-    compute_ms_per_gib: float = 17.58
-
-    def __post_init__(self) -> None:
-        for k, v in asdict(self).items():
-            if isinstance(v, bool):
-                continue
-            if not np.isfinite(v) or v < 0:
-                raise ValueError(f"tier timing {k} = {v!r}: must be finite and >= 0")
-        for k in ("hbm_gbps", "cxl_gbps", "nvme_gbps"):
-            if getattr(self, k) <= 0:
-                raise ValueError(f"tier timing {k} = {getattr(self, k)!r}: must be > 0")
-
-    def access_ns(self, tier: int, nbytes: float) -> float:
-        """Time of one access of ``nbytes`` to ``tier`` (HBM for both HBM codes)."""
-        if tier in (TIER_HBM, TIER_HBM_PINNED):
-            return self.hbm_latency_ns + nbytes / self.hbm_gbps
-        if tier == TIER_CXL:
-            return self.cxl_latency_ns + nbytes / self.cxl_gbps
-        return self.nvme_latency_ns + nbytes / self.nvme_gbps
-
 
 class Tiers:
     """Tier of every entry, CXL/NVMe capacities, placement and the bytes-moved matrix."""
 
-    def __init__(
-        self,
-        entry_bytes: int,
-        cxl_entries: int,
-        nvme_entries: int,
-        *,
-        placement: str = "policy",
-        config=None,  # PolicyConfig: placement mode, thresholds, weights
-        scored: bool = False,
-    ) -> None:
-        if placement not in ("policy", "fill"):
-            raise ValueError(f"placement {placement!r}: must be 'policy' or 'fill'")
+    def __init__(self, entry_bytes: int, cxl_entries: int, nvme_entries: int) -> None:
         self.entry_bytes = entry_bytes
         self.cap = {TIER_CXL: int(cxl_entries), TIER_NVME: int(nvme_entries)}
-        self.placement = placement if scored else "fill"
-        self.config = config
         self.tier = np.zeros(16, dtype=np.uint8)
         self.since = np.zeros(16, dtype=np.int64)  # time the entry entered its lower tier
         self.count = np.zeros(4, dtype=np.int64)  # entries per tier code
@@ -152,32 +65,12 @@ class Tiers:
         self.count[TIER_HBM] += ids.size
         return src
 
-    def demote(
-        self,
-        ids: NDArray,
-        score: NDArray | None,
-        idle: NDArray | None,
-        anchor: NDArray | None,
-        time: int,
-    ) -> None:
-        """``ids`` left HBM: place each in CXL DRAM or NVMe, then spill CXL if it is full."""
+    def demote(self, ids: NDArray, dest: NDArray, time: int) -> None:
+        """``ids`` left HBM for ``dest`` (CXL DRAM or NVMe, as placement decided); then CXL
+        DRAM spills to NVMe if it is over capacity."""
         if ids.size == 0:
             return
-        dest = np.full(ids.size, TIER_CXL, dtype=np.uint8)
-        cfg = self.config
-        if self.placement == "policy" and cfg is not None and score is not None:
-            if cfg.placement_mode == "thresholds":
-                want = placement_thresholds(score, cfg.keep_threshold, cfg.evict_threshold)
-            else:
-                want = placement_weighted(
-                    score,
-                    idle if idle is not None else 0,
-                    anchor,
-                    cfg.beta,
-                    cfg.placement_weights,
-                    cfg.placement_cuts,
-                )
-            dest[np.asarray(want) == TIER_NVME] = TIER_NVME
+        dest = np.asarray(dest, dtype=np.uint8)
         src = self.tier[ids]
         pairs = np.bincount(src.astype(np.int64) * 4 + dest, minlength=16)[:16].reshape(4, 4)
         self.moved[:4] += pairs

@@ -66,6 +66,10 @@ class EvictionAudit:
         if self._hist is not None:
             self._hist.on_read(ids, weights, time)
 
+    def on_forget(self, ids: NDArray) -> None:
+        if self._hist is not None:
+            self._hist.on_forget(ids)
+
     def on_end_step(self) -> None:
         if self._hist is not None:
             self._hist.on_end_step()

@@ -133,6 +133,13 @@ class PolicyCache:
         if self.audit is not None:
             self.audit.on_end_step()
 
+    def forget(self, ids: NDArray) -> None:
+        """Start ``ids``' policy state afresh (an entry known before it was first written)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        self.policy.forget(ids)
+        if self.audit is not None:
+            self.audit.on_forget(ids)
+
     def is_resident(self, ids: NDArray) -> NDArray:
         ids = np.asarray(ids, dtype=np.int64)
         out = np.zeros(ids.size, dtype=bool)

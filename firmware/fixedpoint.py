@@ -102,15 +102,6 @@ def eviction_priority_q16(
     return _int_out(((Q_MAX - s) * d + HALF) >> FRAC_BITS)
 
 
-def placement_thresholds_q16(score: ArrayLike, keep: float, evict: float) -> int | NDArray:
-    """Threshold placement on Q0.16 scores, thresholds converted by :func:`to_q16`."""
-    from .formulas import TIER_CXL, TIER_HBM, TIER_NVME
-
-    s = np.asarray(score, dtype=np.int64)
-    tier = np.where(s >= to_q16(keep), TIER_HBM, np.where(s < to_q16(evict), TIER_NVME, TIER_CXL))
-    return int(tier) if tier.ndim == 0 else tier.astype(np.uint8)
-
-
 def window_blocks(window_tokens: int, block_tokens: int) -> int:
     """The prefetch radius W (tokens) in whole blocks: W // block_tokens."""
     return window_tokens // block_tokens

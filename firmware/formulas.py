@@ -105,10 +105,3 @@ def prefetch_rank(
     b_rope, b_score = blend
     rope = np.asarray(rope_factor(distance_tokens, scale))
     return _out(b_rope * rope + b_score * np.asarray(score, dtype=np.float64))
-
-
-def ema_half_life(alpha: float) -> float:
-    """Steps for an unread entry's score to halve: ln 0.5 / ln(1 − α) (∞ never; 0 at α = 1)."""
-    if alpha >= 1.0:
-        return 0.0
-    return float(np.log(0.5) / np.log1p(-alpha))

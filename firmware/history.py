@@ -116,6 +116,15 @@ class EntryHistory:
             self.pinned[anchors] = True
             self.n_pinned += anchors.size
 
+    def on_forget(self, ids: NDArray) -> None:
+        """The policy was told to start ``ids`` afresh: so does their history."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size:
+            self.ensure(int(ids.max()) + 1)
+            self._fresh(ids)
+            self.last_use[ids] = 0
+            self.admitted[ids] = 0
+
     def on_read(self, ids: NDArray, weights: NDArray, time: int) -> None:
         ids = np.asarray(ids, dtype=np.int64)
         w = np.asarray(weights, dtype=np.float64)

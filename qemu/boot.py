@@ -42,7 +42,7 @@ class BootOptions:
     workdir: str | None = None
     keep: bool = False
     wait_s: float = 0.0  # the "wait" job's sleep
-    device_emulator: bool | None = None  # mirror into `kvcxl device serve` (None: if installed)
+    device_emulator: bool = True  # mirror into `kvcxl device serve`
     on_event: Callable[[dict, Boot], None] | None = None
     console: Callable[[str], None] | None = None  # every console line, as it arrives
     # A guest silent this long (the 'wait' job's sleep added) has stalled: QEMU is stopped.
@@ -136,14 +136,7 @@ class Boot:
 
     def _start_device(self, gt: Any) -> bool:
         """The device emulator of kvcxl.emu.device, with the trace's geometry and budget."""
-        want = self.opts.device_emulator
-        if want is False:
-            return False
-        import importlib.util
-
-        if importlib.util.find_spec("kvcxl.emu.device.service") is None:
-            if want:
-                raise ValueError("the device emulator (kvcxl.emu.device) is not installed")
+        if not self.opts.device_emulator:
             return False
         unit = 256 << 20
         capacity = max(unit, -(-gt.n_entries * gt.entry_bytes // unit) * unit)

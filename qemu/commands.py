@@ -86,9 +86,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--device-emulator",
         action=argparse.BooleanOptionalAction,
-        default=None,
+        default=True,
         help="mirror the firmware calls into `kvcxl device serve` and compare its victims "
-        "(default: when kvcxl.emu.device is installed)",
+        "(default: on)",
     )
     b.add_argument(
         "--poison",

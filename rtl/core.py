@@ -10,6 +10,7 @@ from __future__ import annotations
 from amaranth.hdl import Module
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
+
 from kvcxl.firmware import fixedpoint as fx
 
 from . import layouts as L

@@ -29,6 +29,7 @@ from amaranth.hdl import Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
+
 from kvcxl.emu.cxl import mem as cxl
 
 HDM_UNIT_SHIFT = 28  # base/size registers count 256 MiB

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from amaranth.hdl import unsigned
 from amaranth.lib import data
+
 from kvcxl.firmware import fixedpoint as fx
 
 Q_BITS = fx.FRAC_BITS  # scores, weights, priorities, decay values

@@ -25,6 +25,7 @@ from amaranth.hdl import Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
+
 from kvcxl.firmware import fixedpoint as fx
 
 from . import layouts as L

@@ -33,6 +33,7 @@ from amaranth.hdl import Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
+
 from kvcxl.firmware import fixedpoint as fx
 
 from . import layouts as L

@@ -19,6 +19,7 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.queue import Queue
 from cocotb.triggers import Event, FallingEdge, ReadOnly, RisingEdge
+
 from kvcxl.rtl import layouts as L
 
 

@@ -15,9 +15,10 @@ import time
 
 import cocotb
 import pyuvm
+from pyuvm import ConfigDB, uvm_root, uvm_test
+
 from kvcxl.tb.bfm import PolicyCoreBfm
 from kvcxl.tb.policy_uvm import Plan, PolicyEnv, PolicySeq
-from pyuvm import ConfigDB, uvm_root, uvm_test
 
 
 def _config() -> dict:

@@ -8,13 +8,9 @@ the contract is re-implemented here.  Corner cases are counted, not assumed.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 import numpy as np
-from kvcxl.firmware import fixedpoint as fx
-from kvcxl.firmware.audit import EvictionAudit
-from kvcxl.firmware.select import select_victims
 from pyuvm import (
     ConfigDB,
     uvm_analysis_port,
@@ -26,6 +22,10 @@ from pyuvm import (
     uvm_sequencer,
     uvm_subscriber,
 )
+
+from kvcxl.firmware import fixedpoint as fx
+from kvcxl.firmware.audit import EvictionAudit
+from kvcxl.firmware.select import select_victims
 
 # --- sequence items ---------------------------------------------------------------------
 
@@ -360,7 +360,3 @@ class PolicyEnv(uvm_env):
         self.driver.ap.connect(self.scoreboard.cmd.analysis_export)
         self.scored_mon.ap.connect(self.scoreboard.scored.analysis_export)
         self.victim_mon.ap.connect(self.scoreboard.victims.analysis_export)
-
-
-def make_rng(seed: int) -> random.Random:
-    return random.Random(seed ^ 0x5EED)

@@ -42,6 +42,7 @@ def run_core(
     if steps < 1:
         raise ValueError(f"steps = {steps}: must be ≥ 1")
     from cocotb_tools.runner import get_runner
+
     from kvcxl.rtl import toolchain
     from kvcxl.rtl.export import build, default_decay, to_verilog, write_if_changed
 

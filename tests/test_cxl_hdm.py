@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvcxl.emu.cxl.hdm import GRANULARITIES, GRANULE, WAYS, HdmDecoderSet, HdmError
 
 

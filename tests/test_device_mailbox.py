@@ -7,6 +7,7 @@ import struct
 
 import numpy as np
 import pytest
+
 from kvcxl.emu.cxl import mailbox as mb
 from kvcxl.emu.cxl.hdm import GRANULE
 from kvcxl.emu.cxl.mailbox import Opcode

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+
 from kvcxl.emu.cxl import mailbox as mb
 from kvcxl.emu.cxl import mem
 from kvcxl.emu.device import service as svc
@@ -30,7 +31,7 @@ def server(tmp_path):
             "--socket",
             str(sock),
             "--capacity",
-            "256M",
+            "256MiB",
             "--dram-pages",
             "16",
             "--decoder",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvcxl.firmware import fixedpoint as fx
 from kvcxl.firmware.formulas import ema_update, eviction_priority, prefetch_rank
 

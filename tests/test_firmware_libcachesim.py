@@ -21,6 +21,7 @@ import json
 
 import numpy as np
 import pytest
+
 from kvcxl.emu.cli import main
 from kvcxl.emu.export import ORACLE_DTYPE, next_access
 from kvcxl.emu.shape import PRESETS

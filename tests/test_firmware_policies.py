@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvcxl.firmware.audit import EvictionAudit
 from kvcxl.firmware.cache import PolicyCache
 from kvcxl.firmware.config import PolicyConfig

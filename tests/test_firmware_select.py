@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvcxl.firmware.audit import EvictionAudit
 from kvcxl.firmware.select import reference_order, select_victims
 

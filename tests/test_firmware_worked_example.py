@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from kvcxl.firmware import ema_update, eviction_priority, recency_decay
 from kvcxl.firmware import fixedpoint as fx
 

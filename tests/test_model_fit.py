@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 import pytest
+
 from kvcxl.emu.model.calibrate import ci95, threshold_sweep
 from kvcxl.emu.model.fit import FITTED, MEASURED, fit, fitted_params
 

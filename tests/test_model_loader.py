@@ -6,6 +6,7 @@ import struct
 
 import numpy as np
 import pytest
+
 from kvcxl.emu.model.gguf_file import GGUFError, GGUFFile, dequantize
 from kvcxl.emu.model.llama import permute_qk, unpermute_qk
 
@@ -118,6 +119,7 @@ def test_file_verified_and_hparams(model) -> None:
 def test_dequantization_matches_gguf_package(model) -> None:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize as ref
+
     from kvcxl.emu.model.weights import gguf_path
 
     g = GGUFFile(gguf_path(verify=False))

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+
 from kvcxl.emu.model.quality import PolicySpec, parse_budget
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]

@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+
 from kvcxl.qemu import layout as L
 
 pytestmark = [pytest.mark.slow, pytest.mark.qemu]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from kvcxl.qemu import layout as L
 from kvcxl.qemu.ring_client import DeviceError, RingClient, decisions, replay
 from kvcxl.qemu.service import FirmwareService

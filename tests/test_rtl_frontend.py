@@ -20,6 +20,7 @@ ENTRY_SHIFT = 8  # 256 B entries: 4 lines each
 
 def _run(seed: int, ways: int, granularity: int, position: int, n_msgs: int) -> dict:
     from amaranth.sim import Simulator
+
     from kvcxl.emu.cxl import hdm
     from kvcxl.emu.cxl import mem as cxl
     from kvcxl.rtl.frontend import CxlMemFrontEnd

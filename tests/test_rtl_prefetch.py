@@ -39,6 +39,7 @@ def _run(seed: int, configs, touches_per_config: int = 6):
     from amaranth.hdl import Module
     from amaranth.lib.memory import Memory
     from amaranth.sim import Simulator
+
     from kvcxl.firmware import fixedpoint as fx
     from kvcxl.rtl.prefetch import PrefetchEngine
 

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.hdl
 
 def _run(entries: int, lanes: int, beats: int, seed: int) -> int:
     from amaranth.sim import Simulator
+
     from kvcxl.firmware import fixedpoint as fx
     from kvcxl.rtl.scoring import ScoringEngine
 

@@ -21,6 +21,7 @@ BASE = 4 << 30
 
 def test_policy_engine_steps_match_the_firmware():
     from amaranth.sim import Simulator
+
     from kvcxl.emu.cxl import mem as cxl
     from kvcxl.firmware import fixedpoint as fx
     from kvcxl.firmware import prefetch

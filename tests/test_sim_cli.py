@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+
 from kvcxl.emu import commands
 from kvcxl.emu.cli import main
 from kvcxl.firmware.config import PARAMS

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kvcxl.emu.export import (
     ORACLE_DTYPE,
     dense_ids,

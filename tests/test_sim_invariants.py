@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kvcxl.emu.shape import PRESETS
 from kvcxl.emu.simulator import SimOptions, simulate
 from kvcxl.emu.workloads import WORKLOADS, compile_workload, make_workload

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kvcxl.emu.shape import ModelShape
 from kvcxl.emu.simulator import SimOptions, simulate, victims_table
 from kvcxl.emu.trace import Trace

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvcxl.emu.shape import GB, GIB, PRESETS, Deployment, ModelShape, ShapeError, preset, sizing
 
 

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+
 from kvcxl.emu.shape import PRESETS
 from kvcxl.emu.trace import COLUMNS, Trace, TraceError
 

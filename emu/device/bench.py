@@ -22,10 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
 from kvcxl.emu.cxl import mailbox as mb
 from kvcxl.emu.cxl import mem
 from kvcxl.emu.cxl.hdm import GRANULE
 
+from ..timing import NVME
 from .device import Type3Device
 from .service import MEM, Engine
 
@@ -207,7 +209,7 @@ def bench_timing_model(quick: bool) -> dict:
     n = 20_000 if quick else 200_000
     return {
         "size_bytes": 4096,
-        "tier": "nvme (25 us + 4096 B / 6.5 GB/s)",
+        "tier": f"nvme ({NVME.latency_ns / 1000:g} us + 4096 B / {NVME.bandwidth_gbps:g} GB/s)",
         "arrivals": "Poisson",
         "loads": [queueing_run(rho, n) for rho in (0.5, 0.8, 0.95)],
         "evidence": "Simulated (Analytical tier model inputs); md1_mean_ns is the "

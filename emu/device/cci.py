@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+
 from kvcxl.emu.cxl import mailbox as mb
 from kvcxl.emu.cxl.mailbox import CciMessage, FramingError, Opcode
 from kvcxl.emu.cxl.mailbox import ReturnCode as RC

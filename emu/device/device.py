@@ -39,18 +39,21 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import NDArray
+
 from kvcxl.emu.cxl import mem
 from kvcxl.emu.cxl.hdm import HdmDecoderSet
 from kvcxl.firmware.audit import EvictionAudit
 from kvcxl.firmware.cache import PolicyCache
 from kvcxl.firmware.config import PolicyConfig
-from kvcxl.firmware.policies import POLICIES, make_policy
-from kvcxl.firmware.policies.base import Tick
-from kvcxl.firmware.table import EntryTable, grow, unique_ids
-from numpy.typing import NDArray
+from kvcxl.firmware.policies import POLICIES
+from kvcxl.firmware.policies.base import Policy
+from kvcxl.firmware.session import Decisions, FirmwareSession
+from kvcxl.firmware.table import EntryTable
 
+from ..timing import CXL_DRAM, NVME, TierParams
 from .media import DictStore, MmapStore, zeros
-from .timing import DRAM, NVME, TierQueue, TierTiming, percentiles
+from .timing import TierQueue, percentiles
 
 LINE = mem.LINE_BYTES
 _NO_ANCHOR_BLOCK = 1 << 20  # default entry row: far from any anchor zone (as replay does)
@@ -77,8 +80,8 @@ class Type3Device:
         config: PolicyConfig | None = None,
         mode: str = "float",
         dram_file: str | Path | None = None,
-        dram_timing: TierTiming = DRAM,
-        nvme_timing: TierTiming = NVME,
+        dram_timing: TierParams = CXL_DRAM,
+        nvme_timing: TierParams = NVME,
         decoders: int = 4,
         audit: bool = True,
         record_victims: bool = False,
@@ -110,27 +113,22 @@ class Type3Device:
         self.policy_name = policy
         self.mode = mode
         self.config = config or PolicyConfig()
-        self.table = EntryTable(block_tokens=16)
-        self.audit = EvictionAudit() if audit else None
-        self.policy = self._make_policy(self.config)
-        self.cache = PolicyCache(
-            self.policy, self.dram_pages, audit=self.audit, on_victims=self._on_victims
+        # The firmware session decides; the device moves the bytes it decides about.
+        self.fw = FirmwareSession(
+            policy, self.dram_pages, self.config, mode=mode, block_tokens=16, audit=audit
         )
         if entries == "pages":
             # Every page is an entry from the start, as in replay: idle counters of
             # entries not read yet advance with the steps like everyone else's.
-            self.table.append(np.arange(self.n_pages), 0, 0, _NO_ANCHOR_BLOCK)
+            self.fw.table.append(np.arange(self.n_pages), 0, 0, _NO_ANCHOR_BLOCK)
             # Context lengths start unknown (0): an entry's age in tokens is then 0, as
             # for replay's far-from-anchor rows, and a described context starts clean.
-            self.table.ctx_tokens[:] = 0
+            self.fw.table.ctx_tokens[:] = 0
         # With entries="host", entries come into existence when the host describes,
         # creates or reports them (in id order), as in the simulator.
-        self.cache.ensure(self.n_pages)
+        self.fw.ensure(self.n_pages)
         self.record_victims = record_victims
         self.victims: list[tuple[int, int, float]] = []
-        self.time = 0
-        self._created = np.zeros(16, dtype=bool)  # entries created by the host so far
-        self.step: int | None = None
 
         self.dram = (
             MmapStore(dram_file, capacity, page_bytes) if dram_file else DictStore(page_bytes)
@@ -167,21 +165,31 @@ class Type3Device:
             0,
         )
 
-    # --- policy plumbing --------------------------------------------------------------
-    def _make_policy(self, config: PolicyConfig):
-        kw = {"mode": self.mode} if self.policy_name == "ema" else {}
-        return make_policy(self.policy_name, config, self.table, **kw)
+    # --- the firmware ---------------------------------------------------------------------
+    @property
+    def table(self) -> EntryTable:
+        return self.fw.table
+
+    @property
+    def cache(self) -> PolicyCache:
+        return self.fw.cache
+
+    @property
+    def policy(self) -> Policy:
+        return self.fw.policy
+
+    @property
+    def audit(self) -> EvictionAudit | None:
+        return self.fw.audit
+
+    @property
+    def time(self) -> int:
+        return self.fw.time
 
     def set_config(self, config: PolicyConfig) -> None:
         """Apply new policy parameters, keeping every entry's metadata and residency."""
-        new = self._make_policy(config)
-        old = self.policy
-        if set(new.columns) == set(old.columns):
-            for col in new.columns:
-                setattr(new, col, getattr(old, col))
-        self.policy = self.cache.policy = new
+        self.fw.set_config(config)
         self.config = config
-        self.cache.pinned_capacity = int(config.pinned_fraction * self.cache.capacity)
 
     def report(self, step: int, ids: NDArray, weights: NDArray) -> NDArray:
         """Ingest one attention batch; returns the hit mask (entry in DRAM at batch start).
@@ -197,27 +205,19 @@ class Type3Device:
             raise ValueError(f"entry {bad} is outside the device's 0 … {self.n_pages - 1}")
         if w.size and not (np.isfinite(w).all() and w.min() >= 0.0 and w.max() <= 1.0):
             raise ValueError("attention weights must be finite and within [0, 1]")
-        self._enter_step(step)
+        self.fw.at(step)
         if ids.size:
             self._grow_entries(int(ids.max()))
-        hit = self.cache.access(ids, w, Tick(step, self.time))
-        if self.tiering and ids.size:
-            missed = unique_ids(ids[~hit])
-            for p in missed[self.cache.is_resident(missed)].tolist():
-                self._promote(p)
-        self.time += 1
+        time = self.fw.time
+        hit, d = self.fw.read(step, ids, w)
+        self._apply(d, time)
         self.counters["reports"] += 1
         self.counters["reported_entries"] += int(ids.size)
         return hit
 
     def _grow_entries(self, top: int) -> None:
         if self.table.n <= top:
-            self.table.append(np.arange(self.table.n, top + 1), 0, 0, 0)
-
-    def _enter_step(self, step: int) -> None:
-        if self.step is not None and step != self.step:
-            self.cache.end_step(Tick(self.step, max(self.time - 1, 0)))
-        self.step = step
+            self.fw.describe(np.arange(self.table.n, top + 1), 0, 0, 0)
 
     def describe(
         self, ids: NDArray, ctx: NDArray, layer: NDArray, head: NDArray, block: NDArray
@@ -247,15 +247,14 @@ class Type3Device:
         t = self.table
         if t.n <= int(ids.max()):
             if np.array_equal(ids, np.arange(t.n, t.n + ids.size)):
-                t.append(ctx, layer, head, block)  # new entries, in creation order
+                self.fw.describe(ctx, layer, head, block)  # new entries, in creation order
                 return
             self._grow_entries(int(ids.max()))
-        t.ctx[ids], t.layer[ids], t.head[ids], t.block[ids] = ctx, layer, head, block
-        t.ctx_tokens = grow(t.ctx_tokens, int(ctx.max()) + 1)
-        np.maximum.at(t.ctx_tokens, ctx, block * t.block_tokens + 1)
+        self.fw.identify(ids, ctx, layer, head, block)
 
     def set_context_tokens(self, ctx: NDArray, tokens: NDArray) -> None:
-        """Set the current length in tokens of contexts (recency-by-position policies)."""
+        """Contexts are now this long in tokens (recency-by-position policies); a shorter
+        report than the firmware knows leaves the length as it is (a context never shrinks)."""
         ctx = np.asarray(ctx, dtype=np.int64)
         tokens = np.asarray(tokens, dtype=np.int64)
         if ctx.shape != tokens.shape or ctx.ndim != 1:
@@ -264,10 +263,7 @@ class Type3Device:
             raise ValueError(f"context ids must be 0 … {MAX_CONTEXTS - 1}")
         if tokens.size and (tokens.min() < 0 or tokens.max() > 1 << 40):
             raise ValueError("context lengths must be 0 … 2^40 tokens")
-        if ctx.size:
-            t = self.table
-            t.ctx_tokens = grow(t.ctx_tokens, int(ctx.max()) + 1)
-            t.ctx_tokens[ctx] = tokens
+        self.fw.lengths(ctx, tokens)
 
     def create(self, step: int, ids: NDArray) -> int:
         """New entries written by the host: admit them to DRAM without a read (evicting
@@ -278,38 +274,29 @@ class Type3Device:
         if ids.size and (ids.min() < 0 or ids.max() >= self.n_pages):
             bad = int(ids.min() if ids.min() < 0 else ids.max())
             raise ValueError(f"entry {bad} is outside the device's 0 … {self.n_pages - 1}")
-        self._enter_step(step)
+        self.fw.at(step)
         if ids.size:
             self._grow_entries(int(ids.max()))
-            # Entries described ahead of their creation were aged by the step boundary
-            # that _enter_step just closed; a newly created entry starts fresh (score 0,
-            # idle 0), as the simulator's entries do when they are appended.
-            self._created = grow(self._created, self.table.n, False)
-            first = unique_ids(ids[~self._created[ids]])
-            self.cache.policy.forget(first)
-            self._created[first] = True
-        # A write follows the last read batch: it carries that batch's time (as the
-        # simulator stamps its CREATE events), so recency policies rank it with that batch.
-        admitted = self.cache.insert(ids, Tick(step, max(self.time - 1, 0)))
-        if self.tiering and admitted.size:
-            for p in admitted[self.cache.is_resident(admitted)].tolist():
-                self._promote(p)
-        return int(admitted.size)
+        time = self.fw.time - 1 if self.fw.offline else max(self.fw.time - 1, 0)
+        d = self.fw.write(step, ids)
+        self._apply(d, time)
+        return int(d.admitted.size)
 
-    def finish_step(self) -> None:
-        """Close the current decode step (what replay does after its last batch)."""
-        if self.step is not None:
-            self.cache.end_step(Tick(self.step, max(self.time - 1, 0)))
-            self.step = None
-
-    def _on_victims(self, ids: NDArray, prio: NDArray, tick: Tick) -> None:
-        if self.record_victims:
+    def _apply(self, d: Decisions, time: int) -> None:
+        """Move the bytes the firmware decided about: victims out of DRAM first (as they
+        left during the call), then the admitted entries in."""
+        if self.record_victims and d.victims.size:
+            prio = d.priority if d.priority is not None else np.zeros(d.victims.size)
             self.victims.extend(
-                zip([tick.time] * ids.size, ids.tolist(), prio.tolist(), strict=True)
+                zip([time] * d.victims.size, d.victims.tolist(), prio.tolist(), strict=True)
             )
-        if self.tiering:
-            for p in ids.tolist():
-                self._demote(p)
+        if not self.tiering:
+            return
+        for p in d.victims.tolist():
+            self._demote(p)
+        if d.admitted.size:
+            for p in d.admitted[self.cache.is_resident(d.admitted)].tolist():
+                self._promote(p)
 
     def _move(self, p: int, src, dst, src_q: str, dst_q: str) -> None:
         data = src.take(p)

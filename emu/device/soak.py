@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvcxl.emu.cxl import mailbox as mb
 from kvcxl.emu.cxl import mem
 from kvcxl.emu.cxl.hdm import GRANULE

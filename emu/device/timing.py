@@ -11,9 +11,9 @@ tier has finished the transfers queued before it, occupies the tier for
 so the fixed latency overlaps between requests (pipelined media) while transfers
 serialise — the queueing term.  Migrations occupy the tiers like requests do.
 
-Defaults are the SPEC §9 tier model (Analytical model inputs, not measurements):
-CXL DRAM 200 ns + size / 64 GB/s; NVMe 25 µs + size / 6.5 GB/s (bandwidth of a
-PCIe 4.0 x4 SSD; the SPEC leaves it open).
+The latency and bandwidth of each tier are the simulator's, defined once in
+:mod:`kvcxl.emu.timing` (CXL DRAM 200 ns + 64 GB/s, NVMe 25 µs + 14 GB/s); this
+module adds only the queue.
 """
 
 from __future__ import annotations
@@ -21,29 +21,14 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True)
-class TierTiming:
-    name: str
-    latency_ns: float
-    bandwidth_gbps: float  # GB/s = bytes per ns
-
-    def __post_init__(self) -> None:
-        if not self.latency_ns >= 0:
-            raise ValueError(f"{self.name} latency_ns = {self.latency_ns} must be >= 0")
-        if not self.bandwidth_gbps > 0:
-            raise ValueError(f"{self.name} bandwidth_gbps = {self.bandwidth_gbps} must be > 0")
-
-
-DRAM = TierTiming("dram", 200.0, 64.0)
-NVME = TierTiming("nvme", 25_000.0, 6.5)
+from ..timing import TierParams
 
 
 @dataclass
 class TierQueue:
     """One tier's server state and counters."""
 
-    timing: TierTiming
+    timing: TierParams
     busy_until: float = 0.0
     requests: int = 0
     bytes: int = 0

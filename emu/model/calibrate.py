@@ -33,21 +33,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-# Two-sided 95 % Student t critical values by degrees of freedom (1 … 30).
-_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-        2.060, 2.056, 2.052, 2.048, 2.045, 2.042]  # fmt: skip
+from ..metrics import mean_ci
 
 
 def ci95(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and half-width of the 95 % confidence interval (Student's t)."""
-    x = np.asarray(values, dtype=np.float64)
-    if x.size == 0:
-        return float("nan"), float("nan")
-    if x.size == 1:
-        return float(x[0]), float("nan")
-    t = _T95[min(x.size - 2, len(_T95) - 1)] if x.size - 1 <= 30 else 1.96
-    return float(x.mean()), float(t * x.std(ddof=1) / math.sqrt(x.size))
+    """Mean and half-width of the 95 % confidence interval (Student's t, the one t table
+    of :func:`kvcxl.emu.metrics.t975`); NaN where there is no value or no spread to show."""
+    s = mean_ci(values)
+    nan = float("nan")
+    return (nan if s["mean"] is None else s["mean"]), (nan if s["ci95"] is None else s["ci95"])
 
 
 def dense_weights(trace: Any, max_tokens: int | None = None) -> NDArray:

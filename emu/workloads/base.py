@@ -75,9 +75,6 @@ class Workload:
         return []
 
     # --- shared scheduler ------------------------------------------------------------------
-    def tokens_cap(self) -> int:
-        return self.shape.context_tokens
-
     def plans(self, steps: int) -> Iterator[StepPlan]:
         """``steps`` decode steps of the workload, lanes filled from :meth:`turns`."""
         source = self.turns()

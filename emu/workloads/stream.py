@@ -112,11 +112,6 @@ class ReadStream:
         """Bytes of every entry the stream creates (nothing is dropped: the footprint)."""
         return self.n_entries * self.shape.entry_bytes
 
-    def read_batches(self) -> tuple[list[NDArray], NDArray]:
-        """The read events' id arrays (batch i at time i) and their steps."""
-        rm = np.flatnonzero(self.read_mask)
-        return [self.ids[self.ev_off[i] : self.ev_off[i + 1]] for i in rm], self.ev_step[rm]
-
     def to_trace(self, writes: bool = True) -> Trace:
         """The stream as a :class:`Trace` (entry identities instead of ids).
 
@@ -387,7 +382,9 @@ def merge_duplicates(ids: NDArray, w: NDArray) -> tuple[NDArray, NDArray]:
     A block shared by several sequences of the serving batch (a shared prefix) is read
     once per layer for all of them, as prefix-sharing attention kernels do.  It also
     keeps Belady's farthest-next-use rule optimal: with one read per entry per batch,
-    every use of an entry is worth the same.
+    every use of an entry is worth the same.  The merged read keeps the place of the
+    entry's first record, so a duplicate never reorders a batch (one request per read
+    replays the batch in that order).
     """
     order = np.argsort(ids, kind="stable")
     s = ids[order]
@@ -396,7 +393,8 @@ def merge_duplicates(ids: NDArray, w: NDArray) -> tuple[NDArray, NDArray]:
     first = np.ones(s.size, dtype=bool)
     first[1:] = s[1:] != s[:-1]
     starts = np.flatnonzero(first)
-    return s[starts], np.maximum.reduceat(w[order], starts)
+    keep = np.argsort(order[starts], kind="stable")  # first records, in batch order
+    return s[starts][keep], np.maximum.reduceat(w[order], starts)[keep]
 
 
 def parse_read_mode(text: str) -> tuple[str, float]:

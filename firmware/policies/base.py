@@ -17,6 +17,7 @@ from typing import ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
+from .. import fixedpoint as fx
 from ..config import PolicyConfig
 from ..select import select_victims
 from ..table import EntryTable, grow
@@ -54,6 +55,7 @@ class Policy(ABC):
     columns: ClassVar[dict[str, tuple[type, object]]] = {}
     online: ClassVar[bool] = True  # False for policies that see the future
     may_bypass: ClassVar[bool] = False  # may evict entries of the batch just read
+    modes: ClassVar[tuple[str, ...]] = ("float",)  # "int": also the Q0.16 contract (the RTL's)
 
     def __init__(self, config: PolicyConfig, table: EntryTable) -> None:
         self.config = config
@@ -106,6 +108,20 @@ class Policy(ABC):
     def score(self, ids: NDArray) -> NDArray:
         """The attention score used by placement and prefetch (0 for policies without one)."""
         return np.zeros(np.asarray(ids).size, dtype=np.float64)
+
+    # --- what drivers read (placement, prefetch), so none branches on a policy's class ---
+    @property
+    def scored(self) -> bool:
+        """Whether this policy keeps an attention score (placement and prefetch use it)."""
+        return type(self).score is not Policy.score
+
+    def score_q16(self, ids: NDArray) -> NDArray:
+        """The score as Q0.16 integers (what integer-mode prefetch ranking consumes)."""
+        return np.asarray(fx.to_q16(self.score(ids)))
+
+    def idle_steps(self, ids: NDArray) -> NDArray | None:
+        """Steps since each entry's last touch, for policies that count them (else None)."""
+        return None
 
 
 def make_policy(name: str, config: PolicyConfig, table: EntryTable, **kwargs: object) -> Policy:

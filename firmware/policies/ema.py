@@ -23,6 +23,7 @@ from .base import Policy, Tick, register
 class EmaPolicy(Policy):
     name = "ema"
     summary = "EMA attention score × recency decay, anchors pinned (the seed's policy)"
+    modes = ("float", "int")
 
     def __init__(self, config: PolicyConfig, table: EntryTable, mode: str = "float") -> None:
         if mode not in ("float", "int"):
@@ -94,3 +95,11 @@ class EmaPolicy(Policy):
     def score(self, ids: NDArray) -> NDArray:
         s = self.score_[ids]
         return fx.from_q16(s) if self.mode == "int" else s.astype(np.float64)
+
+    def score_q16(self, ids: NDArray) -> NDArray:
+        if self.mode == "int":
+            return np.asarray(self.score_[ids])
+        return super().score_q16(ids)
+
+    def idle_steps(self, ids: NDArray) -> NDArray:
+        return self.idle[ids]

@@ -1,0 +1,338 @@
+"""The firmware session: one policy over one entry table, its clock, and its decisions.
+
+Every driver talks to the firmware through this one object — the simulator replaying
+a stream, the device emulator answering CXL.mem and mailbox commands, the QEMU
+firmware service answering the guest's ring — so the firmware's behaviour is written
+once.  A host (or a trace) tells the session four things:
+
+* :meth:`describe` — new entries and their identity ``(context, layer, KV head, block)``;
+* :meth:`lengths` — how long contexts are, in tokens (a length never shrinks);
+* :meth:`write` — new KV written into the fast tier (entries not read yet);
+* :meth:`read` — one batch of reads with their attention weights (a layer of a step,
+  a whole step, or one request), which serves hits, pages in misses and evicts;
+
+and the step boundary (:meth:`end_step`; also :meth:`at` a later step, or any call
+carrying one, closes the open step first).
+The session hands back, for each call, a :class:`Decisions`: the entries admitted,
+the victims in eviction order with the tier placement sends each to (and their
+priorities when asked), and, on request, prefetch candidates (:meth:`prefetch`).
+
+The clock rule lives here and nowhere else: a read batch at step ``s`` is
+``Tick(s, time)`` and advances ``time``; a write follows the last read batch and
+carries its time (an offline policy sees −1 before any read, so an entry's first
+read is its next use); a prefetch follows the batch that proposed it; a step closes
+with ``Tick(s, last read time)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from . import prefetch as pf
+from .audit import EvictionAudit
+from .cache import PolicyCache
+from .config import PolicyConfig
+from .formulas import TIER_CXL, TIER_NVME, placement_thresholds, placement_weighted
+from .policies import POLICIES, make_policy
+from .policies.base import Policy, Tick
+from .table import EntryTable, grow, unique_ids
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class Decisions:
+    """What the firmware decided in one call."""
+
+    admitted: NDArray = field(default_factory=lambda: _EMPTY)  # entries now in the fast tier
+    victims: NDArray = field(default_factory=lambda: _EMPTY)  # left it, in eviction order
+    tiers: NDArray = field(default_factory=lambda: _EMPTY.astype(np.uint8))  # per victim
+    priority: NDArray | None = None  # per victim, when the session records priorities
+
+
+class FirmwareSession:
+    """One policy, one capacity, one clock: the firmware as every driver sees it."""
+
+    def __init__(
+        self,
+        policy: str,
+        capacity: int,
+        config: PolicyConfig | None = None,
+        *,
+        mode: str = "float",
+        block_tokens: int = 16,
+        table: EntryTable | None = None,
+        audit: bool = False,
+        placement: str = "policy",
+        future: object = None,
+        ordered_victims: bool = True,
+        victim_priority: bool = True,
+        policy_kwargs: dict | None = None,
+    ) -> None:
+        if mode not in ("float", "int"):
+            raise ValueError(f"mode = {mode!r}: must be 'float' or 'int'")
+        if placement not in ("policy", "fill"):
+            raise ValueError(f"placement {placement!r}: must be 'policy' or 'fill'")
+        self.config = config or PolicyConfig()
+        self.table = table if table is not None else EntryTable(block_tokens=block_tokens)
+        cls = POLICIES.get(policy)
+        kwargs: dict = dict(policy_kwargs or {})
+        if cls is not None and not cls.online:
+            kwargs["future"] = future
+        if cls is not None and "int" in cls.modes:
+            kwargs["mode"] = mode
+        self.policy: Policy = make_policy(policy, self.config, self.table, **kwargs)
+        # Integer mode is the EMA's (the RTL contract); other policies compute in one mode.
+        self.mode = mode if "int" in type(self.policy).modes else "float"
+        self.offline = not self.policy.online
+        self.placement = placement
+        self.audit = EvictionAudit() if audit else None
+        self._victims: list[tuple[NDArray, NDArray | None, NDArray]] = []
+        self.cache = PolicyCache(
+            self.policy,
+            capacity,
+            audit=self.audit,
+            on_victims=self._sink,
+            ordered_victims=ordered_victims,
+            victim_priority=victim_priority,
+        )
+        self.step: int | None = None  # the open step (None: none open)
+        self.last_step: int | None = None  # the most recent step seen
+        self.time = 0  # read batches served so far
+        self._grids: dict[int, NDArray] = {}  # context → (layers, heads, blocks) entry ids
+        self._prefix: dict[int, tuple[int, int]] = {}  # context → (parent, shared blocks)
+        self._written = np.zeros(16, dtype=bool)  # entries written at least once
+        self._unindexed: list[NDArray] = []  # described since the grids were last updated
+
+    # --- what the host tells the firmware ------------------------------------------------
+    def at(self, step: int) -> None:
+        """The host is now at ``step``: a later step closes the open one first, before
+        anything of the new step (new entries, lengths) reaches the policy."""
+        self._enter(step)
+
+    def ensure(self, n: int) -> None:
+        """Room for entries 0 … n−1 (a driver that knows its size up front)."""
+        self.cache.ensure(max(n, 1))
+        self.policy.ensure(max(n, 1))
+
+    def describe(
+        self, ctx: ArrayLike, layer: ArrayLike, head: ArrayLike, block: ArrayLike
+    ) -> NDArray:
+        """New entries, in creation order; returns their ids (dense, from ``table.n``)."""
+        ids = self.table.append(ctx, layer, head, block)
+        if ids.size:
+            self._unindexed.append(ids)
+        return ids
+
+    def share_prefix(self, ctx: int, parent: int, blocks: int) -> None:
+        """Context ``ctx``'s first ``blocks`` blocks are ``parent``'s entries (a shared
+        system prompt): prefetch proposes them as ``ctx``'s neighbours."""
+        self._prefix[int(ctx)] = (int(parent), int(blocks))
+
+    def lengths(self, ctx: ArrayLike, tokens: ArrayLike) -> None:
+        """Contexts are now at least this long, in tokens."""
+        self.table.raise_lengths(ctx, tokens)
+
+    def identify(
+        self, ids: ArrayLike, ctx: ArrayLike, layer: ArrayLike, head: ArrayLike, block: ArrayLike
+    ) -> None:
+        """Give existing entries (a device's pages, known before the host says what they
+        hold) their identity; contexts grow to cover each entry's first token."""
+        ids = np.asarray(ids, dtype=np.int64)
+        t = self.table
+        t.ctx[ids], t.layer[ids], t.head[ids], t.block[ids] = ctx, layer, head, block
+        t.raise_lengths(t.ctx[ids], t.block[ids].astype(np.int64) * t.block_tokens + 1)
+        self._grids = {}  # identities moved: index every entry again when prefetch asks
+        self._unindexed = [np.arange(t.n, dtype=np.int64)]
+
+    def write(self, step: int, ids: ArrayLike) -> Decisions:
+        """New KV written into the fast tier; the overflow is evicted (never what was written,
+        unless the write alone overflows: docs/policy.md).  An entry written for the first
+        time starts afresh even if it was known (and aged) before."""
+        self._enter(step)
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size:
+            self._written = grow(self._written, self.table.n, False)
+            first = unique_ids(ids[~self._written[ids]])
+            self.cache.forget(first)
+            self._written[first] = True
+        t = self.time - 1 if self.offline else max(self.time - 1, 0)
+        admitted = self.cache.insert(ids, Tick(step, t))
+        return self._decisions(admitted)
+
+    def set_config(self, config: PolicyConfig) -> None:
+        """New policy parameters, keeping every entry's metadata and residency."""
+        old = self.policy
+        kwargs: dict = {"mode": self.mode} if "int" in type(old).modes else {}
+        if not old.online:
+            kwargs["future"] = old.future  # type: ignore[attr-defined]
+        new = make_policy(old.name, config, self.table, **kwargs)
+        if set(new.columns) == set(old.columns):
+            for col in new.columns:
+                setattr(new, col, getattr(old, col))
+        self.policy = self.cache.policy = new
+        self.config = config
+        self.cache.pinned_capacity = int(config.pinned_fraction * self.cache.capacity)
+
+    def read(self, step: int, ids: ArrayLike, weights: ArrayLike) -> tuple[NDArray, Decisions]:
+        """One batch of reads; returns the hit mask (resident at the batch's start) and the
+        decisions (misses admitted, victims)."""
+        self._enter(step)
+        ids = np.asarray(ids, dtype=np.int64)
+        hit = self.cache.access(ids, weights, Tick(step, self.time))
+        self.time += 1
+        return hit, self._decisions(unique_ids(ids[~hit]))
+
+    def end_step(self) -> None:
+        """Close the open step (the EMA update at the step boundary)."""
+        if self.step is not None:
+            self.cache.end_step(Tick(self.step, max(self.time - 1, 0)))
+            self.step = None
+
+    # --- what the firmware decides on request --------------------------------------------
+    def place(self, ids: NDArray) -> NDArray:
+        """The tier each of ``ids`` goes to when it leaves the fast tier (CXL DRAM or NVMe)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        dest = np.full(ids.size, TIER_CXL, dtype=np.uint8)
+        if ids.size == 0 or self.placement == "fill" or not self.policy.scored:
+            return dest
+        cfg = self.config
+        score = self.policy.score(ids)
+        if cfg.placement_mode == "thresholds":
+            want = placement_thresholds(score, cfg.keep_threshold, cfg.evict_threshold)
+        else:
+            idle = self.policy.idle_steps(ids)
+            anchor = (self.table.first_token(ids) < cfg.anchor_zone_size).astype(np.float64)
+            want = placement_weighted(
+                score, 0 if idle is None else idle, anchor, cfg.beta,
+                cfg.placement_weights, cfg.placement_cuts,
+            )  # fmt: skip
+        dest[np.asarray(want) == TIER_NVME] = TIER_NVME
+        return dest
+
+    def prefetch_candidates(self, ids: NDArray, weights: NDArray, limit: int) -> NDArray:
+        """The best ``limit`` non-resident neighbours of this batch's strongest touches
+        (docs/policy.md, prefetch), in fetch order: rank descending, id ascending."""
+        ids = np.asarray(ids, dtype=np.int64)
+        w = np.asarray(weights, dtype=np.float64)
+        touched = w >= self.config.touch_threshold
+        src = ids[touched]
+        if src.size == 0 or self.config.prefetch_depth == 0:
+            return _EMPTY
+        if src.size > limit:
+            src = src[np.argpartition(-w[touched], limit - 1)[:limit]]
+        t = self.table
+        if self._unindexed:  # grids are built only for a session that prefetches
+            self._index(unique_ids(np.concatenate(self._unindexed)))
+            self._unindexed = []
+        cand_ids, cand_dist = [], []
+        ctx = t.ctx[src]
+        for c in unique_ids(ctx).tolist():
+            s = src[ctx == c]
+            n_layers, n_blocks = self._extent(c)
+            cand = pf.propose(
+                t.layer[s], t.head[s], t.block[s], n_layers=n_layers, n_blocks=n_blocks,
+                block_tokens=t.block_tokens, config=self.config,
+            )  # fmt: skip
+            cid = self._lookup(c, cand.layer, cand.head, cand.block)
+            ok = cid >= 0
+            cand_ids.append(cid[ok])
+            cand_dist.append(cand.distance_blocks[ok])
+        cid, dist = np.concatenate(cand_ids), np.concatenate(cand_dist)
+        keep = ~self.cache.is_resident(cid)
+        cid, dist = cid[keep], dist[keep]
+        if cid.size == 0:
+            return _EMPTY
+        # One candidate per entry, at its smallest distance.
+        o = np.lexsort((dist, cid))
+        cid, dist = cid[o], dist[o]
+        first = np.ones(cid.size, dtype=bool)
+        first[1:] = cid[1:] != cid[:-1]
+        cid, dist = cid[first], dist[first]
+        if self.mode == "int":
+            score = self.policy.score_q16(cid)
+        else:
+            score = self.policy.score(cid)
+        ranks = pf.rank(dist, score, t.block_tokens, self.config, mode=self.mode)
+        return pf.order(cid, ranks)[:limit]
+
+    def prefetch(self, ids: ArrayLike) -> Decisions:
+        """Bring ``ids`` into the fast tier without a read; it follows the batch that
+        proposed them, at that batch's time."""
+        step = self.last_step if self.step is None else self.step
+        admitted = self.cache.insert(
+            np.asarray(ids, dtype=np.int64), Tick(step or 0, max(self.time - 1, 0))
+        )
+        return self._decisions(admitted)
+
+    # --- internals -----------------------------------------------------------------------
+    def _enter(self, step: int) -> None:
+        if self.step is not None and step != self.step:
+            self.end_step()
+        self.step = self.last_step = int(step)
+
+    def _sink(self, ids: NDArray, prio: NDArray | None, tick: Tick) -> None:
+        # Placed as they leave: a policy without persistent metadata forgets them next.
+        self._victims.append(
+            (ids.copy(), None if prio is None else np.asarray(prio).copy(), self.place(ids))
+        )
+
+    def _decisions(self, admitted: NDArray) -> Decisions:
+        if not self._victims:
+            return Decisions(admitted=admitted)
+        parts = self._victims
+        self._victims = []
+        if len(parts) == 1:
+            victims, prio, tiers = parts[0]
+        else:
+            victims = np.concatenate([p[0] for p in parts])
+            tiers = np.concatenate([p[2] for p in parts])
+            prio = None
+            if parts[0][1] is not None:
+                prio = np.concatenate([np.asarray(p[1], dtype=np.float64) for p in parts])
+        return Decisions(admitted, victims, tiers, prio)
+
+    def _index(self, ids: NDArray) -> None:
+        t = self.table
+        for c in unique_ids(t.ctx[ids]).tolist():
+            sel = ids[t.ctx[ids] == c]
+            lay, hd, blk = t.layer[sel], t.head[sel], t.block[sel]
+            g = self._grids.get(c)
+            need = (int(lay.max()) + 1, int(hd.max()) + 1, int(blk.max()) + 1)
+            if g is None or any(a > b for a, b in zip(need, g.shape, strict=True)):
+                shape = need if g is None else tuple(
+                    max(a, 2 * b if a > b else b) for a, b in zip(need, g.shape, strict=True)
+                )  # fmt: skip
+                new = np.full(shape, -1, dtype=np.int64)
+                if g is not None:
+                    new[: g.shape[0], : g.shape[1], : g.shape[2]] = g
+                g = self._grids[c] = new
+            g[lay, hd, blk] = sel
+
+    def _extent(self, c: int) -> tuple[int, int]:
+        """Layers and blocks a context spans (its prefix's included)."""
+        g = self._grids.get(c)
+        layers = g.shape[0] if g is not None else 0
+        blocks = int(np.flatnonzero((g >= 0).any(axis=(0, 1)))[-1]) + 1 if g is not None else 0
+        if c in self._prefix:
+            parent, nb = self._prefix[c]
+            pl, _ = self._extent(parent)
+            layers, blocks = max(layers, pl), max(blocks, nb)
+        return layers, blocks
+
+    def _lookup(self, c: int, layer: NDArray, head: NDArray, block: NDArray) -> NDArray:
+        """Entry ids of (layer, head, block) in context ``c`` (−1 for none)."""
+        out = np.full(layer.size, -1, dtype=np.int64)
+        g = self._grids.get(c)
+        if g is not None:
+            ok = (layer < g.shape[0]) & (head < g.shape[1]) & (block < g.shape[2])
+            out[ok] = g[layer[ok], head[ok], block[ok]]
+        if c in self._prefix:
+            parent, nb = self._prefix[c]
+            shared = (block < nb) & (out < 0)
+            if shared.any():
+                out[shared] = self._lookup(parent, layer[shared], head[shared], block[shared])
+        return out

@@ -7,10 +7,10 @@ to the ring is a store into this mapping.  The service owns the device header li
 (status, heartbeat, consumed index) and the completion queue; the guest owns the
 doorbell line and the submission queue (docs/qemu.md, "The ring").
 
-Firmware state is a :class:`kvcxl.firmware.cache.PolicyCache` over an
-:class:`kvcxl.firmware.table.EntryTable` that the guest fills with CREATE commands,
-driven exactly as the simulator of :mod:`kvcxl.emu.simulator` drives it (same calls,
-same ticks), so the same trace gives the same victims.
+Firmware state is a :class:`kvcxl.firmware.session.FirmwareSession` whose entry
+table the guest fills with CREATE commands: the same session the simulator and the
+device emulator drive, so the same trace gives the same victims, placements and
+prefetch candidates.
 
 Run as ``python -m kvcxl.qemu.service --media FILE --out STATS.json``; SIGTERM stops
 it and writes the statistics.
@@ -36,6 +36,7 @@ import numpy as np
 from . import layout as L
 
 HEARTBEAT_S = 0.005
+HINTS_MAX = 64  # prefetch hints per ATTN response (touches used as sources, candidates sent)
 
 
 class RingError(Exception):
@@ -85,17 +86,31 @@ class FirmwareService:
         self.sessions: list[dict] = []  # one per OPEN … CLOSE, archived
         self.plugin_reads = self.plugin_writes = self.plugin_outside = 0
         self.plugin_dropped = self.plugin_records = 0
-        self.cache = None
+        self.fw = None
         self._reset_state()
         self._init_ring()
 
     # --- state ---------------------------------------------------------------------------
+    @property
+    def cache(self):
+        return None if self.fw is None else self.fw.cache
+
+    @property
+    def table(self):
+        return None if self.fw is None else self.fw.table
+
+    @property
+    def audit(self):
+        return None if self.fw is None else self.fw.audit
+
+    @property
+    def time(self) -> int:
+        return 0 if self.fw is None else self.fw.time
+
     def _reset_state(self) -> None:
-        self.cache = None
-        self.table = None
+        self.fw = None  # the firmware session of the open OPEN … CLOSE
         self.n_entries = 0
         self.entry_bytes = 0
-        self.time = 0
         self.step: int | None = None
         self.victims: list[int] = []
         self.victim_tiers = Counter()
@@ -220,9 +235,7 @@ class FirmwareService:
         return b"", (0, 0, 0, 0, int(arg0))
 
     def op_open(self, step, layer, count, payload, arg0, arg1):
-        from kvcxl.firmware.audit import EvictionAudit
-        from kvcxl.firmware.cache import PolicyCache
-        from kvcxl.firmware.policies import make_policy
+        from kvcxl.firmware.session import FirmwareSession
         from kvcxl.firmware.table import EntryTable
 
         if len(payload) != L.OPEN_FMT.size:
@@ -243,113 +256,37 @@ class FirmwareService:
             except OSError as exc:
                 self._log(f"device emulator at {self.device_socket}: {exc}")
             self.device_socket = None
-        self.table = EntryTable(block_tokens=bt, capacity=max(n, 16))
-        kwargs = {"mode": "float"} if self.policy_name == "ema" else {}
         try:
-            pol = make_policy(self.policy_name, self.config, self.table, **kwargs)
+            self.fw = FirmwareSession(
+                self.policy_name, cap, self.config,
+                table=EntryTable(block_tokens=bt, capacity=max(n, 16)), audit=True,
+            )  # fmt: skip
         except (ValueError, TypeError) as exc:
             raise RingError(L.RC_INVALID_INPUT, str(exc)) from None
-        self.audit = EvictionAudit()
-        self.cache = PolicyCache(pol, cap, audit=self.audit, on_victims=self._on_victims)
-        self.cache.ensure(max(n, 1))
-        pol.ensure(max(n, 1))
+        self.fw.ensure(n)
         self.n_entries, self.entry_bytes, self.window_base = n, eb, base
         self.accessed = np.zeros(n, dtype=np.int64)
-        self._pending_victims: list[np.ndarray] = []
         return b"", (n, cap, 0, 0, self.size)
 
-    def _on_victims(self, ids, prio, tick) -> None:
-        self._pending_victims.append((ids.copy(), np.asarray(prio, dtype=np.float64).copy()))
-
-    def _decisions(self, admitted: np.ndarray, touched: np.ndarray | None) -> tuple[bytes, tuple]:
-        """Response: admitted ids, victims (with placement), prefetch hints."""
+    def _decisions(self, d, hints: np.ndarray | None = None) -> tuple[bytes, tuple]:
+        """Response: admitted ids, victims (with the tier placement chose), prefetch hints."""
         from kvcxl.firmware import fixedpoint as fx
-        from kvcxl.firmware.formulas import (
-            TIER_CXL,
-            TIER_NVME,
-            placement_thresholds,
-            placement_weighted,
-        )
 
-        pol, cfg = self.cache.policy, self.config
-        if self._pending_victims:
-            vids = np.concatenate([v[0] for v in self._pending_victims])
-            vprio = np.concatenate([v[1] for v in self._pending_victims])
-        else:
-            vids, vprio = np.zeros(0, np.int64), np.zeros(0)
-        self._pending_victims = []
-        vic = np.zeros(vids.size, L.VICTIM_REC)
-        if vids.size:
-            score = pol.score(vids)
-            if cfg.placement_mode == "thresholds":
-                want = placement_thresholds(score, cfg.keep_threshold, cfg.evict_threshold)
-            else:
-                idle = pol.idle[vids] if hasattr(pol, "idle") else 0
-                anchor = (self.table.first_token(vids) < cfg.anchor_zone_size).astype(float)
-                want = placement_weighted(
-                    score, idle, anchor, cfg.beta, cfg.placement_weights, cfg.placement_cuts
-                )
-            tiers = np.where(np.asarray(want) == TIER_NVME, TIER_NVME, TIER_CXL)
-            vic["entry"], vic["tier"] = vids, tiers
-            vic["priority_q16"] = fx.to_q16(np.clip(vprio, 0.0, 1.0))
+        vic = np.zeros(d.victims.size, L.VICTIM_REC)
+        if d.victims.size:
+            vic["entry"], vic["tier"] = d.victims, d.tiers
+            vic["priority_q16"] = fx.to_q16(np.clip(d.priority, 0.0, 1.0))
             if self.record_victims:
-                self.victims.extend(int(v) for v in vids)
-            self.victim_tiers.update(int(t) for t in tiers)
-        hints = self._hints(touched) if touched is not None and touched.size else np.zeros(0)
-        room = (L.SLOT_OUT - 4 * admitted.size - vic.nbytes) // 4
+                self.victims.extend(int(v) for v in d.victims)
+            self.victim_tiers.update(int(t) for t in d.tiers)
+        hints = np.zeros(0, np.int64) if hints is None else hints
+        room = (L.SLOT_OUT - 4 * d.admitted.size - vic.nbytes) // 4
         hints = hints[: max(room, 0)].astype("<u4")
         self.hints_sent += hints.size
-        out = admitted.astype("<u4").tobytes() + vic.tobytes() + hints.tobytes()
-        return out, (admitted.size, vic.size, hints.size)
-
-    def _hints(self, touched: np.ndarray) -> np.ndarray:
-        """Prefetch hints: the best-ranked non-resident neighbours of the touched entries."""
-        from kvcxl.firmware import prefetch as pf
-
-        cfg, t = self.config, self.table
-        if cfg.prefetch_depth == 0:
-            return np.zeros(0, np.int64)
-        ids = touched[:64]
-        ctxs = np.unique(t.ctx[ids])
-        cand_ids, cand_dist = [], []
-        for c in ctxs.tolist():
-            sel = ids[t.ctx[ids] == c]
-            mine = np.flatnonzero(t.ctx[: t.n] == c)
-            n_layers = int(t.layer[mine].max()) + 1
-            n_blocks = int(t.block[mine].max()) + 1
-            cand = pf.propose(
-                t.layer[sel],
-                t.head[sel],
-                t.block[sel],
-                n_layers=n_layers,
-                n_blocks=n_blocks,
-                block_tokens=t.block_tokens,
-                config=cfg,
-            )
-            key = {
-                (int(a), int(b), int(k)): int(e)
-                for e, a, b, k in zip(mine, t.layer[mine], t.head[mine], t.block[mine], strict=True)
-            }
-            for la, h, b, d in zip(
-                cand.layer, cand.head, cand.block, cand.distance_blocks, strict=True
-            ):
-                e = key.get((int(la), int(h), int(b)))
-                if e is not None:
-                    cand_ids.append(e)
-                    cand_dist.append(int(d))
-        if not cand_ids:
-            return np.zeros(0, np.int64)
-        cid, dist = np.asarray(cand_ids), np.asarray(cand_dist)
-        keep = ~self.cache.is_resident(cid)
-        cid, dist = cid[keep], dist[keep]
-        if cid.size == 0:
-            return cid
-        ranks = pf.rank(dist, self.cache.policy.score(cid), t.block_tokens, cfg)
-        return pf.order(cid, ranks)[:64]
+        out = d.admitted.astype("<u4").tobytes() + vic.tobytes() + hints.tobytes()
+        return out, (d.admitted.size, vic.size, hints.size)
 
     def op_create(self, step, layer, count, payload, arg0, arg1):
-        from kvcxl.firmware.policies.base import Tick
-
         self._need_open()
         rec = self._records(payload, count, L.CREATE_REC, L.CREATE_MAX)
         want = np.arange(self.table.n, self.table.n + count)
@@ -358,32 +295,26 @@ class FirmwareService:
         if self.table.n + count > self.n_entries:
             raise RingError(L.RC_INVALID_INPUT, f"more than the {self.n_entries} opened entries")
         self._check_step(step)
-        self.table.append(rec["ctx"], rec["layer"], rec["head"], rec["block"])
-        # New KV is written after the last read batch: stamped with that batch's time, as
-        # the simulator does.
-        admitted = self.cache.insert(want, Tick(step, max(self.time - 1, 0)))
+        self.fw.at(step)
+        self.fw.describe(rec["ctx"], rec["layer"], rec["head"], rec["block"])
+        d = self.fw.write(step, want)
         if self.bridge is not None:
             self.bridge.guarded(self.bridge.create, step, rec)
-        out, (na, nv, nh) = self._decisions(admitted, None)
+        out, (na, nv, nh) = self._decisions(d)
         return out, (0, na, nv, nh, 0)
 
     def op_ctx_len(self, step, layer, count, payload, arg0, arg1):
-        from kvcxl.firmware.table import grow
-
         self._need_open()
         rec = self._records(payload, count, L.CTX_LEN_REC, L.CTX_LEN_MAX)
         self._check_step(step)
         if count:
-            c = rec["ctx"].astype(np.int64)
-            self.table.ctx_tokens = grow(self.table.ctx_tokens, int(c.max()) + 1)
-            self.table.ctx_tokens[c] = rec["tokens"]
+            self.fw.at(step)
+            self.fw.lengths(rec["ctx"].astype(np.int64), rec["tokens"].astype(np.int64))
             if self.bridge is not None:
                 self.bridge.guarded(self.bridge.ctx_len, rec)
         return b"", (0, 0, 0, 0, 0)
 
     def op_attn(self, step, layer, count, payload, arg0, arg1):
-        from kvcxl.firmware.policies.base import Tick
-
         self._need_open()
         rec = self._records(payload, count, L.ATTN_REC, L.ATTN_MAX)
         ids = rec["entry"].astype(np.int64)
@@ -393,25 +324,21 @@ class FirmwareService:
         if not np.all(np.isfinite(w)) or (w.size and w.min() < 0):
             raise RingError(L.RC_INVALID_INPUT, "attention weights must be finite and >= 0")
         self._check_step(step)
-        tick = Tick(step, self.time)
-        hit = self.cache.access(ids, w, tick)
-        self.time += 1
+        hit, d = self.fw.read(step, ids, w)
         if self.bridge is not None:
             self.bridge.guarded(self.bridge.attn, step, rec, int(hit.sum()))
-        admitted = np.unique(ids[~hit])  # demand paging: every miss is brought into HBM
-        touched = ids[w >= self.config.touch_threshold]
-        out, (na, nv, nh) = self._decisions(admitted, touched)
+        hints = self.fw.prefetch_candidates(ids, w, HINTS_MAX)
+        out, (na, nv, nh) = self._decisions(d, hints)
         return out, (int(hit.sum()), na, nv, nh, 0)
 
     def op_end_step(self, step, layer, count, payload, arg0, arg1):
-        from kvcxl.firmware.policies.base import Tick
-
         self._need_open()
         if self.step is None or step != self.step:
             raise RingError(
                 L.RC_INVALID_INPUT, f"END_STEP {step} but the current step is {self.step}"
             )
-        self.cache.end_step(Tick(step, max(self.time - 1, 0)))
+        self.fw.at(step)
+        self.fw.end_step()
         return b"", (0, 0, 0, 0, 0)
 
     def op_stats(self, step, layer, count, payload, arg0, arg1):

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .metrics import audit_sentence, audit_totals
 from .simulator import GRANULARITIES
 from .sizes import SIZE_HELP, parse_size
 from .timing import CXL_DRAM, HBM, NVME
@@ -620,6 +621,8 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.plot:
         plot_hit_rate(rows, args.plot, f"{src} — hit rate vs HBM budget")
         print(f"wrote {args.plot}")
+    if args.audit:
+        print(audit_sentence(audit_totals(rows)))
     faults = sum(r.get("audit_faults") or 0 for r in rows)
     if faults:
         print(
@@ -763,6 +766,8 @@ def _demo_report(head: str, table: str, rows: list[dict[str, Any]], wall: float)
         f"Wall time {wall:.0f} s. Every figure is Simulated (kvcxl simulator, "
         "synthetic attention); hit rate = entry reads served from HBM / all entry reads; "
         "± is the 95 % confidence interval over seeds.",
+        "",
+        audit_sentence(audit_totals(rows)),
         "",
     ]
     return "\n".join(lines)

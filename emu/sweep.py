@@ -18,6 +18,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .metrics import audit_sentence, audit_totals
+
 
 @dataclass
 class SweepSpec:
@@ -355,27 +357,6 @@ def main(argv: list[str] | None = None) -> int:
     md.write_text(render_markdown(doc))
     print(f"wrote {md}")
     return 0
-
-
-def audit_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
-    """What the eviction audit checked over ``rows`` (docs/policy.md, the eviction audit)."""
-    keys = ("audited_victims", "wrong_victims", "history_checked", "priority_mismatches",
-            "outranked_by_history", "pin_violations", "audit_faults")  # fmt: skip
-    return {k: int(sum(r.get(k) or 0 for r in rows)) for k in keys}
-
-
-def audit_sentence(totals: dict[str, int]) -> str:
-    """One line saying what the audit compared, for every table that quotes it."""
-    return (
-        f"Audit: {totals['audited_victims']:,} victims checked against the exact top-k of the "
-        f"policy's priorities ({totals['wrong_victims']} wrong); "
-        f"{totals['history_checked']:,} priorities (every victim and a sample of the other "
-        "eligible entries per pass) recomputed from the entries' own history by the "
-        f"documented formulas ({totals['priority_mismatches']} differ, "
-        f"{totals['outranked_by_history']} victims outranked, "
-        f"{totals['pin_violations']} pins broken). Random and Belady keys are not history: "
-        "top-k only."
-    )
 
 
 def _pct(r: dict[str, Any] | None) -> str:

@@ -105,7 +105,7 @@ def replay_hit_rate(
         read_w += float(w[ids].sum())
     st = cache.stats
     reads = st.hits + st.misses
-    if audit.wrong:
+    if audit.faults:  # a wrong victim, or a priority its entry's history contradicts
         raise RuntimeError(f"eviction audit failed for {policy}: {audit.as_dict()}")
     return {
         "hit_rate": st.hits / reads if reads else 0.0,
@@ -113,6 +113,8 @@ def replay_hit_rate(
         "reads": reads,
         "audited_victims": audit.checked,
         "wrong_victims": audit.wrong,
+        "history_checked": audit.history_checked,
+        "audit_faults": audit.faults,
     }
 
 

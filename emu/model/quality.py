@@ -256,7 +256,7 @@ def run(
             cache.end_step(Tick(p, p))
         if tick:
             tick()
-    if audit.wrong:
+    if audit.faults:  # a wrong victim, or a priority its entry's history contradicts
         raise RuntimeError(f"eviction audit failed for {policy.label}: {audit.as_dict()}")
     return None, BoundedResult(
         label=policy.label,

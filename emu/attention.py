@@ -14,7 +14,9 @@ softmax mass, computed for each query head of the GQA group and aggregated by
   block is created (lognormal: a few heavy hitters) times per-step jitter.
 
 Every parameter lives in :class:`AttentionParams`, so that real traces can fit
-them (kvcxl.emu.model.fit); every random draw comes from a seeded generator.  The
+them (kvcxl.emu.model.fit, ``kvcxl trace fit``; the committed fit is the data file
+``attention_fit.toml`` beside this module, read here as :data:`MEASURED` and
+:data:`FITTED`); every random draw comes from a seeded generator.  The
 sink and recent shares are either a line over depth (``sink_mass_first`` …
 ``sink_mass_last``, one ``recent_mass``) or a per-layer *profile*: values at evenly
 spaced relative depths 0 … 1, interpolated onto a deeper shape and averaged onto a
@@ -25,7 +27,10 @@ shallower one, so a profile fitted on SmolLM2's 30 layers also drives the 4-laye
 
 from __future__ import annotations
 
+import tomllib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -166,17 +171,93 @@ def _resample(profile: tuple[float, ...], layers: int) -> NDArray:
     return (np.bincount(group, v, layers) / np.bincount(group, minlength=layers)).astype(np.float32)
 
 
+# --- the committed fit (attention_fit.toml) ----------------------------------------------------
+FIT_FILE = Path(__file__).with_name("attention_fit.toml")
+
+
+def load_fit(path: str | Path = FIT_FILE) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(measured, fitted)`` from an attention fit file (TOML arrays come back as tuples).
+
+    ``measured``: the statistics of the captures the generator must reproduce;
+    ``fitted``: the generator's parameters (``AttentionParams`` fields) that do.
+    """
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    try:
+        return _tuples(data["measured"]), _tuples(data["fitted"])
+    except KeyError as exc:
+        raise ValueError(f"{path}: an attention fit file needs a [{exc.args[0]}] table") from None
+
+
+def _tuples(table: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in table.items()}
+
+
+def format_fit(measured: Mapping[str, Any], fitted: Mapping[str, Any], comment: str = "") -> str:
+    """The text of an attention fit file (what ``kvcxl trace fit --write`` writes).
+
+    Numbers are written as Python's shortest round-trip form, so :func:`load_fit` reads
+    back exactly the values given; ``comment`` lines go first, as TOML comments.
+    """
+    lines = [f"# {c}".rstrip() for c in comment.splitlines()]
+    for name, table in (("measured", measured), ("fitted", fitted)):
+        lines += ["", f"[{name}]"]
+        for key, value in table.items():
+            if isinstance(value, (list, tuple)):
+                items = [_number(v) + "," for v in value]
+                lines.append(f"{key} = [")
+                row = "   "
+                for item in items:
+                    if len(row) + 1 + len(item) > 100:
+                        lines.append(row)
+                        row = "   "
+                    row += " " + item
+                lines += [row, "]"]
+            else:
+                lines.append(f"{key} = {_number(value)}")
+    text = "\n".join(lines).lstrip("\n") + "\n"
+    back = tomllib.loads(text)
+    if back != {"measured": _lists(measured), "fitted": _lists(fitted)}:
+        raise ValueError("attention fit: the values do not survive a TOML round trip")
+    return text
+
+
+def _number(v: Any) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise ValueError(f"attention fit: {v!r} is not a number")
+    return repr(int(v)) if isinstance(v, (int, np.integer)) else repr(float(v))
+
+
+def _lists(table: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        k: [_plain(x) for x in v] if isinstance(v, (list, tuple)) else _plain(v)
+        for k, v in table.items()
+    }
+
+
+def _plain(v: Any) -> int | float:
+    return int(v) if isinstance(v, (int, np.integer)) else float(v)
+
+
+# Fitted on the three committed prompts (docs/model.md); tests/test_model_fit*.py check both
+# against fresh runs of the generator and of the real model.
+MEASURED, FITTED = load_fit()
+
+
+def fitted_params() -> AttentionParams:
+    """The generator's parameters fitted to SmolLM2-135M (docs/model.md), for the ci preset."""
+    return AttentionParams().with_(**FITTED) if FITTED else AttentionParams()
+
+
 def preset_attention(shape: ModelShape) -> AttentionParams:
     """Default generator parameters for a shape.
 
     ``ci`` and ``smollm2`` use the fit to SmolLM2-135M's measured attention
-    (:data:`kvcxl.emu.model.fit.FITTED`, docs/model.md); every other shape (``s1``,
-    custom) keeps the seed-derived defaults of :class:`AttentionParams`, since the
-    fit comes from a 135 M-parameter model and ``s1`` is a 70 B one.
+    (:data:`FITTED`, from ``attention_fit.toml``; docs/model.md); every other shape
+    (``s1``, custom) keeps the seed-derived defaults of :class:`AttentionParams`, since
+    the fit comes from a 135 M-parameter model and ``s1`` is a 70 B one.
     """
     if shape.name in FITTED_PRESETS:
-        from .model.fit import fitted_params
-
         return fitted_params()
     return AttentionParams()
 

@@ -12,12 +12,15 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from .errors import UserError
+
 # Order here is the order in `kvcxl --help`.
 COMMAND_MODULES: tuple[str, ...] = (
     "kvcxl.emu.commands",  # simulate, sizing, demo, trace export
     "kvcxl.firmware.commands",  # policy config show/check
     "kvcxl.emu.device_commands",  # device serve / soak / fuzz
-    "kvcxl.rtl.commands",  # rtl verilog / formal / synth / test
+    "kvcxl.rtl.commands",  # rtl verilog / formal / synth
+    "kvcxl.tb.commands",  # rtl test (the testbench joins the rtl group: after it)
     "kvcxl.qemu.commands",  # qemu setup / boot / inject
     "kvcxl.emu.model_commands",  # trace capture, quality, calibrate
     "kvcxl.emu.bench_commands",  # bench
@@ -25,8 +28,11 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
-class CliError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
+class CliError(UserError):
+    """A user-facing error raised by a command module: printed as one line, exit status 2.
+
+    Library modules raise :class:`kvcxl.emu.errors.UserError` instead (the CLI catches both).
+    """
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         rc = args.func(args)
-    except CliError as exc:
+    except UserError as exc:
         print(f"kvcxl {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError) as exc:

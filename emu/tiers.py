@@ -2,10 +2,11 @@
 
 Tiers are exclusive and lossless: every entry that exists is in exactly one of
 HBM (pinned or not), CXL DRAM or NVMe, and a read of an entry outside HBM is
-served from its tier, never dropped.  HBM residency is decided by
-:class:`kvcxl.firmware.cache.PolicyCache`; this module decides where an entry that
-leaves HBM goes (placement), spills CXL DRAM to NVMe when CXL is full, and counts
-the bytes moved between every pair of tiers.
+served from its tier, never dropped.  What stays in HBM and where an entry that
+leaves it goes (placement) are the firmware session's decisions
+(:class:`kvcxl.firmware.session.FirmwareSession`); this module carries them out,
+spills CXL DRAM to NVMe when CXL is full, and counts the bytes moved between every
+pair of tiers.
 
 What an access to a tier costs (latency + bytes / bandwidth, the defaults, the
 optional compute term) is :mod:`kvcxl.emu.timing`, shared with the device emulator.

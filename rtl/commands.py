@@ -1,4 +1,5 @@
-"""``kvcxl rtl``: Verilog export, formal checks, FPGA synthesis and the testbenches.
+"""``kvcxl rtl``: Verilog export, formal checks and FPGA synthesis (``test``, the testbench, is
+added to the group by :mod:`kvcxl.tb.commands`).
 
 Only the standard library is imported here; Amaranth, cocotb and the YoWASP tools
 load inside the handlers so that ``kvcxl --help`` stays fast.
@@ -14,29 +15,29 @@ from pathlib import Path
 DESIGNS = ("core", "scoring", "eviction", "top")
 
 
-def _positive(v: str) -> int:
+def positive(v: str) -> int:
     n = int(v)
     if n < 1:
         raise argparse.ArgumentTypeError(f"{v} must be ≥ 1")
     return n
 
 
-def _add_shape(p: argparse.ArgumentParser, entries: int, lanes: int, batch: int) -> None:
+def add_shape(p: argparse.ArgumentParser, entries: int, lanes: int, batch: int) -> None:
     p.add_argument(
         "--entries",
-        type=_positive,
+        type=positive,
         default=entries,
         help=f"entry records held on chip (a multiple of --lanes; default {entries})",
     )
     p.add_argument(
         "--lanes",
-        type=_positive,
+        type=positive,
         default=lanes,
         help=f"entries scored per clock cycle (default {lanes})",
     )
     p.add_argument(
         "--batch",
-        type=_positive,
+        type=positive,
         default=batch,
         help=f"most victims per eviction pass, the hardware top-k (default {batch})",
     )
@@ -71,10 +72,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             "front end + weight buffer + core + prefetch, sized by --layers/--heads/--blocks"
         ),
     )
-    _add_shape(v, 1024, 1, 64)
-    v.add_argument("--layers", type=_positive, default=4, help="top only (default 4)")
-    v.add_argument("--heads", type=_positive, default=2, help="top only (default 2)")
-    v.add_argument("--blocks", type=_positive, default=8, help="top only (default 8)")
+    add_shape(v, 1024, 1, 64)
+    v.add_argument("--layers", type=positive, default=4, help="top only (default 4)")
+    v.add_argument("--heads", type=positive, default=2, help="top only (default 2)")
+    v.add_argument("--blocks", type=positive, default=8, help="top only (default 8)")
     v.set_defaults(func=_verilog)
 
     f = rs.add_parser(
@@ -88,7 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     f.add_argument("--check", choices=("all", "eviction", "scoring"), default="all")
-    f.add_argument("--depth", type=_positive, help="BMC depth in cycles (default per check)")
+    f.add_argument("--depth", type=positive, help="BMC depth in cycles (default per check)")
     f.add_argument(
         "--defect", action="store_true", help="plant the tie-break defect in the eviction engine"
     )
@@ -110,33 +111,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=("ecp5", "ecp5-85k", "ice40", "ice40-up5k"),
         help="ecp5 = LFE5U-25F out of context; ice40 = HX8K behind a serial wrapper",
     )
-    _add_shape(s, 1024, 1, 64)
+    add_shape(s, 1024, 1, 64)
     s.add_argument("--freq", type=float, default=50.0, help="target clock in MHz (default 50)")
     s.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
     s.add_argument("--json", dest="json_out", help="write the figures to this JSON file")
     s.set_defaults(func=_synth)
 
-    t = rs.add_parser(
-        "test",
-        help="run the cocotb + pyuvm testbench",
-        description=(
-            "Random steps with back-pressure, corner-case table rewrites and parameter "
-            "changes; every output checked against kvcxl.firmware's integer mode. The seed is "
-            "printed; pass it back with --seed to replay."
-        ),
-    )
-    t.add_argument("--sim", choices=("verilator", "icarus"), default="verilator")
-    t.add_argument("--steps", type=_positive, default=2000, help="decode steps (eviction passes)")
-    t.add_argument("--seed", type=int, help="random seed (default: fresh, printed)")
-    t.add_argument("--waves", action="store_true", help="write a waveform file (VCD / FST)")
-    t.add_argument("--defect", action="store_true", help="plant the tie-break defect")
-    _add_shape(t, 16, 4, 4)
-    t.add_argument("--json", dest="json_out", help="write the figures to this JSON file")
-    t.set_defaults(func=_test)
-    p.set_defaults(func=lambda a: (p.print_help(), 0)[1])
+    # kvcxl.tb.commands adds `test` (the testbench) to this group: the RTL does not import it.
+    p.set_defaults(func=lambda a: (p.print_help(), 0)[1], rtl_actions=rs)
 
 
-def _emit(res, json_out: str | None) -> None:
+def actions(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """The ACTION subparsers of ``kvcxl rtl`` (after :func:`register`), for a part that adds
+    an action to the group without the RTL importing it (the testbench adds ``test``)."""
+    return sub.choices["rtl"].get_default("rtl_actions")
+
+
+def emit(res, json_out: str | None) -> None:
     print(json.dumps(res, indent=2))
     if json_out:
         Path(json_out).write_text(json.dumps(res, indent=2))
@@ -198,7 +189,7 @@ def _formal(args) -> int:
         if r.status not in ("PASS", "FAIL"):
             print(r.log_tail, file=sys.stderr)
         results.append(r.as_dict())
-    _emit({"evidence": "Measured", "checks": results}, args.json_out)
+    emit({"evidence": "Measured", "checks": results}, args.json_out)
     ok = all(r["status"] == ("FAIL" if r["params"].get("defect") else "PASS") for r in results)
     return 0 if ok else 1
 
@@ -211,22 +202,5 @@ def _synth(args) -> int:
         f"synth {args.target}: entries {args.entries}, lanes {args.lanes}, batch {args.batch} ...",
         flush=True,
     )
-    _emit(run(cfg), args.json_out)
-    return 0
-
-
-def _test(args) -> int:
-    from kvcxl.tb.runner import run_core
-
-    res = run_core(
-        args.sim,
-        entries=args.entries,
-        lanes=args.lanes,
-        batch=args.batch,
-        steps=args.steps,
-        seed=args.seed,
-        defect="tie_off_by_one" if args.defect else None,
-        waves=args.waves,
-    )
-    _emit(res, args.json_out)
+    emit(run(cfg), args.json_out)
     return 0

@@ -156,6 +156,29 @@ def test_trace_fit_cli_fits_checks_and_plots(tmp_path, capsys) -> None:
     assert "one block size" in capsys.readouterr().err
 
 
+def test_the_committed_fit_is_a_data_file_that_trace_fit_writes(tmp_path, capsys) -> None:
+    """MEASURED and FITTED come from emu/attention_fit.toml; `kvcxl trace fit --write`
+    writes that form and load_fit reads back exactly the values fitted."""
+    import json
+
+    from kvcxl.emu.attention import FIT_FILE, format_fit, load_fit
+    from kvcxl.emu.cli import main
+
+    assert load_fit(FIT_FILE) == (MEASURED, FITTED)
+    again = tmp_path / "again.toml"
+    again.write_text(format_fit(MEASURED, FITTED, "round trip"))
+    assert load_fit(again) == (MEASURED, FITTED)
+    files = [_per_position_trace(fitted_params(), 200, s, "mean", tmp_path) for s in (0, 1)]
+    out, js = tmp_path / "fit.toml", tmp_path / "fit.json"
+    argv = ["trace", "fit", *files, "--no-check", "--write", str(out), "--json", str(js)]
+    assert main(argv) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    doc = json.loads(js.read_text())
+    measured, fitted = load_fit(out)
+    assert fitted == {k: tuple(v) if isinstance(v, list) else v for k, v in doc["params"].items()}
+    assert list(measured) == ["sink_profile", "recent_profile"]  # one kind: no max/mean ratio
+
+
 def test_attention_params_refuse_bad_profiles() -> None:
     from kvcxl.emu.attention import AttentionParams
 

@@ -41,55 +41,20 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..attention import AttentionParams
+from ..attention import (
+    FIT_FILE,
+    AttentionModel,
+    AttentionParams,
+    ContextAttention,
+    format_fit,
+)
 
-# Fitted on the three committed prompts (chat, long-doc, code), 32 generated tokens each,
-# 16-token blocks (`kvcxl trace fit`, docs/model.md). Measured: the statistics the
-# generator must reproduce (mass from mean-aggregated captures, the max/mean sink ratio
-# from both kinds). FITTED: the generator's parameters, refined by running it until its
-# statistics match MEASURED. tests/test_model_fit*.py check both against fresh runs.
-# fmt: off
-MEASURED: dict[str, Any] = {
-    "sink_profile": (
-        0.0006, 0.0102, 0.033, 0.0558, 0.0167, 0.0221, 0.029, 0.0295, 0.0259, 0.0458, 0.0015,
-        0.0174, 0.3525, 0.385, 0.4351, 0.4168, 0.2671, 0.4686, 0.5737, 0.3903, 0.564, 0.3944,
-        0.43, 0.5414, 0.5872, 0.622, 0.5965, 0.4475, 0.488, 0.3209,
-    ),
-    "recent_profile": (
-        0.3126, 0.6389, 0.4847, 0.1645, 0.1255, 0.1354, 0.1743, 0.0952, 0.1171, 0.3496, 0.454,
-        0.7821, 0.4872, 0.5446, 0.3161, 0.3281, 0.6042, 0.3091, 0.3244, 0.4637, 0.1724, 0.3162,
-        0.3711, 0.1479, 0.1182, 0.3031, 0.2514, 0.4484, 0.2771, 0.4214,
-    ),
-    "sink_max_ratio": 1.4177,
-}
-
-FITTED: dict[str, Any] = {
-    "sink_mass_first": 0.0,
-    "sink_mass_last": 0.6123,
-    "recent_mass": 0.3299,
-    "recent_tokens": 15.82,
-    "relevance_sigma": 0.6549,
-    "jitter_sigma": 0.8265,
-    "retrieval_fraction": 0.0667,
-    "retrieval_mass": 0.6321,
-    "sink_profile": (
-        0.0, 0.0019, 0.016, 0.0333, 0.0115, 0.0121, 0.0314, 0.0, 0.0098, 0.0456, 0.0, 0.0151,
-        0.3459, 0.3548, 0.5421, 0.4602, 0.2317, 0.527, 0.6536, 0.4821, 0.6958, 0.5377, 0.4505,
-        0.708, 0.7341, 0.71, 0.5923, 0.4164, 0.5873, 0.2887,
-    ),
-    "recent_profile": (
-        0.2272, 0.715, 0.3494, 0.1085, 0.046, 0.056, 0.2055, 0.0107, 0.0782, 0.3423, 0.4677,
-        0.9291, 0.6314, 0.61, 0.247, 0.399, 0.7322, 0.2563, 0.3464, 0.395, 0.1607, 0.2841,
-        0.3938, 0.1626, 0.0689, 0.2899, 0.2536, 0.4966, 0.2609, 0.4668,
-    ),
-    "split_sigma": 0.954,
-}
-# fmt: on
-
-
-def fitted_params() -> Any:
-    """The generator's parameters fitted to SmolLM2-135M (docs/model.md), for the ci preset."""
-    return AttentionParams().with_(**FITTED) if FITTED else AttentionParams()
+# The committed fit (MEASURED: the statistics the generator must reproduce; FITTED: its
+# parameters) is data, emu/attention_fit.toml, read by kvcxl.emu.attention for the presets;
+# re-exported here beside the code that produces it (`kvcxl trace fit --write` writes one).
+from ..attention import FITTED as FITTED
+from ..attention import MEASURED as MEASURED
+from ..attention import fitted_params as fitted_params
 
 
 def trace_stats(w: NDArray, block_tokens: int, min_blocks: int = 8) -> dict[str, Any]:
@@ -257,8 +222,6 @@ def generate_dense(
 ) -> NDArray:
     """The generator's dense weights (steps, layers, kv_heads, blocks) for one context of
     ``tokens`` positions, one step per position, as a capture records them."""
-    from ..attention import AttentionModel, ContextAttention
-
     am = AttentionModel(shape, params, aggregation, seed)
     rng = np.random.default_rng(seed)
     ctx = ContextAttention(shape, params, rng)
@@ -411,7 +374,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "recent-window length, background spread, retrieval heads) to per-position captures "
         "from `kvcxl trace capture`. Give mean-aggregated captures for the mass statistics "
         "and max-aggregated ones of the same prompts for the retrieval heads. Prints the "
-        "fitted values beside the committed ones that the ci and smollm2 presets use. With "
+        "fitted values beside the committed ones that the ci and smollm2 presets use "
+        f"({FIT_FILE.name}, beside kvcxl.emu.attention; --write writes a file of that form). "
+        "With "
         "both kinds of capture the parameters are then refined by running the generator "
         "(indirect inference) until its statistics match the captures', and checked so."
     )
@@ -420,11 +385,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "  for p in chat long-doc code; do\n"
         "    kvcxl trace capture --prompt $p --steps 32 --aggregation mean -o $p-mean.npz\n"
         "    kvcxl trace capture --prompt $p --steps 32 -o $p-max.npz; done\n"
-        "  kvcxl trace fit *-mean.npz *-max.npz --plot fit.png --json fit.json"
+        "  kvcxl trace fit *-mean.npz *-max.npz --plot fit.png --json fit.json \\\n"
+        f"    --write emu/{FIT_FILE.name}   # in a source checkout: update the committed fit"
     )
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("traces", nargs="+", metavar="TRACE", help="captured traces (.npz)")
     p.add_argument("--json", dest="json_out", metavar="FILE", help="write params and evidence")
+    p.add_argument(
+        "--write",
+        metavar="FILE.toml",
+        help=f"write the measured statistics and fitted parameters as an attention fit file, "
+        f"the form of the committed {FIT_FILE.name} that the ci and smollm2 presets read",
+    )
     p.add_argument(
         "--plot", metavar="FILE.png", help="per-layer sink and recent share: measured vs generator"
     )
@@ -517,6 +489,17 @@ def cli(args: argparse.Namespace) -> int:
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=2))
         print(f"wrote {args.json_out}")
+    if args.write:
+        note = (
+            f"Written by `kvcxl trace fit` from {len(ev['lengths'])} capture(s) of "
+            f"{ev['lengths']} positions ({ev['mass_aggregation']} mass, "
+            f"{ev['retrieval_aggregation']} retrieval).\n"
+            "[measured]: the statistics the generator must reproduce; [fitted]: its parameters "
+            "(AttentionParams fields).\n"
+            f"Read by kvcxl.emu.attention.load_fit; the committed fit is {FIT_FILE.name}."
+        )
+        Path(args.write).write_text(format_fit(measured, params, note))
+        print(f"wrote {args.write}")
     if args.plot:
         _plot(measured, generated, args.plot)
         print(f"wrote {args.plot}")

@@ -1,15 +1,16 @@
-"""Benchmarks of the RTL part: testbench speed on each simulator, the same test side by side."""
+"""Benchmarks of the testbench: the RTL's simulation speed on each simulator, the same test side
+by side (listed in ``kvcxl bench`` as the RTL part's figure)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from .runner import run_core
+
 SHAPE = {"entries": 16, "lanes": 4, "batch": 4}
 
 
 def _sim_speed(quick: bool) -> dict:
-    from kvcxl.tb.runner import run_core
-
     steps = 200 if quick else 2000
     out: dict = {"evidence": "Measured", "test": f"PolicyCore {SHAPE}, {steps} steps, seed 1"}
     for sim in ("verilator", "icarus"):

@@ -16,7 +16,7 @@ import time
 
 BENCH_MODULES: tuple[str, ...] = (
     "kvcxl.firmware.bench",  # score update + victim selection over one S1 context
-    "kvcxl.emu.bench_sim",  # replay throughput, libCacheSim side by side
+    "kvcxl.emu.sim.bench",  # replay throughput, libCacheSim side by side
     "kvcxl.emu.device.bench",  # CXL.mem transactions/s, mailbox commands/s
     "kvcxl.tb.bench",  # RTL simulation cycles/s through the testbench (Verilator vs Icarus)
     "kvcxl.qemu.bench",  # boot, ring round trip, guest memcpy

@@ -16,13 +16,13 @@ from .errors import UserError
 
 # Order here is the order in `kvcxl --help`.
 COMMAND_MODULES: tuple[str, ...] = (
-    "kvcxl.emu.commands",  # simulate, sizing, demo, trace export
+    "kvcxl.emu.sim.commands",  # simulate, sizing, demo, trace export
     "kvcxl.firmware.commands",  # policy config show/check
-    "kvcxl.emu.device_commands",  # device serve / soak / fuzz
+    "kvcxl.emu.device.commands",  # device serve / soak / fuzz
     "kvcxl.rtl.commands",  # rtl verilog / formal / synth
     "kvcxl.tb.commands",  # rtl test (the testbench joins the rtl group: after it)
     "kvcxl.qemu.commands",  # qemu setup / boot / inject
-    "kvcxl.emu.model_commands",  # trace capture, quality, calibrate
+    "kvcxl.emu.model.commands",  # trace capture, quality, calibrate
     "kvcxl.emu.bench_commands",  # bench
     "kvcxl.emu.setup_commands",  # setup
 )

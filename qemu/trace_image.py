@@ -145,7 +145,7 @@ def encode(gt: GuestTrace, media_bytes: int) -> bytes:
 
 def simulate_victims(gt: GuestTrace, policy: str = "ema", config: object = None) -> list[int]:
     """The victim sequence of the simulator of kvcxl.emu on the same stream and budget."""
-    from kvcxl.emu.simulator import SimOptions, simulate
+    from kvcxl.emu.sim.simulator import SimOptions, simulate
     from kvcxl.firmware.config import PolicyConfig
 
     opts = SimOptions(

@@ -3,7 +3,7 @@
 Written from the documentation only — docs/simulator.md ("What is simulated",
 "Replay, exactly") and docs/policy.md (formulas, engine semantics, the policy
 table, the fixed-point contract) — and NOT from ``kvcxl.firmware`` or the body of
-``kvcxl.emu.simulator``: nothing from ``kvcxl.firmware`` is imported here except
+``kvcxl.emu.sim.simulator``: nothing from ``kvcxl.firmware`` is imported here except
 that the caller hands in a ``PolicyConfig`` whose fields are read as plain values.
 Dicts, sets, lists and loops; victims are found by sorting every eligible entry.
 ``tests/test_sim_differential.py`` compares it with the simulator step by step.

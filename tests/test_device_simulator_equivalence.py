@@ -16,7 +16,7 @@ from kvcxl.emu.cxl.hdm import GRANULE
 from kvcxl.emu.device.cci import DESCRIBE_RECORD, LENGTH_RECORD, VICTIM_RECORD, Mailbox
 from kvcxl.emu.device.device import Type3Device
 from kvcxl.emu.shape import PRESETS
-from kvcxl.emu.simulator import SimOptions, simulate
+from kvcxl.emu.sim.simulator import SimOptions, simulate
 from kvcxl.emu.workloads import compile_workload, make_workload
 from kvcxl.emu.workloads.stream import CREATE
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kvcxl.emu.shape import PRESETS
-from kvcxl.emu.simulator import SimOptions, simulate
+from kvcxl.emu.sim.simulator import SimOptions, simulate
 from kvcxl.emu.workloads import make_workload
 from kvcxl.emu.workloads.stream import compile_workload
 from kvcxl.firmware.audit import EvictionAudit

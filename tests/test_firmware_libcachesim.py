@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from kvcxl.emu.cli import main
-from kvcxl.emu.export import ORACLE_DTYPE, next_access
 from kvcxl.emu.shape import PRESETS
+from kvcxl.emu.sim.export import ORACLE_DTYPE, next_access
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.replay import replay
 

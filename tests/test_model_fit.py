@@ -20,7 +20,7 @@ def _synthetic(params, layers=8, kv_heads=2, tokens=320, seed=0, aggregation="me
 
 
 def test_fit_recovers_the_sink_line_of_the_generator() -> None:
-    from kvcxl.emu.attention import AttentionParams
+    from kvcxl.emu.workloads.attention import AttentionParams
 
     true = AttentionParams(sink_mass_first=0.1, sink_mass_last=0.5, recent_mass=0.3,
                            retrieval_fraction=0.0, group_sigma=0.0)  # fmt: skip
@@ -33,7 +33,7 @@ def test_fit_recovers_the_sink_line_of_the_generator() -> None:
 
 
 def test_fit_recovers_a_step_profile_and_per_layer_recent_mass() -> None:
-    from kvcxl.emu.attention import AttentionParams
+    from kvcxl.emu.workloads.attention import AttentionParams
 
     sink = [0.05, 0.05, 0.08, 0.1, 0.6, 0.55, 0.65, 0.5]
     recent = [0.5, 0.3, 0.4, 0.2, 0.3, 0.2, 0.1, 0.35]
@@ -71,7 +71,7 @@ def test_committed_fit_reproduces_the_measured_statistics() -> None:
 
 
 def test_fitted_params_are_valid_and_show_the_measured_step() -> None:
-    from kvcxl.emu.attention import AttentionParams
+    from kvcxl.emu.workloads.attention import AttentionParams
 
     p = fitted_params()
     assert isinstance(p, AttentionParams) and p.split_sigma > 0
@@ -81,10 +81,10 @@ def test_fitted_params_are_valid_and_show_the_measured_step() -> None:
 
 
 def test_ci_and_smollm2_presets_use_the_fit_and_s1_keeps_the_seed_values() -> None:
-    from kvcxl.emu.attention import AttentionParams, preset_attention
     from kvcxl.emu.shape import preset
-    from kvcxl.emu.sweep import SweepSpec, build_stream
+    from kvcxl.emu.sim.sweep import SweepSpec, build_stream
     from kvcxl.emu.workloads import compile_workload, make_workload
+    from kvcxl.emu.workloads.attention import AttentionParams, preset_attention
 
     assert preset_attention(preset("ci")) == fitted_params()
     assert preset_attention(preset("smollm2")) == fitted_params()
@@ -134,8 +134,8 @@ def _per_position_trace(params, n, seed, aggregation, tmp_path, block_tokens=16)
 def test_trace_fit_cli_fits_checks_and_plots(tmp_path, capsys) -> None:
     import json
 
-    from kvcxl.emu.attention import AttentionParams
     from kvcxl.emu.cli import main
+    from kvcxl.emu.workloads.attention import AttentionParams
 
     p = fitted_params()
     files = [_per_position_trace(p, 200, s, a, tmp_path) for s in (0, 1) for a in ("mean", "max")]
@@ -157,12 +157,12 @@ def test_trace_fit_cli_fits_checks_and_plots(tmp_path, capsys) -> None:
 
 
 def test_the_committed_fit_is_a_data_file_that_trace_fit_writes(tmp_path, capsys) -> None:
-    """MEASURED and FITTED come from emu/attention_fit.toml; `kvcxl trace fit --write`
+    """MEASURED and FITTED come from emu/workloads/attention_fit.toml; `kvcxl trace fit --write`
     writes that form and load_fit reads back exactly the values fitted."""
     import json
 
-    from kvcxl.emu.attention import FIT_FILE, format_fit, load_fit
     from kvcxl.emu.cli import main
+    from kvcxl.emu.workloads.attention import FIT_FILE, format_fit, load_fit
 
     assert load_fit(FIT_FILE) == (MEASURED, FITTED)
     again = tmp_path / "again.toml"
@@ -180,7 +180,7 @@ def test_the_committed_fit_is_a_data_file_that_trace_fit_writes(tmp_path, capsys
 
 
 def test_attention_params_refuse_bad_profiles() -> None:
-    from kvcxl.emu.attention import AttentionParams
+    from kvcxl.emu.workloads.attention import AttentionParams
 
     p = AttentionParams()
     msg = re.escape("sink + recent mass = 1.2400 at relative depth 0.000")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,6 +16,16 @@ FOLDERS = ("firmware", "emu", "rtl", "tb", "qemu")
 
 @pytest.mark.slow
 def test_wheel_contents(tmp_path):
+    # Built from a copy of the sources: building in the tree would reuse (and leave) a
+    # build/ folder whose stale modules a later wheel would ship.
+    src = tmp_path / "src"
+    shutil.copytree(
+        ROOT, src,
+        ignore=shutil.ignore_patterns(
+            ".venv", "build", ".git", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis",
+            "out", "sim_build", "dist",
+        ),
+    )  # fmt: skip
     subprocess.run(
         [
             sys.executable,
@@ -26,12 +37,20 @@ def test_wheel_contents(tmp_path):
             "-q",
             "-w",
             str(tmp_path),
-            str(ROOT),
+            str(src),
         ],
         check=True,
     )
     (wheel,) = tmp_path.glob("kvcxl-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
+    modules = {n for n in names if n.endswith(".py")}
+    sources = {
+        f"kvcxl/{p.relative_to(ROOT).as_posix()}"
+        for folder in FOLDERS
+        for p in (ROOT / folder).rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    assert modules == sources, (modules - sources, sources - modules)
     for folder in FOLDERS:
         for init in (ROOT / folder).rglob("__init__.py"):
             rel = init.relative_to(ROOT)

@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 
-from kvcxl.emu import commands
 from kvcxl.emu.cli import main
+from kvcxl.emu.sim import commands
 from kvcxl.firmware.config import PARAMS
 
 ROW_KEYS = {
@@ -111,7 +111,7 @@ def test_trace_validate_refuses_bad_file(tmp_path, capsys):
 
 
 def test_ci_shrinks_as_seeds_grow():
-    from kvcxl.emu.sweep import SweepSpec, combine, run_sweep
+    from kvcxl.emu.sim.sweep import SweepSpec, combine, run_sweep
 
     widths = []
     for n in (3, 12):
@@ -156,7 +156,7 @@ def test_no_help_text_prints_a_doubled_percent():
     # argparse %-formats `help` strings but prints `description` and `epilog` verbatim,
     # so an escaped "%%" there reaches the user as a literal "%%".
     from kvcxl.emu.cli import build_parser
-    from kvcxl.emu.sweep import main as sweep_main
+    from kvcxl.emu.sim.sweep import main as sweep_main
 
     parsers = [build_parser(), *_subparsers(build_parser())]
     assert len(parsers) > 20

@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvcxl.emu.shape import PRESETS, ModelShape
-from kvcxl.emu.simulator import SimOptions, simulate, victims_table
+from kvcxl.emu.sim.simulator import SimOptions, simulate, victims_table
 from kvcxl.emu.trace import Trace
 from kvcxl.emu.workloads import make_workload
 from kvcxl.emu.workloads.stream import compile_workload, from_trace

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvcxl.emu.export import (
+from kvcxl.emu.shape import PRESETS
+from kvcxl.emu.sim.export import (
     ORACLE_DTYPE,
     dense_ids,
     next_access,
@@ -14,7 +15,6 @@ from kvcxl.emu.export import (
     write_csv,
     write_oracle_general,
 )
-from kvcxl.emu.shape import PRESETS
 from kvcxl.emu.workloads import compile_workload, make_workload
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.replay import replay

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kvcxl.emu.shape import PRESETS
-from kvcxl.emu.simulator import SimOptions, simulate
+from kvcxl.emu.sim.simulator import SimOptions, simulate
 from kvcxl.emu.workloads import WORKLOADS, compile_workload, make_workload
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.policies import POLICIES

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kvcxl.emu.shape import ModelShape
-from kvcxl.emu.simulator import SimOptions, simulate, victims_table
+from kvcxl.emu.sim.simulator import SimOptions, simulate, victims_table
 from kvcxl.emu.trace import Trace
 from kvcxl.emu.workloads.stream import from_trace
 from kvcxl.firmware.config import PolicyConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvcxl.emu.sweep import SweepSpec, combine, run_sweep
+from kvcxl.emu.sim.sweep import SweepSpec, combine, run_sweep
 
 
 def _spec() -> SweepSpec:

@@ -231,7 +231,7 @@ WL_SHAPE = PRESETS["ci"].with_(context_tokens=256)
 
 
 def _replays(stream, trace_stream, options) -> None:
-    from kvcxl.emu.simulator import simulate
+    from kvcxl.emu.sim.simulator import simulate
 
     for o in options:
         a, b = simulate(stream, o), simulate(trace_stream, o)
@@ -248,7 +248,7 @@ def _replays(stream, trace_stream, options) -> None:
 )  # fmt: skip
 def test_exported_workload_replays_identically(tmp_path, workload, read):
     from kvcxl.emu.cli import main
-    from kvcxl.emu.simulator import SimOptions
+    from kvcxl.emu.sim.simulator import SimOptions
     from kvcxl.emu.workloads import compile_workload, make_workload
     from kvcxl.emu.workloads.stream import from_trace
     from kvcxl.firmware.policies import POLICIES
@@ -335,7 +335,7 @@ def _written_where_replayed(recs, granularity: str):
 
 @pytest.mark.parametrize("granularity", ["layer", "step", "request"])
 def test_never_written_entries_are_created_on_first_read(granularity):
-    from kvcxl.emu.simulator import SimOptions, simulate
+    from kvcxl.emu.sim.simulator import SimOptions, simulate
     from kvcxl.emu.workloads.stream import from_trace
 
     explicit = _written_where_replayed(MIXED, granularity)

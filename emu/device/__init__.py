@@ -4,5 +4,5 @@
 over the shared tier parameters of :mod:`kvcxl.emu.timing`; ``device`` — the device
 (HDM decoders, media, poison, firmware policy, CXL.mem); ``cci`` — the mailbox
 command handlers; ``service`` — the Unix-socket service; ``soak`` and ``fuzz`` —
-integrity and robustness runs; ``bench`` — speed.
+integrity and robustness runs; ``bench`` — speed; ``commands`` — ``kvcxl device``.
 """

@@ -9,4 +9,5 @@
 ``quality``   output quality (KL, top-1 agreement) under a cache bounded by each policy.
 ``calibrate`` the joint α × β (then keep/evict) sweep of seed §K.7 on real traces.
 ``fit``       synthetic-attention parameters fitted to real trace statistics.
+``commands``  ``kvcxl quality`` and ``kvcxl calibrate``.
 """

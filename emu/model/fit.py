@@ -1,4 +1,4 @@
-"""Fit the synthetic attention generator (`AttentionParams` of kvcxl.emu.attention) to real traces.
+"""Fit the synthetic attention generator (kvcxl.emu.workloads.attention) to real traces.
 
 Statistics are taken from per-position captures (dense block weights, combined
 over the GQA group as the trace says), on steps whose context has at least
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..attention import (
+from ..workloads.attention import (
     FIT_FILE,
     AttentionModel,
     AttentionParams,
@@ -50,11 +50,12 @@ from ..attention import (
 )
 
 # The committed fit (MEASURED: the statistics the generator must reproduce; FITTED: its
-# parameters) is data, emu/attention_fit.toml, read by kvcxl.emu.attention for the presets;
-# re-exported here beside the code that produces it (`kvcxl trace fit --write` writes one).
-from ..attention import FITTED as FITTED
-from ..attention import MEASURED as MEASURED
-from ..attention import fitted_params as fitted_params
+# parameters) is data, emu/workloads/attention_fit.toml, read by kvcxl.emu.workloads.attention
+# for the presets; re-exported here beside the code that produces it (`kvcxl trace fit
+# --write` writes one).
+from ..workloads.attention import FITTED as FITTED
+from ..workloads.attention import MEASURED as MEASURED
+from ..workloads.attention import fitted_params as fitted_params
 
 
 def trace_stats(w: NDArray, block_tokens: int, min_blocks: int = 8) -> dict[str, Any]:
@@ -375,8 +376,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "from `kvcxl trace capture`. Give mean-aggregated captures for the mass statistics "
         "and max-aggregated ones of the same prompts for the retrieval heads. Prints the "
         "fitted values beside the committed ones that the ci and smollm2 presets use "
-        f"({FIT_FILE.name}, beside kvcxl.emu.attention; --write writes a file of that form). "
-        "With "
+        f"({FIT_FILE.name}, beside kvcxl.emu.workloads.attention; --write writes a file of "
+        "that form). With "
         "both kinds of capture the parameters are then refined by running the generator "
         "(indirect inference) until its statistics match the captures', and checked so."
     )
@@ -386,7 +387,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "    kvcxl trace capture --prompt $p --steps 32 --aggregation mean -o $p-mean.npz\n"
         "    kvcxl trace capture --prompt $p --steps 32 -o $p-max.npz; done\n"
         "  kvcxl trace fit *-mean.npz *-max.npz --plot fit.png --json fit.json \\\n"
-        f"    --write emu/{FIT_FILE.name}   # in a source checkout: update the committed fit"
+        f"    --write emu/workloads/{FIT_FILE.name}   "
+        "# in a source checkout: update the committed fit"
     )
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("traces", nargs="+", metavar="TRACE", help="captured traces (.npz)")
@@ -496,7 +498,7 @@ def cli(args: argparse.Namespace) -> int:
             f"{ev['retrieval_aggregation']} retrieval).\n"
             "[measured]: the statistics the generator must reproduce; [fitted]: its parameters "
             "(AttentionParams fields).\n"
-            f"Read by kvcxl.emu.attention.load_fit; the committed fit is {FIT_FILE.name}."
+            f"Read by kvcxl.emu.workloads.attention.load_fit; the committed fit is {FIT_FILE.name}."
         )
         Path(args.write).write_text(format_fit(measured, params, note))
         print(f"wrote {args.write}")

@@ -1,5 +1,8 @@
 """Synthetic workloads (SPEC §8) and the compiled read streams every policy replays.
 
+``catalog`` — the workloads; ``attention`` — the synthetic attention generator, with its
+fitted values in ``attention_fit.toml``; ``stream`` — the compiled ``ReadStream``.
+
 >>> from kvcxl.emu.shape import PRESETS
 >>> from kvcxl.emu.workloads import make_workload, compile_workload
 >>> s = compile_workload(make_workload("cyclic", PRESETS["ci"], seed=1), steps=20)

@@ -31,15 +31,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ...firmware.cache import unique_ids
-from ..attention import (
+from ..shape import ModelShape
+from ..trace import OP_WRITE, Trace
+from .attention import (
     AttentionModel,
     AttentionParams,
     ContextAttention,
     preset_attention,
     sparse_mask,
 )
-from ..shape import ModelShape
-from ..trace import OP_WRITE, Trace
 
 CREATE, READ = 0, 1
 MAX_ENTRIES = 60_000_000  # ~2.5 GB of per-entry arrays: beyond this, refuse rather than swap

@@ -1,7 +1,7 @@
 """The three-tier replay engine: a read stream through one policy, one HBM budget.
 
 HBM residency is :class:`kvcxl.firmware.cache.PolicyCache` (demand paging, pinned
-anchors, exact audited eviction); :class:`kvcxl.emu.tiers.Tiers` holds everything
+anchors, exact audited eviction); :class:`kvcxl.emu.sim.tiers.Tiers` holds everything
 else in CXL DRAM or NVMe.  Per event of the stream:
 
 * CREATE: new entries are written into HBM (``cache.insert``); overflow is evicted.
@@ -27,15 +27,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..firmware.config import PolicyConfig
-from ..firmware.formulas import TIER_CXL, TIER_HBM, TIER_NVME
-from ..firmware.policies import POLICIES
-from ..firmware.policies.belady import Future
-from ..firmware.session import Decisions, FirmwareSession
-from ..firmware.table import EntryTable, unique_ids
+from ...firmware.config import PolicyConfig
+from ...firmware.formulas import TIER_CXL, TIER_HBM, TIER_NVME
+from ...firmware.policies import POLICIES
+from ...firmware.policies.belady import Future
+from ...firmware.session import Decisions, FirmwareSession
+from ...firmware.table import EntryTable, unique_ids
+from ..timing import TierTiming
+from ..workloads.stream import CREATE, ReadStream
 from .tiers import Tiers
-from .timing import TierTiming
-from .workloads.stream import CREATE, ReadStream
 
 GRANULARITIES = ("layer", "step", "request")
 AUDIT_KEYS = (

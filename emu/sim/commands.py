@@ -1,8 +1,8 @@
 """``kvcxl simulate``, ``sizing``, ``demo`` and ``trace``: the simulator's command line.
 
 The option tables come from the modules that own them (granularities from the
-simulator, tier defaults from :mod:`.timing`, the size grammar from :mod:`.sizes`);
-workloads, sweeps and plotting load inside the handlers.
+simulator, tier defaults from :mod:`kvcxl.emu.timing`, the size grammar from
+:mod:`kvcxl.emu.sizes`); workloads, sweeps and plotting load inside the handlers.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .metrics import audit_sentence, audit_totals
+from ..metrics import audit_sentence, audit_totals
+from ..sizes import SIZE_HELP, parse_size
+from ..timing import CXL_DRAM, HBM, NVME
 from .simulator import GRANULARITIES
-from .sizes import SIZE_HELP, parse_size
-from .timing import CXL_DRAM, HBM, NVME
 
 # Policy parameters exposed as options: name → kind ("float", "int", "str", "bool", "floats").
 # Validation (ranges, choices) is PolicyConfig's; tests check this list matches it.
@@ -418,14 +418,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 # --- helpers -----------------------------------------------------------------------------------
 def _shape(args: argparse.Namespace):
-    from .shape import preset
+    from ..shape import preset
 
     return preset(args.preset).with_(**{n: getattr(args, n) for n in SHAPE_OPTIONS})
 
 
 def _policy_config(args: argparse.Namespace) -> dict[str, Any]:
     """Parameters from --config, overridden by options; validated by PolicyConfig."""
-    from ..firmware.config import PolicyConfig
+    from ...firmware.config import PolicyConfig
 
     base = PolicyConfig.load(args.config).to_dict() if args.config else {}
     opts = {n: getattr(args, f"p_{n}") for n in POLICY_OPTIONS}
@@ -549,9 +549,9 @@ def _spec_from_args(args: argparse.Namespace, policies, budgets):
 
 
 def _list() -> int:
-    from ..firmware.policies import POLICIES
-    from .shape import PRESETS
-    from .workloads import WORKLOADS
+    from ...firmware.policies import POLICIES
+    from ..shape import PRESETS
+    from ..workloads import WORKLOADS
 
     print("workloads:")
     for name, cls in WORKLOADS.items():
@@ -560,7 +560,7 @@ def _list() -> int:
     print("policies:")
     for name, cls in sorted(POLICIES.items()):
         print(f"  {name:<14} {cls.summary}")
-    from .attention import attention_source
+    from ..workloads.attention import attention_source
 
     print("presets (and their synthetic attention):")
     for name, s in PRESETS.items():
@@ -668,7 +668,7 @@ def _dump_victims(raw: list[dict[str, Any]], path: str) -> None:
 
 
 def _sizing(args: argparse.Namespace) -> int:
-    from .shape import Deployment, format_sizing, sizing
+    from ..shape import Deployment, format_sizing, sizing
 
     dep = Deployment(
         users=args.users,
@@ -716,7 +716,7 @@ def _demo(args: argparse.Namespace) -> int:
     rows = combine(raw)
     wall = time.perf_counter() - t0
     table = format_table(rows)
-    from .attention import FITTED_PRESETS, attention_source
+    from ..workloads.attention import FITTED_PRESETS, attention_source
 
     attention = attention_source(spec.preset)
     if spec.preset in FITTED_PRESETS:
@@ -776,7 +776,7 @@ def _demo_report(head: str, table: str, rows: list[dict[str, Any]], wall: float)
 def _trace_validate(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from .trace import Trace
+    from ..trace import Trace
 
     for f in args.files:
         t = Trace.load(f)  # TraceError (a ValueError) → one line, exit 2
@@ -790,7 +790,7 @@ def _trace_validate(args: argparse.Namespace) -> int:
 
 
 def _trace_info(args: argparse.Namespace) -> int:
-    from .trace import Trace
+    from ..trace import Trace
 
     info = Trace.load(args.file).info()
     if args.json:
@@ -807,9 +807,9 @@ def _trace_info(args: argparse.Namespace) -> int:
 
 
 def _trace_export(args: argparse.Namespace) -> int:
+    from ..trace import Trace
+    from ..workloads import compile_workload, from_trace, make_workload
     from .export import write_csv, write_oracle_general
-    from .trace import Trace
-    from .workloads import compile_workload, from_trace, make_workload
 
     if args.reads_only and args.format != "npz":
         raise ValueError("--reads-only applies to --format npz (csv and oracle-general are reads)")

@@ -14,9 +14,9 @@ from typing import Any
 
 def _replay_ci(quick: bool) -> dict[str, Any]:
     """Entry reads per second of the replay engine on the ci preset (zipf-sessions)."""
-    from .shape import PRESETS
+    from ..shape import PRESETS
+    from ..workloads import compile_workload, make_workload
     from .simulator import SimOptions, simulate
-    from .workloads import compile_workload, make_workload
 
     steps = 60 if quick else 240
     t0 = time.perf_counter()
@@ -42,9 +42,9 @@ def _replay_ci(quick: bool) -> dict[str, Any]:
 
 def _s1_context(quick: bool) -> dict[str, Any]:
     """One S1 context (Llama-2-70B, 128 K tokens: 5.24 M entries per dense step)."""
-    from .shape import PRESETS
+    from ..shape import PRESETS
+    from ..workloads import compile_workload, make_workload
     from .simulator import SimOptions, simulate
-    from .workloads import compile_workload, make_workload
 
     shape = PRESETS["s1"] if not quick else PRESETS["s1"].with_(context_tokens=16384)
     decode = 2 if quick else 3
@@ -97,11 +97,11 @@ def _lru_vs_libcachesim(quick: bool) -> dict[str, Any]:
         return {"skipped": "libcachesim is not installed (pip install 'kvcxl[test]')"}
     import numpy as np
 
-    from ..firmware.config import PolicyConfig
-    from ..firmware.replay import replay
+    from ...firmware.config import PolicyConfig
+    from ...firmware.replay import replay
+    from ..shape import PRESETS
+    from ..workloads import compile_workload, make_workload
     from .export import requests, write_oracle_general
-    from .shape import PRESETS
-    from .workloads import compile_workload, make_workload
 
     steps = 20 if quick else 60
     stream = compile_workload(make_workload("zipf-sessions", PRESETS["ci"], seed=0), steps)

@@ -130,8 +130,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _load_measured(path: str, max_tokens: int | None) -> tuple[Any, list[int]]:
-    from .model.weights import GGUF_SHA256, MODEL_NAME
-    from .trace import Trace
+    from ..trace import Trace
+    from .weights import GGUF_SHA256, MODEL_NAME
 
     trace = Trace.load(path)
     extra = trace.extra
@@ -158,8 +158,8 @@ def _base_config(path: str | None, aggregation: str) -> Any:
 
 
 def _quality(args: argparse.Namespace) -> int:
-    from .model.capture import load_model
-    from .model.quality import PolicySpec, evaluate, parse_budget
+    from .capture import load_model
+    from .quality import PolicySpec, evaluate, parse_budget
 
     trace, tokens = _load_measured(args.trace, args.max_tokens)
     specs = [PolicySpec.parse(p) for p in (args.policy or _DEFAULT_POLICIES)]
@@ -241,6 +241,6 @@ def _plot_quality(rows: list[dict], path: str, title: str) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from .model import calibrate as cal
+    from . import calibrate as cal
 
     return cal.main(args, _load_measured, _base_config)

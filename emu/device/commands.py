@@ -1,7 +1,7 @@
 """``kvcxl device serve | soak | fuzz``: the CXL Type-3 device emulator from the command line.
 
-Only the standard library (and the size grammar, :mod:`.sizes`) is imported here; the
-device is imported by the handlers.
+Only the standard library (and the size grammar, :mod:`kvcxl.emu.sizes`) is imported
+here; the device is imported by the handlers.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from .sizes import SIZE_HELP, size_arg
+from ..sizes import SIZE_HELP, size_arg
 
 _SERVE_EPILOG = """\
 protocol (docs/device.md): each frame is u32 length, u8 kind, body; kinds

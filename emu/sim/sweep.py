@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .metrics import audit_sentence, audit_totals
+from ..metrics import audit_sentence, audit_totals
 
 
 @dataclass
@@ -56,10 +56,10 @@ class SweepSpec:
 
 def build_stream(spec: SweepSpec, seed: int):
     """The read stream of one seed (a trace ignores the seed)."""
-    from .attention import preset_attention
-    from .shape import preset
-    from .trace import Trace
-    from .workloads import compile_workload, from_trace, make_workload
+    from ..shape import preset
+    from ..trace import Trace
+    from ..workloads import compile_workload, from_trace, make_workload
+    from ..workloads.attention import preset_attention
 
     if spec.trace:
         return from_trace(Trace.load(spec.trace))
@@ -76,17 +76,17 @@ def build_stream(spec: SweepSpec, seed: int):
 
 
 def _config(spec: SweepSpec, variant: dict[str, Any]):
-    from ..firmware.config import PolicyConfig
+    from ...firmware.config import PolicyConfig
 
     return PolicyConfig.from_mapping({**spec.config, **variant})
 
 
 def validate(spec: SweepSpec) -> None:
     """Refuse a bad spec before any work starts (names the bad value)."""
-    from ..firmware.policies import POLICIES
-    from .sizes import parse_size
-    from .timing import TierTiming
-    from .workloads import WORKLOADS, parse_read_mode
+    from ...firmware.policies import POLICIES
+    from ..sizes import parse_size
+    from ..timing import TierTiming
+    from ..workloads import WORKLOADS, parse_read_mode
 
     if not spec.trace and spec.workload not in WORKLOADS:
         raise ValueError(f"unknown workload {spec.workload!r}; choose from: {', '.join(WORKLOADS)}")
@@ -115,9 +115,9 @@ def run_task(
 
     ``progress`` (in-process runs only) is called once per replay.
     """
+    from ..sizes import parse_size
+    from ..timing import TierTiming
     from .simulator import SimOptions, simulate
-    from .sizes import parse_size
-    from .timing import TierTiming
 
     spec = SweepSpec(**spec_d)
     stream = build_stream(spec, seed)
@@ -234,7 +234,7 @@ def _run_dask(d, tasks, address, progress):
 
 def combine(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows combined over seeds, one per (workload, variant, budget, policy), in run order."""
-    from .metrics import combine_seeds
+    from ..metrics import combine_seeds
 
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in raw:
@@ -262,8 +262,8 @@ def results_specs(
     ``attention`` is ``"preset"`` (the ci preset's parameters: the SmolLM2 fit) or
     ``"seed"`` (the seed-derived defaults of AttentionParams, for comparison).
     """
-    from ..firmware.policies import POLICIES
-    from .attention import AttentionParams
+    from ...firmware.policies import POLICIES
+    from ..workloads.attention import AttentionParams
 
     if attention not in ("preset", "seed"):
         raise ValueError(f"attention = {attention!r}: must be 'preset' or 'seed'")
@@ -294,17 +294,17 @@ def results_specs(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kvcxl.emu.sweep``: regenerate the figures of docs/results.md as JSON."""
+    """``python -m kvcxl.emu.sim.sweep``: regenerate the figures of docs/results.md as JSON."""
     import argparse
     import json
     import sys
     import time
     from pathlib import Path
 
-    from .workloads import WORKLOADS
+    from ..workloads import WORKLOADS
 
     p = argparse.ArgumentParser(
-        prog="python -m kvcxl.emu.sweep",
+        prog="python -m kvcxl.emu.sim.sweep",
         description="Runs the sweeps behind docs/results.md (every workload, the policy ranking, "
         "the α sweep and persistent metadata on/off, at 10 % and 20 % budgets) and writes one "
         "JSON file of rows with 95 % CIs. Simulated.",

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .shape import ModelShape
+from ..shape import ModelShape
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from .workloads.stream import ReadStream
+from ..workloads.stream import ReadStream
 
 ORACLE_DTYPE = np.dtype([("time", "<u4"), ("obj", "<u8"), ("size", "<u4"), ("next", "<i8")])
 

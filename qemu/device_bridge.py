@@ -14,19 +14,13 @@ bytes between its tiers, which would otherwise overwrite the guest's memory.
 from __future__ import annotations
 
 import json
-import struct
 
 import numpy as np
 
-from . import layout as L
+from kvcxl.emu.cxl import mailbox as mb
+from kvcxl.emu.cxl.mailbox import Opcode
 
-DESCRIBE = 0xC005
-SET_CONTEXT_LENGTHS = 0xC006
-CREATE = 0xC007
-ATTENTION = 0xC002
-STATISTICS = 0xC003
-VICTIMS = 0xC004
-VICTIM_REC = np.dtype([("time", "<u4"), ("entry", "<u4"), ("priority", "<f8")])
+_CMD = mb.COMMANDS
 
 
 class DeviceBridge:
@@ -57,21 +51,27 @@ class DeviceBridge:
             self.first_error = f"{type(exc).__name__}: {exc}"
             return None
 
+    def _send(self, op: Opcode, rec: np.ndarray, *head: int) -> bytes:
+        """One vendor command: its fixed fields, the record count, the records.
+
+        The ring's records are the mailbox's (kvcxl.qemu.layout takes them from the
+        command table), so they are forwarded as they are."""
+        req = _CMD[op].request
+        body = np.ascontiguousarray(rec, dtype=req.records).tobytes()
+        return self._cci(op, req.fixed.pack(*head, rec.size) + body)
+
     def create(self, step: int, rec: np.ndarray) -> None:
-        n = struct.pack("<I", rec.size)
-        self._cci(DESCRIBE, n + rec.astype(L.CREATE_REC).tobytes())
-        self._cci(CREATE, struct.pack("<II", step, rec.size) + rec["entry"].astype("<u4").tobytes())
+        self._send(Opcode.VENDOR_DESCRIBE_ENTRIES, rec)
+        ids = np.zeros(rec.size, mb.ENTRY_RECORD)
+        ids["entry"] = rec["entry"]
+        self._send(Opcode.VENDOR_CREATE_ENTRIES, ids, step)
 
     def ctx_len(self, rec: np.ndarray) -> None:
-        out = np.zeros(rec.size, [("ctx", "<u4"), ("tokens", "<u8")])
-        out["ctx"], out["tokens"] = rec["ctx"], rec["tokens"]
-        self._cci(SET_CONTEXT_LENGTHS, struct.pack("<I", rec.size) + out.tobytes())
+        self._send(Opcode.VENDOR_SET_CONTEXT_LENGTHS, rec)
 
     def attn(self, step: int, rec: np.ndarray, hits: int) -> None:
-        out = np.zeros(rec.size, [("entry", "<u4"), ("weight", "<f8")])
-        out["entry"], out["weight"] = rec["entry"], rec["weight"]
-        body = self._cci(ATTENTION, struct.pack("<II", step, rec.size) + out.tobytes())
-        (dev_hits,) = struct.unpack_from("<I", body)
+        body = self._send(Opcode.VENDOR_ATTENTION_REPORT, rec, step)
+        (dev_hits,) = _CMD[Opcode.VENDOR_ATTENTION_REPORT].response.fixed.unpack_from(body)
         self.hit_mismatches += int(dev_hits != hits)
 
     def finish(self, victims: list[int]) -> dict:
@@ -81,12 +81,14 @@ class DeviceBridge:
             out["first_error"] = self.first_error
             return out
         try:
-            stats = json.loads(self._cci(STATISTICS, b"").decode())
+            stats = json.loads(self._cci(Opcode.VENDOR_GET_STATS, b"").decode())
             dev_victims: list[int] = []
+            log = _CMD[Opcode.VENDOR_GET_VICTIMS]
             while True:
-                body = self._cci(VICTIMS, struct.pack("<II", len(dev_victims), 4096))
-                (total,) = struct.unpack_from("<I", body)
-                rec = np.frombuffer(body, VICTIM_REC, offset=4)
+                req = log.request.fixed.pack(len(dev_victims), 4096)
+                body = self._cci(Opcode.VENDOR_GET_VICTIMS, req)
+                (total,) = log.response.fixed.unpack_from(body)
+                rec = np.frombuffer(body, log.response.records, offset=log.response.fixed.size)
                 dev_victims.extend(int(e) for e in rec["entry"])
                 if rec.size == 0 or len(dev_victims) >= total:
                     break

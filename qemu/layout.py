@@ -1,7 +1,10 @@
 """The device-memory protocol between the guest agent and the firmware service.
 
-The one source of these numbers for C is ``guest/kvcxl_ring.h``; this module mirrors
-it (a test compiles a C program that prints the header's values and compares).
+The ring's command table (``RING_COMMANDS``) and its records come from the mailbox's
+command table (:mod:`kvcxl.emu.cxl.mailbox`) where a command means the same; the C
+header ``guest/kvcxl_ring.h`` that the guest agent compiles is tested against this
+module (tests/test_qemu_ring.py compiles a program printing the header's opcodes,
+sizes and offsets and compares them with these tables).
 docs/qemu.md explains the protocol: layout, doorbell, ordering, error codes.
 
 Addresses are device physical addresses (DPA): offsets into ``/dev/dax0.0`` in the
@@ -11,9 +14,12 @@ guest and into the media file on the host.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
+
+from kvcxl.emu.cxl import mailbox as mb
 
 MiB = 1 << 20
 
@@ -42,38 +48,69 @@ ENTRY = 64
 SLOT_IN = 8192
 SLOT_OUT = 16384
 SLOT_STRIDE = SLOT_IN + SLOT_OUT
-ATTN_MAX = SLOT_IN // 8  # records per ATTN command (1024: any response fits SLOT_OUT)
-CREATE_MAX = SLOT_IN // 16  # records per CREATE command
-CTX_LEN_MAX = SLOT_IN // 8
+ATTN_MAX = SLOT_IN // mb.ATTENTION_RECORD.itemsize  # 1024: any response fits SLOT_OUT
+CREATE_MAX = SLOT_IN // mb.DESCRIBE_RECORD.itemsize  # records per CREATE command
+CTX_LEN_MAX = SLOT_IN // mb.LENGTH_RECORD.itemsize
 
 DEV_OFF, DEV_READY, DEV_FAULT, DEV_STOPPED = 0, 1, 2, 3
 
-OP_NOP = 0xC000
-OP_OPEN = 0xC001
-OP_ATTN = 0xC002
-OP_END_STEP = 0xC003
-OP_STATS = 0xC004
-OP_POISON = 0xC005
-OP_CLOSE = 0xC006
-OP_CREATE = 0xC007
-OP_CTX_LEN = 0xC008
-OPCODES = {
-    OP_NOP: "NOP",
-    OP_OPEN: "OPEN",
-    OP_ATTN: "ATTN",
-    OP_END_STEP: "END_STEP",
-    OP_STATS: "STATS",
-    OP_POISON: "POISON",
-    OP_CLOSE: "CLOSE",
-    OP_CREATE: "CREATE",
-    OP_CTX_LEN: "CTX_LEN",
-}
+# --- ring commands ------------------------------------------------------------------------
+# One table.  Commands that mean what a mailbox vendor command means use that command's
+# opcode and request records (kvcxl.emu.cxl.mailbox.COMMANDS); the ring frames them
+# differently (step and count in the SQE, decisions in the CQE and the output slot).
+# Ring-only commands use command set C1h, which the mailbox does not use.
+RING_SET = 0xC1
 
-RC_SUCCESS = 0x0000
-RC_INVALID_INPUT = 0x0002
-RC_UNSUPPORTED = 0x0003
-RC_INTERNAL = 0x0004
-RC_INVALID_PAYLOAD_LENGTH = 0x0016
+
+@dataclass(frozen=True)
+class RingCommand:
+    opcode: int
+    name: str
+    records: np.dtype | None  # input records (count in the SQE), None = none / fixed
+    mailbox: mb.Command | None  # the mailbox command it shares opcode and records with
+    doc: str
+
+
+def _shared(op: mb.Opcode, name: str, doc: str) -> RingCommand:
+    cmd = mb.COMMANDS[op]
+    return RingCommand(op, name, cmd.request.records, cmd, doc)
+
+
+RING_COMMANDS: tuple[RingCommand, ...] = (
+    RingCommand(RING_SET << 8 | 0x00, "NOP", None, None, "r4 = arg0"),
+    RingCommand(RING_SET << 8 | 0x01, "OPEN", None, None, "starts a firmware session"),
+    RingCommand(
+        RING_SET << 8 | 0x02,
+        "CREATE",
+        mb.DESCRIBE_RECORD,
+        None,
+        "Describe Entries + Create Entries in one command (Describe Entries' records)",
+    ),
+    RingCommand(RING_SET << 8 | 0x03, "END_STEP", None, None, "the policy's end-of-step update"),
+    RingCommand(RING_SET << 8 | 0x04, "POISON", None, None, "media error on arg0 DPA, arg1 B"),
+    RingCommand(RING_SET << 8 | 0x05, "CLOSE", None, None, "ends the session"),
+    _shared(mb.Opcode.VENDOR_ATTENTION_REPORT, "ATTN", "one layer of one decode step"),
+    _shared(mb.Opcode.VENDOR_GET_STATS, "STATS", "JSON statistics in the output slot"),
+    _shared(mb.Opcode.VENDOR_SET_CONTEXT_LENGTHS, "CTX_LEN", "context lengths in tokens"),
+)
+OPCODES = {c.opcode: c.name for c in RING_COMMANDS}
+_OP = {c.name: c.opcode for c in RING_COMMANDS}
+OP_NOP = _OP["NOP"]
+OP_OPEN = _OP["OPEN"]
+OP_CREATE = _OP["CREATE"]
+OP_END_STEP = _OP["END_STEP"]
+OP_POISON = _OP["POISON"]
+OP_CLOSE = _OP["CLOSE"]
+OP_ATTN = _OP["ATTN"]
+OP_STATS = _OP["STATS"]
+OP_CTX_LEN = _OP["CTX_LEN"]
+
+# Return codes: the mailbox's (the subset the ring uses).
+RC_SUCCESS = int(mb.ReturnCode.SUCCESS)
+RC_INVALID_INPUT = int(mb.ReturnCode.INVALID_INPUT)
+RC_UNSUPPORTED = int(mb.ReturnCode.UNSUPPORTED)
+RC_INTERNAL = int(mb.ReturnCode.INTERNAL_ERROR)
+RC_INVALID_PAYLOAD_LENGTH = int(mb.ReturnCode.INVALID_PAYLOAD_LENGTH)
 RC_NAMES = {
     RC_SUCCESS: "Success",
     RC_INVALID_INPUT: "Invalid Input",
@@ -90,12 +127,10 @@ TRACING_NONE, TRACING_ARMING, TRACING_ON = 0, 1, 2
 HOST_HDR_FMT = struct.Struct("<II56x")  # sq_tail cq_head
 SQE_FMT = struct.Struct("<HHIIIIIQQ24x")  # op flags cid step layer count in_len arg0 arg1
 CQE_FMT = struct.Struct("<IHHIIIIIIQ20xI")  # cid status op sq_head out_len r0-r3 r4 .. seq
-ATTN_REC = np.dtype([("entry", "<u4"), ("weight", "<f4")])
+ATTN_REC = mb.ATTENTION_RECORD  # also the trace area's READ record
 OPEN_FMT = struct.Struct("<IIIIQ")  # n_entries entry_bytes capacity block_tokens window_base
-CREATE_REC = np.dtype(
-    [("entry", "<u4"), ("ctx", "<u4"), ("layer", "<u2"), ("head", "<u2"), ("block", "<u4")]
-)
-CTX_LEN_REC = np.dtype([("ctx", "<u4"), ("tokens", "<u4")])
+CREATE_REC = mb.DESCRIBE_RECORD
+CTX_LEN_REC = mb.LENGTH_RECORD
 VICTIM_REC = np.dtype([("entry", "<u4"), ("tier", "<u2"), ("priority_q16", "<u2")])
 
 # --- trace area ------------------------------------------------------------------------

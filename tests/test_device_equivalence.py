@@ -23,7 +23,10 @@ def _trace(seed: int, n_batches: int = 240, n_entries: int = 400, per_batch: int
     p = 1.0 / np.arange(1, n_entries + 1) ** 1.1
     p /= p.sum()
     batches = [np.unique(rng.choice(n_entries, per_batch, p=p)) for _ in range(n_batches)]
-    weights = [rng.dirichlet(np.ones(b.size)) for b in batches]
+    # f32 weights, as the Attention Report carries them
+    weights = [
+        rng.dirichlet(np.ones(b.size)).astype(np.float32).astype(np.float64) for b in batches
+    ]
     steps = [t // 4 for t in range(n_batches)]  # four layers per decode step
     return batches, weights, steps
 
@@ -50,7 +53,7 @@ def _drive(policy: str, capacity: int, batches, weights, steps, mode: str = "flo
             assert rsp.opcode == mem.S2MDRSOpcode.MEM_DATA and rsp.tag == tag & 0xFFFF
             tag += 1
         payload = struct.pack("<II", s, b.size) + b"".join(
-            struct.pack("<Id", i, x) for i, x in zip(b.tolist(), w.tolist(), strict=True)
+            struct.pack("<If", i, x) for i, x in zip(b.tolist(), w.tolist(), strict=True)
         )
         rsp = mb.CciMessage.decode(
             box.execute(mb.request(mb.Opcode.VENDOR_ATTENTION_REPORT, payload))

@@ -100,7 +100,7 @@ def test_vendor_policy_parameters_are_validated_by_the_config(box):
 
 def _report(step: int, ids, weights) -> bytes:
     return struct.pack("<II", step, len(ids)) + b"".join(
-        struct.pack("<Id", i, w) for i, w in zip(ids, weights, strict=True)
+        struct.pack("<If", i, w) for i, w in zip(ids, weights, strict=True)
     )
 
 
@@ -157,3 +157,13 @@ def test_entry_description_commands_validate_their_input(box):
     assert rc == 0 and struct.unpack("<I", out)[0] == 1 and box.dev.cache.is_resident([5])[0]
     far = struct.pack("<III", 0, 1, box.dev.n_pages)
     assert _run(box, Opcode.VENDOR_CREATE_ENTRIES, far)[0] == RC.INVALID_INPUT
+
+
+def test_command_table_is_the_one_source():
+    """Each row names a handler that exists; docs/device.md shows the table itself."""
+    from pathlib import Path
+
+    for c in mb.COMMANDS.values():
+        assert callable(getattr(Mailbox, c.handler))
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "device.md").read_text()
+    assert mb.markdown_table() in doc

@@ -97,7 +97,7 @@ def test_malformed_frames_get_error_frames_and_the_connection_survives(server):
 
 def test_dram_file_is_the_device_media(server, tmp_path):
     with svc.Client(server) as c:
-        c.cci(mb.Opcode.VENDOR_ATTENTION_REPORT, struct.pack("<IIId", 0, 1, 2, 1.0))
+        c.cci(mb.Opcode.VENDOR_ATTENTION_REPORT, struct.pack("<IIIf", 0, 1, 2, 1.0))
         c.write(BASE + 2 * 4096, b"shared!")
         fd = os.open(tmp_path / "dram.img", os.O_RDONLY)
         try:

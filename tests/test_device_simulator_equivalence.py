@@ -13,7 +13,13 @@ import pytest
 from kvcxl.emu.cxl import mailbox as mb
 from kvcxl.emu.cxl import mem
 from kvcxl.emu.cxl.hdm import GRANULE
-from kvcxl.emu.device.cci import DESCRIBE_RECORD, LENGTH_RECORD, VICTIM_RECORD, Mailbox
+from kvcxl.emu.device.cci import (
+    ATTENTION_RECORD,
+    DESCRIBE_RECORD,
+    LENGTH_RECORD,
+    VICTIM_RECORD,
+    Mailbox,
+)
 from kvcxl.emu.device.device import Type3Device
 from kvcxl.emu.shape import PRESETS
 from kvcxl.emu.sim.simulator import SimOptions, simulate
@@ -60,8 +66,8 @@ def _drive(stream, policy: str, capacity: int):
         for e in ids.tolist():  # the host reads a line of every entry it attends to
             dev.handle(mem.decode(mem.encode(mem.M2SReq(1, e & 0xFFFF, (BASE >> 6) + e * 64))))
         w = stream.w[off[ev] : off[ev + 1]]
-        rec = np.empty(ids.size, [("id", "<u4"), ("w", "<f8")])
-        rec["id"], rec["w"] = ids, w
+        rec = np.empty(ids.size, ATTENTION_RECORD)
+        rec["entry"], rec["weight"] = ids, w
         _call(box, Op.VENDOR_ATTENTION_REPORT, struct.pack("<II", step, ids.size) + rec.tobytes())
     victims: list = []
     while True:  # the log comes in pages of at most one payload

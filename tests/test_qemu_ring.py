@@ -223,6 +223,56 @@ def test_c_header_matches_python_layout(tmp_path: Path) -> None:
     assert words == list(struct.unpack("<4Q", L.pattern(7, 99, 32)))
 
 
+# Each ring record struct of the header and the Python dtype it must equal.
+_C_RECORDS = {
+    "kvcxl_attn_rec": L.ATTN_REC,
+    "kvcxl_create_rec": L.CREATE_REC,
+    "kvcxl_ctx_len_rec": L.CTX_LEN_REC,
+    "kvcxl_victim": L.VICTIM_REC,
+    "kvcxl_trace_batch": L.TRACE_BATCH,
+    "kvcxl_acc_rec": L.ACC_REC,
+}
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_c_header_matches_the_command_tables(tmp_path: Path) -> None:
+    """kvcxl_ring.h's opcodes and record layouts are the ring table's (and so the mailbox's)."""
+    lines = ["#include <stdio.h>", "#include <stddef.h>", '#include "kvcxl_ring.h"']
+    lines.append("int main(void) {")
+    for c in L.RING_COMMANDS:
+        lines.append(f'    printf("op {c.name} %u\\n", (unsigned)KVCXL_OP_{c.name});')
+    for st, dt in _C_RECORDS.items():
+        lines.append(f'    printf("size {st} %zu\\n", sizeof(struct {st}));')
+        for f in dt.names:
+            lines.append(
+                f'    printf("field {st} {f} %zu %zu\\n", offsetof(struct {st}, {f}),'
+                f" sizeof(((struct {st} *)0)->{f}));"
+            )
+    lines += ["    return 0;", "}"]
+    src = tmp_path / "table_probe.c"
+    src.write_text("\n".join(lines) + "\n")
+    exe = tmp_path / "table_probe"
+    subprocess.run(["gcc", "-I", str(GUEST), "-o", str(exe), str(src)], check=True)
+    got = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    want = [f"op {c.name} {c.opcode}" for c in L.RING_COMMANDS]
+    for st, dt in _C_RECORDS.items():
+        want.append(f"size {st} {dt.itemsize}")
+        want += [f"field {st} {f} {dt.fields[f][1]} {dt[f].itemsize}" for f in dt.names]
+    assert got.split("\n")[:-1] == want
+
+
+def test_ring_reuses_mailbox_opcodes_only_with_their_meaning() -> None:
+    from kvcxl.emu.cxl import mailbox as mb
+
+    for c in L.RING_COMMANDS:
+        if c.mailbox is None:  # ring-only: a command set the mailbox does not use
+            assert c.opcode >> 8 == L.RING_SET
+            assert all(op >> 8 != L.RING_SET for op in mb.COMMANDS)
+        else:
+            assert c.opcode == c.mailbox.opcode and c.records == c.mailbox.request.records
+    assert len(L.OPCODES) == len(L.RING_COMMANDS)
+
+
 def test_device_emulator_mirror(media: Path, tmp_path: Path) -> None:
     """The service mirrors a session into `kvcxl device serve` and reads back its view."""
     import os

@@ -19,15 +19,22 @@ little endian)::
     bytes 10-11 vendor-specific status
     bytes 12-   payload
 
-Each command's input length is fixed (``in_len``) or variable (``None``); a request
-whose payload length differs from a fixed ``in_len`` is answered with Invalid
-Payload Length, as the spec and QEMU do.
+``COMMANDS`` is the one command table (as QEMU's ``hw/cxl/cxl-mailbox-utils.c``
+keeps one): each row holds the opcode, name, handler, request and response payload
+layouts (struct formats and numpy record dtypes) and the Command Effects Log bits.
+A command's input length is fixed (the request layout has no records or tail) or
+variable; a request whose payload length differs from a fixed length is answered
+with Invalid Payload Length, as the spec and QEMU do.  The guest ring
+(``kvcxl.qemu.layout``) reuses the vendor opcodes and records that mean the same.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from enum import IntEnum
+
+import numpy as np
 
 HEADER_BYTES = 12
 PAYLOAD_MAX = 1 << 16
@@ -103,104 +110,155 @@ EFFECT_IMMEDIATE_POLICY_CHANGE = 1 << 3
 EFFECT_IMMEDIATE_LOG_CHANGE = 1 << 4
 
 
+# --- payload layouts ------------------------------------------------------------------
+# Every request and response payload, defined once; the command table below names them
+# and the handlers (emu/device/cci.py), the device bridge (qemu/device_bridge.py) and the
+# guest ring (qemu/layout.py, qemu/guest/kvcxl_ring.h) use these objects.
+ATTENTION_RECORD = np.dtype([("entry", "<u4"), ("weight", "<f4")])
+"""Attention Report record, also the ring's ATTN record and the trace area's READ record.
+
+Weights are f32: the model produces them in ≤ 32-bit floats and workload streams keep them
+as f32 (``ReadStream.w``), the guest agent writes them from that trace, and the firmware
+widens them to f64 on reading — f64 on the wire would double the bytes and add nothing."""
+DESCRIBE_RECORD = np.dtype(
+    [("entry", "<u4"), ("ctx", "<u4"), ("layer", "<u2"), ("head", "<u2"), ("block", "<u4")]
+)
+"""Describe Entries record, also the ring's CREATE record (16 B)."""
+LENGTH_RECORD = np.dtype([("ctx", "<u4"), ("tokens", "<u8")])
+"""Set Context Lengths record, also the ring's CTX_LEN record (12 B, packed)."""
+ENTRY_RECORD = np.dtype([("entry", "<u4")])
+"""Create Entries record: an entry id."""
+VICTIM_RECORD = np.dtype([("time", "<u4"), ("entry", "<u4"), ("priority", "<f8")])
+"""Get Victim Log record (16 B)."""
+
+
+@dataclass(frozen=True)
+class Payload:
+    """One payload: a fixed little-endian part, then optionally records or a free tail.
+
+    ``fmt`` is a :mod:`struct` format without byte order; ``fields`` names its items for
+    the documentation.  With ``records`` the fixed part ends with the record count.
+    """
+
+    fmt: str = ""
+    fields: str = ""
+    records: np.dtype | None = None
+    tail: str = ""  # a variable part that is not records: "JSON", "UTF-8 name", ...
+
+    @property
+    def fixed(self) -> struct.Struct:
+        return struct.Struct("<" + self.fmt)
+
+    @property
+    def size(self) -> int | None:
+        """Bytes, when fixed; None when variable."""
+        return None if self.records is not None or self.tail else self.fixed.size
+
+    def describe(self) -> str:
+        parts = [self.fields] if self.fields else []
+        if self.records is not None:
+            parts.append(f"n × {record_text(self.records)}")
+        if self.tail:
+            parts.append(self.tail)
+        return ", ".join(parts) or "—"
+
+
+def record_text(dt: np.dtype) -> str:
+    """``(u32 entry, f32 weight)`` for a record dtype."""
+    if dt.names is None:
+        return f"{dt.kind}{dt.itemsize * 8}"
+    items = [f"{dt[n].kind}{dt[n].itemsize * 8} {n}" for n in dt.names]
+    return "(" + ", ".join(items) + ")"
+
+
+NONE = Payload()
+
+
 @dataclass(frozen=True)
 class Command:
+    """One row of the command table: everything about one opcode."""
+
     opcode: Opcode
     name: str
-    in_len: int | None  # fixed input payload length, None = variable
+    handler: str  # method of kvcxl.emu.device.cci.Mailbox (a name: no emulator import here)
+    request: Payload
+    response: Payload
     effects: int
-    doc: str
+    doc: str = ""
+
+    @property
+    def in_len(self) -> int | None:
+        """Fixed input payload length, None = variable."""
+        return self.request.size
 
 
 COMMANDS: dict[int, Command] = {
     c.opcode: c
     for c in (
-        Command(Opcode.IDENTIFY, "Identify", 0, 0, "18 B: PCI ids, serial, max message size"),
-        Command(Opcode.GET_TIMESTAMP, "Get Timestamp", 0, 0, "8 B: ns since the epoch"),
-        Command(
-            Opcode.SET_TIMESTAMP,
-            "Set Timestamp",
-            8,
-            EFFECT_IMMEDIATE_POLICY_CHANGE,
-            "in 8 B: ns since the epoch",
-        ),
-        Command(Opcode.GET_SUPPORTED_LOGS, "Get Supported Logs", 0, 0, "one entry: the CEL"),
-        Command(Opcode.GET_LOG, "Get Log", 0x18, 0, "in: UUID, offset, length"),
-        Command(Opcode.IDENTIFY_MEMORY_DEVICE, "Identify Memory Device", 0, 0, "0x45 B"),
-        Command(Opcode.GET_HEALTH_INFO, "Get Health Info", 0, 0, "18 B health record"),
-        Command(Opcode.GET_POISON_LIST, "Get Poison List", 16, 0, "in: DPA, length in lines"),
-        Command(
-            Opcode.INJECT_POISON,
-            "Inject Poison",
-            8,
-            EFFECT_IMMEDIATE_DATA_CHANGE,
-            "in: DPA (64 B aligned)",
-        ),
-        Command(
-            Opcode.CLEAR_POISON,
-            "Clear Poison",
-            72,
-            EFFECT_IMMEDIATE_DATA_CHANGE,
-            "in: DPA, 64 B of replacement data",
-        ),
-        Command(
-            Opcode.VENDOR_GET_PARAM,
-            "Get Policy Parameter",
-            None,
-            0,
-            "in: parameter name (UTF-8, empty = all); out: JSON",
-        ),
-        Command(
-            Opcode.VENDOR_SET_PARAM,
-            "Set Policy Parameter",
-            None,
-            EFFECT_IMMEDIATE_POLICY_CHANGE,
-            "in: JSON object {name: value, ...}; validated by PolicyConfig",
-        ),
-        Command(
-            Opcode.VENDOR_ATTENTION_REPORT,
-            "Attention Report",
-            None,
-            EFFECT_IMMEDIATE_DATA_CHANGE,
-            "in: u32 step, u32 count, count × (u32 entry, f64 weight); out: hit bitmap",
-        ),
-        Command(
-            Opcode.VENDOR_GET_STATS,
-            "Get Statistics",
-            0,
-            0,
-            "out: JSON statistics (tiers, policy cache, audit, timing)",
-        ),
-        Command(
-            Opcode.VENDOR_GET_VICTIMS,
-            "Get Victim Log",
-            8,
-            0,
-            "in: u32 first, u32 max; out: u32 total, records (u32 time, u32 entry, f64 priority)",
-        ),
-        Command(
-            Opcode.VENDOR_DESCRIBE_ENTRIES,
-            "Describe Entries",
-            None,
-            EFFECT_IMMEDIATE_POLICY_CHANGE,
-            "in: u32 n, n × (u32 entry, u32 context, u16 layer, u16 kv_head, u32 block)",
-        ),
-        Command(
-            Opcode.VENDOR_SET_CONTEXT_LENGTHS,
-            "Set Context Lengths",
-            None,
-            EFFECT_IMMEDIATE_POLICY_CHANGE,
-            "in: u32 n, n × (u32 context, u64 tokens)",
-        ),
-        Command(
-            Opcode.VENDOR_CREATE_ENTRIES,
-            "Create Entries",
-            None,
-            EFFECT_IMMEDIATE_DATA_CHANGE,
-            "in: u32 step, u32 n, n × u32 entry; out: u32 admitted",
-        ),
+        Command(Opcode.IDENTIFY, "Identify", "_identify", NONE,
+                Payload("HHHHQBB", "18 B: PCI ids, u64 serial, max message size 2^16, "
+                        "component type 3"), 0),
+        Command(Opcode.GET_TIMESTAMP, "Get Timestamp", "_get_timestamp",
+                NONE, Payload("Q", "u64 ns"), 0, "0 until set"),
+        Command(Opcode.SET_TIMESTAMP, "Set Timestamp", "_set_timestamp",
+                Payload("Q", "u64 ns since the epoch"), NONE, EFFECT_IMMEDIATE_POLICY_CHANGE),
+        Command(Opcode.GET_SUPPORTED_LOGS, "Get Supported Logs", "_get_supported_logs",
+                NONE, Payload("H6x16sI", "u16 entries = 1, CEL UUID, u32 CEL size"), 0),
+        Command(Opcode.GET_LOG, "Get Log", "_get_log",
+                Payload("16sII", "UUID, u32 offset, u32 length"),
+                Payload(tail="CEL bytes (u16 opcode, u16 effects per command)"), 0),
+        Command(Opcode.IDENTIFY_MEMORY_DEVICE, "Identify Memory Device", "_identify_memdev",
+                NONE, Payload("16sQQQQHHHHI3sHBBH", "0x45 B: capacities in 256 MiB units, "
+                              "poison list max 256"), 0),
+        Command(Opcode.GET_HEALTH_INFO, "Get Health Info", "_get_health_info",
+                NONE, Payload("BBBBHIII", "18 B health record"), 0),
+        Command(Opcode.GET_POISON_LIST, "Get Poison List", "_get_poison_list",
+                Payload("QQ", "u64 DPA, u64 length in lines"),
+                Payload("BBQH20x", "32 B header",
+                        np.dtype([("dpa_source", "<u8"), ("lines", "<u4"), ("rsvd", "<u4")])),
+                0),
+        Command(Opcode.INJECT_POISON, "Inject Poison", "_inject_poison",
+                Payload("Q", "u64 DPA (64 B aligned)"), NONE, EFFECT_IMMEDIATE_DATA_CHANGE),
+        Command(Opcode.CLEAR_POISON, "Clear Poison", "_clear_poison",
+                Payload("Q64s", "u64 DPA, 64 B of replacement data"), NONE,
+                EFFECT_IMMEDIATE_DATA_CHANGE),
+        Command(Opcode.VENDOR_GET_PARAM, "Get Policy Parameter", "_get_param",
+                Payload(tail="UTF-8 name (empty = all)"), Payload(tail="JSON {name: value}"), 0),
+        Command(Opcode.VENDOR_SET_PARAM, "Set Policy Parameter", "_set_param",
+                Payload(tail="JSON object {name: value, ...}"), NONE,
+                EFFECT_IMMEDIATE_POLICY_CHANGE, "validated by PolicyConfig"),
+        Command(Opcode.VENDOR_ATTENTION_REPORT, "Attention Report", "_attention_report",
+                Payload("II", "u32 step, u32 n", ATTENTION_RECORD),
+                Payload("I", "u32 hits", tail="hit bitmap (LSB first)"),
+                EFFECT_IMMEDIATE_DATA_CHANGE),
+        Command(Opcode.VENDOR_GET_STATS, "Get Statistics", "_get_stats",
+                NONE, Payload(tail="JSON (counters, tiers, policy cache, audit, latency)"), 0),
+        Command(Opcode.VENDOR_GET_VICTIMS, "Get Victim Log", "_get_victims",
+                Payload("II", "u32 first, u32 max"),
+                Payload("I", "u32 total", VICTIM_RECORD), 0,
+                "empty unless recording (serve --record-victims)"),
+        Command(Opcode.VENDOR_DESCRIBE_ENTRIES, "Describe Entries", "_describe_entries",
+                Payload("I", "u32 n", DESCRIBE_RECORD), NONE, EFFECT_IMMEDIATE_POLICY_CHANGE),
+        Command(Opcode.VENDOR_SET_CONTEXT_LENGTHS, "Set Context Lengths",
+                "_set_context_lengths", Payload("I", "u32 n", LENGTH_RECORD), NONE,
+                EFFECT_IMMEDIATE_POLICY_CHANGE),
+        Command(Opcode.VENDOR_CREATE_ENTRIES, "Create Entries", "_create_entries",
+                Payload("II", "u32 step, u32 n", ENTRY_RECORD), Payload("I", "u32 admitted"),
+                EFFECT_IMMEDIATE_DATA_CHANGE),
     )
-}
+}  # fmt: skip
+
+
+def markdown_table() -> str:
+    """The command table as docs/device.md shows it (a test keeps the two equal)."""
+    lines = ["| opcode | command | input | output | effects |", "|---|---|---|---|---|"]
+    for c in sorted(COMMANDS.values(), key=lambda c: c.opcode):
+        out = c.response.describe() + (f"; {c.doc}" if c.doc else "")
+        lines.append(
+            f"| {c.opcode:04X}h | {c.name} | {c.request.describe()} | {out} | {c.effects:#x} |"
+        )
+    return "\n".join(lines)
+
 
 CEL_UUID = bytes.fromhex("0da9c0b5bf414b788f7996b1623b3f17")
 """Command Effects Log UUID (CXL 2.0 §8.2.9.4.1.1), in wire byte order."""

@@ -103,8 +103,8 @@ def bench_mailbox(quick: bool) -> dict:
     reports = []
     for step in range(n_rep):
         ids = np.unique(rng.integers(0, 8192, 32))
-        rec = np.empty(ids.size, dtype=[("id", "<u4"), ("w", "<f8")])
-        rec["id"], rec["w"] = ids, rng.random(ids.size)
+        rec = np.empty(ids.size, dtype=mb.ATTENTION_RECORD)
+        rec["entry"], rec["weight"] = ids, rng.random(ids.size)
         payload = struct.pack("<II", step // 4, ids.size) + rec.tobytes()
         reports.append(mb.request(mb.Opcode.VENDOR_ATTENTION_REPORT, payload))
 

@@ -29,12 +29,22 @@ POISON_TYPE_EXTERNAL = 0x1
 POISON_TYPE_INJECTED = 0x3
 PCI_VENDOR_ID = 0x1B36  # Red Hat, Inc. (QEMU's emulated devices)
 PCI_DEVICE_ID = 0x0D93  # QEMU's CXL Type-3 device id
-REPORT_RECORD = struct.Struct("<Id")  # u32 entry id, f64 weight
-DESCRIBE_RECORD = np.dtype(
-    [("entry", "<u4"), ("ctx", "<u4"), ("layer", "<u2"), ("head", "<u2"), ("block", "<u4")]
+# The payload layouts live in the command table (kvcxl.emu.cxl.mailbox); these names are
+# kept for the callers that import them from here.
+ATTENTION_RECORD = mb.ATTENTION_RECORD
+DESCRIBE_RECORD = mb.DESCRIBE_RECORD
+LENGTH_RECORD = mb.LENGTH_RECORD
+VICTIM_RECORD = struct.Struct(
+    "<" + "".join(mb.VICTIM_RECORD[n].char for n in mb.VICTIM_RECORD.names)
 )
-LENGTH_RECORD = np.dtype([("ctx", "<u4"), ("tokens", "<u8")])
-VICTIM_RECORD = struct.Struct("<IId")  # u32 time, u32 entry, f64 priority
+
+
+def _req(op: Opcode) -> struct.Struct:
+    return mb.COMMANDS[op].request.fixed
+
+
+def _rsp(op: Opcode) -> struct.Struct:
+    return mb.COMMANDS[op].response.fixed
 
 
 class MailboxError(Exception):
@@ -60,25 +70,9 @@ class Mailbox:
         self.cel = _cel()
         self.injected: set[int] = set()  # lines poisoned by Inject Poison (record type 3)
         self.last_error = ""
+        # Dispatch comes from the command table: each row names its handler method.
         self.handlers: dict[int, Callable[[bytes], bytes]] = {
-            Opcode.IDENTIFY: self._identify,
-            Opcode.GET_TIMESTAMP: self._get_timestamp,
-            Opcode.SET_TIMESTAMP: self._set_timestamp,
-            Opcode.GET_SUPPORTED_LOGS: self._get_supported_logs,
-            Opcode.GET_LOG: self._get_log,
-            Opcode.IDENTIFY_MEMORY_DEVICE: self._identify_memdev,
-            Opcode.GET_HEALTH_INFO: self._get_health_info,
-            Opcode.GET_POISON_LIST: self._get_poison_list,
-            Opcode.INJECT_POISON: self._inject_poison,
-            Opcode.CLEAR_POISON: self._clear_poison,
-            Opcode.VENDOR_GET_PARAM: self._get_param,
-            Opcode.VENDOR_SET_PARAM: self._set_param,
-            Opcode.VENDOR_ATTENTION_REPORT: self._attention_report,
-            Opcode.VENDOR_GET_STATS: self._get_stats,
-            Opcode.VENDOR_GET_VICTIMS: self._get_victims,
-            Opcode.VENDOR_DESCRIBE_ENTRIES: self._describe_entries,
-            Opcode.VENDOR_SET_CONTEXT_LENGTHS: self._set_context_lengths,
-            Opcode.VENDOR_CREATE_ENTRIES: self._create_entries,
+            op: getattr(self, c.handler) for op, c in mb.COMMANDS.items()
         }
 
     # --- dispatch ----------------------------------------------------------------------
@@ -123,8 +117,7 @@ class Mailbox:
 
     # --- generic commands ---------------------------------------------------------------
     def _identify(self, _: bytes) -> bytes:
-        return struct.pack(
-            "<HHHHQBB",
+        return _rsp(Opcode.IDENTIFY).pack(
             PCI_VENDOR_ID,
             PCI_DEVICE_ID,
             PCI_VENDOR_ID,
@@ -139,18 +132,18 @@ class Mailbox:
         return 0 if off is None else time.monotonic_ns() + off
 
     def _get_timestamp(self, _: bytes) -> bytes:
-        return struct.pack("<Q", self._now_ns())
+        return _rsp(Opcode.GET_TIMESTAMP).pack(self._now_ns())
 
     def _set_timestamp(self, p: bytes) -> bytes:
-        (host_ns,) = struct.unpack("<Q", p)
+        (host_ns,) = _req(Opcode.SET_TIMESTAMP).unpack(p)
         self.dev.timestamp_offset_ns = host_ns - time.monotonic_ns()
         return b""
 
     def _get_supported_logs(self, _: bytes) -> bytes:
-        return struct.pack("<H6x16sI", 1, mb.CEL_UUID, len(self.cel))
+        return _rsp(Opcode.GET_SUPPORTED_LOGS).pack(1, mb.CEL_UUID, len(self.cel))
 
     def _get_log(self, p: bytes) -> bytes:
-        uuid, offset, length = struct.unpack("<16sII", p)
+        uuid, offset, length = _req(Opcode.GET_LOG).unpack(p)
         if uuid != mb.CEL_UUID:
             raise MailboxError(RC.INVALID_LOG, f"log {uuid.hex()} is not supported")
         if length > mb.PAYLOAD_MAX or offset + length > len(self.cel):
@@ -163,8 +156,7 @@ class Mailbox:
     # --- memory device commands ----------------------------------------------------------
     def _identify_memdev(self, _: bytes) -> bytes:
         units = self.dev.capacity // CAPACITY_UNIT
-        return struct.pack(
-            "<16sQQQQHHHHI3sHBBH",
+        return _rsp(Opcode.IDENTIFY_MEMORY_DEVICE).pack(
             b"kvcxl fw 0.1".ljust(16, b"\0"),
             units,  # total
             units,  # volatile
@@ -184,8 +176,7 @@ class Mailbox:
 
     def _get_health_info(self, _: bytes) -> bytes:
         c = self.dev.counters
-        return struct.pack(
-            "<BBBBHIII",
+        return _rsp(Opcode.GET_HEALTH_INFO).pack(
             0,  # health status: no maintenance needed
             0,  # media status: normal
             0,  # additional status
@@ -206,7 +197,7 @@ class Mailbox:
             )
 
     def _get_poison_list(self, p: bytes) -> bytes:
-        dpa, lines = struct.unpack("<QQ", p)
+        dpa, lines = _req(Opcode.GET_POISON_LIST).unpack(p)
         if dpa & 63:
             raise MailboxError(RC.INVALID_INPUT, f"DPA {dpa:#x} is not 64-byte aligned")
         if lines == 0 or dpa + lines * 64 > self.dev.capacity:
@@ -223,15 +214,17 @@ class Mailbox:
                 records[-1] = (s, n + 1, t)
             else:
                 records.append((line, 1, typ))
-        room = (mb.PAYLOAD_MAX - 32) // 16
+        layout = mb.COMMANDS[Opcode.GET_POISON_LIST].response
+        room = (mb.PAYLOAD_MAX - layout.fixed.size) // layout.records.itemsize
         flags = 0x1 if len(records) > room else 0  # More Media Error Records
         records = records[:room]
-        out = [struct.pack("<BBQH20x", flags, 0, 0, len(records))]
-        out += [struct.pack("<QII", (s << 6) | t, n, 0) for s, n, t in records]
-        return b"".join(out)
+        out = np.zeros(len(records), layout.records)
+        for i, (s, n, t) in enumerate(records):
+            out[i] = ((s << 6) | t, n, 0)
+        return layout.fixed.pack(flags, 0, 0, len(records)) + out.tobytes()
 
     def _inject_poison(self, p: bytes) -> bytes:
-        (dpa,) = struct.unpack("<Q", p)
+        (dpa,) = _req(Opcode.INJECT_POISON).unpack(p)
         self._check_dpa(dpa)
         line = dpa >> 6
         if line not in self.dev.poison and len(self.injected) >= POISON_LIST_MAX:
@@ -241,9 +234,9 @@ class Mailbox:
         return b""
 
     def _clear_poison(self, p: bytes) -> bytes:
-        (dpa,) = struct.unpack("<Q", p[:8])
+        dpa, data = _req(Opcode.CLEAR_POISON).unpack(p)
         self._check_dpa(dpa)
-        self.dev.clear_poison(dpa, p[8:72])
+        self.dev.clear_poison(dpa, data)
         self.injected.discard(dpa >> 6)
         return b""
 
@@ -277,37 +270,34 @@ class Mailbox:
         return b""
 
     def _attention_report(self, p: bytes) -> bytes:
-        if len(p) < 8:
-            raise MailboxError(RC.INVALID_PAYLOAD_LENGTH, "report header is 8 bytes")
-        step, count = struct.unpack_from("<II", p)
-        if len(p) != 8 + count * REPORT_RECORD.size:
-            raise MailboxError(
-                RC.INVALID_PAYLOAD_LENGTH,
-                f"{count} records need {8 + count * REPORT_RECORD.size} B, got {len(p)}",
-            )
-        rec = np.frombuffer(p, dtype=np.dtype([("id", "<u4"), ("w", "<f8")]), offset=8)
+        rec = self._records(p, Opcode.VENDOR_ATTENTION_REPORT)
+        (step, _n) = _req(Opcode.VENDOR_ATTENTION_REPORT).unpack_from(p)
+        ids, w = rec["entry"].astype(np.int64), rec["weight"].astype(np.float64)
         try:
-            hit = self.dev.report(step, rec["id"].astype(np.int64), rec["w"].astype(np.float64))
+            hit = self.dev.report(step, ids, w)
         except ValueError as exc:
             raise MailboxError(RC.INVALID_INPUT, str(exc)) from None
-        return struct.pack("<I", int(hit.sum())) + np.packbits(hit, bitorder="little").tobytes()
+        head = _rsp(Opcode.VENDOR_ATTENTION_REPORT).pack(int(hit.sum()))
+        return head + np.packbits(hit, bitorder="little").tobytes()
 
     def _get_stats(self, _: bytes) -> bytes:
         return json.dumps(self.dev.stats()).encode()
 
     def _get_victims(self, p: bytes) -> bytes:
-        start, limit = struct.unpack("<II", p)
+        start, limit = _req(Opcode.VENDOR_GET_VICTIMS).unpack(p)
+        layout = mb.COMMANDS[Opcode.VENDOR_GET_VICTIMS].response
         v = self.dev.victims
-        room = (mb.PAYLOAD_MAX - 4) // VICTIM_RECORD.size
+        room = (mb.PAYLOAD_MAX - layout.fixed.size) // layout.records.itemsize
         part = v[start : start + min(limit, room)]
-        return struct.pack("<I", len(v)) + b"".join(
-            VICTIM_RECORD.pack(t, e, pr) for t, e, pr in part
-        )
+        return layout.fixed.pack(len(v)) + np.array(part, layout.records).tobytes()
 
-    def _records(self, p: bytes, header: int, dtype: np.dtype, count_at: int = 0) -> np.ndarray:
+    def _records(self, p: bytes, op: Opcode) -> np.ndarray:
+        """The request's records; the count is the last field of its fixed part."""
+        layout = mb.COMMANDS[op].request
+        header, dtype = layout.fixed.size, layout.records
         if len(p) < header:
             raise MailboxError(RC.INVALID_PAYLOAD_LENGTH, f"header is {header} bytes")
-        (n,) = struct.unpack_from("<I", p, count_at)
+        n = layout.fixed.unpack_from(p)[-1]
         if len(p) != header + n * dtype.itemsize:
             raise MailboxError(
                 RC.INVALID_PAYLOAD_LENGTH,
@@ -316,7 +306,7 @@ class Mailbox:
         return np.frombuffer(p, dtype=dtype, offset=header)
 
     def _describe_entries(self, p: bytes) -> bytes:
-        r = self._records(p, 4, DESCRIBE_RECORD)
+        r = self._records(p, Opcode.VENDOR_DESCRIBE_ENTRIES)
         try:
             self.dev.describe(r["entry"], r["ctx"], r["layer"], r["head"], r["block"])
         except ValueError as exc:
@@ -324,7 +314,7 @@ class Mailbox:
         return b""
 
     def _set_context_lengths(self, p: bytes) -> bytes:
-        r = self._records(p, 4, LENGTH_RECORD)
+        r = self._records(p, Opcode.VENDOR_SET_CONTEXT_LENGTHS)
         if r.size and int(r["tokens"].max()) > 1 << 40:
             raise MailboxError(RC.INVALID_INPUT, "context lengths must be 0 … 2^40 tokens")
         try:
@@ -334,10 +324,10 @@ class Mailbox:
         return b""
 
     def _create_entries(self, p: bytes) -> bytes:
-        r = self._records(p, 8, np.dtype("<u4"), count_at=4)
-        (step,) = struct.unpack_from("<I", p)
+        r = self._records(p, Opcode.VENDOR_CREATE_ENTRIES)
+        (step, _n) = _req(Opcode.VENDOR_CREATE_ENTRIES).unpack_from(p)
         try:
-            n = self.dev.create(step, r.astype(np.int64))
+            n = self.dev.create(step, r["entry"].astype(np.int64))
         except ValueError as exc:
             raise MailboxError(RC.INVALID_INPUT, str(exc)) from None
-        return struct.pack("<I", n)
+        return _rsp(Opcode.VENDOR_CREATE_ENTRIES).pack(n)

@@ -29,6 +29,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+import numpy as np
+
 from kvcxl.emu.cxl import mailbox as mb
 from kvcxl.emu.cxl import mem
 from kvcxl.emu.cxl.hdm import GRANULE
@@ -38,6 +40,11 @@ from .device import Type3Device
 from .service import CCI, ERROR, HDM, MEM, READ, WRITE, Engine
 
 BASE = 1 << 36
+
+
+def _records(dtype: np.dtype, rows: list[tuple]) -> bytes:
+    """Records in the command table's layout (kvcxl.emu.cxl.mailbox)."""
+    return np.array(rows, dtype=dtype).tobytes()
 
 
 def make_engine(seed: int = 0) -> Engine:
@@ -198,13 +205,15 @@ class Fuzzer:
         k = r.random()
         if k < 0.4:
             n = r.choice([0, 1, 5, 40, r.randrange(300)])
-            recs = b"".join(
-                struct.pack(
-                    "<Id",
-                    r.choice([r.randrange(2 * GRANULE // 4096), r.randrange(1 << 32)]),
-                    r.choice([r.random(), 0.0, 1.0, -1.0, 2.0, float("nan"), float("inf")]),
-                )
-                for _ in range(n)
+            recs = _records(
+                mb.ATTENTION_RECORD,
+                [
+                    (
+                        r.choice([r.randrange(2 * GRANULE // 4096), r.randrange(1 << 32)]),
+                        r.choice([r.random(), 0.0, 1.0, -1.0, 2.0, float("nan"), float("inf")]),
+                    )
+                    for _ in range(n)
+                ],
             )
             count = n if r.random() < 0.8 else r.randrange(1 << 32)
             payload = struct.pack("<II", r.randrange(1 << 32), count) + recs
@@ -220,25 +229,27 @@ class Fuzzer:
             n = r.choice([0, 1, 3, 50, r.randrange(200)])
             big = r.random() < 0.3
             if r.random() < 0.34:
-                recs = b"".join(
-                    struct.pack(
-                        "<IIHHI",
-                        r.randrange(1 << 32) if big else r.randrange(4096),
-                        r.randrange(1 << 32) if big else r.randrange(64),
-                        r.randrange(1 << 16),
-                        r.randrange(1 << 16),
-                        r.randrange(1 << 32) if big else r.randrange(1024),
-                    )
-                    for _ in range(n)
+                recs = _records(
+                    mb.DESCRIBE_RECORD,
+                    [
+                        (
+                            r.randrange(1 << 32) if big else r.randrange(4096),
+                            r.randrange(1 << 32) if big else r.randrange(64),
+                            r.randrange(1 << 16),
+                            r.randrange(1 << 16),
+                            r.randrange(1 << 32) if big else r.randrange(1024),
+                        )
+                        for _ in range(n)
+                    ],
                 )
                 op = mb.Opcode.VENDOR_DESCRIBE_ENTRIES
                 payload = struct.pack("<I", n) + recs
             elif r.random() < 0.5:
-                recs = b"".join(
-                    struct.pack("<IQ", r.randrange(1 << 32) if big else r.randrange(64),
-                                r.randrange(1 << 64) if big else r.randrange(1 << 16))
+                recs = _records(mb.LENGTH_RECORD, [
+                    (r.randrange(1 << 32) if big else r.randrange(64),
+                     r.randrange(1 << 64) if big else r.randrange(1 << 16))
                     for _ in range(n)
-                )  # fmt: skip
+                ])  # fmt: skip
                 op = mb.Opcode.VENDOR_SET_CONTEXT_LENGTHS
                 payload = struct.pack("<I", n) + recs
             else:

@@ -37,7 +37,7 @@ from .cci import Mailbox
 from .device import Type3Device
 
 BASE = 1 << 40
-_REPORT = np.dtype([("id", "<u4"), ("w", "<f8")])
+_REPORT = mb.ATTENTION_RECORD
 SETUPS: tuple[tuple[int, int], ...] = ((1, 4096), (2, 256), (4, 1024), (8, 16384), (16, 256))
 
 
@@ -166,7 +166,7 @@ def run(cfg: SoakConfig, progress: Callable[[int], None] | None = None) -> dict:
                 box = s.boxes[k % ways]
                 ids = np.unique(nprng.choice(s.pages, cfg.report_entries, p=zipf))
                 rec = np.empty(ids.size, dtype=_REPORT)
-                rec["id"], rec["w"] = ids, nprng.random(ids.size)
+                rec["entry"], rec["weight"] = ids, nprng.random(ids.size)
                 payload = struct.pack("<II", k // (4 * ways), ids.size) + rec.tobytes()
                 rc, _ = box.call(mb.Opcode.VENDOR_ATTENTION_REPORT, payload)
                 if rc != mb.ReturnCode.SUCCESS:

@@ -377,7 +377,9 @@ static int job_replay(void)
     uint64_t t0 = now_ns();
     uint8_t *payload = malloc(KVCXL_SLOT_IN);
     static const uint16_t op_of[3] = {KVCXL_OP_CREATE, KVCXL_OP_ATTN, KVCXL_OP_CTX_LEN};
-    static const uint32_t rec_bytes[3] = {16, 8, 8};
+    static const uint32_t rec_bytes[3] = {sizeof(struct kvcxl_create_rec),
+                                          sizeof(struct kvcxl_attn_rec),
+                                          sizeof(struct kvcxl_ctx_len_rec)};
     for (uint32_t b = 0; b < th.n_batches; b++) {
         struct kvcxl_trace_batch *tb = &batches[b];
         if (tb->kind > 2 || (uint64_t)tb->count * rec_bytes[tb->kind] > KVCXL_SLOT_IN ||

@@ -56,16 +56,19 @@ struct kvcxl_host_hdr { /* written by the guest only */
     uint32_t reserved[14];
 };
 
-/* opcodes: the vendor-specific range of the CXL mailbox (C000h...) */
-#define KVCXL_OP_NOP 0xC000u
-#define KVCXL_OP_OPEN 0xC001u
-#define KVCXL_OP_ATTN 0xC002u
-#define KVCXL_OP_END_STEP 0xC003u
-#define KVCXL_OP_STATS 0xC004u
-#define KVCXL_OP_POISON 0xC005u
-#define KVCXL_OP_CLOSE 0xC006u
-#define KVCXL_OP_CREATE 0xC007u
-#define KVCXL_OP_CTX_LEN 0xC008u
+/* opcodes: the table is RING_COMMANDS in kvcxl/qemu/layout.py (tests/test_qemu_ring.py
+ * compiles this header and compares).  Commands that mean what a mailbox vendor command
+ * means share its opcode and input records (kvcxl/emu/cxl/mailbox.py, docs/device.md);
+ * ring-only commands use command set C1h, which the mailbox does not use. */
+#define KVCXL_OP_NOP 0xC100u
+#define KVCXL_OP_OPEN 0xC101u
+#define KVCXL_OP_CREATE 0xC102u   /* = Describe Entries (C005h) + Create Entries (C007h) */
+#define KVCXL_OP_END_STEP 0xC103u
+#define KVCXL_OP_POISON 0xC104u
+#define KVCXL_OP_CLOSE 0xC105u
+#define KVCXL_OP_ATTN 0xC002u     /* = mailbox Attention Report */
+#define KVCXL_OP_STATS 0xC003u    /* = mailbox Get Statistics */
+#define KVCXL_OP_CTX_LEN 0xC006u  /* = mailbox Set Context Lengths */
 
 /* return codes: those of the CXL mailbox (CXL 3.x table 8-34) */
 #define KVCXL_RC_SUCCESS 0x0000u
@@ -99,7 +102,8 @@ struct kvcxl_cqe {
     uint32_t seq; /* written last: completion number + 1 (free-running) */
 };
 
-/* ATTN input record */
+/* ATTN input record = the mailbox's Attention Report record.  Weights are f32: the
+ * trace holds them as f32 and the firmware widens them on reading. */
 struct kvcxl_attn_rec {
     uint32_t entry;
     float weight;
@@ -114,7 +118,8 @@ struct kvcxl_open {
     uint64_t window_base;  /* guest physical address of DPA 0 */
 };
 
-/* CREATE input record: a new entry (written to HBM by the host) */
+/* CREATE input record = the mailbox's Describe Entries record: a new entry (written to
+ * HBM by the host) */
 struct kvcxl_create_rec {
     uint32_t entry; /* must be the next dense id */
     uint32_t ctx;
@@ -123,10 +128,11 @@ struct kvcxl_create_rec {
     uint32_t block;
 };
 
-/* CTX_LEN input record: a context's length in tokens */
-struct kvcxl_ctx_len_rec {
+/* CTX_LEN input record = the mailbox's Set Context Lengths record: a context's length in
+ * tokens (12 bytes, packed) */
+struct __attribute__((packed)) kvcxl_ctx_len_rec {
     uint32_t ctx;
-    uint32_t tokens;
+    uint64_t tokens;
 };
 
 /* ATTN and CREATE output: r1 admitted ids (u32), r2 victims, r3 prefetch hints (u32). */
@@ -169,6 +175,8 @@ _Static_assert(sizeof(struct kvcxl_cqe) == 64, "cqe");
 _Static_assert(sizeof(struct kvcxl_trace_hdr) == 64, "trace hdr");
 _Static_assert(sizeof(struct kvcxl_open) == 24, "open");
 _Static_assert(sizeof(struct kvcxl_create_rec) == 16, "create rec");
+_Static_assert(sizeof(struct kvcxl_attn_rec) == 8, "attn rec");
+_Static_assert(sizeof(struct kvcxl_ctx_len_rec) == 12, "ctx len rec");
 
 /* Byte pattern of KV entry `id` (and of the data-path areas): 64-bit word k. */
 static inline uint64_t kvcxl_pattern(uint32_t seed, uint32_t id, uint64_t k)

@@ -11,41 +11,26 @@ import argparse
 import importlib
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from ...firmware.config import PolicyConfig
 from ..metrics import audit_sentence, audit_totals
 from ..sizes import SIZE_HELP, parse_size
 from ..timing import CXL_DRAM, HBM, NVME
 from .simulator import GRANULARITIES
 
-# Policy parameters exposed as options: name → kind ("float", "int", "str", "bool", "floats").
-# Validation (ranges, choices) is PolicyConfig's; tests check this list matches it.
-POLICY_OPTIONS: dict[str, str] = {
-    "alpha": "float",
-    "beta": "float",
-    "touch_threshold": "float",
-    "aggregation": "str",
-    "anchor_zone_size": "int",
-    "keep_threshold": "float",
-    "evict_threshold": "float",
-    "placement_mode": "str",
-    "placement_weights": "floats",
-    "placement_cuts": "floats",
-    "prefetch_window": "int",
-    "prefetch_distance_scale": "float",
-    "prefetch_blend": "floats",
-    "prefetch_depth": "int",
-    "eviction_batch": "int",
-    "persistent_metadata": "bool",
-    "pinned_fraction": "float",
-    "decay_shift": "int",
-    "pcie_contention": "float",
-    "sink_tokens": "int",
-    "recent_tokens": "int",
-    "lrfu_lambda": "float",
-    "seed": "int",
-}
+
+def _option_kind(annotation: object) -> str:
+    """A PolicyConfig field's annotation as an option kind: float, int, str, bool or floats."""
+    text = getattr(annotation, "__name__", str(annotation))
+    return "floats" if text.startswith("tuple") else text
+
+
+# Every policy parameter is an option, its kind read off PolicyConfig's own field types
+# (validation, ranges and choices stay PolicyConfig's).
+POLICY_OPTIONS: dict[str, str] = {f.name: _option_kind(f.type) for f in fields(PolicyConfig)}
 SHAPE_OPTIONS = (
     "layers",
     "q_heads",

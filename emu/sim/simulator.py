@@ -155,249 +155,280 @@ def simulate(
 ) -> dict[str, Any]:
     """Replay ``stream`` under ``opts``; returns the metrics of docs/simulator.md, "Timing model
     and metrics" (Simulated)."""
-    shape = stream.shape
-    cfg = opts.config
-    eb = shape.entry_bytes
-    n_total = stream.n_entries
-    capacity = opts.budget_bytes // eb
-    cxl_cap = n_total if opts.cxl_bytes is None else opts.cxl_bytes // eb
-    nvme_cap = n_total if opts.nvme_bytes is None else opts.nvme_bytes // eb
-    if capacity + cxl_cap + nvme_cap < n_total:
-        raise ValueError(
-            f"the tiers hold {(capacity + cxl_cap + nvme_cap) * eb} B but the workload creates "
-            f"{n_total * eb} B of KV: raise --budget, --cxl or --nvme"
+    return _Replay(stream, opts).run(progress)
+
+
+class _StepBooks:
+    """Per-read-step accounting: reads, hits, misses by source tier, stall, tokens, moves."""
+
+    def __init__(self, read_steps: NDArray, warmup_steps: int, moved_shape: tuple) -> None:
+        n = read_steps.size
+        self.read_steps, self.n = read_steps, n
+        self.reads = np.zeros(n, np.int64)
+        self.hits = np.zeros(n, np.int64)
+        self.miss = np.zeros((n, 4), np.int64)  # by source tier code
+        self.stall = np.zeros(n, np.float64)
+        self.tokens = np.zeros(n, np.int64)
+        self.bytes = np.zeros(n, np.float64)
+        # Entries moved, by the read step an event belongs to (the first read step at or
+        # after its own step: a step's writes count with its reads).
+        self.moved = np.zeros((max(n, 1), *moved_shape), np.int64)
+        self.warm = min(warmup_steps, n)
+
+    def position(self, step: int) -> int:
+        """Index among the read steps of the first read step at or after ``step``."""
+        return min(int(np.searchsorted(self.read_steps, step)), max(self.n - 1, 0))
+
+
+class _Replay:
+    """One replay: the firmware session decides, the tiers move bytes, the books count."""
+
+    def __init__(self, stream: ReadStream, opts: SimOptions) -> None:
+        self.stream, self.opts = stream, opts
+        shape = stream.shape
+        self.eb = eb = shape.entry_bytes
+        n_total = stream.n_entries
+        self.capacity = opts.budget_bytes // eb
+        cxl_cap = n_total if opts.cxl_bytes is None else opts.cxl_bytes // eb
+        nvme_cap = n_total if opts.nvme_bytes is None else opts.nvme_bytes // eb
+        if self.capacity + cxl_cap + nvme_cap < n_total:
+            raise ValueError(
+                f"the tiers hold {(self.capacity + cxl_cap + nvme_cap) * eb} B but the workload "
+                f"creates {n_total * eb} B of KV: raise --budget, --cxl or --nvme"
+            )
+        self.plan = plan_batches(stream, opts.granularity)
+        cls = POLICIES.get(opts.policy)
+        future = None
+        if cls is not None and not cls.online:  # given the future: every read batch as replayed
+            if opts.prefetch:
+                raise ValueError(
+                    f"{opts.policy} is a demand-paging optimum: run it with prefetch off"
+                )
+            future = Future.from_batches([b.ids for b in self.plan if b.read])
+        # Victim order matters only to a dump (compared entry by entry with the device and guest).
+        self.fw = fw = FirmwareSession(
+            opts.policy,
+            self.capacity,
+            opts.config,
+            mode=opts.mode,
+            table=EntryTable(block_tokens=shape.block_tokens, capacity=max(n_total, 16)),
+            audit=opts.audit,
+            placement=opts.placement,
+            future=future,
+            ordered_victims=opts.record_victims,
+            victim_priority=opts.record_victims,
         )
-    plan = plan_batches(stream, opts.granularity)
-    kinds = stream.ev_kind
+        fw.ensure(n_total)
+        for ctx, parent, blocks in stream.prefixes:
+            fw.share_prefix(ctx, parent, blocks)
+        self.tiers = Tiers(eb, cxl_cap, nvme_cap)
+        self.tiers._ensure(n_total)
+        self.dump: list[tuple[NDArray, NDArray, int]] = []
+        self.prefetched = np.zeros(n_total, dtype=bool)
+        self.pf_total = self.pf_useful = self.pf_wasted = self.pf_useful_warm = 0
+        self.lazy = bool(stream.lazy_creates.any())  # some entries are created on first read
+        self.created = np.zeros(n_total, dtype=bool)
+        self.books = _StepBooks(
+            unique_ids(stream.ev_step[stream.ev_kind != CREATE]),
+            opts.warmup_steps,
+            self.tiers.moved.shape,
+        )
+        t = opts.timing
+        self.t_batch = {
+            TIER_CXL: lambda n: t.cxl_latency_ns + n * eb / t.cxl_gbps,
+            TIER_NVME: lambda n: t.nvme_latency_ns + n * eb / t.nvme_gbps,
+        }
 
-    cls = POLICIES.get(opts.policy)
-    future = None
-    if cls is not None and not cls.online:  # given the future: every read batch as replayed
-        if opts.prefetch:
-            raise ValueError(f"{opts.policy} is a demand-paging optimum: run it with prefetch off")
-        future = Future.from_batches([b.ids for b in plan if b.read])
-    # Victim order matters only to a dump (compared entry by entry with the device and guest).
-    fw = FirmwareSession(
-        opts.policy,
-        capacity,
-        cfg,
-        mode=opts.mode,
-        table=EntryTable(block_tokens=shape.block_tokens, capacity=max(n_total, 16)),
-        audit=opts.audit,
-        placement=opts.placement,
-        future=future,
-        ordered_victims=opts.record_victims,
-        victim_priority=opts.record_victims,
-    )
-    fw.ensure(n_total)
-    for ctx, parent, blocks in stream.prefixes:
-        fw.share_prefix(ctx, parent, blocks)
-    table, cache, audit = fw.table, fw.cache, fw.audit
-    dump: list[tuple[NDArray, NDArray, int]] = []
-    tiers = Tiers(eb, cxl_cap, nvme_cap)
-    tiers._ensure(n_total)
-    prefetched = np.zeros(n_total, dtype=bool)
+    # --- the events ----------------------------------------------------------------------
+    def run(self, progress: Callable[[int], None] | None) -> dict[str, Any]:
+        fw, tiers, books = self.fw, self.tiers, self.books
+        last_step: int | None = None
+        pos = 0
+        mark = tiers.moved.copy()
+        for b in self.plan:
+            step = b.step
+            if last_step is None:
+                pos = books.position(step)
+            elif step != last_step:
+                new_pos = books.position(step)
+                if new_pos != pos:
+                    books.moved[pos] += tiers.moved - mark
+                    mark = tiers.moved.copy()
+                    pos = new_pos
+                    if pos == books.warm:
+                        self.pf_useful_warm = self.pf_useful
+            last_step = step
+            fw.at(step)
+            if b.lens is not None:
+                fw.lengths(*b.lens)
+            if not b.read:
+                self._write(b.ids, step)
+            else:
+                self._read(b, pos)
+            if self.opts.check:
+                tiers.check(fw.table.n, fw.cache.n_resident, fw.cache.capacity)
+            if progress is not None:
+                progress(1)
+        fw.end_step()
+        books.moved[pos] += tiers.moved - mark
+        tiers.check(fw.table.n, fw.cache.n_resident, fw.cache.capacity)
+        return self._result()
 
-    # Per-step accumulators (index = position of the step among read steps).
-    read_steps = unique_ids(stream.ev_step[kinds != CREATE])
-    n_steps = read_steps.size
-    st_reads = np.zeros(n_steps, np.int64)
-    st_hits = np.zeros(n_steps, np.int64)
-    st_miss = np.zeros((n_steps, 4), np.int64)  # by source tier code
-    st_stall = np.zeros(n_steps, np.float64)
-    st_tokens = np.zeros(n_steps, np.int64)
-    st_bytes = np.zeros(n_steps, np.float64)
-    pf_total = pf_useful = pf_wasted = 0
-    pf_useful_warm = 0
-    # Entries moved, by the read step an event belongs to (the first read step at or after
-    # its own step: a step's writes count with its reads).
-    st_moved = np.zeros((max(n_steps, 1), *tiers.moved.shape), np.int64)
-    warm_idx = min(opts.warmup_steps, n_steps)
-    t = opts.timing
-    t_batch = {
-        TIER_CXL: lambda n: t.cxl_latency_ns + n * eb / t.cxl_gbps,
-        TIER_NVME: lambda n: t.nvme_latency_ns + n * eb / t.nvme_gbps,
-    }
-
-    def settle(d: Decisions, step: int, time: int) -> None:
-        """Move a call's victims out of HBM, where placement sends them."""
-        if d.victims.size == 0:
-            return
-        if opts.record_victims:
-            dump.append((d.victims, np.asarray(d.priority, dtype=np.float64), step))
-        if opts.prefetch:
-            nonlocal pf_wasted
-            pf_wasted += int(np.count_nonzero(prefetched[d.victims]))
-            prefetched[d.victims] = False
-        tiers.demote(d.victims, d.tiers, time)
-
-    def do_prefetch(ids: NDArray, w: NDArray, step: int, time: int) -> int:
-        chosen = fw.prefetch_candidates(ids, w, opts.prefetch_limit)
-        if chosen.size == 0:
-            return 0
-        tiers.promote(chosen)
-        d = fw.prefetch(chosen)
-        assert d.admitted.size == chosen.size
-        prefetched[chosen] = True
-        settle(d, step, time)
-        return int(chosen.size)
-
-    lazy = bool(stream.lazy_creates.any())  # some entries are created on their first read
-    created = np.zeros(n_total, dtype=bool)
-    bt = shape.block_tokens
-
-    def write(ids: NDArray, step: int, on_first_read: bool = False) -> None:
+    def _write(self, ids: NDArray, step: int, on_first_read: bool = False) -> None:
         """The host writes new KV into HBM (entries ``ids``, in creation order)."""
         if ids.size == 0:
             return
-        if ids[0] != table.n or not np.array_equal(ids, np.arange(table.n, table.n + ids.size)):
+        fw, stream = self.fw, self.stream
+        n = fw.table.n
+        if ids[0] != n or not np.array_equal(ids, np.arange(n, n + ids.size)):
             raise ValueError(f"stream creates entries out of order at step {step}")
         c = stream.e_ctx[ids]
         fw.describe(c, stream.e_layer[ids], stream.e_head[ids], stream.e_block[ids])
         if on_first_read:  # a trace's context is as long as its highest block so far (full)
+            bt = stream.shape.block_tokens
             fw.lengths(c, (stream.e_block[ids].astype(np.int64) + 1) * bt)
-        created[ids] = True
-        tiers.create(ids)
+        self.created[ids] = True
+        self.tiers.create(ids)
         # A write follows the last read batch: it carries that batch's time (the session's
         # clock rule; the offline optimum sees −1 before any read).
-        settle(fw.write(step, ids), step, fw.time - 1 if fw.offline else max(fw.time - 1, 0))
+        time = fw.time - 1 if fw.offline else max(fw.time - 1, 0)
+        self._settle(fw.write(step, ids), step, time)
 
-    last_step: int | None = None
-    pos = 0  # index among read steps of the current event's step
-    mark = tiers.moved.copy()
-    for b in plan:
-        step = b.step
-        if last_step is not None and step != last_step:
-            new_pos = min(int(np.searchsorted(read_steps, step)), max(n_steps - 1, 0))
-            if new_pos != pos:
-                st_moved[pos] += tiers.moved - mark
-                mark = tiers.moved.copy()
-                pos = new_pos
-                if pos == warm_idx:
-                    pf_useful_warm = pf_useful
-        elif last_step is None:
-            pos = min(int(np.searchsorted(read_steps, step)), max(n_steps - 1, 0))
-        last_step = step
-        fw.at(step)
-        if b.lens is not None:
-            fw.lengths(*b.lens)
-        ids = b.ids
-        if not b.read:
-            write(ids, step)
-        else:
-            if lazy:
-                new = ids[~created[ids]]
-                if new.size:
-                    write(unique_ids(new), step, on_first_read=True)
-            w = b.w
-            src_tier = tiers.tier[ids]  # where every read is served from if it misses
-            time = fw.time
-            hit, d = fw.read(step, ids, w)
-            counts = np.bincount(src_tier[~hit], minlength=4)
-            nh = ids.size - int(counts.sum())
-            if pf_total:
-                useful = prefetched[ids] & hit
-                if useful.any():
-                    u = unique_ids(ids[useful])
-                    pf_useful += u.size
-                    prefetched[u] = False
-            tiers.promote(d.admitted)
-            settle(d, step, time)
-            st_reads[pos] += ids.size
-            st_hits[pos] += nh
-            st_miss[pos] += counts
-            st_bytes[pos] += ids.size * eb
-            st_tokens[pos] += b.tokens
-            for tier_code in (TIER_CXL, TIER_NVME):
-                if counts[tier_code]:
-                    st_stall[pos] += t_batch[tier_code](int(counts[tier_code]))
-            if opts.prefetch:
-                pf_total += do_prefetch(ids, w, step, time)
-        if opts.check:
-            tiers.check(table.n, cache.n_resident, cache.capacity)
-        if progress is not None:
-            progress(1)
-    fw.end_step()
-    st_moved[pos] += tiers.moved - mark
-    tiers.check(table.n, cache.n_resident, cache.capacity)
+    def _read(self, b: _Batch, pos: int) -> None:
+        """One batch of reads: hits, misses paged in from their tier, victims placed."""
+        fw, tiers, books = self.fw, self.tiers, self.books
+        ids, w, step = b.ids, b.w, b.step
+        if self.lazy:
+            new = ids[~self.created[ids]]
+            if new.size:
+                self._write(unique_ids(new), step, on_first_read=True)
+        src_tier = tiers.tier[ids]  # where every read is served from if it misses
+        time = fw.time
+        hit, d = fw.read(step, ids, w)
+        counts = np.bincount(src_tier[~hit], minlength=4)
+        if self.pf_total:
+            useful = self.prefetched[ids] & hit
+            if useful.any():
+                u = unique_ids(ids[useful])
+                self.pf_useful += u.size
+                self.prefetched[u] = False
+        tiers.promote(d.admitted)
+        self._settle(d, step, time)
+        books.reads[pos] += ids.size
+        books.hits[pos] += ids.size - int(counts.sum())
+        books.miss[pos] += counts
+        books.bytes[pos] += ids.size * self.eb
+        books.tokens[pos] += b.tokens
+        for tier_code in (TIER_CXL, TIER_NVME):
+            if counts[tier_code]:
+                books.stall[pos] += self.t_batch[tier_code](int(counts[tier_code]))
+        if self.opts.prefetch:
+            self.pf_total += self._prefetch(ids, w, step, time)
 
-    # --- metrics over the measured (post-warm-up) steps --------------------------------
-    m = slice(warm_idx, None)
-    reads = int(st_reads[m].sum())
-    hits = int(st_hits[m].sum())
-    miss_by = st_miss[m].sum(axis=0)
-    hbm_ns = t.access_ns(TIER_HBM, eb)
-    lat_sum = hits * hbm_ns + sum(
-        int(miss_by[c]) * t.access_ns(c, eb) for c in (TIER_CXL, TIER_NVME)
-    )
-    hbm_step_ns = st_hits[m] * eb / t.hbm_gbps
-    compute_ns = (
-        (t.compute_base_ms + t.compute_ms_per_gib * st_bytes[m] / 2**30) * 1e6
-        if t.compute_model
-        else np.zeros(st_bytes[m].size)
-    )
-    step_ns = hbm_step_ns + st_stall[m] + compute_ns
-    tokens = int(st_tokens[m].sum())
-    bytes_moved = tiers.bytes_moved(st_moved[warm_idx:].sum(axis=0))
-    stall = st_stall[m]
-    cs = cache.stats.as_dict()
-    out: dict[str, Any] = {
-        "evidence": "Simulated",
-        "policy": opts.policy,
-        "budget_bytes": int(opts.budget_bytes),
-        "budget_entries": int(capacity),
-        "budget_fraction": capacity / n_total if n_total else 0.0,
-        "steps": int(n_steps - warm_idx),
-        "warmup_steps": int(warm_idx),
-        "reads": reads,
-        "hits": hits,
-        "misses": reads - hits,
-        "misses_cxl": int(miss_by[TIER_CXL]),
-        "misses_nvme": int(miss_by[TIER_NVME]),
-        "hit_rate": hits / reads if reads else 0.0,
-        "byte_miss_ratio": (reads - hits) * eb / (reads * eb) if reads else 0.0,
-        "effective_latency_ns": lat_sum / reads if reads else 0.0,
-        "stall_ns_per_step_mean": float(stall.mean()) if stall.size else 0.0,
-        "stall_ns_per_step_p50": float(np.percentile(stall, 50)) if stall.size else 0.0,
-        "stall_ns_per_step_p95": float(np.percentile(stall, 95)) if stall.size else 0.0,
-        "stall_ns_per_step_p99": float(np.percentile(stall, 99)) if stall.size else 0.0,
-        "step_time_ns_mean": float(step_ns.mean()) if step_ns.size else 0.0,
-        "tokens": tokens,
-        "tokens_per_s": tokens / (step_ns.sum() * 1e-9) if step_ns.sum() > 0 else None,
-        "bytes_moved": bytes_moved,
-        "bytes_moved_total": int(sum(bytes_moved.values())),
-        "prefetch": opts.prefetch,
-        "prefetched_entries": int(pf_total),
-        "prefetch_precision": pf_useful / pf_total if pf_total else None,
-        "prefetch_coverage": (
-            (pf_useful - pf_useful_warm) / ((pf_useful - pf_useful_warm) + reads - hits)
-            if pf_total and reads
-            else None
-        ),
-        "metadata_bytes_per_entry": int(
-            sum(np.dtype(d).itemsize for d, _ in fw.policy.columns.values())
-        ),
-        "entries": int(n_total),
-        "kv_bytes": int(n_total * eb),
-        "entry_bytes": int(eb),
-        "occupancy_end": tiers.occupancy() | {"hbm_pinned": int(cs["pinned"])},
-        "cache": cs,
-        **(audit.as_dict() if audit else dict.fromkeys(AUDIT_KEYS)),
-        "audit_faults": audit.faults if audit else None,
-        "granularity": opts.granularity,
-        "persistent_metadata": cfg.persistent_metadata,
-        "alpha": cfg.alpha,
-        "timing": asdict(t),
-        "per_step": {
-            "reads": st_reads.tolist(),
-            "hits": st_hits.tolist(),
-            "stall_ns": st_stall.tolist(),
-            "bytes_moved": [tiers.bytes_moved(m) for m in st_moved[:n_steps]],
-        },
-    }
-    if opts.record_victims:
-        out["_victims"] = dump
-    return out
+    def _settle(self, d: Decisions, step: int, time: int) -> None:
+        """Move a call's victims out of HBM, where placement sends them."""
+        if d.victims.size == 0:
+            return
+        if self.opts.record_victims:
+            self.dump.append((d.victims, np.asarray(d.priority, dtype=np.float64), step))
+        if self.opts.prefetch:
+            self.pf_wasted += int(np.count_nonzero(self.prefetched[d.victims]))
+            self.prefetched[d.victims] = False
+        self.tiers.demote(d.victims, d.tiers, time)
+
+    def _prefetch(self, ids: NDArray, w: NDArray, step: int, time: int) -> int:
+        chosen = self.fw.prefetch_candidates(ids, w, self.opts.prefetch_limit)
+        if chosen.size == 0:
+            return 0
+        self.tiers.promote(chosen)
+        d = self.fw.prefetch(chosen)
+        assert d.admitted.size == chosen.size
+        self.prefetched[chosen] = True
+        self._settle(d, step, time)
+        return int(chosen.size)
+
+    # --- the metrics over the measured (post-warm-up) steps -------------------------------
+    def _result(self) -> dict[str, Any]:
+        opts, books, tiers, fw, eb = self.opts, self.books, self.tiers, self.fw, self.eb
+        t, cfg, audit = opts.timing, opts.config, fw.audit
+        n_total = self.stream.n_entries
+        m = slice(books.warm, None)
+        reads = int(books.reads[m].sum())
+        hits = int(books.hits[m].sum())
+        miss_by = books.miss[m].sum(axis=0)
+        hbm_ns = t.access_ns(TIER_HBM, eb)
+        lat_sum = hits * hbm_ns + sum(
+            int(miss_by[c]) * t.access_ns(c, eb) for c in (TIER_CXL, TIER_NVME)
+        )
+        hbm_step_ns = books.hits[m] * eb / t.hbm_gbps
+        compute_ns = (
+            (t.compute_base_ms + t.compute_ms_per_gib * books.bytes[m] / 2**30) * 1e6
+            if t.compute_model
+            else np.zeros(books.bytes[m].size)
+        )
+        step_ns = hbm_step_ns + books.stall[m] + compute_ns
+        tokens = int(books.tokens[m].sum())
+        bytes_moved = tiers.bytes_moved(books.moved[books.warm :].sum(axis=0))
+        stall = books.stall[m]
+        pf_total, pf_useful, pf_warm = self.pf_total, self.pf_useful, self.pf_useful_warm
+        cs = fw.cache.stats.as_dict()
+        out: dict[str, Any] = {
+            "evidence": "Simulated",
+            "policy": opts.policy,
+            "budget_bytes": int(opts.budget_bytes),
+            "budget_entries": int(self.capacity),
+            "budget_fraction": self.capacity / n_total if n_total else 0.0,
+            "steps": int(books.n - books.warm),
+            "warmup_steps": int(books.warm),
+            "reads": reads,
+            "hits": hits,
+            "misses": reads - hits,
+            "misses_cxl": int(miss_by[TIER_CXL]),
+            "misses_nvme": int(miss_by[TIER_NVME]),
+            "hit_rate": hits / reads if reads else 0.0,
+            "byte_miss_ratio": (reads - hits) * eb / (reads * eb) if reads else 0.0,
+            "effective_latency_ns": lat_sum / reads if reads else 0.0,
+            "stall_ns_per_step_mean": float(stall.mean()) if stall.size else 0.0,
+            "stall_ns_per_step_p50": float(np.percentile(stall, 50)) if stall.size else 0.0,
+            "stall_ns_per_step_p95": float(np.percentile(stall, 95)) if stall.size else 0.0,
+            "stall_ns_per_step_p99": float(np.percentile(stall, 99)) if stall.size else 0.0,
+            "step_time_ns_mean": float(step_ns.mean()) if step_ns.size else 0.0,
+            "tokens": tokens,
+            "tokens_per_s": tokens / (step_ns.sum() * 1e-9) if step_ns.sum() > 0 else None,
+            "bytes_moved": bytes_moved,
+            "bytes_moved_total": int(sum(bytes_moved.values())),
+            "prefetch": opts.prefetch,
+            "prefetched_entries": int(pf_total),
+            "prefetch_precision": pf_useful / pf_total if pf_total else None,
+            "prefetch_coverage": (
+                (pf_useful - pf_warm) / ((pf_useful - pf_warm) + reads - hits)
+                if pf_total and reads
+                else None
+            ),
+            "metadata_bytes_per_entry": int(
+                sum(np.dtype(d).itemsize for d, _ in fw.policy.columns.values())
+            ),
+            "entries": int(n_total),
+            "kv_bytes": int(n_total * eb),
+            "entry_bytes": int(eb),
+            "occupancy_end": tiers.occupancy() | {"hbm_pinned": int(cs["pinned"])},
+            "cache": cs,
+            **(audit.as_dict() if audit else dict.fromkeys(AUDIT_KEYS)),
+            "audit_faults": audit.faults if audit else None,
+            "granularity": opts.granularity,
+            "persistent_metadata": cfg.persistent_metadata,
+            "alpha": cfg.alpha,
+            "timing": asdict(t),
+            "per_step": {
+                "reads": books.reads.tolist(),
+                "hits": books.hits.tolist(),
+                "stall_ns": books.stall.tolist(),
+                "bytes_moved": [tiers.bytes_moved(x) for x in books.moved[: books.n]],
+            },
+        }
+        if opts.record_victims:
+            out["_victims"] = self.dump
+        return out
 
 
 def victims_table(

@@ -1,6 +1,11 @@
 """Boot the virtual host: the firmware service, then QEMU with a CXL Type-3 device whose
 media is a shared file the service maps; collect what both sides report.
 
+The firmware the guest reaches through the ring is the device emulator
+(:class:`kvcxl.emu.device.device.Type3Device`), run inside the service process
+(``python -m kvcxl.qemu.service --device``); ``device_emulator=False`` runs the
+service's own firmware session instead (ring-only mode).
+
 One :class:`Boot` is one run.  Everything it starts (service, QEMU) is in its own
 process group and is killed on the way out, whatever happened.
 """
@@ -42,7 +47,7 @@ class BootOptions:
     workdir: str | None = None
     keep: bool = False
     wait_s: float = 0.0  # the "wait" job's sleep
-    device_emulator: bool = True  # mirror into `kvcxl device serve`
+    device_emulator: bool = True  # the ring's firmware is the device emulator (--device)
     on_event: Callable[[dict, Boot], None] | None = None
     console: Callable[[str], None] | None = None  # every console line, as it arrives
     # A guest silent this long (the 'wait' job's sleep added) has stalled: QEMU is stopped.
@@ -62,7 +67,6 @@ class Boot:
     cxl_list: Any = None
     qemu: subprocess.Popen | None = None
     service: subprocess.Popen | None = None
-    device: subprocess.Popen | None = None
     t0: float = 0.0
     workdir: Path | None = None
     last_line_t: float = 0.0  # monotonic time of the last console line
@@ -84,10 +88,6 @@ class Boot:
     def service_stats(self) -> Path:
         return self.workdir / "service.json"
 
-    @property
-    def device_socket(self) -> Path:
-        return self.workdir / "device.sock"
-
     def event(self, name: str) -> dict | None:
         return next((e for e in self.events if e.get("event") == name), None)
 
@@ -108,8 +108,7 @@ class Boot:
         report: dict[str, Any] = {"evidence": "Measured"}
         try:
             gt = self._prepare_media()
-            use_device = self._start_device(gt)
-            self._start_service(use_plugin, use_device)
+            self._start_service(use_plugin, self.opts.device_emulator)
             self._start_qemu(use_plugin)
             rc = self._wait()
             report.update(self._report(gt, rc, use_plugin))
@@ -134,34 +133,6 @@ class Boot:
             f.write(L.pattern(L.SEED_H2G, 0, L.XFER_BYTES))
         return gt
 
-    def _start_device(self, gt: Any) -> bool:
-        """The device emulator of kvcxl.emu.device, with the trace's geometry and budget."""
-        if not self.opts.device_emulator:
-            return False
-        unit = 256 << 20
-        capacity = max(unit, -(-gt.n_entries * gt.entry_bytes // unit) * unit)
-        cmd = [sys.executable, "-m", "kvcxl.emu.cli", "device", "serve"]
-        cmd += ["--socket", str(self.device_socket), "--capacity", str(capacity)]
-        cmd += ["--page-bytes", str(gt.entry_bytes), "--dram-pages", str(gt.capacity)]
-        cmd += ["--entries", "host", "--record-victims", "--policy", self.opts.policy]
-        if self.opts.config:
-            cmd += ["--config", self.opts.config]
-        log = open(self.workdir / "device.log", "w")
-        self.device = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd="/"
-        )
-        t = time.monotonic()
-        while not self.device_socket.exists():
-            if self.device.poll() is not None or time.monotonic() - t > 60:
-                self.events.append(
-                    {"event": "host_device_emulator_failed",
-                     "log": (self.workdir / "device.log").read_text()[-500:]}
-                )  # fmt: skip
-                _kill_group(self.device)
-                return False
-            time.sleep(0.05)
-        return True
-
     def _start_service(self, use_plugin: bool, use_device: bool = False) -> None:
         ready = self.workdir / "service.ready"
         cmd = [
@@ -182,7 +153,7 @@ class Boot:
         if use_plugin:
             cmd += ["--plugin-ring", str(self.plugin_ring)]
         if use_device:
-            cmd += ["--device-socket", str(self.device_socket)]
+            cmd += ["--device"]
         log = open(self.workdir / "service.log", "w")
         self.service = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd="/"
@@ -380,8 +351,6 @@ class Boot:
             _kill_group(self.qemu)
         if self.service is not None and self.service.poll() is None:
             _kill_group(self.service)
-        if self.device is not None and self.device.poll() is None:
-            _kill_group(self.device)
         if self.workdir is not None and not self.opts.keep and self.opts.workdir is None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

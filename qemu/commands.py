@@ -87,8 +87,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--device-emulator",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="mirror the firmware calls into `kvcxl device serve` and compare its victims "
-        "(default: on)",
+        help="the firmware the guest's ring reaches is the device emulator (kvcxl.emu.device, "
+        "in the service's process); --no-device-emulator: the service's own firmware "
+        "session (default: on)",
     )
     b.add_argument(
         "--poison",
@@ -282,12 +283,16 @@ def _summary(r: dict) -> None:
             f"ring RTT p50 {x['ring_rtt_us_p50']} us; memcpy to CXL {x['memcpy_to_cxl_MBps']} "
             f"MB/s, guest RAM {x['memcpy_ram_MBps']} MB/s"
         )
-    for sess in (r.get("firmware") or {}).get("sessions", [])[:1]:
-        d = sess.get("device_emulator")
+    fw = r.get("firmware") or {}
+    for sess in fw.get("sessions", [])[:1]:
+        d = sess.get("device")
         if d:
+            c = d.get("counters", {})
             print(
-                f"device emulator mirror: {d.get('victims')} victims, equal to the service's: "
-                f"{d.get('victims_equal_service')}, errors {d.get('errors')}"
+                f"firmware: the device emulator: {sess.get('victims_total')} victims "
+                f"{sess.get('victims_to_tier')}, {c.get('migrations_to_nvme')} pages demoted, "
+                f"{c.get('migrations_to_dram')} promoted, device errors "
+                f"{fw.get('device_errors')}"
             )
     if r.get("cxl_trace"):
         kinds: dict[str, int] = {}

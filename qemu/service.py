@@ -7,10 +7,17 @@ to the ring is a store into this mapping.  The service owns the device header li
 (status, heartbeat, consumed index) and the completion queue; the guest owns the
 doorbell line and the submission queue (docs/qemu.md, "The ring").
 
-Firmware state is a :class:`kvcxl.firmware.session.FirmwareSession` whose entry
-table the guest fills with CREATE commands: the same session the simulator and the
-device emulator drive, so the same trace gives the same victims, placements and
-prefetch candidates.
+The firmware the guest talks to.  With ``--device`` (what ``kvcxl qemu boot`` runs)
+each OPEN … CLOSE is served by a :class:`kvcxl.emu.device.device.Type3Device` with
+host-managed entries, in this process: the device emulator *is* the firmware, every
+answer on the ring (admitted entries, victims with their tiers and priorities,
+prefetch hints, hits) is a decision of the device's firmware session, and this module
+is only the ring's transport (validation of the ring's records, encoding of the
+answers, statistics).  A device error is answered to the guest with the ring's return
+code, logged and counted (``device_errors``).  Without ``--device`` (stock, ring-only
+mode) the service drives a :class:`kvcxl.firmware.session.FirmwareSession` itself —
+the same session the simulator and the device drive, so either way the same trace
+gives the same victims, placements and prefetch candidates.
 
 Run as ``python -m kvcxl.qemu.service --media FILE --out STATS.json``; SIGTERM stops
 it and writes the statistics.
@@ -56,7 +63,7 @@ class FirmwareService:
         config: object = None,
         plugin_ring: str | Path | None = None,
         record_victims: bool = True,
-        device_socket: str | None = None,
+        device: bool = False,
     ) -> None:
         from kvcxl.firmware.config import PolicyConfig
 
@@ -72,8 +79,9 @@ class FirmwareService:
         self.plugin_path = Path(plugin_ring) if plugin_ring else None
         self.acc: mmap.mmap | None = None
         self.tracing = L.TRACING_ARMING if self.plugin_path else L.TRACING_NONE
-        self.device_socket = device_socket  # the device emulator mirrors the first session
-        self.bridge = None
+        self.use_device = device  # each session's firmware is a Type3Device
+        self.device = None  # the open session's device (with use_device)
+        self.device_errors = 0
         self.sq_head = 0
         self.heartbeat = 0
         self.errors = 0
@@ -108,7 +116,10 @@ class FirmwareService:
         return 0 if self.fw is None else self.fw.time
 
     def _reset_state(self) -> None:
-        self.fw = None  # the firmware session of the open OPEN … CLOSE
+        if self.device is not None:
+            self.device.close()
+        self.device = None
+        self.fw = None  # the firmware session of the open OPEN … CLOSE (the device's, if any)
         self.n_entries = 0
         self.entry_bytes = 0
         self.step: int | None = None
@@ -248,25 +259,48 @@ class FirmwareService:
         if bt == 0:
             raise RingError(L.RC_INVALID_INPUT, "block_tokens 0")
         self._archive()
-        if self.device_socket is not None:
-            from .device_bridge import DeviceBridge
-
+        if self.use_device:
+            self.device = self._dev(self._new_device, n, eb, cap, bt)
+            self.fw = self.device.fw  # read for the statistics; only the device drives it
+        else:
             try:
-                self.bridge = DeviceBridge(self.device_socket)
-            except OSError as exc:
-                self._log(f"device emulator at {self.device_socket}: {exc}")
-            self.device_socket = None
-        try:
-            self.fw = FirmwareSession(
-                self.policy_name, cap, self.config,
-                table=EntryTable(block_tokens=bt, capacity=max(n, 16)), audit=True,
-            )  # fmt: skip
-        except (ValueError, TypeError) as exc:
-            raise RingError(L.RC_INVALID_INPUT, str(exc)) from None
-        self.fw.ensure(n)
+                self.fw = FirmwareSession(
+                    self.policy_name, cap, self.config,
+                    table=EntryTable(block_tokens=bt, capacity=max(n, 16)), audit=True,
+                )  # fmt: skip
+            except (ValueError, TypeError) as exc:
+                raise RingError(L.RC_INVALID_INPUT, str(exc)) from None
+            self.fw.ensure(n)
         self.n_entries, self.entry_bytes, self.window_base = n, eb, base
         self.accessed = np.zeros(n, dtype=np.int64)
         return b"", (n, cap, 0, 0, self.size)
+
+    def _new_device(self, n: int, eb: int, cap: int, bt: int):
+        """The device emulator for one session: one page per entry, ``cap`` pages of
+        device DRAM, entries as the guest creates them.  It keeps its own media (not
+        QEMU's file): its migrations move its own bytes, never the guest's memory."""
+        from kvcxl.emu.device.device import Type3Device
+
+        unit = 256 << 20  # CXL capacity is managed in 256 MiB units
+        capacity = max(unit, -(-n * eb // unit) * unit)
+        return Type3Device(
+            capacity, page_bytes=eb, dram_pages=cap, policy=self.policy_name,
+            config=self.config, entries="host", record_victims=True, audit=True,
+            block_tokens=bt,
+        )  # fmt: skip
+
+    def _dev(self, fn, *args, **kw):
+        """One call into the device: its refusal (ValueError) is the ring's INVALID_INPUT,
+        any other failure its INTERNAL error; both are logged and counted by ``_serve``
+        and in ``device_errors``."""
+        try:
+            return fn(*args, **kw)
+        except ValueError as exc:
+            self.device_errors += 1
+            raise RingError(L.RC_INVALID_INPUT, f"device: {exc}") from None
+        except Exception:
+            self.device_errors += 1
+            raise
 
     def _decisions(self, d, hints: np.ndarray | None = None) -> tuple[bytes, tuple]:
         """Response: admitted ids, victims (with the tier placement chose), prefetch hints."""
@@ -276,7 +310,7 @@ class FirmwareService:
         if d.victims.size:
             vic["entry"], vic["tier"] = d.victims, d.tiers
             vic["priority_q16"] = fx.to_q16(np.clip(d.priority, 0.0, 1.0))
-            if self.record_victims:
+            if self.record_victims and self.device is None:  # the device logs its own
                 self.victims.extend(int(v) for v in d.victims)
             self.victim_tiers.update(int(t) for t in d.tiers)
         hints = np.zeros(0, np.int64) if hints is None else hints
@@ -295,11 +329,14 @@ class FirmwareService:
         if self.table.n + count > self.n_entries:
             raise RingError(L.RC_INVALID_INPUT, f"more than the {self.n_entries} opened entries")
         self._check_step(step)
-        self.fw.at(step)
-        self.fw.describe(rec["ctx"], rec["layer"], rec["head"], rec["block"])
-        d = self.fw.write(step, want)
-        if self.bridge is not None:
-            self.bridge.guarded(self.bridge.create, step, rec)
+        if self.device is not None:
+            cols = (rec["ctx"], rec["layer"], rec["head"], rec["block"])
+            self._dev(self.device.describe, want, *cols, step=step)
+            d = self._dev(self.device.create_decisions, step, want)
+        else:
+            self.fw.at(step)
+            self.fw.describe(rec["ctx"], rec["layer"], rec["head"], rec["block"])
+            d = self.fw.write(step, want)
         out, (na, nv, nh) = self._decisions(d)
         return out, (0, na, nv, nh, 0)
 
@@ -308,10 +345,12 @@ class FirmwareService:
         rec = self._records(payload, count, L.CTX_LEN_REC, L.CTX_LEN_MAX)
         self._check_step(step)
         if count:
-            self.fw.at(step)
-            self.fw.lengths(rec["ctx"].astype(np.int64), rec["tokens"].astype(np.int64))
-            if self.bridge is not None:
-                self.bridge.guarded(self.bridge.ctx_len, rec)
+            ctx, tokens = rec["ctx"].astype(np.int64), rec["tokens"].astype(np.int64)
+            if self.device is not None:
+                self._dev(self.device.set_context_tokens, ctx, tokens, step=step)
+            else:
+                self.fw.at(step)
+                self.fw.lengths(ctx, tokens)
         return b"", (0, 0, 0, 0, 0)
 
     def op_attn(self, step, layer, count, payload, arg0, arg1):
@@ -324,10 +363,12 @@ class FirmwareService:
         if not np.all(np.isfinite(w)) or (w.size and w.min() < 0):
             raise RingError(L.RC_INVALID_INPUT, "attention weights must be finite and >= 0")
         self._check_step(step)
-        hit, d = self.fw.read(step, ids, w)
-        if self.bridge is not None:
-            self.bridge.guarded(self.bridge.attn, step, rec, int(hit.sum()))
-        hints = self.fw.prefetch_candidates(ids, w, HINTS_MAX)
+        if self.device is not None:
+            hit, d = self._dev(self.device.report_decisions, step, ids, w)
+            hints = self._dev(self.device.prefetch_candidates, ids, w, HINTS_MAX)
+        else:
+            hit, d = self.fw.read(step, ids, w)
+            hints = self.fw.prefetch_candidates(ids, w, HINTS_MAX)
         out, (na, nv, nh) = self._decisions(d, hints)
         return out, (int(hit.sum()), na, nv, nh, 0)
 
@@ -337,12 +378,15 @@ class FirmwareService:
             raise RingError(
                 L.RC_INVALID_INPUT, f"END_STEP {step} but the current step is {self.step}"
             )
-        self.fw.at(step)
-        self.fw.end_step()
+        if self.device is not None:
+            self._dev(self.device.end_step, step)
+        else:
+            self.fw.at(step)
+            self.fw.end_step()
         return b"", (0, 0, 0, 0, 0)
 
     def op_stats(self, step, layer, count, payload, arg0, arg1):
-        text = json.dumps(self.stats(brief=True)).encode()[: L.SLOT_OUT]
+        text = json.dumps(self.stats(brief=True), default=_jsonable).encode()[: L.SLOT_OUT]
         return text, (len(text), 0, 0, 0, 0)
 
     def op_poison(self, step, layer, count, payload, arg0, arg1):
@@ -367,12 +411,7 @@ class FirmwareService:
     def _archive(self) -> None:
         """End the open session (if any): keep its statistics, drop its state."""
         if self.cache is not None:
-            sess = self._session_stats()
-            if self.bridge is not None:
-                sess["device_emulator"] = self.bridge.finish(self.victims)
-                self.bridge.close()
-                self.bridge = None
-            self.sessions.append(sess)
+            self.sessions.append(self._session_stats())
         self._reset_state()
 
     _handlers = {
@@ -438,6 +477,8 @@ class FirmwareService:
         out = {
             "evidence": "Measured",
             "policy": self.policy_name,
+            "firmware": "device emulator" if self.use_device else "service",
+            "device_errors": self.device_errors,
             "commands": dict(self.commands),
             "completions": dict(self.status_counts),
             "errors": self.errors,
@@ -459,7 +500,8 @@ class FirmwareService:
         if self.cache is not None:
             sessions.append(self._session_stats())
         if brief:
-            sessions = [{k: v for k, v in d.items() if k != "victims"} for d in sessions]
+            drop = ("victims", "device")
+            sessions = [{k: v for k, v in d.items() if k not in drop} for d in sessions]
         out["sessions"] = sessions
         return out
 
@@ -477,6 +519,10 @@ class FirmwareService:
             "prefetch_hints": self.hints_sent,
             "victims": list(self.victims),
         }
+        if self.device is not None:
+            # What the device decided, from its own log and statistics.
+            out["victims"] = [int(v) for _, v, _ in self.device.victims]
+            out["device"] = self.device.stats()
         if self.plugin_path is not None and self.accessed is not None:
             out["plugin_entries_accessed"] = int(np.count_nonzero(self.accessed))
         return out
@@ -491,7 +537,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plugin-ring", help="shared-memory file the TCG plugin writes")
     ap.add_argument("--ready", help="create this file once the ring is initialised")
     ap.add_argument(
-        "--device-socket", help="mirror the first session into this `kvcxl device serve`"
+        "--device",
+        action="store_true",
+        help="the firmware is the device emulator (kvcxl.emu.device), in this process: "
+        "one Type3Device per OPEN … CLOSE answers the ring (default: the service's own "
+        "firmware session, ring-only mode)",
     )
     args = ap.parse_args(argv)
     from kvcxl.firmware.config import PolicyConfig
@@ -502,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         policy=args.policy,
         config=cfg,
         plugin_ring=args.plugin_ring,
-        device_socket=args.device_socket,
+        device=args.device,
     )
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))

@@ -169,3 +169,33 @@ def test_shared_dram_file_sees_writes_from_another_process(tmp_path):
     finally:
         os.close(fd)
         d.close()
+
+
+def test_decision_methods_return_what_the_device_acted_on():
+    """create_decisions / report_decisions return the firmware's Decisions; the device's
+    residency and victim log follow them, and create / report answer as before."""
+    a = Type3Device(256 << 20, page_bytes=1 << 20, dram_pages=4, entries="host",
+                    record_victims=True)  # fmt: skip
+    b = Type3Device(256 << 20, page_bytes=1 << 20, dram_pages=4, entries="host",
+                    record_victims=True)  # fmt: skip
+    rng = np.random.default_rng(3)
+    ids = np.arange(12)
+    a.describe(ids, 0, 0, 0, ids + 100, step=0)
+    b.describe(ids, 0, 0, 0, ids + 100)
+    d = a.create_decisions(0, ids[:6])
+    assert b.create(0, ids[:6]) == d.admitted.size
+    logged = list(d.victims)
+    for step in range(1, 6):
+        batch = rng.choice(12, 5, replace=False)
+        w = rng.random(5)
+        hit, d = a.report_decisions(step, batch, w)
+        assert np.array_equal(hit, b.report(step, batch, w))
+        assert d.tiers.size == d.victims.size
+        logged += list(d.victims)
+        # an admitted entry is resident unless it left again within the same batch
+        left = np.isin(d.admitted, d.victims)
+        assert a.cache.is_resident(d.admitted[~left]).all()
+        assert isinstance(a.prefetch_candidates(batch, w, 8), np.ndarray)
+        a.end_step(step)
+    assert [v for _, v, _ in a.victims] == logged == [v for _, v, _ in b.victims]
+    assert a.check_placement()

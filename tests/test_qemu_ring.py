@@ -273,40 +273,51 @@ def test_ring_reuses_mailbox_opcodes_only_with_their_meaning() -> None:
     assert len(L.OPCODES) == len(L.RING_COMMANDS)
 
 
-def test_device_emulator_mirror(media: Path, tmp_path: Path) -> None:
-    """The service mirrors a session into `kvcxl device serve` and reads back its view."""
-    import os
-    import signal
-    import sys
-    import time
+@pytest.mark.parametrize("policy", ["ema", "lru", "h2o", "sink-window"])
+def test_device_emulator_is_the_firmware(media: Path, policy: str) -> None:
+    """With ``device=True`` the ring is answered by the device emulator's firmware: its
+    victims (from the device's own log) are the simulator's, and the service holds no
+    firmware session of its own."""
+    from kvcxl.emu.device.device import Type3Device
 
-    pytest.importorskip("kvcxl.emu.device.service")
-    gt = default_trace()
-    sock = tmp_path / "device.sock"
-    cmd = [sys.executable, "-m", "kvcxl.emu.cli", "device", "serve", "--socket", str(sock)]
-    cmd += ["--capacity", str(256 << 20), "--page-bytes", str(gt.entry_bytes)]
-    cmd += ["--dram-pages", str(gt.capacity), "--entries", "host", "--record-victims"]
-    dev = subprocess.Popen(cmd, start_new_session=True, cwd="/")
-    try:
-        t = time.monotonic()
-        while not sock.exists():
-            assert dev.poll() is None and time.monotonic() - t < 60
-            time.sleep(0.05)
-        svc = FirmwareService(media, device_socket=str(sock))
-        cl = RingClient(media)
-        cl.wait_ready(timeout=1)
-        got = replay(cl, gt, poll=svc.poll_once)
-        assert cl.call(L.OP_CLOSE, svc.poll_once).status == L.RC_SUCCESS
-        d = svc.stats()["sessions"][0]["device_emulator"]
-        assert d["errors"] == 0, d.get("first_error")
-        # every READ, CTX_LEN and CREATE (two calls) went through the device's mailbox
-        n_read = sum(1 for a in range(gt.stream.n_events) if gt.stream.ev_kind[a] == 1)
-        assert d["mailbox_calls"] >= n_read + 2  # + statistics + victim log
-        cache = d["statistics"]["cache"]
-        assert cache["hits"] + cache["misses"] == gt.stream.n_reads
-        assert d["victims"] == cache["evictions"] and len(got["victims"]) > 0
-        # the device emulator, fed the same calls, evicts exactly what the service evicted
-        assert d["victims_equal_service"], d.get("first_different_victim")
-    finally:
-        os.killpg(dev.pid, signal.SIGKILL)
-        dev.wait(timeout=10)
+    svc = FirmwareService(media, policy=policy, device=True)
+    cl = RingClient(media)
+    cl.wait_ready(timeout=1)
+    gt = default_trace(steps=12)
+    got = replay(cl, gt, poll=svc.poll_once)
+    assert isinstance(svc.device, Type3Device) and svc.fw is svc.device.fw
+    want = simulate_victims(gt, policy)
+    assert len(want) > 100
+    assert got["victims"] == want  # what the guest was answered
+    assert [v for _, v, _ in svc.device.victims] == want  # what the device decided
+    assert got["residency_mismatches"] == 0
+    assert cl.call(L.OP_CLOSE, svc.poll_once).status == L.RC_SUCCESS
+    assert svc.device is None
+    st = svc.stats()
+    assert st["firmware"] == "device emulator" and st["device_errors"] == 0 == st["errors"]
+    sess = st["sessions"][0]
+    assert sess["victims"] == want and sess["audit"]["wrong_victims"] == 0
+    dev = sess["device"]
+    assert dev["cache"]["hits"] + dev["cache"]["misses"] == gt.stream.n_reads
+    assert dev["cache"]["evictions"] == len(want) == sess["victims_total"]
+    # the device moved its own pages per decision (it keeps its own media, not QEMU's)
+    assert dev["tiering"] and dev["counters"]["reports"] > 0
+
+
+def test_device_error_is_the_rings_return_code(media: Path) -> None:
+    """A call the device refuses is answered with the ring's return code, logged and
+    counted; it is never swallowed, and the session goes on."""
+    svc = FirmwareService(media, device=True)
+    cl = RingClient(media)
+    cl.wait_ready(timeout=1)
+    _open(cl, svc, n=8, cap=2)
+    _create(cl, svc, list(range(8)))
+    c = _attn(cl, svc, [0, 1], [0.5, 2.0])  # the device takes weights within [0, 1]
+    assert c.status == L.RC_INVALID_INPUT
+    st = svc.stats()
+    assert st["device_errors"] == 1 and st["errors"] == 1
+    assert any("device:" in m for m in st["error_log"])
+    assert _attn(cl, svc, [0, 1], [0.5, 0.25]).status == L.RC_SUCCESS
+    # an entry size the device cannot page (not a power of two) is refused at OPEN
+    c = cl.call(L.OP_OPEN, svc.poll_once, payload=L.OPEN_FMT.pack(8, 192, 2, 16, 0))
+    assert c.status == L.RC_INVALID_INPUT and svc.stats()["device_errors"] == 2

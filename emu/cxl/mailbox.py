@@ -112,8 +112,8 @@ EFFECT_IMMEDIATE_LOG_CHANGE = 1 << 4
 
 # --- payload layouts ------------------------------------------------------------------
 # Every request and response payload, defined once; the command table below names them
-# and the handlers (emu/device/cci.py), the device bridge (qemu/device_bridge.py) and the
-# guest ring (qemu/layout.py, qemu/guest/kvcxl_ring.h) use these objects.
+# and the handlers (emu/device/cci.py) and the guest ring (qemu/layout.py,
+# qemu/guest/kvcxl_ring.h) use these objects.
 ATTENTION_RECORD = np.dtype([("entry", "<u4"), ("weight", "<f4")])
 """Attention Report record, also the ring's ATTN record and the trace area's READ record.
 

@@ -88,6 +88,7 @@ class Type3Device:
         interval_ns: float | None = None,
         serial: int = 0x4B56_4358_4C00_0001,
         entries: str = "pages",
+        block_tokens: int = 16,
     ) -> None:
         if page_bytes < LINE or page_bytes & (page_bytes - 1) or page_bytes > 1 << 21:
             raise ValueError(
@@ -115,8 +116,9 @@ class Type3Device:
         self.config = config or PolicyConfig()
         # The firmware session decides; the device moves the bytes it decides about.
         self.fw = FirmwareSession(
-            policy, self.dram_pages, self.config, mode=mode, block_tokens=16, audit=audit
-        )
+            policy, self.dram_pages, self.config, mode=mode, block_tokens=block_tokens,
+            audit=audit,
+        )  # fmt: skip
         if entries == "pages":
             # Every page is an entry from the start, as in replay: idle counters of
             # entries not read yet advance with the steps like everyone else's.
@@ -196,6 +198,14 @@ class Type3Device:
 
         Raises ValueError for ids outside the device or weights outside [0, 1].
         """
+        return self.report_decisions(step, ids, weights)[0]
+
+    def report_decisions(
+        self, step: int, ids: NDArray, weights: NDArray
+    ) -> tuple[NDArray, Decisions]:
+        """:meth:`report`, also returning the decisions the device acted on (misses
+        admitted, victims with their tiers and priorities): what a host that asks for
+        them (the QEMU ring) is answered."""
         ids = np.asarray(ids, dtype=np.int64)
         w = np.asarray(weights, dtype=np.float64)
         if ids.shape != w.shape or ids.ndim != 1:
@@ -213,19 +223,28 @@ class Type3Device:
         self._apply(d, time)
         self.counters["reports"] += 1
         self.counters["reported_entries"] += int(ids.size)
-        return hit
+        return hit, d
 
     def _grow_entries(self, top: int) -> None:
         if self.table.n <= top:
             self.fw.describe(np.arange(self.table.n, top + 1), 0, 0, 0)
 
     def describe(
-        self, ids: NDArray, ctx: NDArray, layer: NDArray, head: NDArray, block: NDArray
+        self,
+        ids: NDArray,
+        ctx: NDArray,
+        layer: NDArray,
+        head: NDArray,
+        block: NDArray,
+        *,
+        step: int | None = None,
     ) -> None:
         """Give entries their identity (context, layer, KV head, block), as the host knows it.
 
         Context lengths grow to cover each entry's first token, as the entry table
-        does when entries are appended.  Raises ValueError for out-of-range values.
+        does when entries are appended.  With ``step``, the host is at that step first
+        (a later step closes the open one before the new entries reach the policy).
+        Raises ValueError for out-of-range values (and then changes nothing).
         """
         cols = [np.asarray(x, dtype=np.int64) for x in (ids, ctx, layer, head, block)]
         ids, ctx, layer, head, block = np.broadcast_arrays(*cols)
@@ -242,6 +261,8 @@ class Type3Device:
             if v.size and (v.min() < 0 or v.max() > hi):
                 bad = int(v.min() if v.min() < 0 else v.max())
                 raise ValueError(f"{name} {bad} is out of range 0 … {hi}")
+        if step is not None:
+            self.fw.at(step)
         if ids.size == 0:
             return
         t = self.table
@@ -252,9 +273,10 @@ class Type3Device:
             self._grow_entries(int(ids.max()))
         self.fw.identify(ids, ctx, layer, head, block)
 
-    def set_context_tokens(self, ctx: NDArray, tokens: NDArray) -> None:
+    def set_context_tokens(self, ctx: NDArray, tokens: NDArray, *, step: int | None = None) -> None:
         """Contexts are now this long in tokens (recency-by-position policies); a shorter
-        report than the firmware knows leaves the length as it is (a context never shrinks)."""
+        report than the firmware knows leaves the length as it is (a context never shrinks).
+        With ``step``, the host is at that step first (as :meth:`describe`)."""
         ctx = np.asarray(ctx, dtype=np.int64)
         tokens = np.asarray(tokens, dtype=np.int64)
         if ctx.shape != tokens.shape or ctx.ndim != 1:
@@ -263,11 +285,18 @@ class Type3Device:
             raise ValueError(f"context ids must be 0 … {MAX_CONTEXTS - 1}")
         if tokens.size and (tokens.min() < 0 or tokens.max() > 1 << 40):
             raise ValueError("context lengths must be 0 … 2^40 tokens")
+        if step is not None:
+            self.fw.at(step)
         self.fw.lengths(ctx, tokens)
 
     def create(self, step: int, ids: NDArray) -> int:
         """New entries written by the host: admit them to DRAM without a read (evicting
         the overflow), like the simulator's CREATE event.  Returns how many were admitted."""
+        return int(self.create_decisions(step, ids).admitted.size)
+
+    def create_decisions(self, step: int, ids: NDArray) -> Decisions:
+        """:meth:`create`, returning the decisions the device acted on (entries admitted,
+        victims with their tiers and priorities)."""
         ids = np.asarray(ids, dtype=np.int64)
         if ids.ndim != 1:
             raise ValueError("entry ids must be 1-D")
@@ -280,7 +309,18 @@ class Type3Device:
         time = self.fw.time - 1 if self.fw.offline else max(self.fw.time - 1, 0)
         d = self.fw.write(step, ids)
         self._apply(d, time)
-        return int(d.admitted.size)
+        return d
+
+    def end_step(self, step: int) -> None:
+        """The host closed ``step`` (the policy's step-boundary update)."""
+        self.fw.at(step)
+        self.fw.end_step()
+
+    def prefetch_candidates(self, ids: NDArray, weights: NDArray, limit: int) -> NDArray:
+        """Entries the firmware would fetch next after this attention batch, best first
+        (at most ``limit``); they are hints: nothing moves until the host creates or
+        reports them."""
+        return self.fw.prefetch_candidates(ids, weights, limit)
 
     def _apply(self, d: Decisions, time: int) -> None:
         """Move the bytes the firmware decided about: victims out of DRAM first (as they

@@ -14,6 +14,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .config import PolicyConfig
+from .policies import make_policy
+from .policies.base import Tick
+from .select import select_victims
+from .table import EntryTable
+
 S1_BLOCKS = 8192
 S1_QUEUES = 80 * 8
 
@@ -28,11 +34,6 @@ def _median_time(fn: Callable[[], object], repeat: int) -> float:
 
 
 def bench_s1_step(quick: bool) -> dict:
-    from .config import PolicyConfig
-    from .policies import make_policy
-    from .policies.base import Tick
-    from .select import select_victims
-    from .table import EntryTable
 
     blocks = 512 if quick else S1_BLOCKS
     n = blocks * S1_QUEUES

@@ -329,7 +329,7 @@ class PolicyConfig:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     def save(self, path: str | Path) -> None:
-        import tomli_w
+        import tomli_w  # lazy: only save() writes TOML; `kvcxl --help` imports this module
 
         Path(path).write_text(tomli_w.dumps({"policy": self.to_dict()}))
 

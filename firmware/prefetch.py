@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 from . import fixedpoint as fx
 from .config import PolicyConfig
 from .formulas import prefetch_rank
+from .select import reference_order
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,5 @@ def rank(
 
 def order(ids: NDArray, ranks: NDArray) -> NDArray:
     """Candidate entry ids in fetch order: rank descending, id ascending."""
-    from .select import reference_order
 
     return reference_order(ids, ranks)

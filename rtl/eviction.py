@@ -23,7 +23,7 @@ later (higher-index) entry displaces an earlier one.
 
 from __future__ import annotations
 
-from amaranth.hdl import Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -164,6 +164,5 @@ class EvictionEngine(wiring.Component):
         return m
 
     def _eligible_mask(self):
-        from amaranth.hdl import Cat
 
         return Cat(*(self.cand.payload.lane[i].eligible for i in range(self.lanes)))

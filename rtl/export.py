@@ -16,6 +16,8 @@ def default_decay(config: PolicyConfig | None = None) -> list[int]:
 
 def build(design: str, **params):
     """The Amaranth component ``design``: core, scoring, eviction, prefetch or top."""
+    # lazy: amaranth is the optional 'hdl' extra; kvcxl.tb.runner imports this module at top
+    # and `kvcxl bench` imports that (via kvcxl.tb.bench) without it
     from .core import PolicyCore
     from .eviction import EvictionEngine
     from .scoring import ScoringEngine
@@ -40,18 +42,18 @@ def build(design: str, **params):
             defect=params.get("defect"),
         )
     if design == "prefetch":
-        from .prefetch import PrefetchEngine
+        from .prefetch import PrefetchEngine  # lazy: amaranth (as above)
 
         return PrefetchEngine(**params)
     if design == "top":
-        from .top import PolicyEngine
+        from .top import PolicyEngine  # lazy: amaranth (as above)
 
         return PolicyEngine(**params)
     raise ValueError(f"design = {design!r}: must be core, scoring, eviction, prefetch or top")
 
 
 def to_verilog(component, name: str) -> str:
-    from amaranth.back import verilog
+    from amaranth.back import verilog  # lazy: the 'hdl' extra (see build)
 
     return verilog.convert(component, name=name, emit_src=False)
 

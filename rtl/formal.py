@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from amaranth.asserts import AnyConst, AnySeq
+from amaranth.back import rtlil
 from amaranth.hdl import (
     Assert,
     Assume,
@@ -39,6 +41,10 @@ from amaranth.hdl import (
     ResetSignal,
     Signal,
 )
+
+from . import toolchain
+from .eviction import EvictionEngine
+from .scoring import DEPTH, ScoringEngine
 
 CHECKS = ("eviction", "scoring")
 
@@ -85,13 +91,11 @@ class EvictionHarness(Elaboratable):
         q_bits: int = 3,
         defect: str | None = None,
     ):
-        from .eviction import EvictionEngine
 
         self.dut = EvictionEngine(entries, lanes, batch, q_bits=q_bits, idle_bits=1, defect=defect)
         self.entries, self.lanes, self.batch, self.q_bits = entries, lanes, batch, q_bits
 
     def elaborate(self, platform):
-        from amaranth.asserts import AnyConst, AnySeq
 
         m = Module()
         _no_reset(m)
@@ -174,13 +178,11 @@ class EvictionHarness(Elaboratable):
 
 class ScoringHarness(Elaboratable):
     def __init__(self, entries: int = 2, lanes: int = 1):
-        from .scoring import ScoringEngine
 
         self.dut = ScoringEngine(entries, lanes)
         self.entries, self.lanes = entries, lanes
 
     def elaborate(self, platform):
-        from amaranth.asserts import AnySeq
 
         m = Module()
         _no_reset(m)
@@ -211,7 +213,6 @@ class ScoringHarness(Elaboratable):
                 out_addr.eq(Mux(out_addr == groups - 1, 0, out_addr + 1)),
             ]
         occ = (accepted - emitted)[:8]
-        from .scoring import DEPTH
 
         m.d.comb += Assert(occ <= DEPTH)
         with m.If(out.valid):
@@ -266,9 +267,6 @@ def run(
     check: str, *, depth: int | None = None, defect: str | None = None, workdir: Path | None = None
 ) -> FormalResult:
     """Run one bounded check; returns PASS / FAIL (a counterexample) / ERROR."""
-    from amaranth.back import rtlil
-
-    from . import toolchain
 
     toolchain.require("yowasp-sby", "yices-smt2")
     h, params, default_depth = _harness(check, defect)

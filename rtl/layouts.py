@@ -7,7 +7,7 @@ the testbench packs and unpacks stream payloads with these same layouts
 
 from __future__ import annotations
 
-from amaranth.hdl import unsigned
+from amaranth.hdl import Shape, unsigned
 from amaranth.lib import data
 
 from kvcxl.firmware import fixedpoint as fx
@@ -144,6 +144,5 @@ def unpacker(layout: data.Layout):
 def _width(shape) -> int:
     if isinstance(shape, data.Layout):
         return shape.size
-    from amaranth.hdl import Shape
 
     return Shape.cast(shape).width

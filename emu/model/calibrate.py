@@ -32,8 +32,17 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from tqdm import tqdm
+
+from kvcxl.firmware.audit import EvictionAudit
+from kvcxl.firmware.cache import PolicyCache
+from kvcxl.firmware.formulas import ema_update
+from kvcxl.firmware.policies import Tick, make_policy
+from kvcxl.firmware.table import EntryTable
 
 from ..metrics import mean_ci
+from .capture import load_model
+from .quality import PolicySpec, run
 
 
 def ci95(values: Sequence[float]) -> tuple[float, float]:
@@ -75,10 +84,6 @@ def replay_hit_rate(
     read_threshold: float,
 ) -> dict[str, float]:
     """Hit rate and attention-mass hit rate of ``policy`` replaying dense capture weights."""
-    from kvcxl.firmware.audit import EvictionAudit
-    from kvcxl.firmware.cache import PolicyCache
-    from kvcxl.firmware.policies import Tick, make_policy
-    from kvcxl.firmware.table import EntryTable
 
     S, L, H, NB = weights.shape
     table = EntryTable(block_tokens=block_tokens, capacity=NB * L * H)
@@ -120,7 +125,6 @@ def replay_hit_rate(
 
 def ema_scores(weights: NDArray, alpha: float) -> NDArray:
     """(steps, entries) EMA score of every entry before each step (SPEC §4 float mode)."""
-    from kvcxl.firmware.formulas import ema_update
 
     S, L, H, NB = weights.shape
     flat = weights.transpose(0, 3, 1, 2).reshape(S, NB * L * H).astype(np.float64)
@@ -200,9 +204,6 @@ def sweep(
     progress: bool = False,
 ) -> dict[str, Any]:
     """The whole calibration; returns the JSON-ready report."""
-    from tqdm import tqdm
-
-    from .quality import PolicySpec, run
 
     for a in alphas:
         base.with_(alpha=a)  # validates (ConfigError names the bad value)
@@ -365,6 +366,7 @@ def _point(alphas, betas, i, j, hit, mass, kl, top1) -> dict[str, Any]:
 
 
 def heatmap(report: dict[str, Any], key: str, path: Path, label: str, fmt: str) -> None:
+    # lazy: matplotlib is slow to import (and the backend must be set before pyplot)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -427,8 +429,6 @@ def main(
     base = base_config(args.config, aggs.pop())
     model = None
     if not args.no_quality:
-        from .capture import load_model
-
         model, _ = load_model(args.threads)
     report = sweep(
         traces,

@@ -17,10 +17,14 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # numpy loads inside the functions: `kvcxl --help` imports this module
-    from numpy.typing import NDArray
+import numpy as np
+from numpy.typing import NDArray
+
+from ..shape import PRESETS
+from ..trace import Trace
+from .tokenizer import Message, Tokenizer
 
 PROMPT_DIR = Path(__file__).with_name("prompts")
 _SHARED: dict[str, tuple[Any, Any]] = {}
@@ -51,7 +55,6 @@ def prompt_files() -> dict[str, Path]:
 
 def load_prompt(path: str | Path, tok: Any) -> list[int]:
     """Token ids of a prompt file: ``.json`` chat (``{"messages": [{role, content}]}``) or text."""
-    from .tokenizer import Message, Tokenizer
 
     path = Path(path)
     if not path.exists() and str(path) in prompt_files():
@@ -109,8 +112,7 @@ def capture(
     progress: bool = False,
 ) -> Capture:
     """Greedy-decode ``steps`` tokens after ``prompt``, recording every position's attention."""
-    import numpy as np
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: `kvcxl --help` imports this module (tqdm: ~20 ms)
 
     if steps < 0:
         raise ValueError(f"steps = {steps}: must be >= 0")
@@ -163,10 +165,7 @@ def capture(
 
 def to_trace(cap: Capture, *, source: str, decode_only: bool = False, context: int = 0) -> Any:
     """The capture as a kvcxl trace (Measured): one record per (step, layer, head, block read)."""
-    import numpy as np
-
-    from ..shape import PRESETS
-    from ..trace import Trace
+    # lazy: `kvcxl --help` imports this module; .weights loads hashlib/subprocess/tempfile (~6 ms)
     from .weights import GGUF_NAME, GGUF_SHA256, MODEL_NAME, PACKAGE, VERSION
 
     S, L, H, _ = cap.weights.shape
@@ -219,6 +218,7 @@ def load_model(threads: int = 1) -> tuple[Any, Any]:
 
     Loaded once per process (sweeps and tests call this repeatedly; loading takes seconds).
     """
+    # lazy: torch (and .llama, which imports it) is the optional 'model' extra
     import torch
 
     from .llama import Llama

@@ -34,6 +34,7 @@ aggregation and keeps its default; ``needles`` likewise.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ..shape import ModelShape
+from ..trace import Trace
 from ..workloads.attention import (
     FIT_FILE,
     AttentionModel,
@@ -275,7 +278,7 @@ def refine(
     by the difference between the measured and the generated profile (the split and the
     renormalisation move them).
     """
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: `kvcxl --help` imports this module (tqdm: ~20 ms)
 
     p = dict(params)
     target = float(measured["sink_max_ratio"])
@@ -330,7 +333,7 @@ def main(
     ``measured`` holds the statistics the generator must reproduce; with both kinds and
     ``refine_generator``, ``params`` are refined (:func:`refine`) to reproduce them.
     """
-    from ..trace import Trace
+    # lazy: `kvcxl --help` imports this module; .calibrate (+ .quality) adds ~5 ms
     from .calibrate import dense_weights
 
     if not paths:
@@ -358,8 +361,6 @@ def main(
         max_sink = evidence["retrieval_view_sink_profile"]
         measured["sink_max_ratio"] = sink_max_ratio(params["sink_profile"], max_sink)
         if refine_generator:
-            from ..shape import ModelShape
-
             shape = ModelShape(**{**evidence["shape"], "name": "fit"})
             params, evidence["refine"] = refine(
                 params, measured, shape, evidence["lengths"], progress
@@ -439,9 +440,6 @@ def check(
 
 def cli(args: argparse.Namespace) -> int:
     """Handler of ``kvcxl trace fit``."""
-    import json
-
-    from ..shape import ModelShape
 
     out = main(args.traces, refine_generator=not args.no_refine, progress=True)
     params, measured, ev = out["params"], out["measured"], out["evidence"]
@@ -509,6 +507,7 @@ def cli(args: argparse.Namespace) -> int:
 
 
 def _plot(measured: dict[str, Any], regen: dict[str, Any] | None, path: str) -> None:
+    # lazy: matplotlib is slow to import (and the backend must be set before pyplot)
     import matplotlib
 
     matplotlib.use("Agg")

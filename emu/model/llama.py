@@ -32,6 +32,7 @@ from numpy.typing import NDArray
 
 from .gguf_file import GGUFFile
 from .tokenizer import Tokenizer
+from .weights import gguf_path
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,6 @@ class Llama:
     @classmethod
     def load(cls, path: str | Path | None = None, verify: bool = True) -> tuple[Llama, Tokenizer]:
         """Model and tokenizer from a GGUF file (default: the installed, hash-checked one)."""
-        from .weights import gguf_path
 
         g = GGUFFile(path if path is not None else gguf_path(verify=verify))
         cfg = LlamaConfig.from_fields(g.fields)

@@ -35,6 +35,13 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from tqdm import tqdm
+
+from kvcxl.firmware.audit import EvictionAudit
+from kvcxl.firmware.cache import PolicyCache
+from kvcxl.firmware.config import PolicyConfig
+from kvcxl.firmware.policies import POLICIES, Tick, make_policy
+from kvcxl.firmware.table import EntryTable
 
 #: Short names for policy variants that are not separate firmware policies.
 ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -52,7 +59,6 @@ class PolicySpec:
 
     @classmethod
     def parse(cls, text: str) -> PolicySpec:
-        from kvcxl.firmware.policies import POLICIES
 
         label = text.strip()
         name, _, rest = label.partition(":")
@@ -181,11 +187,6 @@ def run(
 
     Returns (reference, None) for a reference run and (None, result) for a bounded one.
     """
-    from kvcxl.firmware.audit import EvictionAudit
-    from kvcxl.firmware.cache import PolicyCache
-    from kvcxl.firmware.config import PolicyConfig
-    from kvcxl.firmware.policies import Tick, make_policy
-    from kvcxl.firmware.table import EntryTable
 
     cfg_m = model.cfg
     L, H = cfg_m.layers, cfg_m.n_kv_heads
@@ -296,7 +297,6 @@ def evaluate(
     reference: Reference | None = None,
 ) -> tuple[Reference, list[BoundedResult]]:
     """The reference run and one bounded run per (policy, budget)."""
-    from tqdm import tqdm
 
     nb = -(-len(tokens) // block_tokens)
     runs = len(policies) * len(budgets) + (reference is None)

@@ -27,6 +27,7 @@ class Tokenizer:
     """Encode text to ids and decode back, exactly as the model was trained."""
 
     def __init__(self, fields: dict[str, Any]) -> None:
+        # lazy: tokenizers is the optional 'model' extra (`kvcxl --help` imports this module)
         from tokenizers import AddedToken, decoders, models, pre_tokenizers
         from tokenizers import Tokenizer as HFTokenizer
 

@@ -11,12 +11,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from ...firmware.config import PolicyConfig
+from ...firmware.replay import replay
+from ..shape import PRESETS
+from ..workloads import compile_workload, make_workload
+from .export import requests, write_oracle_general
+from .simulator import SimOptions, simulate
+
 
 def _replay_ci(quick: bool) -> dict[str, Any]:
     """Entry reads per second of the replay engine on the ci preset (zipf-sessions)."""
-    from ..shape import PRESETS
-    from ..workloads import compile_workload, make_workload
-    from .simulator import SimOptions, simulate
 
     steps = 60 if quick else 240
     t0 = time.perf_counter()
@@ -42,9 +48,6 @@ def _replay_ci(quick: bool) -> dict[str, Any]:
 
 def _s1_context(quick: bool) -> dict[str, Any]:
     """One S1 context (Llama-2-70B, 128 K tokens: 5.24 M entries per dense step)."""
-    from ..shape import PRESETS
-    from ..workloads import compile_workload, make_workload
-    from .simulator import SimOptions, simulate
 
     shape = PRESETS["s1"] if not quick else PRESETS["s1"].with_(context_tokens=16384)
     decode = 2 if quick else 3
@@ -91,17 +94,10 @@ def _s1_context(quick: bool) -> dict[str, Any]:
 
 def _lru_vs_libcachesim(quick: bool) -> dict[str, Any]:
     """Our LRU and libCacheSim's LRU on the same exported oracleGeneral request trace."""
-    try:
+    try:  # lazy: libcachesim is the optional 'test' extra
         import libcachesim as lcs
     except ImportError:
         return {"skipped": "libcachesim is not installed (pip install 'kvcxl[test]')"}
-    import numpy as np
-
-    from ...firmware.config import PolicyConfig
-    from ...firmware.replay import replay
-    from ..shape import PRESETS
-    from ..workloads import compile_workload, make_workload
-    from .export import requests, write_oracle_general
 
     steps = 20 if quick else 60
     stream = compile_workload(make_workload("zipf-sessions", PRESETS["ci"], seed=0), steps)
@@ -122,7 +118,6 @@ def _lru_vs_libcachesim(quick: bool) -> dict[str, Any]:
         "lru", batches, capacity, config=PolicyConfig(persistent_metadata=False), audit=False
     )
     t_ours = time.perf_counter() - t0
-    from .simulator import SimOptions, simulate
 
     t0 = time.perf_counter()
     native = simulate(

@@ -391,7 +391,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     te.add_argument("--workload-param", action="append", type=_kv, default=[], metavar="K=V")
     _add_model_options(te)
     te.set_defaults(func=_trace_export)
-    capture = importlib.import_module("kvcxl.emu.model.capture")  # stdlib at import time
+    capture = importlib.import_module("kvcxl.emu.model.capture")  # no torch at import time
     tc = ts.add_parser("capture", help="record a Measured trace from SmolLM2-135M (offline)")
     capture.add_arguments(tc)
     tc.set_defaults(func=capture.main)

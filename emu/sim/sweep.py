@@ -11,14 +11,28 @@ combined over seeds into rows with 95 % confidence intervals.
 
 from __future__ import annotations
 
+import argparse
+import json
 import multiprocessing
 import os
+import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from ..metrics import audit_sentence, audit_totals
+from ...firmware.config import PolicyConfig
+from ...firmware.policies import POLICIES
+from ..metrics import audit_sentence, audit_totals, combine_seeds
+from ..shape import preset
+from ..sizes import parse_size
+from ..timing import TierTiming
+from ..trace import Trace
+from ..workloads import WORKLOADS, compile_workload, from_trace, make_workload, parse_read_mode
+from ..workloads.attention import AttentionParams, preset_attention
+from .simulator import SimOptions, simulate, victims_table
 
 
 @dataclass
@@ -56,10 +70,6 @@ class SweepSpec:
 
 def build_stream(spec: SweepSpec, seed: int):
     """The read stream of one seed (a trace ignores the seed)."""
-    from ..shape import preset
-    from ..trace import Trace
-    from ..workloads import compile_workload, from_trace, make_workload
-    from ..workloads.attention import preset_attention
 
     if spec.trace:
         return from_trace(Trace.load(spec.trace))
@@ -76,17 +86,12 @@ def build_stream(spec: SweepSpec, seed: int):
 
 
 def _config(spec: SweepSpec, variant: dict[str, Any]):
-    from ...firmware.config import PolicyConfig
 
     return PolicyConfig.from_mapping({**spec.config, **variant})
 
 
 def validate(spec: SweepSpec) -> None:
     """Refuse a bad spec before any work starts (names the bad value)."""
-    from ...firmware.policies import POLICIES
-    from ..sizes import parse_size
-    from ..timing import TierTiming
-    from ..workloads import WORKLOADS, parse_read_mode
 
     if not spec.trace and spec.workload not in WORKLOADS:
         raise ValueError(f"unknown workload {spec.workload!r}; choose from: {', '.join(WORKLOADS)}")
@@ -115,9 +120,6 @@ def run_task(
 
     ``progress`` (in-process runs only) is called once per replay.
     """
-    from ..sizes import parse_size
-    from ..timing import TierTiming
-    from .simulator import SimOptions, simulate
 
     spec = SweepSpec(**spec_d)
     stream = build_stream(spec, seed)
@@ -150,8 +152,6 @@ def run_task(
                 seed=seed, budget=budget, variant=variant, workload=stream.info.get("workload")
             )
             if spec.record_victims:
-                from .simulator import victims_table
-
                 r["_victims"] = victims_table(stream, r.pop("_victims"))
             out.append(r)
             if progress:
@@ -204,7 +204,7 @@ def progress_units(spec: SweepSpec, backend: str = "process", jobs: int | None =
 
 
 def _run_dask(d, tasks, address, progress):
-    try:
+    try:  # lazy: dask is the optional 'cluster' extra
         from dask.distributed import Client, LocalCluster
         from dask.distributed import as_completed as dask_completed
     except ImportError:
@@ -234,7 +234,6 @@ def _run_dask(d, tasks, address, progress):
 
 def combine(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows combined over seeds, one per (workload, variant, budget, policy), in run order."""
-    from ..metrics import combine_seeds
 
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in raw:
@@ -262,8 +261,6 @@ def results_specs(
     ``attention`` is ``"preset"`` (the ci preset's parameters: the SmolLM2 fit) or
     ``"seed"`` (the seed-derived defaults of AttentionParams, for comparison).
     """
-    from ...firmware.policies import POLICIES
-    from ..workloads.attention import AttentionParams
 
     if attention not in ("preset", "seed"):
         raise ValueError(f"attention = {attention!r}: must be 'preset' or 'seed'")
@@ -295,13 +292,6 @@ def results_specs(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m kvcxl.emu.sim.sweep``: regenerate the figures of docs/results.md as JSON."""
-    import argparse
-    import json
-    import sys
-    import time
-    from pathlib import Path
-
-    from ..workloads import WORKLOADS
 
     p = argparse.ArgumentParser(
         prog="python -m kvcxl.emu.sim.sweep",

@@ -126,7 +126,9 @@ class Policy(ABC):
 
 def make_policy(name: str, config: PolicyConfig, table: EntryTable, **kwargs: object) -> Policy:
     """Instantiate a registered policy by name, with a clear error for an unknown one."""
-    from . import POLICIES as registry  # ensure every policy module is imported
+    # lazy: the registry imports its own package (which imports this module) so that every
+    # policy module is loaded; at module level this would be an import cycle
+    from . import POLICIES as registry
 
     try:
         cls = registry[name]

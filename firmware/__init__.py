@@ -10,17 +10,59 @@ Integer Q0.16 counterparts (the RTL's contract) live in :mod:`kvcxl.firmware.fix
 ``ema_update_q16``, ``eviction_priority_q16``, ``decay_table``.
 """
 
-from .config import PARAMS, ConfigError, PolicyConfig
-from .fixedpoint import decay_table, ema_update_q16, eviction_priority_q16, to_q16
-from .formulas import (
-    ema_update,
-    eviction_priority,
-    placement_thresholds,
-    placement_weighted,
-    prefetch_rank,
-    recency_decay,
-    rope_factor,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import PARAMS, ConfigError, PolicyConfig
+    from .fixedpoint import decay_table, ema_update_q16, eviction_priority_q16, to_q16
+    from .formulas import (
+        ema_update,
+        eviction_priority,
+        placement_thresholds,
+        placement_weighted,
+        prefetch_rank,
+        recency_decay,
+        rope_factor,
+    )
+
+# The public names and the module of each.  They are loaded on first use (PEP 562) so that
+# importing a numpy-free subpackage, the CXL protocol tables of kvcxl.firmware.cxl, does
+# not load numpy through this package.
+_EXPORTS = {
+    "PARAMS": "config",
+    "ConfigError": "config",
+    "PolicyConfig": "config",
+    "decay_table": "fixedpoint",
+    "ema_update_q16": "fixedpoint",
+    "eviction_priority_q16": "fixedpoint",
+    "to_q16": "fixedpoint",
+    "ema_update": "formulas",
+    "eviction_priority": "formulas",
+    "placement_thresholds": "formulas",
+    "placement_weighted": "formulas",
+    "prefetch_rank": "formulas",
+    "recency_decay": "formulas",
+    "rope_factor": "formulas",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # lazy: kvcxl.firmware.cxl.mem imports with the standard library only (numpy-free)
+    from . import config, fixedpoint, formulas
+
+    module = {"config": config, "fixedpoint": fixedpoint, "formulas": formulas}[_EXPORTS[name]]
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = [
     "PARAMS",

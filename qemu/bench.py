@@ -18,13 +18,15 @@ import threading
 import time
 from typing import Any
 
+from . import layout as L
+from .boot import BootOptions, boot
+from .ring_client import RingClient, replay
+from .service import FirmwareService
+from .setup import SetupError, load_host
+from .trace_image import default_trace
+
 
 def _ring_host(quick: bool) -> dict[str, Any]:
-    from . import layout as L
-    from .ring_client import RingClient, replay
-    from .service import FirmwareService
-    from .trace_image import default_trace
-
     with tempfile.TemporaryDirectory(
         dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     ) as d:
@@ -64,9 +66,6 @@ def _ring_host(quick: bool) -> dict[str, Any]:
 
 
 def _boot(plugin: bool) -> dict[str, Any]:
-    from .boot import BootOptions, boot
-    from .setup import SetupError, load_host
-
     try:
         host = load_host()
     except SetupError as exc:

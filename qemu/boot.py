@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from . import layout as L
+from .qmp import Qmp
+from .setup import load_host
+from .trace_image import default_trace, encode
 
 DEVICE_ID = "cxl-vmem0"
 MARK = "@kvcxl "
@@ -93,8 +96,6 @@ class Boot:
 
     # --- the run ------------------------------------------------------------------------
     def run(self) -> dict:
-        from .setup import load_host
-
         self.host = load_host()
         use_plugin = (
             self.opts.plugin if self.opts.plugin is not None else self.host.plugin_available
@@ -117,8 +118,6 @@ class Boot:
         return report
 
     def _prepare_media(self) -> Any:
-        from .trace_image import default_trace, encode
-
         size = self.opts.device_mib << 20
         if self.opts.device_mib < 256 or self.opts.device_mib % 256:
             # CXL capacity is managed in 256 MiB units (Identify Memory Device).
@@ -220,8 +219,6 @@ class Boot:
         self._reader.start()
 
     def _inject_poison(self) -> None:
-        from .qmp import Qmp
-
         t = time.monotonic()
         while not self.qmp_socket.exists():
             if time.monotonic() - t > 20 or self.qemu.poll() is not None:
@@ -271,8 +268,6 @@ class Boot:
 
     def _on_event(self, ev: dict) -> None:
         if ev.get("event") == "region_ready" and self.opts.media_events:
-            from .qmp import Qmp
-
             try:
                 with Qmp(self.qmp_socket) as q:
                     for dpa in self.opts.media_events:
@@ -318,8 +313,6 @@ class Boot:
     def _quit_qemu(self) -> None:
         """Ask QEMU to quit over QMP; kill its process group if it does not."""
         try:
-            from .qmp import Qmp
-
             with Qmp(self.qmp_socket) as q:
                 q.cmd("quit")
             self.qemu.wait(timeout=10)

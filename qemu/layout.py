@@ -1,7 +1,7 @@
 """The device-memory protocol between the guest agent and the firmware service.
 
 The ring's command table (``RING_COMMANDS``) and its records come from the mailbox's
-command table (:mod:`kvcxl.emu.cxl.mailbox`) where a command means the same; the C
+command table (:mod:`kvcxl.firmware.cxl.mailbox`) where a command means the same; the C
 header ``guest/kvcxl_ring.h`` that the guest agent compiles is tested against this
 module (tests/test_qemu_ring.py compiles a program printing the header's opcodes,
 sizes and offsets and compares them with these tables).
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from kvcxl.emu.cxl import mailbox as mb
+from kvcxl.firmware.cxl import mailbox as mb
 
 MiB = 1 << 20
 
@@ -56,7 +56,7 @@ DEV_OFF, DEV_READY, DEV_FAULT, DEV_STOPPED = 0, 1, 2, 3
 
 # --- ring commands ------------------------------------------------------------------------
 # One table.  Commands that mean what a mailbox vendor command means use that command's
-# opcode and request records (kvcxl.emu.cxl.mailbox.COMMANDS); the ring frames them
+# opcode and request records (kvcxl.firmware.cxl.mailbox.COMMANDS); the ring frames them
 # differently (step and count in the SQE, decisions in the CQE and the output slot).
 # Ring-only commands use command set C1h, which the mailbox does not use.
 RING_SET = 0xC1

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from . import layout as L
+from .trace_image import events
 
 
 class DeviceError(RuntimeError):
@@ -124,8 +125,6 @@ def decisions(c: Completion) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def replay(client: RingClient, gt, poll: Callable[[], object] | None = None) -> dict:
     """Send a guest trace's events through the ring as the agent does; victims in order."""
-    from .trace_image import events
-
     op_of = {L.EV_CREATE: L.OP_CREATE, L.EV_READ: L.OP_ATTN, L.EV_CTX_LEN: L.OP_CTX_LEN}
     opened = client.call(
         L.OP_OPEN,

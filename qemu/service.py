@@ -40,6 +40,12 @@ from pathlib import Path
 
 import numpy as np
 
+from kvcxl.emu.device.device import Type3Device
+from kvcxl.firmware import fixedpoint as fx
+from kvcxl.firmware.config import PolicyConfig
+from kvcxl.firmware.session import FirmwareSession
+from kvcxl.firmware.table import EntryTable
+
 from . import layout as L
 
 HEARTBEAT_S = 0.005
@@ -65,8 +71,6 @@ class FirmwareService:
         record_victims: bool = True,
         device: bool = False,
     ) -> None:
-        from kvcxl.firmware.config import PolicyConfig
-
         self.path = Path(media)
         self.fd = os.open(self.path, os.O_RDWR)
         self.size = os.fstat(self.fd).st_size
@@ -246,9 +250,6 @@ class FirmwareService:
         return b"", (0, 0, 0, 0, int(arg0))
 
     def op_open(self, step, layer, count, payload, arg0, arg1):
-        from kvcxl.firmware.session import FirmwareSession
-        from kvcxl.firmware.table import EntryTable
-
         if len(payload) != L.OPEN_FMT.size:
             raise RingError(L.RC_INVALID_PAYLOAD_LENGTH, f"OPEN takes {L.OPEN_FMT.size} B")
         n, eb, cap, bt, base = L.OPEN_FMT.unpack(payload)
@@ -279,8 +280,6 @@ class FirmwareService:
         """The device emulator for one session: one page per entry, ``cap`` pages of
         device DRAM, entries as the guest creates them.  It keeps its own media (not
         QEMU's file): its migrations move its own bytes, never the guest's memory."""
-        from kvcxl.emu.device.device import Type3Device
-
         unit = 256 << 20  # CXL capacity is managed in 256 MiB units
         capacity = max(unit, -(-n * eb // unit) * unit)
         return Type3Device(
@@ -304,8 +303,6 @@ class FirmwareService:
 
     def _decisions(self, d, hints: np.ndarray | None = None) -> tuple[bytes, tuple]:
         """Response: admitted ids, victims (with the tier placement chose), prefetch hints."""
-        from kvcxl.firmware import fixedpoint as fx
-
         vic = np.zeros(d.victims.size, L.VICTIM_REC)
         if d.victims.size:
             vic["entry"], vic["tier"] = d.victims, d.tiers
@@ -544,7 +541,6 @@ def main(argv: list[str] | None = None) -> int:
         "firmware session, ring-only mode)",
     )
     args = ap.parse_args(argv)
-    from kvcxl.firmware.config import PolicyConfig
 
     cfg = PolicyConfig.load(args.config) if args.config else PolicyConfig()
     svc = FirmwareService(

@@ -14,6 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
+from kvcxl.emu.shape import PRESETS
+from kvcxl.emu.sim.simulator import SimOptions, simulate
+from kvcxl.emu.trace import Trace
+from kvcxl.emu.workloads import make_workload
+from kvcxl.emu.workloads.stream import compile_workload, from_trace
+from kvcxl.firmware.config import PolicyConfig
+
 from . import layout as L
 
 DEFAULT_WORKLOAD = "zipf-sessions"
@@ -44,10 +51,6 @@ class GuestTrace:
 
 def default_trace(steps: int = DEFAULT_STEPS, seed: int = 1) -> GuestTrace:
     """The built-in trace: Zipf returns over 12 sessions on the ``ci`` model shape."""
-    from kvcxl.emu.shape import PRESETS
-    from kvcxl.emu.workloads import make_workload
-    from kvcxl.emu.workloads.stream import compile_workload
-
     shape = PRESETS["ci"].with_(context_tokens=DEFAULT_CONTEXT_TOKENS)
     w = make_workload(DEFAULT_WORKLOAD, shape, seed=seed, **DEFAULT_PARAMS)
     stream = compile_workload(w, steps)
@@ -58,9 +61,6 @@ def default_trace(steps: int = DEFAULT_STEPS, seed: int = 1) -> GuestTrace:
 
 def load_trace(path: str | Path, budget: float = DEFAULT_BUDGET) -> GuestTrace:
     """A trace file (kvcxl trace format, docs/trace-format.md) as a guest trace."""
-    from kvcxl.emu.trace import Trace
-    from kvcxl.emu.workloads.stream import from_trace
-
     if not 0 < budget <= 1:
         raise ValueError(f"budget = {budget}: must be a fraction of the entries in (0, 1]")
     stream = from_trace(Trace.load(path))
@@ -145,9 +145,6 @@ def encode(gt: GuestTrace, media_bytes: int) -> bytes:
 
 def simulate_victims(gt: GuestTrace, policy: str = "ema", config: object = None) -> list[int]:
     """The victim sequence of the simulator of kvcxl.emu on the same stream and budget."""
-    from kvcxl.emu.sim.simulator import SimOptions, simulate
-    from kvcxl.firmware.config import PolicyConfig
-
     opts = SimOptions(
         policy=policy,
         budget_bytes=gt.budget_bytes(),

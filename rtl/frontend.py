@@ -2,7 +2,7 @@
 
 M2S Req and M2S RwD arrive on valid/ready streams, S2M NDR and S2M DRS leave on
 valid/ready streams; every payload layout is built from the one message table in
-:mod:`kvcxl.emu.cxl.mem` (``field_widths``), so the RTL, the emulator and the
+:mod:`kvcxl.firmware.cxl.mem` (``field_widths``), so the RTL, the emulator and the
 testbench share the field names, order and widths.
 
 One HDM decoder (CXL 2.0 §8.2.5.12) translates HPA → DPA with the emulator's rule
@@ -30,7 +30,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from kvcxl.emu.cxl import mem as cxl
+from kvcxl.firmware.cxl import mem as cxl
 
 HDM_UNIT_SHIFT = 28  # base/size registers count 256 MiB
 LINE_SHIFT = cxl.LINE_SHIFT

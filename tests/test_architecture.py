@@ -57,12 +57,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("firmware", "emu", "rtl", "tb", "qemu")  # the folders setup.py maps onto kvcxl.*
 DOC = ROOT / "docs" / "architecture.md"
 
-# (e): which parts each part may import.  rtl → emu is the CXL.mem message layouts of
-# kvcxl.emu.cxl only (the front end decodes the emulator's messages bit for bit).
+# (e): which parts each part may import.  The CXL protocol tables the RTL shares with the
+# emulator live in kvcxl.firmware.cxl, so the RTL imports only the firmware.
 LAYERS: dict[str, tuple[str, ...]] = {
     "firmware": ("firmware",),
     "emu": ("emu", "firmware"),
-    "rtl": ("rtl", "firmware", "emu.cxl"),
+    "rtl": ("rtl", "firmware"),
     "tb": ("tb", "rtl", "firmware"),
     "qemu": ("qemu", "emu", "firmware"),
 }

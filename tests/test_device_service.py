@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from kvcxl.emu.cxl import mailbox as mb
-from kvcxl.emu.cxl import mem
 from kvcxl.emu.device import service as svc
+from kvcxl.firmware.cxl import mailbox as mb
+from kvcxl.firmware.cxl import mem
 
 BASE = 1 << 32
 

@@ -10,8 +10,6 @@ import struct
 import numpy as np
 import pytest
 
-from kvcxl.emu.cxl import mailbox as mb
-from kvcxl.emu.cxl import mem
 from kvcxl.emu.cxl.hdm import GRANULE
 from kvcxl.emu.device.cci import (
     ATTENTION_RECORD,
@@ -25,6 +23,8 @@ from kvcxl.emu.shape import PRESETS
 from kvcxl.emu.sim.simulator import SimOptions, simulate
 from kvcxl.emu.workloads import compile_workload, make_workload
 from kvcxl.emu.workloads.stream import CREATE
+from kvcxl.firmware.cxl import mailbox as mb
+from kvcxl.firmware.cxl import mem
 
 BASE = 1 << 36
 Op = mb.Opcode

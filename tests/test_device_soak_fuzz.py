@@ -62,7 +62,7 @@ def test_fuzz_counts_a_handler_bug_as_a_crash(monkeypatch):
     def broken(_payload: bytes) -> bytes:
         raise KeyError("bug")
 
-    from kvcxl.emu.cxl import mailbox as mb
+    from kvcxl.firmware.cxl import mailbox as mb
 
     f.engine.mailbox.handlers[mb.Opcode.GET_HEALTH_INFO] = broken
     f.run_case(0x02, mb.request(mb.Opcode.GET_HEALTH_INFO, b"", 1), 1)

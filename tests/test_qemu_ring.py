@@ -262,7 +262,7 @@ def test_c_header_matches_the_command_tables(tmp_path: Path) -> None:
 
 
 def test_ring_reuses_mailbox_opcodes_only_with_their_meaning() -> None:
-    from kvcxl.emu.cxl import mailbox as mb
+    from kvcxl.firmware.cxl import mailbox as mb
 
     for c in L.RING_COMMANDS:
         if c.mailbox is None:  # ring-only: a command set the mailbox does not use

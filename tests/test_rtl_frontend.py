@@ -1,6 +1,6 @@
 """CXL.mem front end RTL against the emulator's message table and HDM decoder.
 
-Random M2S Req / RwD messages (packed with kvcxl.emu.cxl.mem.pack, so the RTL's
+Random M2S Req / RwD messages (packed with kvcxl.firmware.cxl.mem.pack, so the RTL's
 layouts are checked against the shared table) through Amaranth's simulator, with
 random back-pressure on every response stream; expected responses come from
 kvcxl.emu.cxl.hdm.HdmDecoderSet translation and a dictionary line store.
@@ -22,7 +22,7 @@ def _run(seed: int, ways: int, granularity: int, position: int, n_msgs: int) -> 
     from amaranth.sim import Simulator
 
     from kvcxl.emu.cxl import hdm
-    from kvcxl.emu.cxl import mem as cxl
+    from kvcxl.firmware.cxl import mem as cxl
     from kvcxl.rtl.frontend import CxlMemFrontEnd
 
     rng = random.Random(seed)
@@ -171,7 +171,7 @@ def test_front_end_matches_hdm_and_line_store(ways, granularity, position):
 
 
 def test_layouts_come_from_the_shared_message_table():
-    from kvcxl.emu.cxl import mem as cxl
+    from kvcxl.firmware.cxl import mem as cxl
     from kvcxl.rtl.frontend import message_layout
 
     for cls in cxl.MESSAGE_CLASSES:

@@ -1,5 +1,5 @@
-"""kvcxl.emu.cxl: CXL protocol definitions, one module per protocol role.
+"""kvcxl.emu.cxl: CXL device behaviour of the emulator.
 
-``mem`` — CXL.mem messages (M2S Req/RwD, S2M NDR/DRS); ``hdm`` — HDM decoders;
-``mailbox`` — the CCI mailbox command set and return codes.
+``hdm`` — HDM decoders (programming, commit/lock, HPA → DPA).  The protocol tables
+(CXL.mem messages, the mailbox command table) are in :mod:`kvcxl.firmware.cxl`.
 """

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from kvcxl.emu.cxl import mailbox as mb
-from kvcxl.emu.cxl import mem
 from kvcxl.emu.cxl.hdm import GRANULE
+from kvcxl.firmware.cxl import mailbox as mb
+from kvcxl.firmware.cxl import mem
 
 from ..timing import NVME
 from .device import Type3Device
-from .service import MEM, Engine
+from .service import MEM, Client, Engine, Server
 
 BASE = 1 << 36
 
@@ -152,8 +152,6 @@ def bench_byte_ranges(quick: bool) -> dict:
 
 
 def bench_socket(quick: bool) -> dict:
-    from .service import Client, Server
-
     n = 2_000 if quick else 20_000
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.sock"

@@ -1,6 +1,6 @@
 """The device's mailbox: command handlers behind the CCI message framing.
 
-:meth:`Mailbox.execute` takes one encoded request (see :mod:`kvcxl.emu.cxl.mailbox`
+:meth:`Mailbox.execute` takes one encoded request (see :mod:`kvcxl.firmware.cxl.mailbox`
 for the framing, opcodes and return codes) and always returns one encoded
 response — for malformed input the spec's return code, never an exception.
 Payload layouts follow CXL 2.0 §8.2.9 and match QEMU's ``hw/cxl`` and Linux's
@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvcxl.emu.cxl import mailbox as mb
-from kvcxl.emu.cxl.mailbox import CciMessage, FramingError, Opcode
-from kvcxl.emu.cxl.mailbox import ReturnCode as RC
 from kvcxl.firmware.config import PARAMS, ConfigError
+from kvcxl.firmware.cxl import mailbox as mb
+from kvcxl.firmware.cxl.mailbox import CciMessage, FramingError, Opcode
+from kvcxl.firmware.cxl.mailbox import ReturnCode as RC
 
 from .device import Type3Device
 
@@ -29,7 +29,7 @@ POISON_TYPE_EXTERNAL = 0x1
 POISON_TYPE_INJECTED = 0x3
 PCI_VENDOR_ID = 0x1B36  # Red Hat, Inc. (QEMU's emulated devices)
 PCI_DEVICE_ID = 0x0D93  # QEMU's CXL Type-3 device id
-# The payload layouts live in the command table (kvcxl.emu.cxl.mailbox); these names are
+# The payload layouts live in the command table (kvcxl.firmware.cxl.mailbox); these names are
 # kept for the callers that import them from here.
 ATTENTION_RECORD = mb.ATTENTION_RECORD
 DESCRIBE_RECORD = mb.DESCRIBE_RECORD

@@ -301,8 +301,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    from kvcxl.emu.cxl import mailbox as mb
-    from kvcxl.emu.cxl import mem
+    from kvcxl.firmware.cxl import mailbox as mb
+    from kvcxl.firmware.cxl import mem
 
     print(mem.describe())
     print("\nmailbox commands (opcode, name, handler, input bytes, effects):")
@@ -315,8 +315,8 @@ def _describe(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from kvcxl.emu.cxl import mailbox as mb
     from kvcxl.emu.device.service import Client
+    from kvcxl.firmware.cxl import mailbox as mb
 
     try:
         client = Client(args.socket, timeout=10)

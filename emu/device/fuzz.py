@@ -31,10 +31,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvcxl.emu.cxl import mailbox as mb
-from kvcxl.emu.cxl import mem
 from kvcxl.emu.cxl.hdm import GRANULE
 from kvcxl.firmware.config import PARAMS
+from kvcxl.firmware.cxl import mailbox as mb
+from kvcxl.firmware.cxl import mem
 
 from .device import Type3Device
 from .service import CCI, ERROR, HDM, MEM, READ, WRITE, Engine
@@ -43,7 +43,7 @@ BASE = 1 << 36
 
 
 def _records(dtype: np.dtype, rows: list[tuple]) -> bytes:
-    """Records in the command table's layout (kvcxl.emu.cxl.mailbox)."""
+    """Records in the command table's layout (kvcxl.firmware.cxl.mailbox)."""
     return np.array(rows, dtype=dtype).tobytes()
 
 

@@ -11,9 +11,10 @@ Every request frame gets exactly one response frame, in order.
 =====  ===========  ==============================================  ===========================
 kind   name         request body                                    response body
 =====  ===========  ==============================================  ===========================
-0x01   MEM          one CXL.mem M2S message (kvcxl.emu.cxl.mem)     the S2M message; empty for
-                                                                    MemSpecRd (no completion)
-0x02   CCI          one CCI mailbox request (kvcxl.emu.cxl.mailbox) the CCI response
+0x01   MEM          one CXL.mem M2S message                         the S2M message; empty for
+                    (kvcxl.firmware.cxl.mem)                        MemSpecRd (no completion)
+0x02   CCI          one CCI mailbox request                         the CCI response
+                    (kvcxl.firmware.cxl.mailbox)
 0x03   READ         u64 HPA, u32 length (≤ 1 MiB)                   u8 flags, 7 pad, f64
                                                                     latency ns, data
 0x04   WRITE        u64 HPA, u8 flags (bit 0 poison), 7 pad, data   u8 flags, 7 pad, f64
@@ -39,8 +40,9 @@ import struct
 import threading
 from pathlib import Path
 
-from kvcxl.emu.cxl import mem
 from kvcxl.emu.cxl.hdm import HdmError
+from kvcxl.firmware.cxl import mailbox as mb
+from kvcxl.firmware.cxl import mem
 
 from .cci import Mailbox
 from .device import Type3Device
@@ -233,8 +235,6 @@ class Client:
         return mem.decode(body) if body else None
 
     def cci(self, opcode: int, payload: bytes = b"", tag: int = 0):
-        from kvcxl.emu.cxl import mailbox as mb
-
         _, body = self.call(CCI, mb.request(opcode, payload, tag))
         return mb.CciMessage.decode(body)
 

@@ -58,7 +58,7 @@ struct kvcxl_host_hdr { /* written by the guest only */
 
 /* opcodes: the table is RING_COMMANDS in kvcxl/qemu/layout.py (tests/test_qemu_ring.py
  * compiles this header and compares).  Commands that mean what a mailbox vendor command
- * means share its opcode and input records (kvcxl/emu/cxl/mailbox.py, docs/device.md);
+ * means share its opcode and input records (firmware/cxl/mailbox.py, docs/device.md);
  * ring-only commands use command set C1h, which the mailbox does not use. */
 #define KVCXL_OP_NOP 0xC100u
 #define KVCXL_OP_OPEN 0xC101u

@@ -1,4 +1,6 @@
-"""Statistics over seeds (seed §K.6): means with 95 % confidence intervals, percentiles.
+"""Statistics over seeds: means with 95 % confidence intervals, percentiles.
+
+What the design's validation programme asks for (docs/design.md, "Validation programme").
 
 The confidence interval of a mean over n samples is ``mean ± t(0.975, n−1) · s / √n``
 with the sample standard deviation s and Student's t quantile :func:`t975`

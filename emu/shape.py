@@ -1,12 +1,14 @@
-"""Model shapes and the analytic KV-cache sizing of seed §K.2 (evidence: Analytical model).
+"""Model shapes and the analytic KV-cache sizing of scenario S1 (Analytical model;
+docs/design.md, "Scenario S1").
 
 A :class:`ModelShape` holds the dimensions that decide how many KV entries a
 context has and how many bytes each holds.  An *entry* is one block of one KV head
-of one layer (SPEC §3): ``2 × block_tokens × d_head × dtype_bytes`` bytes (K and V).
+of one layer (docs/design.md, "Entries and attention weights"):
+``2 × block_tokens × d_head × dtype_bytes`` bytes (K and V).
 
 Presets (every field overridable with :meth:`ModelShape.with_`):
 
-``s1``       Llama-2-70B at 128 K tokens, the canonical scenario S1 (SPEC §2).
+``s1``       Llama-2-70B at 128 K tokens, scenario S1 (docs/design.md).
 ``ci``       a small shape that keeps tests and demos fast (4 layers, 2 KV heads, 1 K tokens).
 ``smollm2``  SmolLM2-135M (30 layers, 9 Q / 3 KV heads, d_head 64), the real model of the traces.
 
@@ -143,7 +145,7 @@ class Deployment:
 
 
 def sizing(shape: ModelShape, dep: Deployment | None = None) -> dict[str, Any]:
-    """Seed §K.2's KV sizing for ``shape`` serving ``dep.users`` full contexts.
+    """Scenario S1's KV sizing (docs/design.md) for ``shape`` serving ``dep.users`` full contexts.
 
     Every figure is an Analytical model: arithmetic on the stated inputs.
     """
@@ -153,7 +155,7 @@ def sizing(shape: ModelShape, dep: Deployment | None = None) -> dict[str, Any]:
     per_user = shape.context_bytes
     kv_budget = dep.hbm_bytes - dep.weights_bytes - dep.activations_bytes
     evictable = kv_budget - dep.pinned_bytes
-    # The seed rounds the per-user size to whole GB before adding (8 × 43 GB).
+    # The design rounds the per-user size to whole GB before adding (8 × 43 GB).
     per_user_gb_rounded = round(per_user / GB)
     need = dep.weights_bytes + dep.users * per_user + dep.activations_bytes
     total_kv = dep.users * per_user

@@ -2,8 +2,9 @@
 
 One record is one read of one entry — block ``block`` of KV head ``head`` of layer
 ``layer`` of context ``context`` — in decode step ``step``, with the attention
-weight the host reported for it (SPEC §3: the sum of the block's softmax weights,
-aggregated over the GQA group by ``aggregation``).  Records are ordered by step.
+weight the host reported for it (docs/design.md, "Entries and attention weights": the
+sum of the block's softmax weights, aggregated over the GQA group by ``aggregation``).
+Records are ordered by step.
 Version 2 adds two optional columns: ``op`` (0 read, 1 write: the host writing an
 entry's KV, e.g. a prefill or a new block) and ``tokens`` (on a write, the context's
 length after it); with ``op`` the record order is the event order.  A trace without

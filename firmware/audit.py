@@ -1,4 +1,4 @@
-"""The eviction audit (SPEC §6): every victim checked twice.
+"""The eviction audit (docs/policy.md): every victim checked twice.
 
 The seed's first simulator evicted from a heap keyed on stale decaying scores and
 picked the wrong victim 99.6 % of the time; only an external audit noticed.  Here

@@ -10,7 +10,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "policy",
         help="policy parameters: list, check a TOML file, compare policies on a request stream",
-        description="The policy engine's parameters (SPEC §4, seed §K.7) and a quick comparison.",
+        description="The policy engine's parameters (docs/policy.md) and a quick comparison.",
     )
     psub = p.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
 

@@ -1,6 +1,7 @@
 """The one validated configuration of the policy engine.
 
-Every policy parameter of the design (SPEC §4, seed §K.7) lives here with its
+Every policy parameter of the design (docs/design.md, "The policy" and
+"Uncalibrated parameters") lives here with its
 default, its allowed range and a sentence on which way it pushes.  Nothing else
 in the project holds a default for these values.  An out-of-range or
 inconsistent value is refused with a :class:`ConfigError` naming the parameter,
@@ -65,8 +66,8 @@ PARAMS: dict[str, Param] = {
         _REAL,
         "EMA smoothing factor: score[t] = α·w[t] + (1−α)·score[t−1]. Higher reacts faster "
         "to attention shifts and forgets sooner (half-life ln0.5/ln(1−α) steps); lower "
-        "holds long-run importance. Seed default 0.2 (3.1-step half-life); Appendix N "
-        "found an interior optimum near 0.05.",
+        "holds long-run importance. Design default 0.2 (3.1-step half-life); Appendix N "
+        "found an interior optimum near 0.05 (docs/design.md).",
     ),
     "beta": Param(
         "[0, 1]",
@@ -196,8 +197,8 @@ PARAMS: dict[str, Param] = {
         _num(0.0, 1.0, lo_open=True),
         _REAL,
         "Fraction of PCIe Gen5 x16 link bandwidth a host-DRAM offload baseline sustains "
-        "(seed §K.7: 0.32, contradicted by the measured 87 % of spec). Used only by the "
-        "host-offload comparison of the tier model.",
+        "(the design's 0.32, contradicted by the measured 87 % of spec; docs/design.md). "
+        "Used only by the host-offload comparison of the tier model.",
     ),
     "sink_tokens": Param(
         "[0, 1048576] tokens",

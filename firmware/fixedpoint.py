@@ -1,4 +1,4 @@
-"""The integer Q0.16 mode: the contract the RTL matches bit for bit (SPEC §5).
+"""The integer Q0.16 mode: the contract the RTL matches bit for bit (docs/policy.md).
 
 Formats
     weights, scores, α, priorities, decay and rope table values: unsigned Q0.16,

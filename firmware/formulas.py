@@ -1,4 +1,4 @@
-"""The policy's formulas in float reference mode (SPEC §4). Each is defined here once.
+"""The policy's formulas in float reference mode (docs/policy.md). Each is defined here once.
 
 The integer Q0.16 counterparts that the RTL matches bit for bit are in
 :mod:`kvcxl.firmware.fixedpoint`, beside the error bounds that relate the two.

@@ -1,4 +1,4 @@
-"""RoPE-locality prefetch (SPEC §4): which blocks a touch proposes, and their rank.
+"""RoPE-locality prefetch (docs/policy.md): which blocks a touch proposes, and their rank.
 
 A touch of block b of (layer l, KV head h) proposes blocks b − Wb … b + Wb of head
 h in layers l+1 … l+depth, where Wb = W // block_tokens.  Candidates are ranked by

@@ -1,6 +1,6 @@
 """The entry table: identity and position of every KV entry, as columns of numpy arrays.
 
-An entry is one block of one KV head of one layer of one context (SPEC §3).  Entry
+An entry is one block of one KV head of one layer of one context (docs/design.md).  Entry
 ids are dense integers handed out in insertion order; every per-entry array in the
 engine (policy metadata, residency, tiers) is indexed by them.
 """

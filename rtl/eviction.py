@@ -1,6 +1,6 @@
 """EvictionEngine: the top ``k`` eligible entries of a sweep, in the contract's order.
 
-Order (SPEC §5, :mod:`kvcxl.firmware.select`): priority descending, entry index
+Order (docs/policy.md, :mod:`kvcxl.firmware.select`): priority descending, entry index
 ascending; ineligible entries (pinned or not resident) are never chosen.
 
 Structure: a streaming top-K.  ``batch`` slots hold the best candidates so far,

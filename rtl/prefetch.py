@@ -1,4 +1,4 @@
-"""PrefetchEngine: the blocks one touch proposes, ranked as in SPEC §4, emitted in fetch order.
+"""PrefetchEngine: the blocks one touch proposes, ranked as docs/policy.md says, in fetch order.
 
 A touch of block ``b`` of (layer ``l``, KV head ``h``) proposes blocks ``b − W … b + W``
 (``W`` in blocks, :func:`kvcxl.firmware.fixedpoint.window_blocks`) of head ``h`` in

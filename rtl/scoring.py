@@ -1,4 +1,6 @@
-"""ScoringEngine: the step-boundary sweep of SPEC §5, ``lanes`` entries per cycle.
+"""ScoringEngine: the step-boundary sweep, ``lanes`` entries per cycle.
+
+The arithmetic is the fixed-point contract of docs/policy.md.
 
 For each beat of the ``upd`` stream (the step's weights and read flags of ``lanes``
 consecutive entries, in address order, wrapping at the end of the table) the engine

@@ -36,6 +36,10 @@ are the composition root's and are not edges; a test checks that each names a mo
 Beside the rules: every module imports in a fresh interpreter (one process, in turn;
 a module whose optional extra is not installed is skipped with the missing package),
 and docs/architecture.md names only paths and modules that exist, and every package.
+Every reference in a comment or a page points into the repository: no tracked ``.md`` or
+``.py`` file cites the design documents by their outside names or paths (docs/design.md
+holds what a reader needs from them), and every relative link of docs/*.md and README.md
+reaches an existing file and, with an ``#anchor``, an existing heading.
 The checker itself is tested on planted defects (``test_the_checker_finds_*``).
 """
 
@@ -514,3 +518,84 @@ def _top_names(module: str) -> frozenset[str]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
     return frozenset(names)
+
+
+# --- every reference points into the repository -------------------------------------------
+# The design documents live outside the repository; docs/design.md says what the project
+# needs from them.  Spelled in pieces so that this file does not cite them itself.
+_OUTSIDE = ("SPEC" + " §", "seeds" + "/", "../" + "shared", "TOOLCHAIN" + ".md")
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+_FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+
+
+def _tracked(*patterns: str) -> list[Path]:
+    out = subprocess.run(
+        ["git", "ls-files", *patterns], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    return [ROOT / f for f in out]
+
+
+def _pages() -> list[Path]:
+    """docs/*.md and README.md (globbed, so a page not yet committed is checked too)."""
+    return [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    anchors = set()
+    for heading in re.findall(r"^#{1,6}\s+(.*?)\s*#*$", _FENCE.sub("", page.read_text()), re.M):
+        slug = _slug(heading)
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
+
+
+def test_no_file_cites_the_outside_design_documents() -> None:
+    files = {*_tracked("*.md", "*.py"), *_pages()}
+    hits = [
+        f"{f.relative_to(ROOT)}:{i}: {line.strip()}"
+        for f in sorted(files)
+        if f.is_file()
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        if any(s in line for s in _OUTSIDE)
+    ]
+    assert not hits, "cite docs/design.md instead:\n" + "\n".join(hits)
+
+
+def test_every_relative_link_in_the_pages_resolves() -> None:
+    broken = []
+    for page in _pages():
+        for target in _LINK.findall(_FENCE.sub("", page.read_text())):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_design_page_has_the_sections_the_repository_cites() -> None:
+    anchors = _anchors(ROOT / "docs" / "design.md")
+    for section in (
+        "the-device-and-its-tiers", "entries-and-attention-weights", "scenario-s1",
+        "the-policy", "the-worked-example", "uncalibrated-parameters", "validation-programme",
+        "workloads", "metrics", "provisional-simulation-findings", "measured-decode-model",
+        "retracted-figures",
+    ):  # fmt: skip
+        assert section in anchors, section
+
+
+def test_the_link_checker_finds_a_planted_broken_anchor(tmp_path: Path) -> None:
+    page = tmp_path / "p.md"
+    page.write_text("# Top `x` — y\n\n## Top `x` — y\n")
+    assert _anchors(page) == {"top-x--y", "top-x--y-1"}

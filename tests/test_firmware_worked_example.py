@@ -1,4 +1,4 @@
-"""The seed's worked example (seeds/000), both as the seed printed it and computed exactly."""
+"""The design's worked example (docs/design.md), both as printed there and computed exactly."""
 
 from __future__ import annotations
 

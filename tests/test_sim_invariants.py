@@ -125,7 +125,8 @@ def test_persistent_metadata_matters_for_lfu():
         )
     assert runs[True]["reads"] == runs[False]["reads"]
     assert runs[True]["persistent_metadata"] and not runs[False]["persistent_metadata"]
-    # Counts that survive eviction keep the returning sessions' entries (Appendix N §N.4).
+    # Counts that survive eviction keep the returning sessions' entries (Appendix N;
+    # docs/design.md).
     assert runs[True]["hits"] != runs[False]["hits"]
 
 

@@ -1,4 +1,4 @@
-"""Seed §K.2's analytic sizing (Analytical model) and model-shape validation."""
+"""Scenario S1's analytic sizing (Analytical model, docs/design.md) and model-shape validation."""
 
 from __future__ import annotations
 

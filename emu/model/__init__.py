@@ -7,7 +7,7 @@
               and attention restricted to the blocks a bounded cache keeps.
 ``capture``   ``kvcxl trace capture``: greedy decoding recorded as a Measured trace.
 ``quality``   output quality (KL, top-1 agreement) under a cache bounded by each policy.
-``calibrate`` the joint α × β (then keep/evict) sweep of seed §K.7 on real traces.
+``calibrate`` the joint α × β (then keep/evict) sweep on real traces (docs/calibration.md).
 ``fit``       synthetic-attention parameters fitted to real trace statistics.
 ``commands``  ``kvcxl quality`` and ``kvcxl calibrate``.
 """

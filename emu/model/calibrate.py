@@ -1,4 +1,7 @@
-"""Seed §K.7's calibration of the ema policy on real traces: α × β, then keep/evict.
+"""The design's calibration of the ema policy on real traces: α × β, then keep/evict.
+
+The procedure is the one the design gives for its uncalibrated parameters
+(docs/design.md, "Uncalibrated parameters"); docs/calibration.md has the results.
 
 Stage 1 sweeps α × β jointly (the seed: "β chosen without reference to α
 double-counts recency") and scores every point two ways:
@@ -124,7 +127,7 @@ def replay_hit_rate(
 
 
 def ema_scores(weights: NDArray, alpha: float) -> NDArray:
-    """(steps, entries) EMA score of every entry before each step (SPEC §4 float mode)."""
+    """(steps, entries) EMA score of every entry before each step (float mode, docs/policy.md)."""
 
     S, L, H, NB = weights.shape
     flat = weights.transpose(0, 3, 1, 2).reshape(S, NB * L * H).astype(np.float64)

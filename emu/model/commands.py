@@ -89,7 +89,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "calibrate",
         help="joint α × β (then keep/evict) sweep of the seed's policy on real traces",
         description=_wrap(
-            "Seed §K.7's calibration: sweep α × β of the ema policy on captured traces, "
+            "The design's calibration (docs/calibration.md): sweep α × β of the ema policy "
+            "on captured traces, "
             "scored by hit rate at a fixed HBM budget (trace replay with demand paging) and "
             "by output quality (the real model re-run with the bounded cache); then sweep the "
             "keep/evict thresholds and the touch threshold at the best (α, β). Writes heat "

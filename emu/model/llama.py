@@ -4,9 +4,9 @@ One function, :meth:`Llama.forward`, runs a chunk of consecutive tokens against 
 KV cache (a chunk of one token is a decode step; a long chunk is a prefill) and
 returns the next-token logits of each position plus, per position, the attention
 of every (layer, KV head) summed over each ``block_tokens`` block of key positions
-and combined over the GQA group by ``max`` or ``mean`` (SPEC §3).  Query row ``i``
-of a chunk sees exactly what a token-by-token decode would, so a chunked run and a
-one-token-at-a-time run record the same trace.
+and combined over the GQA group by ``max`` or ``mean`` (docs/design.md, "Entries and
+attention weights").  Query row ``i`` of a chunk sees exactly what a token-by-token
+decode would, so a chunked run and a one-token-at-a-time run record the same trace.
 
 A bounded cache is applied with ``visible``: a boolean ``(layers, kv_heads,
 blocks)`` mask of the blocks each KV head may attend to.  Masked keys keep their

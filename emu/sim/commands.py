@@ -300,7 +300,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     s = sub.add_parser(
         "sizing",
-        help="analytic KV-cache sizing of a model shape (seed §K.2; Analytical model)",
+        help="analytic KV-cache sizing of a model shape (S1: docs/design.md; Analytical model)",
         formatter_class=_Formatter,
         description="KV bytes per token, per block, per context and for N users, and how many "
         f"full contexts HBM, CXL DRAM and NVMe hold. Analytical model. Sizes: {SIZE_HELP}.",

@@ -247,7 +247,7 @@ def combine(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-# --- the Appendix N questions, asked again (docs/results.md) --------------------------------------
+# --- the Appendix N questions (docs/design.md), asked again (docs/results.md) -------------------
 RESULTS_BUDGETS = ["10%", "20%"]
 RESULTS_ALPHAS = [0.05, 0.1, 0.2, 0.4]
 RESULTS_PERSISTENCE_POLICIES = ["ema", "lfu", "lrfu", "h2o"]

@@ -1,4 +1,6 @@
-"""Synthetic workloads (SPEC §8) and the compiled read streams every policy replays.
+"""Synthetic workloads and the compiled read streams every policy replays.
+
+The workloads are the design's (docs/design.md, "Workloads").
 
 ``catalog`` — the workloads; ``attention`` — the synthetic attention generator, with its
 fitted values in ``attention_fit.toml``; ``stream`` — the compiled ``ReadStream``.

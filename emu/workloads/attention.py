@@ -1,9 +1,9 @@
 """Synthetic attention: per-block weights with sinks, a recent window, retrieval heads and noise.
 
 For one decode step of one context the model gives, for every (layer, KV head,
-block), the weight the host would report (SPEC §3): the block's share of the
-softmax mass, computed for each query head of the GQA group and aggregated by
-``max`` or ``mean``.  Per query head the mass is split into
+block), the weight the host would report (docs/design.md, "Entries and attention
+weights"): the block's share of the softmax mass, computed for each query head of the GQA
+group and aggregated by ``max`` or ``mean``.  Per query head the mass is split into
 
 * a **sink** share on block 0 (attention sinks; the share grows with depth, as
   measured on SmolLM2: layers 0–11 put under 12 % on block 0, layers 12–29 28–63 %),

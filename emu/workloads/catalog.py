@@ -1,4 +1,4 @@
-"""The synthetic workloads of SPEC §8, one class each; every one is seeded.
+"""The synthetic workloads of docs/design.md ("Workloads"), one class each; each is seeded.
 
 Token counts scale with the model shape's ``context_tokens`` (the longest a
 context may grow), so the same workload runs on the ``ci`` preset in seconds and
@@ -21,7 +21,7 @@ def _prompt(w: Workload, lo: float, hi: float) -> int:
 
 class ZipfSessions(Workload):
     name = "zipf-sessions"
-    summary = "Zipf(1.1) returns over 200 sessions (Appendix N's reuse pattern)"
+    summary = "Zipf(1.1) returns over 200 sessions (Appendix N's reuse pattern; docs/design.md)"
     defaults = {"sessions": 200, "zipf": 1.1, "turn_tokens": 16, "lanes": 4}
 
     def turns(self) -> Iterator[Turn]:

@@ -5,7 +5,7 @@ validation, below), by the RTL front end (Amaranth ``lib.data`` layouts built fr
 :func:`field_widths`) and by the cocotb drivers and monitors.  Import it; never copy
 its numbers.  It needs only the standard library.
 
-The subset modelled (SPEC §10), with opcode encodings from CXL 2.0 / 3.x:
+The subset modelled (docs/design.md, docs/device.md), with opcode encodings from CXL 2.0 / 3.x:
 
 ========  ===================================================  ===========
 class     opcodes                                              data

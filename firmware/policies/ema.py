@@ -1,7 +1,7 @@
 """The seed's policy: per-entry EMA of attention, recency decay, anchor pinning.
 
-Float mode computes SPEC §4 exactly; ``mode="int"`` is the Q0.16 contract the RTL
-matches bit for bit.  Within a step, reads record their weights and a touch
+Float mode computes the formulas of docs/policy.md exactly; ``mode="int"`` is the Q0.16
+contract the RTL matches bit for bit.  Within a step, reads record their weights and a touch
 (weight ≥ touch_threshold) resets the idle counter at once; the EMA itself is
 applied to every entry at the step boundary (an unread entry gets w = 0), which is
 when the RTL's scoring engine streams the table.

@@ -7,7 +7,7 @@ agree exactly (tests/test_firmware_libcachesim.py).  ``tie_break="index"`` uses 
 project-wide lower-index rule alone; the same test measures how far that moves
 the hit count.
 With persistent_metadata on, counts survive eviction (Appendix N's "persistent
-LFU"); off is classic LFU.
+LFU", docs/design.md); off is classic LFU.
 """
 
 from __future__ import annotations

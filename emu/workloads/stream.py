@@ -577,7 +577,23 @@ def _from_reads(trace: Trace) -> ReadStream:
             toks.append(int(unique_ids(ctx_sorted[a:hi]).size))
         else:
             toks.append(0)
-    grids = _grids(s, e_ctx, e_layer, e_head, e_block)
+    events = (kinds, evsteps, evlayers, pids, pws, lens, toks)
+    return _trace_stream(trace, e_ctx, e_layer, e_head, e_block, events, create_on_first_read=True)
+
+
+def _trace_stream(
+    trace: Trace,
+    e_ctx: NDArray,
+    e_layer: NDArray,
+    e_head: NDArray,
+    e_block: NDArray,
+    events: tuple[list, list, list, list, list, list, list],
+    **flags: Any,
+) -> ReadStream:
+    """A trace's stream from its entries and per-event lists (kinds, steps, layers, ids,
+    weights, length updates, tokens decoded), the one assembly both trace readers use."""
+    s = trace.shape
+    kinds, evsteps, evlayers, pids, pws, lens, toks = events
     sizes = np.array([p.size for p in pids], dtype=np.int64)
     lsizes = np.array([len(x) for x in lens], dtype=np.int64)
     flat = [x for group in lens for x in group]
@@ -597,11 +613,11 @@ def _from_reads(trace: Trace) -> ReadStream:
         len_off=np.concatenate([[0], np.cumsum(lsizes)]).astype(np.int64),
         len_ctx=np.array([c for c, _ in flat], dtype=np.int64),
         len_tokens=np.array([t for _, t in flat], dtype=np.int64),
-        grids=grids,
+        grids=_grids(s, e_ctx, e_layer, e_head, e_block),
         evidence=trace.evidence,
         source=trace.source,
         info={"trace": trace.source, **trace.extra},
-        create_on_first_read=True,
+        **flags,
     )
 
 
@@ -772,30 +788,10 @@ def _from_events(trace: Trace) -> ReadStream:
         seen_step = st
         lazy.append(False)
     ev_lazy = np.array(lazy, dtype=bool)
-    sizes = np.array([p.size for p in pids], dtype=np.int64)
-    lsizes = np.array([len(x) for x in lens], dtype=np.int64)
-    flat = [x for group in lens for x in group]
-    return ReadStream(
-        shape=s,
-        e_ctx=e_ctx.astype(np.int32),
-        e_layer=e_layer.astype(np.int32),
-        e_head=e_head.astype(np.int32),
-        e_block=e_block.astype(np.int32),
-        ev_kind=np.array(kinds, dtype=np.int8),
-        ev_step=np.array(evsteps, dtype=np.int64),
-        ev_layer=np.array(evlayers, dtype=np.int32),
-        ev_off=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
-        ev_tokens=np.array(toks, dtype=np.int64),
-        ids=np.concatenate(pids) if pids else np.zeros(0, np.int64),
-        w=np.concatenate(pws).astype(np.float32) if pws else np.zeros(0, np.float32),
-        len_off=np.concatenate([[0], np.cumsum(lsizes)]).astype(np.int64),
-        len_ctx=np.array([c for c, _ in flat], dtype=np.int64),
-        len_tokens=np.array([t for _, t in flat], dtype=np.int64),
-        grids=_grids(s, e_ctx, e_layer, e_head, e_block),
-        evidence=trace.evidence,
-        source=trace.source,
-        info={"trace": trace.source, **trace.extra},
+    events = (kinds, evsteps, evlayers, pids, pws, lens, toks)
+    return _trace_stream(
+        trace, e_ctx, e_layer, e_head, e_block, events,
         # Without writes it is a version-1 trace in file order: every CREATE is lazy.
         create_on_first_read=not any_writes,
         ev_lazy=ev_lazy if any_writes and ev_lazy.any() else None,
-    )
+    )  # fmt: skip

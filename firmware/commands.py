@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,42 +48,74 @@ def register(sub: argparse._SubParsersAction) -> None:
     pm.set_defaults(func=_compare)
 
 
-def _params(args: argparse.Namespace) -> int:
+def _all_params() -> list[tuple[str, str, Any, Any]]:
+    """(name, owner, default, Param) of every parameter: the engine's, then each policy's own."""
     from .config import PARAMS, PolicyConfig
+    from .policies import POLICIES
+    from .policy_params import POLICY_PARAMS
 
     default = PolicyConfig().to_dict()
+    rows: list[tuple[str, str, Any, Any]] = [
+        (k, "engine", default[k], p) for k, p in PARAMS.items()
+    ]
+    owners: dict[str, list[str]] = {}
+    for name, cls in sorted(POLICIES.items()):
+        for k in cls.parameters:
+            owners.setdefault(k, []).append(name)
+    for k, p in POLICY_PARAMS.items():
+        rows.append(
+            (
+                k,
+                ", ".join(owners[k]),
+                list(p.default) if isinstance(p.default, tuple) else p.default,
+                p,
+            )
+        )
+    return rows
+
+
+def _params(args: argparse.Namespace) -> int:
+    rows = _all_params()
     if args.markdown:
         print(params_markdown())
         return 0
     if args.json:
-        print(
-            json.dumps(
-                {
-                    k: {"default": default[k], "range": p.range_text, "doc": p.doc}
-                    for k, p in PARAMS.items()
-                },
-                indent=2,
-            )
-        )
+        doc = {
+            k: {"policies": owner, "default": d, "range": p.range_text, "doc": p.doc}
+            for k, owner, d, p in rows
+        }
+        print(json.dumps(doc, indent=2))
         return 0
-    for k, p in PARAMS.items():
-        print(f"{k:<24} default {default[k]!s:<20} range {p.range_text}")
+    for k, owner, d, p in rows:
+        who = "" if owner == "engine" else f"  ({owner} only)"
+        print(f"{k:<24} default {d!s:<20} range {p.range_text}{who}")
         print(f"{'':<24} {p.doc}\n")
     return 0
 
 
 def params_markdown() -> str:
-    """The parameter table of docs/policy.md, generated from the configuration itself."""
-    from .config import PARAMS, PolicyConfig
-
-    default = PolicyConfig().to_dict()
-    rows = [
+    """The parameter tables of docs/policy.md, generated from the configuration and the
+    policies themselves."""
+    rows = _all_params()
+    out = [
         "| parameter | default | range | what it controls, which way it pushes |",
         "|---|---|---|---|",
     ]
-    for k, p in PARAMS.items():
-        rows.append(f"| `{k}` | `{default[k]}` | {p.range_text} | {p.doc} |")
-    return "\n".join(rows)
+    out += [f"| `{k}` | `{d}` | {p.range_text} | {p.doc} |" for k, o, d, p in rows if o == "engine"]
+    out += [
+        "",
+        "Each baseline's own parameters (declared by its policy class as `parameters`; one "
+        "option or key sets a name for every policy that declares it):",
+        "",
+        "| parameter | policies | default | range | what it controls |",
+        "|---|---|---|---|---|",
+    ]
+    out += [
+        f"| `{k}` | {o} | `{d}` | {p.range_text} | {p.doc} |"
+        for k, o, d, p in rows
+        if o != "engine"
+    ]
+    return "\n".join(out)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -90,7 +123,8 @@ def _check(args: argparse.Namespace) -> int:
 
     cfg = PolicyConfig.load(args.file)
     print(f"{args.file}: valid")
-    changed = {k: v for k, v in cfg.to_dict().items() if v != PolicyConfig().to_dict()[k]}
+    default = PolicyConfig().effective()
+    changed = {k: v for k, v in cfg.to_dict().items() if v != default[k]}
     for k, v in changed.items():
         print(f"  {k} = {v!r}")
     return 0

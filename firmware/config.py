@@ -1,9 +1,13 @@
 """The one validated configuration of the policy engine.
 
-Every policy parameter of the design (docs/design.md, "The policy" and
-"Uncalibrated parameters") lives here with its
-default, its allowed range and a sentence on which way it pushes.  Nothing else
-in the project holds a default for these values.  An out-of-range or
+Every parameter of the designed engine (docs/design.md, "The policy" and
+"Uncalibrated parameters") lives here with its default, its allowed range and a
+sentence on which way it pushes.  A parameter that belongs to one baseline policy
+(h2o's recent window, LRFU's λ, ...) is declared in
+:mod:`kvcxl.firmware.policy_params`, listed by the policies that use it
+(``Policy.parameters``) and only carried here, so that one file or one set of
+options configures a whole comparison.  Nothing else in the project
+holds a default for these values.  An out-of-range or
 inconsistent value is refused with a :class:`ConfigError` naming the parameter,
 the value and the allowed range.
 """
@@ -14,40 +18,14 @@ import difflib
 import math
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .params import REAL, ConfigError, Param, in_range, one_of
+from .policy_params import POLICY_PARAMS
 
-class ConfigError(ValueError):
-    """A policy parameter was refused."""
-
-
-@dataclass(frozen=True)
-class Param:
-    """What a parameter means and what it may be."""
-
-    range_text: str
-    check: Callable[[Any], bool]
-    kind: type | tuple[type, ...]
-    doc: str
-
-
-def _num(
-    lo: float, hi: float, lo_open: bool = False, hi_open: bool = False
-) -> Callable[[Any], bool]:
-    def check(v: Any) -> bool:
-        if not math.isfinite(v):
-            return False
-        above = v > lo if lo_open else v >= lo
-        below = v < hi if hi_open else v <= hi
-        return above and below
-
-    return check
-
-
-def _choice(*options: str) -> Callable[[Any], bool]:
-    return lambda v: v in options
+__all__ = ["PARAMS", "REAL", "ConfigError", "Param", "PolicyConfig", "in_range", "one_of"]
 
 
 def _unit_triple_or_pair(n: int) -> Callable[[Any], bool]:
@@ -57,13 +35,11 @@ def _unit_triple_or_pair(n: int) -> Callable[[Any], bool]:
     return check
 
 
-_REAL = (int, float)
-
 PARAMS: dict[str, Param] = {
     "alpha": Param(
         "(0, 1]",
-        _num(0.0, 1.0, lo_open=True),
-        _REAL,
+        in_range(0.0, 1.0, lo_open=True),
+        REAL,
         "EMA smoothing factor: score[t] = α·w[t] + (1−α)·score[t−1]. Higher reacts faster "
         "to attention shifts and forgets sooner (half-life ln0.5/ln(1−α) steps); lower "
         "holds long-run importance. Design default 0.2 (3.1-step half-life); Appendix N "
@@ -71,8 +47,8 @@ PARAMS: dict[str, Param] = {
     ),
     "beta": Param(
         "[0, 1]",
-        _num(0.0, 1.0),
-        _REAL,
+        in_range(0.0, 1.0),
+        REAL,
         "Recency-decay coefficient in r = 1 − exp(−β·steps_since_access); 1/β is the "
         "idleness horizon in decode steps. Raising it makes eviction recency-driven and "
         "puts long-lived, rarely touched entries at risk; lowering it lets stale entries "
@@ -80,22 +56,22 @@ PARAMS: dict[str, Param] = {
     ),
     "touch_threshold": Param(
         "[0, 1]",
-        _num(0.0, 1.0),
-        _REAL,
+        in_range(0.0, 1.0),
+        REAL,
         "A read entry counts as touched (resets steps_since_access) only if its "
         "attention weight is at least this. Raising it lets weakly attended entries age "
         "although they are read every step (dense attention reads everything).",
     ),
     "aggregation": Param(
         "'max' or 'mean'",
-        _choice("max", "mean"),
+        one_of("max", "mean"),
         str,
         "How the per-query-head weights of a GQA group combine into one KV-head weight. "
         "'max' protects an entry any head needs; 'mean' favours entries all heads use.",
     ),
     "anchor_zone_size": Param(
         "[0, 1048576] tokens",
-        _num(0, 1 << 20),
+        in_range(0, 1 << 20),
         int,
         "Entries whose first token position is below this are pinned and never evicted "
         "(attention sinks, system prompt). Raising it spends pinned HBM on positions that "
@@ -103,21 +79,21 @@ PARAMS: dict[str, Param] = {
     ),
     "keep_threshold": Param(
         "(0, 1], > evict_threshold",
-        _num(0.0, 1.0, lo_open=True),
-        _REAL,
+        in_range(0.0, 1.0, lo_open=True),
+        REAL,
         "Threshold placement: score ≥ keep wants HBM. Raising it shrinks the hot set "
         "(more users, lower hit rate); lowering it does the reverse.",
     ),
     "evict_threshold": Param(
         "[0, 1), < keep_threshold",
-        _num(0.0, 1.0, hi_open=True),
-        _REAL,
+        in_range(0.0, 1.0, hi_open=True),
+        REAL,
         "Threshold placement: score < evict sinks to NVMe; between evict and keep lives "
         "in CXL DRAM. Raising it reclaims CXL DRAM sooner at the cost of more NVMe reads.",
     ),
     "placement_mode": Param(
         "'thresholds' or 'weighted'",
-        _choice("thresholds", "weighted"),
+        one_of("thresholds", "weighted"),
         str,
         "Which placement rule decides an entry's tier.",
     ),
@@ -138,15 +114,15 @@ PARAMS: dict[str, Param] = {
     ),
     "prefetch_window": Param(
         "[0, 1048576] tokens",
-        _num(0, 1 << 20),
+        in_range(0, 1 << 20),
         int,
         "Prefetch radius W: a touch of block b proposes blocks within ±W tokens. Wider "
         "covers more at linearly growing speculative bandwidth; 0 disables the window.",
     ),
     "prefetch_distance_scale": Param(
         "(0, 1e9]",
-        _num(0.0, 1e9, lo_open=True),
-        _REAL,
+        in_range(0.0, 1e9, lo_open=True),
+        REAL,
         "Distance in tokens at which the RoPE locality term 1/(1 + d/scale) halves. "
         "Raising it flattens the ranking toward far blocks.",
     ),
@@ -159,13 +135,13 @@ PARAMS: dict[str, Param] = {
     ),
     "prefetch_depth": Param(
         "[0, 16] layers",
-        _num(0, 16),
+        in_range(0, 16),
         int,
         "How many following layers a touch prefetches into. 0 disables prefetch.",
     ),
     "eviction_batch": Param(
         "[1, 65536] entries",
-        _num(1, 65536),
+        in_range(1, 65536),
         int,
         "Most entries evicted by one policy pass. Larger amortises the selection; "
         "smaller keeps decisions fresh.",
@@ -179,14 +155,14 @@ PARAMS: dict[str, Param] = {
     ),
     "pinned_fraction": Param(
         "[0, 1]",
-        _num(0.0, 1.0),
-        _REAL,
+        in_range(0.0, 1.0),
+        REAL,
         "Largest share of the HBM KV budget that pinned (anchor) entries may hold; "
         "anchors beyond it are ordinary entries. S1 pins 10 of 47 GB ≈ 0.21.",
     ),
     "decay_shift": Param(
         "[0, 8]",
-        _num(0, 8),
+        in_range(0, 8),
         int,
         "Integer mode: the recency-decay table is indexed by min(idle >> shift, 255). "
         "Larger covers a longer idle horizon at coarser resolution; see docs/policy.md "
@@ -194,36 +170,11 @@ PARAMS: dict[str, Param] = {
     ),
     "pcie_contention": Param(
         "(0, 1]",
-        _num(0.0, 1.0, lo_open=True),
-        _REAL,
+        in_range(0.0, 1.0, lo_open=True),
+        REAL,
         "Fraction of PCIe Gen5 x16 link bandwidth a host-DRAM offload baseline sustains "
         "(the design's 0.32, contradicted by the measured 87 % of spec; docs/design.md). "
         "Used only by the host-offload comparison of the tier model.",
-    ),
-    "sink_tokens": Param(
-        "[0, 1048576] tokens",
-        _num(0, 1 << 20),
-        int,
-        "Baselines sink-window (StreamingLLM) and h2o: the first S tokens never evicted.",
-    ),
-    "recent_tokens": Param(
-        "[0, 1048576] tokens",
-        _num(0, 1 << 20),
-        int,
-        "Baseline h2o: the most recent tokens of each context are never evicted; the "
-        "rest compete on accumulated attention.",
-    ),
-    "lrfu_lambda": Param(
-        "[0, 1]",
-        _num(0.0, 1.0),
-        _REAL,
-        "Baseline lrfu (Lee et al. 1999): CRF weight (1/2)^(λ·age); 0 is LFU, 1 is LRU.",
-    ),
-    "seed": Param(
-        "[0, 2**63)",
-        _num(0, 2**63 - 1),
-        int,
-        "Seed of the random baseline's generator.",
     ),
 }
 
@@ -251,31 +202,34 @@ class PolicyConfig:
     pinned_fraction: float = 0.25
     decay_shift: int = 4
     pcie_contention: float = 0.32
-    sink_tokens: int = 4
-    recent_tokens: int = 128
-    lrfu_lambda: float = 0.1
-    seed: int = 0
+    # Parameters that belong to one policy (declared by it: ``Policy.parameters``), as
+    # set here; a policy reads its own through ``policy.params``.
+    policy_params: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            value = getattr(self, f.name)
-            p = PARAMS[f.name]
-            if isinstance(value, list):
-                value = tuple(value)
-                object.__setattr__(self, f.name, value)
-            if not _kind_ok(value, p.kind):
-                raise ConfigError(
-                    f"{f.name} = {value!r} has the wrong type: expected {_kind_name(p.kind)} "
-                    f"in {p.range_text}"
+            if f.name in PARAMS:
+                object.__setattr__(
+                    self, f.name, PARAMS[f.name].refuse(f.name, getattr(self, f.name))
                 )
-            if isinstance(value, tuple):
-                if not all(isinstance(x, _REAL) and not isinstance(x, bool) for x in value):
-                    raise ConfigError(f"{f.name} = {value!r}: every element must be a number")
-                value = tuple(float(x) for x in value)
-                object.__setattr__(self, f.name, value)
-            if not p.check(value):
-                raise ConfigError(f"{f.name} = {value!r} is out of range: must be {p.range_text}")
+        table = POLICY_PARAMS
+        given = dict(self.policy_params)
+        for name in given:
+            if name not in table:
+                raise ConfigError(_unknown(name))
+        checked = tuple(sorted((k, table[k].refuse(k, v)) for k, v in given.items()))
+        object.__setattr__(self, "policy_params", checked)
         self._check_consistency()
+
+    def effective(self) -> dict[str, Any]:
+        """Every parameter with the value in use: the engine's, then every policy's own (as set
+        here, else its default)."""
+        flat = self.to_dict()
+        return {**flat, **{k: flat.get(k, p.default) for k, p in POLICY_PARAMS.items()}}
+
+    def param(self, name: str) -> Any:
+        """A policy's own parameter: as set here, else the default its policy declares."""
+        return dict(self.policy_params).get(name, POLICY_PARAMS[name].default)
 
     def _check_consistency(self) -> None:
         if self.keep_threshold <= self.evict_threshold:
@@ -300,14 +254,15 @@ class PolicyConfig:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> PolicyConfig:
-        """Build from a mapping, refusing unknown keys with a suggestion."""
-        unknown = [k for k in values if k not in PARAMS]
-        if unknown:
-            key = unknown[0]
-            close = difflib.get_close_matches(key, PARAMS, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(f"unknown parameter '{key}'{hint}; known: {', '.join(PARAMS)}")
-        return cls(**dict(values))
+        """Build from a flat mapping (the engine's parameters and any policy's own), refusing
+        unknown keys with a suggestion."""
+        table = POLICY_PARAMS
+        own = {k: v for k, v in values.items() if k in PARAMS}
+        theirs = {k: v for k, v in values.items() if k not in PARAMS}
+        for key in theirs:
+            if key not in table:
+                raise ConfigError(_unknown(key))
+        return cls(**own, policy_params=tuple(theirs.items()))
 
     @classmethod
     def load(cls, path: str | Path) -> PolicyConfig:
@@ -327,7 +282,10 @@ class PolicyConfig:
         return cls.from_mapping(data)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        """The flat mapping: every engine parameter, then each policy parameter set here."""
+        flat = {f.name: getattr(self, f.name) for f in fields(self) if f.name in PARAMS}
+        flat.update(self.policy_params)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in flat.items()}
 
     def save(self, path: str | Path) -> None:
         import tomli_w  # lazy: only save() writes TOML; `kvcxl --help` imports this module
@@ -336,25 +294,14 @@ class PolicyConfig:
 
     def with_(self, **changes: Any) -> PolicyConfig:
         """A copy with some parameters changed (validated like any other)."""
-        return self.from_mapping({**asdict(self), **changes}) if changes else self
+        return self.from_mapping({**self.to_dict(), **changes}) if changes else self
 
     def replace(self, **changes: Any) -> PolicyConfig:
         return replace(self, **changes)
 
 
-def _kind_ok(value: Any, kind: type | tuple[type, ...]) -> bool:
-    if kind is bool:
-        return isinstance(value, bool)
-    if isinstance(value, bool):
-        return False
-    if kind is int:
-        return isinstance(value, int)
-    return isinstance(value, kind)
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    if kind == _REAL:
-        return "a number"
-    if isinstance(kind, tuple):
-        return "a list"
-    return {int: "an integer", bool: "true or false", str: "a string"}.get(kind, kind.__name__)
+def _unknown(key: str) -> str:
+    known = [*PARAMS, *POLICY_PARAMS]
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown parameter '{key}'{hint}; known: {', '.join(known)}"

@@ -132,7 +132,7 @@ class EntryHistory:
         self.last_use[ids] = time
         np.add.at(self.reads, ids, 1)
         np.add.at(self.weight_sum, ids, w)
-        lam = self.config.lrfu_lambda
+        lam = self.config.param("lrfu_lambda")
         u = unique_ids(ids)
         self.log_crf[u] = np.logaddexp2(self.log_crf[u] - lam * (time - self.crf_time[u]), 0.0)
         self.crf_time[u] = time
@@ -206,7 +206,7 @@ class EntryHistory:
         if self.name == "ema":
             return first < self.config.anchor_zone_size
         if self.name in ("sink-window", "h2o"):
-            return first < self.config.sink_tokens
+            return first < self.config.param("sink_tokens")
         return np.zeros(ids.size, dtype=bool)
 
     def priority(self, ids: NDArray, time: int) -> NDArray | None:
@@ -227,14 +227,14 @@ class EntryHistory:
         if name == "fifo":
             return -self.admitted[ids]
         if name == "lfu":
-            if getattr(self.policy, "tie_break", "lru") == "index":
+            if self.config.param("lfu_tie_break") == "index":
                 return -self.reads[ids]
             return -(self.reads[ids] * _TIME_SPAN + self.last_read[ids])
         if name == "lrfu":
-            return -(self.log_crf[ids] - cfg.lrfu_lambda * (time - self.crf_time[ids]))
+            return -(self.log_crf[ids] - cfg.param("lrfu_lambda") * (time - self.crf_time[ids]))
         if name == "sink-window":
             return self.age_tokens(ids)
         if name == "h2o":
-            recent = self.age_tokens(ids) < cfg.recent_tokens
+            recent = self.age_tokens(ids) < cfg.param("recent_tokens")
             return np.where(recent, -np.inf, -self.weight_sum[ids])
         return None  # random, offline policies: their keys are inputs, not history

@@ -193,6 +193,10 @@ class FirmwareSession:
             self.step = None
 
     # --- what the firmware decides on request --------------------------------------------
+    def resident(self) -> NDArray:
+        """Which entries (by id, 0 … table.n − 1) are in the fast tier now."""
+        return self.cache.is_resident(np.arange(self.table.n, dtype=np.int64))
+
     def place(self, ids: NDArray) -> NDArray:
         """The tier each of ``ids`` goes to when it leaves the fast tier (CXL DRAM or NVMe)."""
         ids = np.asarray(ids, dtype=np.int64)

@@ -4,7 +4,8 @@ Written from the documentation only — docs/simulator.md ("What is simulated",
 "Replay, exactly") and docs/policy.md (formulas, engine semantics, the policy
 table, the fixed-point contract) — and NOT from ``kvcxl.firmware`` or the body of
 ``kvcxl.emu.sim.simulator``: nothing from ``kvcxl.firmware`` is imported here except
-that the caller hands in a ``PolicyConfig`` whose fields are read as plain values.
+that the caller hands in a ``PolicyConfig`` whose fields (and ``param(name)``, a policy's
+own parameter) are read as plain values.
 Dicts, sets, lists and loops; victims are found by sorting every eligible entry.
 ``tests/test_sim_differential.py`` compares it with the simulator step by step.
 
@@ -301,7 +302,7 @@ class Replay:
         if self.policy == "ema":
             return first_token < self.cfg.anchor_zone_size
         if self.policy in ("sink-window", "h2o"):
-            return first_token < self.cfg.sink_tokens
+            return first_token < self.cfg.param("sink_tokens")
         return False
 
     def _on_insert(self, i: int, t: int) -> None:
@@ -339,7 +340,7 @@ class Replay:
             st["count"] += 1
             st["last"] = t
         elif p == "lrfu":
-            lam = self.cfg.lrfu_lambda
+            lam = self.cfg.param("lrfu_lambda")
             st["log_crf"] = float(np.logaddexp2(st["log_crf"] - lam * (t - st["last"]), 0.0))
             st["last"] = t
         elif p == "h2o":
@@ -386,16 +387,16 @@ class Replay:
         if p == "lfu":
             return (st["count"], st["last"], i)
         if p == "lrfu":
-            prio = -(st["log_crf"] - self.cfg.lrfu_lambda * (t - st["last"]))
+            prio = -(st["log_crf"] - self.cfg.param("lrfu_lambda") * (t - st["last"]))
             return (-prio, i)
         if p == "sink-window":
             return (-self._age(i), i)
         if p == "h2o":
-            if self._age(i) < self.cfg.recent_tokens:
+            if self._age(i) < self.cfg.param("recent_tokens"):
                 return (1, 0.0, i)  # evicted last, among themselves lower id first
             return (0, st["acc"], i)
         if p == "random":
-            return (-random_priority(int(self.cfg.seed), t, i), i)
+            return (-random_priority(int(self.cfg.param("seed")), t, i), i)
         if p == "belady":
             nxt = INF
             for u in self.future.get(i, ()):

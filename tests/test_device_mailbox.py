@@ -96,6 +96,8 @@ def test_vendor_policy_parameters_are_validated_by_the_config(box):
     assert _run(box, Opcode.VENDOR_SET_PARAM, b"")[0] == RC.INVALID_PAYLOAD_LENGTH
     assert _run(box, Opcode.VENDOR_GET_PARAM, b"nope")[0] == RC.INVALID_INPUT
     assert len(json.loads(_run(box, Opcode.VENDOR_GET_PARAM)[1])) > 10
+    # a policy's own parameter, by its effective value (here the declared default)
+    assert json.loads(_run(box, Opcode.VENDOR_GET_PARAM, b"sink_tokens")[1]) == {"sink_tokens": 4}
 
 
 def _report(step: int, ids, weights) -> bytes:

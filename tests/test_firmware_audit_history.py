@@ -39,7 +39,7 @@ def audited(stream, policy: str, mode: str = "float", **cfg) -> dict:
         stream,
         SimOptions(
             policy=policy, budget_bytes=stream.kv_bytes // 5, audit=True, mode=mode,
-            config=PolicyConfig(**cfg),
+            config=PolicyConfig.from_mapping(cfg),
         ),
     )  # fmt: skip
 

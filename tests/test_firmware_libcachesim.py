@@ -72,8 +72,8 @@ def test_lfu_index_tie_break_is_the_only_difference(tmp_path):
     batches = [obj[i : i + 1] for i in range(obj.size)]
     classic = PolicyConfig(persistent_metadata=False)
     theirs = peer_hits(obj, "lfu", 64, tmp_path / "lfu.bin")
-    lru_tie = replay("lfu", batches, 64, config=classic, policy_kwargs={"tie_break": "lru"})
-    index_tie = replay("lfu", batches, 64, config=classic, policy_kwargs={"tie_break": "index"})
+    lru_tie = replay("lfu", batches, 64, config=classic.with_(lfu_tie_break="lru"))
+    index_tie = replay("lfu", batches, 64, config=classic.with_(lfu_tie_break="index"))
     assert lru_tie.hits == theirs
     assert index_tie.hits != theirs  # the tie-break matters on Zipf traces
 

@@ -77,7 +77,9 @@ trace_params = st.tuples(
 def test_online_policies_audit_clean_and_bounded_by_opt(params, persistent):
     seed, n, nb, bmax, step_every, cap = params
     table, batches, weights, steps = make_trace(seed, n, nb, bmax, step_every)
-    config = PolicyConfig(persistent_metadata=persistent, anchor_zone_size=32, sink_tokens=16)
+    config = PolicyConfig.from_mapping(
+        {"persistent_metadata": persistent, "anchor_zone_size": 32, "sink_tokens": 16}
+    )
     opt, opt_audit = run("belady", {}, table, batches, weights, steps, cap, config)
     assert opt_audit.wrong == 0
     for name, kwargs in VARIANTS:
@@ -201,8 +203,14 @@ def test_future_next_use():
 
 def test_random_policy_is_seeded():
     table, batches, weights, steps = make_trace(5, 100, 200, 4, 1)
-    a, _ = run("random", {}, table, batches, weights, steps, 10, PolicyConfig(seed=1))
-    b, _ = run("random", {}, table, batches, weights, steps, 10, PolicyConfig(seed=1))
-    c, _ = run("random", {}, table, batches, weights, steps, 10, PolicyConfig(seed=2))
+    a, _ = run(
+        "random", {}, table, batches, weights, steps, 10, PolicyConfig.from_mapping({"seed": 1})
+    )
+    b, _ = run(
+        "random", {}, table, batches, weights, steps, 10, PolicyConfig.from_mapping({"seed": 1})
+    )
+    c, _ = run(
+        "random", {}, table, batches, weights, steps, 10, PolicyConfig.from_mapping({"seed": 2})
+    )
     assert a.stats.hits == b.stats.hits
     assert (a.resident != c.resident).any() or a.stats.hits != c.stats.hits

@@ -9,6 +9,7 @@ import numpy as np
 from kvcxl.emu.cli import main
 from kvcxl.emu.sim import commands
 from kvcxl.firmware.config import PARAMS
+from kvcxl.firmware.policy_params import POLICY_PARAMS
 
 ROW_KEYS = {
     "policy": str,
@@ -22,7 +23,8 @@ ROW_KEYS = {
 
 
 def test_policy_options_cover_every_parameter():
-    assert set(commands.POLICY_OPTIONS) == set(PARAMS)
+    # the engine's parameters and every policy's own
+    assert set(commands.POLICY_OPTIONS) == set(PARAMS) | set(POLICY_PARAMS)
 
 
 def test_simulate_json_schema(tmp_path, capsys):

@@ -267,7 +267,7 @@ def check_trace_lengths(stream: Any, desc: str) -> None:
 
 
 def check_case(c: Case) -> None:
-    config = PolicyConfig(**c.cfg)
+    config = PolicyConfig.from_mapping(c.cfg)
     cols = list(zip(*c.records, strict=True))
     trace = Trace(
         step=list(cols[0]),
@@ -330,7 +330,7 @@ def _sim_trace(
     )
     stream = from_trace(trace)
     c = Case(list(records), policy, "float", granularity, budget_entries * EB, None, 0, cfg)
-    return stream, _run_sim(stream, c, PolicyConfig(**cfg))
+    return stream, _run_sim(stream, c, PolicyConfig.from_mapping(cfg))
 
 
 # Found by this test: placement ran after a non-persistent policy forgot the victim's score,
@@ -411,7 +411,7 @@ def test_workloads_match_reference(workload: str, read: str) -> None:
     stream = _stream(workload, read)
     eb = WL_SHAPE.entry_bytes
     for policy, mode, gran, budget, cxl, cfg in _wl_runs(stream.n_entries):
-        config = PolicyConfig(**cfg)
+        config = PolicyConfig.from_mapping(cfg)
         sim = simulate(
             stream,
             SimOptions(

@@ -34,7 +34,7 @@ def trace(records: list[tuple[int, int, int, int, int, float]]) -> Trace:
 
 
 def run(records, policy: str, budget: int, **kw):
-    cfg = PolicyConfig(**kw.pop("config", {}))
+    cfg = PolicyConfig.from_mapping(kw.pop("config", {}))
     opts = SimOptions(policy=policy, budget_bytes=budget, config=cfg, record_victims=True, **kw)
     r = simulate(from_trace(trace(records)), opts)
     return r, victims_table(from_trace(trace(records)), r["_victims"])

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvcxl.firmware.config import PARAMS, ConfigError
+from kvcxl.firmware.config import ConfigError
 from kvcxl.firmware.cxl import mailbox as mb
 from kvcxl.firmware.cxl.mailbox import CciMessage, FramingError, Opcode
 from kvcxl.firmware.cxl.mailbox import ReturnCode as RC
@@ -246,9 +246,9 @@ class Mailbox:
             name = p.decode("utf-8")
         except UnicodeDecodeError:
             raise MailboxError(RC.INVALID_INPUT, "parameter name is not UTF-8") from None
-        values = self.dev.config.to_dict()
+        values = self.dev.config.effective()
         if name:
-            if name not in PARAMS:
+            if name not in values:
                 raise MailboxError(RC.INVALID_INPUT, f"unknown parameter {name!r}")
             values = {name: values[name]}
         return json.dumps(values).encode()

@@ -15,7 +15,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ...firmware.config import PolicyConfig
+from ...firmware.config import PARAMS, PolicyConfig
+from ...firmware.policy_params import POLICY_PARAMS
 from ..metrics import audit_sentence, audit_totals
 from ..sizes import SIZE_HELP, parse_size
 from ..timing import CXL_DRAM, HBM, NVME
@@ -28,9 +29,13 @@ def _option_kind(annotation: object) -> str:
     return "floats" if text.startswith("tuple") else text
 
 
-# Every policy parameter is an option, its kind read off PolicyConfig's own field types
-# (validation, ranges and choices stay PolicyConfig's).
-POLICY_OPTIONS: dict[str, str] = {f.name: _option_kind(f.type) for f in fields(PolicyConfig)}
+# Every parameter is an option: the engine's, their kind read off PolicyConfig's own field
+# types, then each policy's own, read off its Param (validation, ranges and choices stay
+# theirs).  A policy's own parameter applies to every policy that declares it.
+POLICY_OPTIONS: dict[str, str] = {
+    **{f.name: _option_kind(f.type) for f in fields(PolicyConfig) if f.name in PARAMS},
+    **{n: {int: "int", str: "str"}.get(p.kind, "float") for n, p in POLICY_PARAMS.items()},
+}
 SHAPE_OPTIONS = (
     "layers",
     "q_heads",
@@ -410,8 +415,6 @@ def _shape(args: argparse.Namespace):
 
 def _policy_config(args: argparse.Namespace) -> dict[str, Any]:
     """Parameters from --config, overridden by options; validated by PolicyConfig."""
-    from ...firmware.config import PolicyConfig
-
     base = PolicyConfig.load(args.config).to_dict() if args.config else {}
     opts = {n: getattr(args, f"p_{n}") for n in POLICY_OPTIONS}
     merged = {**base, **{k: v for k, v in opts.items() if v is not None}}

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from types import SimpleNamespace
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
 from .. import fixedpoint as fx
 from ..config import PolicyConfig
+from ..params import Param
 from ..select import select_victims
 from ..table import EntryTable, grow
 
@@ -56,10 +58,14 @@ class Policy(ABC):
     online: ClassVar[bool] = True  # False for policies that see the future
     may_bypass: ClassVar[bool] = False  # may evict entries of the batch just read
     modes: ClassVar[tuple[str, ...]] = ("float",)  # "int": also the Q0.16 contract (the RTL's)
+    # This policy's own parameters (name → Param with its default); the values in use are
+    # ``self.params``, taken from the configuration's policy_params (docs/policy.md).
+    parameters: ClassVar[dict[str, Param]] = {}
 
     def __init__(self, config: PolicyConfig, table: EntryTable) -> None:
         self.config = config
         self.table = table
+        self.params = SimpleNamespace(**{n: config.param(n) for n in self.parameters})
         for col, (dtype, fill) in self.columns.items():
             setattr(self, col, np.full(16, fill, dtype=dtype))
 
@@ -122,6 +128,12 @@ class Policy(ABC):
     def idle_steps(self, ids: NDArray) -> NDArray | None:
         """Steps since each entry's last touch, for policies that count them (else None)."""
         return None
+
+    @classmethod
+    def budget_params(cls, budget_tokens: int) -> dict[str, Any]:
+        """Own parameters this policy derives from a per-KV-head budget in tokens, for a
+        driver that knows one (quality, calibration) and was not given them. None here."""
+        return {}
 
 
 def make_policy(name: str, config: PolicyConfig, table: EntryTable, **kwargs: object) -> Policy:

@@ -1,9 +1,9 @@
 """Least frequently used: evict the entry read the fewest times.
 
-Ties between equal counts go to the least recently read entry (``tie_break="lru"``,
-the default) — the order libCacheSim's LFU uses: objects of one frequency leave in
-the order they reached it, which is the order of their last read.  With it the two
-agree exactly (tests/test_firmware_libcachesim.py).  ``tie_break="index"`` uses the
+Ties between equal counts go to the least recently read entry (``lfu_tie_break =
+"lru"``, the default) — the order libCacheSim's LFU uses: objects of one frequency
+leave in the order they reached it, which is the order of their last read.  With it the two
+agree exactly (tests/test_firmware_libcachesim.py).  ``"index"`` uses the
 project-wide lower-index rule alone; the same test measures how far that moves
 the hit count.
 With persistent_metadata on, counts survive eviction (Appendix N's "persistent
@@ -15,8 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ..config import PolicyConfig
-from ..table import EntryTable
+from ..policy_params import LFU_TIE_BREAK
 from .base import Policy, Tick, register
 
 _TIME_SPAN = 1 << 40  # > any batch time: count is the major key, last read the minor one
@@ -27,18 +26,13 @@ class LfuPolicy(Policy):
     name = "lfu"
     summary = "least frequently used"
     columns = {"count": (np.int64, 0), "last": (np.int64, 0)}
-
-    def __init__(self, config: PolicyConfig, table: EntryTable, tie_break: str = "lru") -> None:
-        if tie_break not in ("index", "lru"):
-            raise ValueError(f"tie_break = {tie_break!r}: must be 'index' or 'lru'")
-        self.tie_break = tie_break
-        super().__init__(config, table)
+    parameters = {"lfu_tie_break": LFU_TIE_BREAK}
 
     def on_access(self, ids: NDArray, weights: NDArray, tick: Tick) -> None:
         np.add.at(self.count, ids, 1)
         self.last[ids] = tick.time
 
     def priority(self, ids: NDArray, tick: Tick) -> NDArray:
-        if self.tie_break == "lru":
+        if self.params.lfu_tie_break == "lru":
             return -(self.count[ids] * _TIME_SPAN + self.last[ids])
         return -self.count[ids]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from ..policy_params import SEED
 from .base import Policy, Tick, register
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -28,9 +29,10 @@ def splitmix64(x: NDArray) -> NDArray:
 class RandomPolicy(Policy):
     name = "random"
     summary = "uniformly random victims (seeded)"
+    parameters = {"seed": SEED}
 
     def priority(self, ids: NDArray, tick: Tick) -> NDArray:
         with np.errstate(over="ignore"):
-            base = splitmix64(np.uint64(self.config.seed) * _GOLD + np.uint64(tick.time))
+            base = splitmix64(np.uint64(self.params.seed) * _GOLD + np.uint64(tick.time))
             key = splitmix64(np.asarray(ids, dtype=np.uint64) ^ base)
         return (key >> np.uint64(11)).astype(np.int64)  # 53 bits: exact as int64

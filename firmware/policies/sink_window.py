@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from numpy.typing import NDArray
 
+from ..policy_params import SINK_TOKENS
 from .base import Policy, Tick, register
 
 
@@ -16,9 +17,10 @@ from .base import Policy, Tick, register
 class SinkWindowPolicy(Policy):
     name = "sink-window"
     summary = "StreamingLLM: attention sinks + recent window"
+    parameters = {"sink_tokens": SINK_TOKENS}
 
     def priority(self, ids: NDArray, tick: Tick) -> NDArray:
         return self.table.age_tokens(ids)
 
     def wants_pin(self, ids: NDArray) -> NDArray:
-        return self.table.first_token(ids) < self.config.sink_tokens
+        return self.table.first_token(ids) < self.params.sink_tokens

@@ -7,10 +7,10 @@ Stage 1 sweeps α × β jointly (the seed: "β chosen without reference to α
 double-counts recency") and scores every point two ways:
 
 * **hit rate at a fixed HBM budget** (Simulated): the captured trace replayed
-  through :class:`~kvcxl.firmware.cache.PolicyCache` with demand paging.  Each step
-  writes its new block (insert) and reads the entries whose full-cache attention
-  weight is at least ``read_threshold`` (a sparse, Quest-like read set; with dense
-  reads every policy has the same hit rate).  Also the attention-mass hit rate:
+  through the firmware session (:class:`~kvcxl.firmware.session.FirmwareSession`)
+  with demand paging.  Each step writes its new block and reads the entries whose
+  full-cache attention weight is at least ``read_threshold`` (a sparse, Quest-like
+  read set; with dense reads every policy has the same hit rate).  Also the attention-mass hit rate:
   the share of the read weight served from HBM.
 * **output quality** (Measured): the real model re-run with the cache bounded by
   the policy at the same budget (:mod:`.quality`): mean KL and top-1 agreement.
@@ -37,11 +37,9 @@ import numpy as np
 from numpy.typing import NDArray
 from tqdm import tqdm
 
-from kvcxl.firmware.audit import EvictionAudit
-from kvcxl.firmware.cache import PolicyCache
 from kvcxl.firmware.formulas import ema_update
-from kvcxl.firmware.policies import Tick, make_policy
-from kvcxl.firmware.table import EntryTable
+from kvcxl.firmware.policies import POLICIES
+from kvcxl.firmware.session import FirmwareSession
 
 from ..metrics import mean_ci
 from .capture import load_model
@@ -89,29 +87,29 @@ def replay_hit_rate(
     """Hit rate and attention-mass hit rate of ``policy`` replaying dense capture weights."""
 
     S, L, H, NB = weights.shape
-    table = EntryTable(block_tokens=block_tokens, capacity=NB * L * H)
-    kwargs = {"mode": "float"} if policy == "ema" else {}
-    pol = make_policy(policy, config, table, **kwargs)
-    audit = EvictionAudit()
     capacity = (budget_tokens // block_tokens) * L * H
-    cache = PolicyCache(pol, capacity, audit=audit)
-    cache.ensure(NB * L * H)
+    fw = FirmwareSession(
+        policy, capacity, config, block_tokens=block_tokens, audit=True, placement="fill"
+    )
+    fw.ensure(NB * L * H)
     lay, hd = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
     lay, hd = lay.ravel(), hd.ravel()
+    ctx = np.zeros(L * H, dtype=np.int64)
     flat = weights.transpose(0, 3, 1, 2).reshape(S, NB * L * H)  # entry id = b·L·H + l·H + h
     hit_w = read_w = 0.0
-    for s in range(S):
-        table.set_context_tokens(0, s + 1)
+    for s in range(S):  # one step per position: it writes its new block, then reads
+        fw.at(s)
+        fw.lengths(0, s + 1)
         if s % block_tokens == 0:
-            new = table.append(0, lay, hd, s // block_tokens)
-            cache.insert(new, Tick(s, s))
-        w = flat[s, : table.n]
+            fw.write(s, fw.describe(ctx, lay, hd, np.full(L * H, s // block_tokens)))
+        w = flat[s, : fw.table.n]
         ids = np.flatnonzero(w >= read_threshold)
-        hit = cache.access(ids, w[ids], Tick(s, s))
-        cache.end_step(Tick(s, s))
+        hit, _ = fw.read(s, ids, w[ids])
         hit_w += float(w[ids][hit].sum())
         read_w += float(w[ids].sum())
-    st = cache.stats
+    fw.end_step()
+    st, audit = fw.cache.stats, fw.audit
+    assert audit is not None
     reads = st.hits + st.misses
     if audit.faults:  # a wrong victim, or a priority its entry's history contradicts
         raise RuntimeError(f"eviction audit failed for {policy}: {audit.as_dict()}")
@@ -261,9 +259,7 @@ def sweep(
     base_rows = []
     for name in baselines:
         spec = PolicySpec.parse(name)
-        cfg = base.with_(**spec.overrides)
-        if spec.name == "h2o":
-            cfg = cfg.with_(recent_tokens=budget_tokens // 2)
+        cfg = base.with_(**{**POLICIES[spec.name].budget_params(budget_tokens), **spec.overrides})
         vals = [
             replay_hit_rate(dense[p], spec.name, cfg, budget_tokens, bt, read_threshold)
             for p in range(P)

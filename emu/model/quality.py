@@ -3,7 +3,8 @@
 For one token sequence (a captured trace's prompt + greedy continuation) the model
 is run twice over the same tokens (teacher forcing): once with the full cache (the
 reference) and once with a cache of ``budget`` tokens per KV head, managed by a
-policy of :mod:`kvcxl.firmware.policies` through :class:`~kvcxl.firmware.cache.PolicyCache`.
+policy of :mod:`kvcxl.firmware.policies` through the firmware session
+(:class:`~kvcxl.firmware.session.FirmwareSession`), as every other driver.
 At every position the next-token distributions are compared: KL(full ‖ bounded)
 and whether the greedy (top-1) token agrees.
 
@@ -37,11 +38,9 @@ import numpy as np
 from numpy.typing import NDArray
 from tqdm import tqdm
 
-from kvcxl.firmware.audit import EvictionAudit
-from kvcxl.firmware.cache import PolicyCache
 from kvcxl.firmware.config import PolicyConfig
-from kvcxl.firmware.policies import POLICIES, Tick, make_policy
-from kvcxl.firmware.table import EntryTable
+from kvcxl.firmware.policies import POLICIES
+from kvcxl.firmware.session import FirmwareSession
 
 #: Short names for policy variants that are not separate firmware policies.
 ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -214,28 +213,27 @@ def run(
             f"budget = {budget_tokens} tokens per KV head: must be at least one block "
             f"({block_tokens} tokens)"
         )
-    overrides = dict(policy.overrides)
-    if policy.name == "h2o" and "recent_tokens" not in overrides:
-        overrides["recent_tokens"] = budget_tokens // 2  # H2O splits its budget: half recent
+    # A policy's budget-derived parameters (h2o: half the budget is its recent window)
+    # unless given.
+    overrides = {**POLICIES[policy.name].budget_params(budget_tokens), **policy.overrides}
     pcfg = base.with_(**overrides)
     budget_blocks = budget_tokens // block_tokens
     capacity = budget_blocks * L * H
-    table = EntryTable(block_tokens=block_tokens, capacity=nb_total * L * H)
-    kwargs = {"mode": "float"} if policy.name == "ema" else {}
-    pol = make_policy(policy.name, pcfg, table, **kwargs)
-    audit = EvictionAudit()
-    cache = PolicyCache(pol, capacity, audit=audit)
-    cache.ensure(nb_total * L * H)
+    fw = FirmwareSession(
+        policy.name, capacity, pcfg, block_tokens=block_tokens, audit=True, placement="fill"
+    )
+    fw.ensure(nb_total * L * H)
     lay, hd = _block_ids(L, H)
+    ctx = np.zeros(L * H, dtype=np.int64)
     kl = np.zeros(n)
     agree = np.zeros(n, dtype=bool)
     bounded = np.zeros(n, dtype=bool)
-    for b in range(nb_total):
+    for b in range(nb_total):  # one step per token; a block's first token writes the block
         p0, p1 = b * block_tokens, min(n, (b + 1) * block_tokens)
-        table.set_context_tokens(0, p0 + 1)
-        new = table.append(0, lay, hd, b)
-        cache.insert(new, Tick(p0, p0))
-        res = cache.resident[: table.n]
+        fw.at(p0)
+        fw.lengths(0, p0 + 1)
+        fw.write(p0, fw.describe(ctx, lay, hd, np.full(L * H, b)))
+        res = fw.resident()
         visible = res.reshape(b + 1, L, H).transpose(1, 2, 0)
         lg, att = model.forward(
             tokens[p0:p1],
@@ -248,15 +246,16 @@ def run(
         ref = _log_softmax(reference.logits[p0:p1])
         kl[p0:p1] = np.maximum((np.exp(ref) * (ref - lp)).sum(-1), 0.0)
         agree[p0:p1] = lp.argmax(-1) == reference.top1[p0:p1]
-        bounded[p0:p1] = int(res.sum()) < table.n
+        bounded[p0:p1] = int(res.sum()) < fw.table.n
         read = np.flatnonzero(res)
         for i, p in enumerate(range(p0, p1)):
-            table.set_context_tokens(0, p + 1)
-            w = att[i].transpose(2, 0, 1).reshape(-1)[read]
-            cache.access(read, w, Tick(p, p))
-            cache.end_step(Tick(p, p))
+            fw.lengths(0, p + 1)
+            fw.read(p, read, att[i].transpose(2, 0, 1).reshape(-1)[read])
         if tick:
             tick()
+    fw.end_step()
+    audit = fw.audit
+    assert audit is not None
     if audit.faults:  # a wrong victim, or a priority its entry's history contradicts
         raise RuntimeError(f"eviction audit failed for {policy.label}: {audit.as_dict()}")
     return None, BoundedResult(
@@ -267,9 +266,12 @@ def run(
         kl=kl,
         agree=agree,
         bounded=bounded,
-        cache=cache.stats.as_dict(),
+        cache=fw.cache.stats.as_dict(),
         audit=audit.as_dict(),
-        config={k: v for k, v in pcfg.to_dict().items() if k in overrides or k in _RELEVANT},
+        config={
+            **{k: v for k, v in pcfg.to_dict().items() if k in overrides or k in _RELEVANT},
+            **{k: pcfg.param(k) for k in POLICIES[policy.name].parameters},  # its own, as used
+        },
     )
 
 
@@ -280,8 +282,6 @@ _RELEVANT = (
     "aggregation",
     "anchor_zone_size",
     "pinned_fraction",
-    "sink_tokens",
-    "recent_tokens",
 )
 
 

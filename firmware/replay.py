@@ -1,8 +1,9 @@
 """Replay a request stream through one policy on one HBM tier (no prefetch).
 
-The building block the tests, the libCacheSim cross-check and the simulator of
-kvcxl.emu use.  A request stream is a list of batches of entry ids (batch i at
-time i), optionally with attention weights and the decode step of each batch.
+The building block the tests, the libCacheSim cross-check and `kvcxl policy
+compare` use; it drives the firmware session like every other driver.  A request
+stream is a list of batches of entry ids (batch i at time i), optionally with
+attention weights and the decode step of each batch.
 """
 
 from __future__ import annotations
@@ -13,12 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from .audit import EvictionAudit
-from .cache import PolicyCache
 from .config import PolicyConfig
-from .policies import POLICIES, make_policy
-from .policies.base import Tick
+from .policies import POLICIES
 from .policies.belady import Future
+from .session import FirmwareSession
 from .table import EntryTable
 
 
@@ -58,48 +57,44 @@ def replay(
     Without ``steps`` every batch is its own decode step; without ``table`` every
     entry id is a block of its own context (no anchors, no positions).
     """
-    config = config or PolicyConfig()
     n = 1 + max((int(np.max(b)) for b in batches if len(b)), default=-1)
     if table is None:
         table = EntryTable(block_tokens=16)
         table.append(np.arange(n), 0, 0, 1 << 20)  # far from any anchor zone
-    kwargs: dict = dict(policy_kwargs or {})
-    if policy in POLICIES and not POLICIES[policy].online:  # offline: given the future
-        kwargs["future"] = Future.from_batches(list(batches))
-    if policy == "ema":
-        kwargs["mode"] = mode
-    pol = make_policy(policy, config, table, **kwargs)
-    aud = EvictionAudit() if audit else None
-    victims: list[tuple[int, int, float]] = []
-
-    def sink(ids: NDArray, prio: NDArray, tick: Tick) -> None:
-        victims.extend(zip([tick.time] * ids.size, ids.tolist(), prio.tolist(), strict=True))
-
-    cache = PolicyCache(
-        pol,
+    offline = policy in POLICIES and not POLICIES[policy].online
+    fw = FirmwareSession(
+        policy,
         capacity,
-        audit=aud,
-        on_victims=sink if record_victims else None,
+        config,
+        mode=mode,
+        table=table,
+        audit=audit,
+        placement="fill",
+        future=Future.from_batches(list(batches)) if offline else None,  # given the future
+        victim_priority=record_victims,
+        policy_kwargs=policy_kwargs,
         protect_batch=protect_batch,
     )
-    cache.ensure(n)
-    last_step = None
-    for t, batch in enumerate(batches):
+    fw.ensure(n)
+    victims: list[tuple[int, int, float]] = []
+    for t, batch in enumerate(batches):  # batch t is at time t (the session's clock)
         step = t if steps is None else int(steps[t])
-        if last_step is not None and step != last_step:
-            cache.end_step(Tick(last_step, t - 1))
-        last_step = step
         b = np.asarray(batch, dtype=np.int64)
         w = np.ones(b.size) if weights is None else np.asarray(weights[t], dtype=np.float64)
-        cache.access(b, w, Tick(step, t))
-    if last_step is not None:
-        cache.end_step(Tick(last_step, len(batches) - 1))
+        _hit, d = fw.read(step, b, w)
+        if record_victims and d.victims.size:
+            assert d.priority is not None
+            victims += zip(
+                [t] * d.victims.size, d.victims.tolist(), d.priority.tolist(), strict=True
+            )
+    fw.end_step()
+    st = fw.cache.stats
     return ReplayResult(
         policy=policy,
         capacity=capacity,
-        hits=cache.stats.hits,
-        misses=cache.stats.misses,
-        evictions=cache.stats.evictions,
-        audit=aud.as_dict() if aud else {},
+        hits=st.hits,
+        misses=st.misses,
+        evictions=st.evictions,
+        audit=fw.audit.as_dict() if fw.audit else {},
         victims=victims,
     )

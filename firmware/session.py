@@ -71,6 +71,7 @@ class FirmwareSession:
         ordered_victims: bool = True,
         victim_priority: bool = True,
         policy_kwargs: dict | None = None,
+        protect_batch: bool | None = None,
     ) -> None:
         if mode not in ("float", "int"):
             raise ValueError(f"mode = {mode!r}: must be 'float' or 'int'")
@@ -98,6 +99,7 @@ class FirmwareSession:
             on_victims=self._sink,
             ordered_victims=ordered_victims,
             victim_priority=victim_priority,
+            protect_batch=protect_batch,
         )
         self.step: int | None = None  # the open step (None: none open)
         self.last_step: int | None = None  # the most recent step seen

@@ -65,17 +65,18 @@ def _ring_host(quick: bool) -> dict[str, Any]:
     }
 
 
-def _boot(plugin: bool) -> dict[str, Any]:
+def _boot(plugin: bool, qemu: str = "stock") -> dict[str, Any]:
     try:
         host = load_host()
     except SetupError as exc:
         return {"skipped": str(exc)}
     if plugin and not host.plugin_available:
         return {"skipped": f"ring-only mode: {host.plugin_error}"}
-    r, _b = boot(BootOptions(jobs=("replay", "bench"), plugin=plugin, timeout=600))
+    r, _b = boot(BootOptions(qemu=qemu, jobs=("replay", "bench"), plugin=plugin, timeout=600))
     g = r["guest"]
     out: dict[str, Any] = {
         "evidence": "Measured",
+        "qemu": qemu,
         "plugin": "on" if plugin else "off",
         "qemu_exit_code": r["qemu"]["exit_code"],
         "guest_failures": r["guest_failures"],
@@ -99,6 +100,8 @@ def _boot(plugin: bool) -> dict[str, Any]:
 def benches() -> dict:
     return {
         "qemu_ring_host": _ring_host,
+        # stock and patched QEMU side by side in one run (docs/qemu.md, "Measured timings")
         "qemu_boot": lambda quick: _boot(False),
+        "qemu_boot_kvcxl": lambda quick: _boot(False, "kvcxl"),
         "qemu_boot_plugin": lambda quick: {"skipped": "--quick"} if quick else _boot(True),
     }

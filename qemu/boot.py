@@ -26,9 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvcxl.emu.device.service import Client
+from kvcxl.firmware.cxl import mailbox as mb
+
 from . import layout as L
 from .qmp import Qmp
-from .setup import load_host
+from .setup import SetupError, load_host
 from .trace_image import default_trace, encode
 
 DEVICE_ID = "cxl-vmem0"
@@ -51,6 +54,11 @@ class BootOptions:
     keep: bool = False
     wait_s: float = 0.0  # the "wait" job's sleep
     device_emulator: bool = True  # the ring's firmware is the device emulator (--device)
+    # "kvcxl": the patched QEMU with the kvcxl device on the memory path; "stock": Debian's
+    qemu: str = "kvcxl"
+    # Pages (dpa, length) the kvcxl device keeps trapped: every guest access to them is a
+    # CXL.mem request to the device (the slow path), even where QEMU could go direct.
+    trap: tuple[tuple[int, int], ...] = ()
     on_event: Callable[[dict, Boot], None] | None = None
     console: Callable[[str], None] | None = None  # every console line, as it arrives
     # A guest silent this long (the 'wait' job's sleep added) has stalled: QEMU is stopped.
@@ -70,6 +78,7 @@ class Boot:
     cxl_list: Any = None
     qemu: subprocess.Popen | None = None
     service: subprocess.Popen | None = None
+    device: subprocess.Popen | None = None  # the kvcxl device service (qemu="kvcxl")
     t0: float = 0.0
     workdir: Path | None = None
     last_line_t: float = 0.0  # monotonic time of the last console line
@@ -86,6 +95,14 @@ class Boot:
     @property
     def plugin_ring(self) -> Path:
         return self.workdir / "plugin-ring.bin"
+
+    @property
+    def device_socket(self) -> Path:
+        return self.workdir / "device.sock"
+
+    @property
+    def page_state(self) -> Path:
+        return self.workdir / "page-state.bin"
 
     @property
     def service_stats(self) -> Path:
@@ -109,6 +126,8 @@ class Boot:
         report: dict[str, Any] = {"evidence": "Measured"}
         try:
             gt = self._prepare_media()
+            if self.opts.qemu == "kvcxl":
+                self._start_device()
             self._start_service(use_plugin, self.opts.device_emulator)
             self._start_qemu(use_plugin)
             rc = self._wait()
@@ -168,6 +187,47 @@ class Boot:
                 raise RuntimeError("the firmware service did not start within 60 s")
             time.sleep(0.02)
 
+    def _start_device(self) -> None:
+        """The kvcxl device on the memory path: its DRAM tier is the media file QEMU maps,
+        decoder 0 maps DPA to itself (QEMU decodes HPA), the page table is shared."""
+        if not self.host.qemu_kvcxl:
+            raise SetupError("the patched QEMU is not built: run `kvcxl qemu setup`")
+        cmd = [
+            sys.executable, "-m", "kvcxl.emu.cli", "device", "serve",
+            "--socket", str(self.device_socket),
+            "--capacity", f"{self.opts.device_mib}MiB",
+            "--dram-file", str(self.media),
+            "--page-state", str(self.page_state),
+            "--decoder", "0",
+        ]  # fmt: skip
+        for dpa, length in self.opts.trap:
+            cmd += ["--trap", f"{dpa:#x}:{length}"]
+        log = open(self.workdir / "device.log", "w")
+        self.device = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd="/"
+        )
+        t = time.monotonic()
+        while not self.device_socket.exists():
+            if self.device.poll() is not None:
+                raise RuntimeError(
+                    f"the kvcxl device exited ({self.device.returncode}): "
+                    + (self.workdir / "device.log").read_text()[-800:]
+                )
+            if time.monotonic() - t > 60:
+                raise RuntimeError("the kvcxl device did not start within 60 s")
+            time.sleep(0.02)
+
+    def device_stats(self) -> dict | None:
+        """The kvcxl device's statistics, asked over its socket (None: not running)."""
+        if self.device is None or self.device.poll() is not None:
+            return None
+        try:
+            with Client(self.device_socket, timeout=10) as c:
+                rsp = c.cci(mb.Opcode.VENDOR_GET_STATS)
+        except OSError:
+            return None
+        return json.loads(rsp.payload) if rsp.rc == mb.ReturnCode.SUCCESS else None
+
     def qemu_command(self, use_plugin: bool) -> list[str]:
         h = self.host
         append = (
@@ -175,8 +235,13 @@ class Boot:
             f"kvcxl.jobs={','.join(self.opts.jobs)} kvcxl.wait={self.opts.wait_s:g}"
         )
         size = f"{self.opts.device_mib}M"
+        kvcxl = self.opts.qemu == "kvcxl"
+        t3 = f"cxl-type3,bus=root_port13,volatile-memdev=cxl-mem1,id={DEVICE_ID}"
+        if kvcxl:
+            t3 += f",kvcxl={self.device_socket},kvcxl-state={self.page_state}"
         cmd = [
-            h.qemu,
+            h.qemu_kvcxl if kvcxl else h.qemu,
+            *(_MINIMAL_BUILD if kvcxl else []),
             "-M", "q35,cxl=on",
             "-m", "2G,maxmem=8G,slots=4",
             "-smp", str(self.opts.smp),
@@ -193,7 +258,7 @@ class Boot:
             f"memory-backend-file,id=cxl-mem1,share=on,mem-path={self.media},size={size}",
             "-device", "pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.1",
             "-device", "cxl-rp,port=0,bus=cxl.1,id=root_port13,chassis=0,slot=2",
-            "-device", f"cxl-type3,bus=root_port13,volatile-memdev=cxl-mem1,id={DEVICE_ID}",
+            "-device", t3,
             "-M", "cxl-fmw.0.targets.0=cxl.1,cxl-fmw.0.size=4G",
             "-qmp", f"unix:{self.qmp_socket},server=on,wait=off",
         ]  # fmt: skip
@@ -325,6 +390,12 @@ class Boot:
             os.killpg(self.service.pid, signal.SIGKILL)
             self.events.append({"event": "host_killed_service", "t": time.monotonic() - self.t0})
 
+    def kill_device(self) -> None:
+        """Fault injection: the kvcxl device service dies (SIGKILL, no goodbye)."""
+        if self.device is not None and self.device.poll() is None:
+            os.killpg(self.device.pid, signal.SIGKILL)
+            self.events.append({"event": "host_killed_device", "t": time.monotonic() - self.t0})
+
     def _stop_service(self) -> dict | None:
         if self.service is None:
             return None
@@ -344,11 +415,14 @@ class Boot:
             _kill_group(self.qemu)
         if self.service is not None and self.service.poll() is None:
             _kill_group(self.service)
+        if self.device is not None and self.device.poll() is None:
+            _kill_group(self.device)
         if self.workdir is not None and not self.opts.keep and self.opts.workdir is None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     # --- the report -----------------------------------------------------------------------
     def _report(self, gt: Any, rc: int, use_plugin: bool) -> dict:
+        device = self.device_stats()
         fw = self._stop_service()
         self.victims: list[list[int]] = []  # per firmware session, in order
         for sess in (fw or {}).get("sessions", []):
@@ -405,6 +479,7 @@ class Boot:
             "cxl_trace": [e["line"] for e in self.events if e["event"] == "cxl_trace"],
             "host_check": host_check,
             "firmware": fw,
+            "kvcxl_device": _device_summary(device) if self.opts.qemu == "kvcxl" else None,
             "events": self.events,
         }
         if "poweroff" not in ev or rc != 0:
@@ -432,6 +507,26 @@ class Boot:
                 out["kv_entries_checked"] = checked
                 out["kv_bad_bytes"] = bad
         return out
+
+
+# The patched QEMU is a minimal build with no firmware of its own: it takes Debian's, and
+# the guest needs no NIC (whose option ROMs it would look for).
+_MINIMAL_BUILD = ("-L", "/usr/share/qemu", "-L", "/usr/share/seabios", "-nic", "none")
+
+
+def _device_summary(stats: dict | None) -> dict | None:
+    """What the kvcxl device saw of the guest's traffic (None: it did not answer)."""
+    if stats is None:
+        return None
+    c = stats["counters"]
+    return {
+        "direct_accesses": stats["direct_accesses"],  # completed by QEMU on DIRECT pages
+        "mem_requests": c["mem_requests"],  # CXL.mem requests the device served (slow path)
+        "reads": c["reads"],
+        "writes": c["writes"],
+        "poisoned_reads": c["poisoned_reads"],
+        "requests": stats["requests"],  # modelled latency percentiles of those requests
+    }
 
 
 def _kill_group(p: subprocess.Popen) -> None:

@@ -9,6 +9,8 @@ import argparse
 import json
 import sys
 
+from kvcxl.emu.sizes import parse_size
+
 JOBS = ("datapath", "replay", "malformed", "bench", "poison", "wait")
 
 
@@ -51,7 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "  kvcxl qemu boot --json boot.json\n"
             "  kvcxl qemu boot --trace capture.npz --budget 0.3\n"
             "  kvcxl qemu boot --jobs replay --poison 0x1004000 --jobs poison\n"
-            "  kvcxl qemu boot --jobs wait --wait 120 &   # then: kvcxl qemu inject ..."
+            "  kvcxl qemu boot --jobs wait --wait 120 &   # then: kvcxl qemu inject ...\n"
+            "  kvcxl qemu boot --trap 0x800000:64KiB --jobs datapath  # slow path for a buffer\n"
+            "  kvcxl qemu boot --qemu stock           # Debian's QEMU, ring only"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -121,6 +125,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1,
         help="boots retried when the guest stalls before the kvcxl agent starts (Linux boot, "
         "driver probing, region set-up under TCG); reported as boot_retries (default 1)",
+    )
+    b.add_argument(
+        "--qemu",
+        choices=("kvcxl", "stock"),
+        default="kvcxl",
+        help="kvcxl: the patched QEMU built by setup, the kvcxl device on the memory path "
+        "(DRAM-tier pages direct, the rest as CXL.mem requests to the device; docs/qemu.md); "
+        "stock: Debian's QEMU, whose cxl-type3 serves memory itself (the ring only)",
+    )
+    b.add_argument(
+        "--trap",
+        action="append",
+        default=[],
+        metavar="DPA:LENGTH",
+        help="(--qemu kvcxl) pages whose every guest access goes to the device, e.g. "
+        "0x800000:64KiB (repeatable)",
     )
     b.add_argument("--console", action="store_true", help="echo the guest console")
     b.add_argument("--keep", action="store_true", help="keep the work directory (media, logs)")
@@ -218,6 +238,8 @@ def _boot(args: argparse.Namespace) -> int:
         on_event=_progress if not args.console else None,
         stall_s=args.stall_s,
         retries=args.retries,
+        qemu=args.qemu,
+        trap=tuple(_trap(t) for t in args.trap),
     )
     try:
         report, b = boot(opts)
@@ -327,3 +349,13 @@ def _inject(args: argparse.Namespace) -> int:
     except Exception as exc:  # QMP's own errors: QEMU refused or the socket went away
         raise CliError(f"QEMU refused {args.kind} at {dpa:#x}: {exc}") from None
     return 0
+
+
+def _trap(spec: str) -> tuple[int, int]:
+    dpa, sep, length = spec.partition(":")
+    try:
+        return _int(dpa, "--trap DPA"), parse_size(length) if sep else 1
+    except ValueError as exc:
+        raise ValueError(
+            f"--trap {spec!r}: {exc} (expected DPA:LENGTH, e.g. 0x800000:64KiB)"
+        ) from None

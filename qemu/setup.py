@@ -14,6 +14,9 @@ under the cache decides):
 4. The static guest agent, the TCG plugin (optional: ring-only mode without it)
    and the initramfs (busybox, cxl/daxctl with their libraries, the CXL and DAX
    modules decompressed, the agent, /init).
+5. The patched QEMU (:mod:`kvcxl.qemu.qemu_patch`): the same tarball, the patch
+   of ``qemu/patch/``, ``x86_64-softmmu`` with TCG and plugins only (about 6
+   minutes on 2 cores, once; rebuilt only when the patch or its tables change).
 
 Everything lands in ``$KVCXL_CACHE/qemu`` (default ``~/.cache/kvcxl/qemu``).
 """
@@ -30,6 +33,8 @@ import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import qemu_patch
 
 HERE = Path(__file__).parent
 GUEST_DIR = HERE / "guest"
@@ -60,6 +65,7 @@ class Host:
     agent: Path
     plugin: Path | None
     plugin_error: str | None
+    qemu_kvcxl: str | None = None  # the patched QEMU (kvcxl= on cxl-type3), when built
 
     @property
     def plugin_available(self) -> bool:
@@ -89,6 +95,7 @@ def load_host() -> Host:
         agent=Path(m["agent"]),
         plugin=Path(m["plugin"]) if m.get("plugin") else None,
         plugin_error=m.get("plugin_error"),
+        qemu_kvcxl=m.get("qemu_kvcxl"),
     )
     for p in (host.kernel, host.initramfs, host.agent):
         if not p.exists():
@@ -127,7 +134,17 @@ def _packages_ok() -> bool:
         return False
     if not _is_static(Path(shutil.which("busybox")).resolve()):
         return False  # Debian's dynamic busybox would need its libraries in the initramfs
+    if not all(shutil.which(b) for b in ("flex", "bison", "ninja", "patch")):
+        return False  # the patched QEMU's build tools
+    if not Path("/usr/include/libfdt.h").exists() or not _pkg_ok("pixman-1"):
+        return False
     return Path("/usr/lib/x86_64-linux-gnu/libc.a").exists() and _glib_cflags() is not None
+
+
+def _pkg_ok(name: str) -> bool:
+    return shutil.which("pkg-config") is not None and (
+        subprocess.run(["pkg-config", "--exists", name]).returncode == 0
+    )
 
 
 def _is_static(path: Path) -> bool:
@@ -215,6 +232,13 @@ def ensure_packages() -> None:
             "pkg-config",
             "cpio",
             "xz-utils",
+            # the patched QEMU (qemu/qemu_patch.py); meson and pycotap come from PyPI
+            "ninja-build",
+            "flex",
+            "bison",
+            "libpixman-1-dev",
+            "libfdt-dev",
+            "patch",
         ]
     )
     v = qemu_version()
@@ -291,34 +315,43 @@ def ensure_kernel(root: Path) -> tuple[Path, str]:
 
 
 # --- step 3: qemu-plugin.h -----------------------------------------------------------------
+def qemu_source(root: Path, qver: str) -> Path:
+    """The upstream source tarball of QEMU ``qver`` (kept in the cache once fetched)."""
+    dl = root / "download"
+    tars = sorted(dl.glob(f"qemu_{qver}*.orig.tar.*"))
+    if tars:
+        return tars[0]
+    codename, target = _apt_target()
+    if os.geteuid() == 0:
+        _ensure_apt_source(codename, target)
+    dl.mkdir(parents=True, exist_ok=True)
+    os.chmod(dl, 0o755)
+    tflag = ["-t", target] if target else []
+    # The .dsc may 404 while the orig tarball downloads: judge by the tarball.
+    _apt(["source", "--download-only", *tflag, "qemu"], cwd=dl, check=False)
+    for extra in (*dl.glob("qemu_*.dsc"), *dl.glob("qemu_*.debian.tar.*")):
+        extra.unlink()
+    tars = sorted(dl.glob(f"qemu_{qver}*.orig.tar.*"))
+    if not tars:
+        raise SetupError(f"the QEMU {qver} source tarball could not be downloaded")
+    return tars[0]
+
+
 def ensure_plugin_header(root: Path, qver: str) -> Path:
     """``include/qemu/qemu-plugin.h`` of QEMU ``qver``, from its upstream source tarball."""
     inc = root / "include" / qver
     header = inc / "qemu" / "qemu-plugin.h"
     if header.exists():
         return inc
-    codename, target = _apt_target()
-    if os.geteuid() == 0:
-        _ensure_apt_source(codename, target)
-    dl = root / "download"
-    dl.mkdir(parents=True, exist_ok=True)
-    os.chmod(dl, 0o755)
-    tflag = ["-t", target] if target else []
-    # The .dsc may 404 while the orig tarball downloads: judge by the tarball.
-    _apt(["source", "--download-only", *tflag, "qemu"], cwd=dl, check=False)
-    tars = sorted(dl.glob(f"qemu_{qver}*.orig.tar.*"))
-    if not tars:
-        raise SetupError(f"the QEMU {qver} source tarball could not be downloaded")
-    with tarfile.open(tars[0]) as tf:
+    tar = qemu_source(root, qver)
+    with tarfile.open(tar) as tf:
         for member in tf:
             if member.name.endswith("include/qemu/qemu-plugin.h"):
                 header.parent.mkdir(parents=True, exist_ok=True)
                 header.write_bytes(tf.extractfile(member).read())
                 break
-    for t in dl.glob("qemu_*"):
-        t.unlink()
     if not header.exists():
-        raise SetupError(f"{tars[0].name} has no include/qemu/qemu-plugin.h")
+        raise SetupError(f"{tar.name} has no include/qemu/qemu-plugin.h")
     return inc
 
 
@@ -407,7 +440,7 @@ def setup(force: bool = False) -> Host:
     ensure_packages()
     qver = qemu_version()
     kernel, kver = ensure_kernel(root)
-    digest = _inputs_hash(qver, kver)
+    digest = _inputs_hash(qver, kver, qemu_patch.fingerprint())
     mpath = root / MANIFEST
     if mpath.exists():
         try:
@@ -429,6 +462,9 @@ def setup(force: bool = False) -> Host:
         plugin_error = f"TCG plugin not built ({detail.strip()[-300:]}); ring-only mode"
         print(f"setup qemu: {plugin_error}")
     initramfs = build_initramfs(build / "initramfs.cpio", kernel.parent / "modules", agent)
+    # The patched QEMU (kvcxl= on cxl-type3): a failure here is the setup's failure, since
+    # `kvcxl qemu boot` uses it unless --qemu stock is asked for.
+    qemu_kvcxl = qemu_patch.build(root, qemu_source(root, qver), qver)
     manifest = {
         "inputs": digest,
         "qemu": shutil.which("qemu-system-x86_64"),
@@ -439,6 +475,7 @@ def setup(force: bool = False) -> Host:
         "agent": str(agent),
         "plugin": str(plugin) if plugin else None,
         "plugin_error": plugin_error,
+        "qemu_kvcxl": str(qemu_kvcxl),
     }
     mpath.write_text(json.dumps(manifest, indent=2) + "\n")
     return load_host()

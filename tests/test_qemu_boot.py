@@ -68,6 +68,7 @@ def main_boot(host, trace_file):
     gt = load_trace(trace_file, 0.25)
     poison_dpa = L.KV_BASE + POISON_ENTRY * gt.entry_bytes
     opts = BootOptions(
+        qemu="stock",  # the stock path stays available when asked for
         jobs=("poison", "datapath", "replay", "malformed"),
         trace=gt,
         plugin=False,
@@ -181,6 +182,7 @@ def test_cli_inject_then_service_killed_mid_run(host) -> None:
     t = time.monotonic()
     r, b = _boot(
         BootOptions(
+            qemu="stock",
             jobs=("wait", "poison", "replay"),
             wait_s=10,  # room for the CLI (a Python start-up) on a loaded machine
             plugin=False,
@@ -209,7 +211,7 @@ def test_plugin_streams_cxl_accesses(host) -> None:
 
     if not host.plugin_available:
         pytest.skip(f"ring-only mode: {host.plugin_error}")
-    r, _b = _boot(BootOptions(jobs=("replay",), plugin=True, timeout=420))
+    r, _b = _boot(BootOptions(qemu="stock", jobs=("replay",), plugin=True, timeout=420))
     assert r["qemu"]["exit_code"] == 0 and r["qemu"]["plugin"] == "on"
     assert "tracing" in r["guest"], _where(r)
     assert r["guest"]["tracing"]["state"] == L.TRACING_ON  # armed before the job's accesses
@@ -230,8 +232,10 @@ def test_a_silent_guest_is_stopped_retried_and_reported(host) -> None:
 
     t = time.monotonic()
     r, b = boot(
-        BootOptions(jobs=("datapath",), plugin=False, device_emulator=False, stall_s=1.0,
-                    retries=1, timeout=120)
+        BootOptions(
+            qemu="stock", jobs=("datapath",), plugin=False, device_emulator=False, stall_s=1.0,
+            retries=1, timeout=120,
+        )
     )  # fmt: skip
     assert time.monotonic() - t < 120
     assert len(r["boot_retries"]) == 1 and r["boot_retries"][0]["silent_s"] >= 1.0

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from ..sizes import SIZE_HELP, size_arg
+from ..sizes import SIZE_HELP, parse_size, size_arg
 
 _SERVE_EPILOG = """\
 protocol (docs/device.md): each frame is u32 length, u8 kind, body; kinds
@@ -106,6 +106,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "describes/creates/reports, in id order, as the simulator does (host)",
     )
     s.add_argument("--record-victims", action="store_true", help="keep the victim log")
+    s.add_argument(
+        "--page-state",
+        metavar="FILE",
+        help="create the page-state table a patched QEMU shares (its kvcxl-state=FILE): "
+        "QEMU completes accesses to DRAM-tier pages of --dram-file itself and sends the "
+        "rest here (docs/qemu.md)",
+    )
+    s.add_argument(
+        "--trap",
+        action="append",
+        default=[],
+        metavar="DPA:LENGTH",
+        help="pages a patched QEMU must always send here (repeatable), e.g. 0x800000:64KiB",
+    )
     s.set_defaults(func=_serve)
 
     k = dsub.add_parser(
@@ -270,7 +284,16 @@ def _serve(args: argparse.Namespace) -> int:
         dram_file=args.dram_file,
         record_victims=args.record_victims,
         entries=args.entries,
+        page_state=args.page_state,
     )
+    for spec in args.trap:
+        dpa, sep, length = spec.partition(":")
+        try:
+            dev.trap(int(dpa, 0), parse_size(length) if sep else 1)
+        except ValueError as exc:
+            raise ValueError(
+                f"--trap {spec!r}: {exc} (expected DPA:LENGTH, e.g. 0x800000:64KiB)"
+            ) from None
     if args.decoder:
         fields = _parse_decoder(args.decoder, args.capacity)
         try:

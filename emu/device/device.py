@@ -53,6 +53,7 @@ from kvcxl.firmware.table import EntryTable
 
 from ..timing import CXL_DRAM, NVME, TierParams
 from .media import DictStore, MmapStore, zeros
+from .pagestate import PageState
 from .timing import TierQueue, percentiles
 
 LINE = mem.LINE_BYTES
@@ -89,6 +90,7 @@ class Type3Device:
         serial: int = 0x4B56_4358_4C00_0001,
         entries: str = "pages",
         block_tokens: int = 16,
+        page_state: str | Path | None = None,
     ) -> None:
         if page_bytes < LINE or page_bytes & (page_bytes - 1) or page_bytes > 1 << 21:
             raise ValueError(
@@ -139,6 +141,14 @@ class Type3Device:
         # 1 = the page's bytes live in DRAM.  A bytearray indexes fastest from Python.
         self.in_dram = bytearray(b"\x01" * self.n_pages if not self.tiering else self.n_pages)
         self.poison: set[int] = set()  # poisoned DPA line numbers
+        # Shared with a patched QEMU: which pages it may access directly in the DRAM file
+        # (only with a DRAM file to share; every page traps without one).
+        self.page_state = None
+        self.trapped: set[int] = set()  # pages the firmware always wants to see
+        if page_state is not None:
+            self.page_state = PageState(page_state, self.n_pages, self.page_shift)
+            if dram_file:
+                self.page_state.set_all(np.frombuffer(self.in_dram, dtype=np.uint8) == 1)
         self.queues = {"dram": TierQueue(dram_timing), "nvme": TierQueue(nvme_timing)}
         self._qd, self._qn = self.queues["dram"], self.queues["nvme"]
         self.latencies = array("d")
@@ -349,6 +359,8 @@ class Type3Device:
 
     def _demote(self, p: int) -> None:
         if self.in_dram[p]:
+            if self.page_state is not None:
+                self.page_state.trap(p)  # before the bytes leave the shared file
             self._move(p, self.dram, self.nvme, "dram", "nvme")
             self.in_dram[p] = 0
             self.counters["migrations_to_nvme"] += 1
@@ -358,6 +370,30 @@ class Type3Device:
             self._move(p, self.nvme, self.dram, "nvme", "dram")
             self.in_dram[p] = 1
             self.counters["migrations_to_dram"] += 1
+            self._maybe_direct(p)
+
+    def trap(self, dpa: int, n: int) -> None:
+        """Every access to the pages of ``[dpa, dpa + n)`` comes to the device, even from
+        a patched QEMU that could complete it against the shared DRAM file."""
+        if n < 1 or dpa < 0 or dpa + n > self.capacity:
+            raise ValueError(f"trap range {n} B at DPA {dpa:#x} is outside the device")
+        for p in range(dpa >> self.page_shift, ((dpa + n - 1) >> self.page_shift) + 1):
+            self.trapped.add(p)
+            if self.page_state is not None:
+                self.page_state.trap(p)
+
+    def _maybe_direct(self, p: int) -> None:
+        """QEMU may access page ``p`` directly again: it is in the shared DRAM file and
+        none of its lines is poisoned."""
+        ps = self.page_state
+        if ps is None or not isinstance(self.dram, MmapStore) or not self.in_dram[p]:
+            return
+        if p in self.trapped:
+            return
+        lines = self.page_bytes >> 6
+        if self.poison and any(line in self.poison for line in range(p * lines, (p + 1) * lines)):
+            return
+        ps.direct(p)
 
     # --- DPA access -------------------------------------------------------------------
     def _arrival(self, at: float | None) -> float:
@@ -422,6 +458,11 @@ class Type3Device:
     def _update_poison(self, dpa: int, n: int, poison: bool) -> None:
         first, last = dpa >> 6, (dpa + n - 1) >> 6
         if poison:
+            if self.page_state is not None:
+                for p in range(
+                    (first << 6) >> self.page_shift, ((last << 6) >> self.page_shift) + 1
+                ):
+                    self.page_state.trap(p)  # QEMU must see the poison: trap first
             self.poison.update(range(first, last + 1))
         elif self.poison:
             # A write covering a whole line replaces its content: the poison is gone.
@@ -429,6 +470,8 @@ class Type3Device:
             hi = last if (dpa + n) & 63 == 0 else last - 1
             for line in range(lo, hi + 1):
                 self.poison.discard(line)
+            for p in range(dpa >> self.page_shift, ((dpa + n - 1) >> self.page_shift) + 1):
+                self._maybe_direct(p)
 
     # --- HPA byte ranges (the host's view; used by the service, soak and QEMU bridge) ---
     def read(self, hpa: int, n: int, at: float | None = None) -> ReadResult:
@@ -547,11 +590,14 @@ class Type3Device:
 
     # --- poison (mailbox) -------------------------------------------------------------
     def inject_poison(self, dpa: int) -> None:
+        if self.page_state is not None:
+            self.page_state.trap(dpa >> self.page_shift)
         self.poison.add(dpa >> 6)
 
     def clear_poison(self, dpa: int, data: bytes) -> None:
         self._dpa_write(dpa, data, self.clock_ns)
         self.poison.discard(dpa >> 6)
+        self._maybe_direct(dpa >> self.page_shift)
 
     # --- statistics -------------------------------------------------------------------
     def check_placement(self) -> bool:
@@ -572,6 +618,8 @@ class Type3Device:
             "pages_in_dram": len(self.dram),
             "pages_in_nvme": len(self.nvme),
             "poisoned_lines": len(self.poison),
+            # accesses a patched QEMU completed directly against the shared DRAM file
+            "direct_accesses": self.page_state.direct_accesses() if self.page_state else 0,
             "cache": self.cache.stats.as_dict(),
             "audit": self.audit.as_dict() if self.audit else {},
             "tiers": {k: q.summary() for k, q in self.queues.items()},
@@ -583,3 +631,5 @@ class Type3Device:
     def close(self) -> None:
         self.dram.close()
         self.nvme.close()
+        if self.page_state is not None:
+            self.page_state.close()

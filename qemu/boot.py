@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -59,6 +60,8 @@ class BootOptions:
     # Pages (dpa, length) the kvcxl device keeps trapped: every guest access to them is a
     # CXL.mem request to the device (the slow path), even where QEMU could go direct.
     trap: tuple[tuple[int, int], ...] = ()
+    # (--qemu kvcxl) what the device's Get Health Info says, e.g. (("life_used", 7),)
+    health: tuple[tuple[str, int], ...] = ()
     on_event: Callable[[dict, Boot], None] | None = None
     console: Callable[[str], None] | None = None  # every console line, as it arrives
     # A guest silent this long (the 'wait' job's sleep added) has stalled: QEMU is stopped.
@@ -202,6 +205,8 @@ class Boot:
         ]  # fmt: skip
         for dpa, length in self.opts.trap:
             cmd += ["--trap", f"{dpa:#x}:{length}"]
+        for key, value in self.opts.health:
+            cmd += ["--health", f"{key}={value}"]
         log = open(self.workdir / "device.log", "w")
         self.device = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd="/"
@@ -216,6 +221,20 @@ class Boot:
             if time.monotonic() - t > 60:
                 raise RuntimeError("the kvcxl device did not start within 60 s")
             time.sleep(0.02)
+        if self.opts.poison:  # into the device, before the guest probes (as a BMC would)
+            with Client(self.device_socket, timeout=10) as c:
+                for dpa, length in self.opts.poison:
+                    for line in range(dpa, dpa + length, 64):
+                        rsp = c.cci(mb.Opcode.INJECT_POISON, struct.pack("<Q", line))
+                        if rsp.rc != mb.ReturnCode.SUCCESS:
+                            raise ValueError(
+                                f"poison at DPA {line:#x}: the device answered "
+                                f"{mb.ReturnCode(rsp.rc).name}"
+                            )
+                    self.events.append(
+                        {"event": "host_inject_poison", "dpa": hex(dpa), "length": length,
+                         "into": "kvcxl device", "t": 0.0}
+                    )  # fmt: skip
 
     def device_stats(self) -> dict | None:
         """The kvcxl device's statistics, asked over its socket (None: not running)."""
@@ -278,7 +297,7 @@ class Boot:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        if self.opts.poison:
+        if self.opts.poison and self.opts.qemu != "kvcxl":  # kvcxl: the device holds it
             self._inject_poison()
         self._reader = threading.Thread(target=self._read_console, daemon=True)
         self._reader.start()

@@ -23,10 +23,19 @@ from pathlib import Path
 
 from kvcxl.emu.device import pagestate as ps
 from kvcxl.emu.device import service
+from kvcxl.firmware.cxl import mailbox as mb
 from kvcxl.firmware.cxl import mem
 
 PATCH = Path(__file__).parent / "patch" / "kvcxl-type3.patch"
 HEADER_PATH = "hw/mem/cxl_type3_kvcxl.h"
+# The mailbox commands the kvcxl device answers in QEMU's place (its health, its poison
+# list); every other command stays QEMU's (Linux's probe needs them as QEMU models them).
+FORWARDED = (
+    mb.Opcode.GET_HEALTH_INFO,
+    mb.Opcode.GET_POISON_LIST,
+    mb.Opcode.INJECT_POISON,
+    mb.Opcode.CLEAR_POISON,
+)
 
 
 def render_header() -> str:
@@ -38,6 +47,7 @@ def render_header() -> str:
         "",
         "/* socket framing (kvcxl/emu/device/service.py) */",
         f"#define KVCXL_FRAME_MEM 0x{service.MEM:02x}",
+        f"#define KVCXL_FRAME_CCI 0x{service.CCI:02x}",
         f"#define KVCXL_FRAME_ERROR 0x{service.ERROR:02x}",
         "",
         "/* CXL.mem messages (kvcxl/firmware/cxl/mem.py): class byte, then the packed",
@@ -53,6 +63,22 @@ def render_header() -> str:
         f"#define KVCXL_MEM_RD {int(mem.M2SReqOpcode.MEM_RD)}",
         f"#define KVCXL_MEM_WR_PTL {int(mem.M2SRwDOpcode.MEM_WR_PTL)}",
         f"#define KVCXL_META_NO_OP {int(mem.MetaField.NO_OP)}",
+        "",
+        "/* mailbox commands answered by the kvcxl device (kvcxl/firmware/cxl/mailbox.py):",
+        " * opcode set and command, input length (~0: variable), command effects */",
+        f"#define KVCXL_CCI_HEADER_BYTES {mb.HEADER_BYTES}",
+        *(
+            line
+            for op in FORWARDED
+            for line in (
+                f"#define KVCXL_CCI_{op.name}_SET 0x{op >> 8:02x}",
+                f"#define KVCXL_CCI_{op.name}_CMD 0x{op & 0xFF:02x}",
+                f"#define KVCXL_CCI_{op.name}_IN "
+                + ("(~0)" if mb.COMMANDS[op].in_len is None else str(mb.COMMANDS[op].in_len)),
+                f"#define KVCXL_CCI_{op.name}_EFFECT 0x{mb.COMMANDS[op].effects:x}",
+            )
+        ),
+        "#define KVCXL_CCI_FORWARDED(X) " + " ".join(f"X({op.name})" for op in FORWARDED),
         "",
         "/* the page-state table (kvcxl/emu/device/pagestate.py) */",
         f'#define KVCXL_PS_MAGIC "{ps.MAGIC.decode()}"',

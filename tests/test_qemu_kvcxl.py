@@ -16,6 +16,8 @@ from kvcxl.qemu import layout as L
 from kvcxl.qemu.qemu_patch import PATCH, render_header
 
 TRAP = ((L.XFER_H2G, L.XFER_BYTES), (L.XFER_G2H, L.XFER_BYTES))
+HEALTH = (("life_used", 7), ("temperature", 41))
+POISON_ENTRY = 5
 
 
 def _patch_function(name: str) -> str:
@@ -89,15 +91,17 @@ def host():
 
 @pytest.fixture(scope="module")
 def kvcxl_boot(host):
-    """Datapath and replay with the kvcxl device on the memory path; the transfer
-    buffers trapped, so every guest access to them is a CXL.mem request."""
+    """Datapath, poison and replay with the kvcxl device on the memory path; the transfer
+    buffers trapped, so every guest access to them is a CXL.mem request; health values
+    and a poisoned line set in the device before the guest probes."""
     from kvcxl.qemu.boot import BootOptions, boot
     from kvcxl.qemu.trace_image import default_trace
 
     gt = default_trace(steps=16)
+    poison = L.KV_BASE + POISON_ENTRY * gt.entry_bytes
     opts = BootOptions(
-        qemu="kvcxl", jobs=("datapath", "replay"), trace=gt, plugin=False, trap=TRAP,
-        timeout=400,
+        qemu="kvcxl", jobs=("poison", "datapath", "replay"), trace=gt, plugin=False,
+        trap=TRAP, health=HEALTH, poison=((poison, 64),), timeout=400,
     )  # fmt: skip
     report, b = boot(opts)
     return report, b, gt
@@ -174,3 +178,25 @@ def test_a_dead_device_fails_accesses_in_bounded_time_and_nothing_hangs(host) ->
     assert r["qemu"]["exit_code"] == 0
     assert b.qemu.poll() is not None
     assert wall < 300
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_the_guest_sees_the_devices_health(kvcxl_boot) -> None:
+    """QEMU has no Get Health Info of its own: what `cxl list -H` shows is the device's."""
+    r, _b, _gt = kvcxl_boot
+    memdevs = [m for part in r["cxl_list"] for m in part.get("memdevs", [])]
+    health = memdevs[0]["health"]
+    assert health["life_used_percent"] == dict(HEALTH)["life_used"]
+    assert health["temperature"] == dict(HEALTH)["temperature"]
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_poison_in_the_device_is_what_the_guest_lists(kvcxl_boot) -> None:
+    r, _b, gt = kvcxl_boot
+    dpa = L.KV_BASE + POISON_ENTRY * gt.entry_bytes
+    # Get Poison List reached the device: its list is what the kernel traced.
+    assert f"{dpa:#x}:0x40" in r["guest"]["poison_list"]["entries"]
+    assert r["guest"]["replay"]["poisoned_entries"] == 1
+    assert [hex(dpa), hex(64)] in r["firmware"]["poison_reports"]

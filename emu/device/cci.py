@@ -175,14 +175,14 @@ class Mailbox:
         )
 
     def _get_health_info(self, _: bytes) -> bytes:
-        c = self.dev.counters
+        c, h = self.dev.counters, self.dev.health
         return _rsp(Opcode.GET_HEALTH_INFO).pack(
-            0,  # health status: no maintenance needed
-            0,  # media status: normal
+            h["health_status"],  # 0: no maintenance needed
+            h["media_status"],  # 0: normal
             0,  # additional status
-            0,  # life used (%): not modelled
-            0xFFFF,  # temperature: not available
-            0,  # dirty shutdowns
+            h["life_used"],  # %
+            h["temperature"],  # °C; 0xFFFF: not available
+            h["dirty_shutdowns"],
             min(c["poisoned_reads"], 0xFFFFFFFF),  # corrected volatile errors seen
             0,  # corrected persistent errors
         )

@@ -114,6 +114,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "rest here (docs/qemu.md)",
     )
     s.add_argument(
+        "--health",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="what Get Health Info reports (repeatable): health_status, media_status, "
+        "life_used (%%), temperature (°C), dirty_shutdowns",
+    )
+    s.add_argument(
         "--trap",
         action="append",
         default=[],
@@ -286,6 +294,15 @@ def _serve(args: argparse.Namespace) -> int:
         entries=args.entries,
         page_state=args.page_state,
     )
+    for spec in args.health:
+        key, _, value = spec.partition("=")
+        limit = 0xFFFF if key == "temperature" else 0xFFFFFFFF if key == "dirty_shutdowns" else 0xFF
+        if key not in dev.health or not value.isdigit() or int(value) > limit:
+            raise ValueError(
+                f"--health {spec!r}: expected FIELD=VALUE with FIELD one of "
+                f"{', '.join(dev.health)} and VALUE an integer in [0, {limit}]"
+            )
+        dev.health[key] = int(value)
     for spec in args.trap:
         dpa, sep, length = spec.partition(":")
         try:

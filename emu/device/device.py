@@ -143,6 +143,10 @@ class Type3Device:
         self.poison: set[int] = set()  # poisoned DPA line numbers
         # Shared with a patched QEMU: which pages it may access directly in the DRAM file
         # (only with a DRAM file to share; every page traps without one).
+        # What Get Health Info reports beside the counted errors: set by the host side (a
+        # BMC's view: `kvcxl device serve --health life_used=7`), Spec Table 8-100 fields.
+        self.health = {"health_status": 0, "media_status": 0, "life_used": 0,
+                       "temperature": 0xFFFF, "dirty_shutdowns": 0}  # fmt: skip
         self.page_state = None
         self.trapped: set[int] = set()  # pages the firmware always wants to see
         if page_state is not None:

@@ -63,7 +63,7 @@ daxctl reconfigure-device --mode=devdax --force dax0.0 > /tmp/dax.json 2>/tmp/da
 wait_for /dev/dax0.0 20 || fail "no /dev/dax0.0"
 ev region_ready ",\"dax\":\"/dev/dax0.0\""
 echo "@kvcxl-begin cxl-list"
-cxl list -M -R
+cxl list -M -R -H  # -H: the health the device reports (Get Health Info)
 echo "@kvcxl-end cxl-list"
 
 # The device's poison list, as the kernel traces it: "DPA:LEN," for the agent.

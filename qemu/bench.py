@@ -2,7 +2,8 @@
 
 * ``qemu_ring_host``: the firmware service's turnaround seen by a host process on the
   same media file (no QEMU): NOP round trip and attention records/s.
-* ``qemu_boot``: a boot without the TCG plugin: boot to /init and to region ready,
+* ``qemu_boot`` (stock QEMU) and ``qemu_boot_kvcxl`` (the patched one), side by side: a
+  boot without the TCG plugin: boot to /init and to region ready,
   guest-measured ring round trip, attention records/s through the ring during the
   replay, guest memcpy to and from CXL memory beside plain guest RAM.
 * ``qemu_boot_plugin``: the same with the plugin streaming every CXL-window access

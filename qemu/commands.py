@@ -183,6 +183,7 @@ def _setup(args: argparse.Namespace) -> int:
     print(f"QEMU {host.qemu_version}, guest kernel {host.kernel_version}")
     print(f"initramfs {host.initramfs}")
     print(f"TCG plugin: {host.plugin if host.plugin else host.plugin_error}")
+    print(f"patched QEMU (--qemu kvcxl): {host.qemu_kvcxl}")
     return 0
 
 

@@ -12,6 +12,7 @@ process group and is killed on the way out, whatever happened.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -60,6 +61,8 @@ class BootOptions:
     # Pages (dpa, length) the kvcxl device keeps trapped: every guest access to them is a
     # CXL.mem request to the device (the slow path), even where QEMU could go direct.
     trap: tuple[tuple[int, int], ...] = ()
+    # (--qemu kvcxl) pages the device moves to NVMe and back while the guest runs
+    churn: tuple[tuple[int, int], ...] = ()
     # (--qemu kvcxl) what the device's Get Health Info says, e.g. (("life_used", 7),)
     health: tuple[tuple[str, int], ...] = ()
     on_event: Callable[[dict, Boot], None] | None = None
@@ -205,6 +208,8 @@ class Boot:
         ]  # fmt: skip
         for dpa, length in self.opts.trap:
             cmd += ["--trap", f"{dpa:#x}:{length}"]
+        for dpa, length in self.opts.churn:
+            cmd += ["--churn", f"{dpa:#x}:{length}"]
         for key, value in self.opts.health:
             cmd += ["--health", f"{key}={value}"]
         log = open(self.workdir / "device.log", "w")
@@ -507,11 +512,11 @@ class Boot:
         return out
 
     def _host_side_check(self, gt: Any) -> dict:
-        """The host reads what the guest wrote into the device media."""
+        """The host reads what the guest wrote into the device: from the media file, or
+        (--qemu kvcxl) through the device, which knows which tier holds each page."""
         out: dict[str, Any] = {}
-        with open(self.media, "rb") as f:
-            f.seek(L.XFER_G2H)
-            got = f.read(L.XFER_BYTES)
+        with self._device_reader() as read:
+            got = read(L.XFER_G2H, L.XFER_BYTES)
             want = L.pattern(L.SEED_G2H, 0, L.XFER_BYTES)
             if "datapath" in self.opts.jobs:
                 out["guest_to_host_bad_bytes"] = sum(a != b for a, b in zip(got, want, strict=True))
@@ -519,13 +524,27 @@ class Boot:
                 bad = checked = 0
                 eb = gt.entry_bytes
                 for e in range(0, gt.n_entries, max(1, gt.n_entries // 64)):
-                    f.seek(L.KV_BASE + e * eb)
-                    data = f.read(eb)
+                    data = read(L.KV_BASE + e * eb, eb)
                     bad += sum(a != b for a, b in zip(data, L.pattern(gt.seed, e, eb), strict=True))
                     checked += 1
                 out["kv_entries_checked"] = checked
                 out["kv_bad_bytes"] = bad
         return out
+
+    @contextlib.contextmanager
+    def _device_reader(self):
+        """``read(dpa, n)``: the device's bytes (through its socket) or the media file's."""
+        if self.opts.qemu == "kvcxl" and self.device is not None and self.device.poll() is None:
+            with Client(self.device_socket, timeout=30) as c:
+                yield lambda dpa, n: c.read(dpa, n)[0]  # decoder 0 is the identity
+            return
+        with open(self.media, "rb") as f:
+
+            def read(dpa: int, n: int) -> bytes:
+                f.seek(dpa)
+                return f.read(n)
+
+            yield read
 
 
 # The patched QEMU is a minimal build with no firmware of its own: it takes Debian's, and
@@ -544,6 +563,9 @@ def _device_summary(stats: dict | None) -> dict | None:
         "reads": c["reads"],
         "writes": c["writes"],
         "poisoned_reads": c["poisoned_reads"],
+        "nvme_accesses": c["nvme_accesses"],  # guest accesses served from the NVMe tier
+        "migrations_to_nvme": c["migrations_to_nvme"],
+        "migrations_to_dram": c["migrations_to_dram"],
         "requests": stats["requests"],  # modelled latency percentiles of those requests
     }
 

@@ -200,3 +200,30 @@ def test_poison_in_the_device_is_what_the_guest_lists(kvcxl_boot) -> None:
     assert f"{dpa:#x}:0x40" in r["guest"]["poison_list"]["entries"]
     assert r["guest"]["replay"]["poisoned_entries"] == 1
     assert [hex(dpa), hex(64)] in r["firmware"]["poison_reports"]
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_pages_moving_under_guest_load_lose_no_byte(host) -> None:
+    """The device moves the transfer buffers' pages to NVMe and back without pause while
+    the guest reads one and writes the other: direct accesses that overlap a move are
+    redone through the device, accesses that find a page on NVMe are served from it."""
+    from kvcxl.qemu.boot import BootOptions, boot
+
+    r, _b = boot(
+        BootOptions(
+            qemu="kvcxl",
+            jobs=("datapath",),
+            plugin=False,
+            churn=TRAP,
+            timeout=300,
+        )  # fmt: skip
+    )
+    assert r["qemu"]["exit_code"] == 0, r["guest_failures"]
+    dp = r["guest"]["datapath"]
+    assert dp["host_to_guest_bytes"] == L.XFER_BYTES and dp["host_to_guest_bad"] == 0
+    assert r["host_check"]["guest_to_host_bad_bytes"] == 0
+    dev = r["kvcxl_device"]
+    assert dev["migrations_to_nvme"] > 32 and dev["migrations_to_dram"] > 32  # >1 round
+    assert dev["nvme_accesses"] > 0  # the guest did meet pages on the NVMe tier
+    assert dev["direct_accesses"] > 0 and dev["mem_requests"] > 0

@@ -122,6 +122,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "life_used (%%), temperature (°C), dirty_shutdowns",
     )
     s.add_argument(
+        "--churn",
+        action="append",
+        default=[],
+        metavar="DPA:LENGTH",
+        help="move these pages to NVMe and back without pause while serving (a migration "
+        "stress for a patched QEMU's direct path; repeatable)",
+    )
+    s.add_argument(
         "--trap",
         action="append",
         default=[],
@@ -279,7 +287,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from kvcxl.emu.cxl.hdm import HdmError
     from kvcxl.emu.device.device import Type3Device
-    from kvcxl.emu.device.service import Engine, Server
+    from kvcxl.emu.device.service import Churn, Engine, Server
     from kvcxl.firmware.config import PolicyConfig
 
     config = PolicyConfig.load(args.config) if args.config else PolicyConfig()
@@ -324,7 +332,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     # Before the socket exists: a client that sees the socket may stop us at once.
     signal.signal(signal.SIGTERM, stop)
-    server = Server(args.socket, Engine(dev))
+    engine = Engine(dev)
+    churn = [p for spec in args.churn for p in _pages(dev, spec, "--churn")]
+    if churn:
+        Churn(engine, churn).start()
+    server = Server(args.socket, engine)
     try:
         print(
             f"kvcxl device: serving {args.capacity} B ({dev.n_pages} pages, "
@@ -370,3 +382,17 @@ def _stats(args: argparse.Namespace) -> int:
     print(json.dumps(report, indent=2))
     _write_json(args.json_out, report)
     return 0
+
+
+def _pages(dev, spec: str, flag: str) -> list[int]:
+    """The DPA pages of ``DPA:LENGTH``."""
+    dpa, sep, length = spec.partition(":")
+    try:
+        lo, n = int(dpa, 0), parse_size(length) if sep else 1
+    except ValueError as exc:
+        raise ValueError(
+            f"{flag} {spec!r}: {exc} (expected DPA:LENGTH, e.g. 0x800000:64KiB)"
+        ) from None
+    if n < 1 or lo < 0 or lo + n > dev.capacity:
+        raise ValueError(f"{flag} {spec!r}: outside the device's {dev.capacity} bytes")
+    return list(range(lo >> dev.page_shift, ((lo + n - 1) >> dev.page_shift) + 1))

@@ -175,6 +175,7 @@ class Type3Device:
                 "migrations_to_dram",
                 "migrations_to_nvme",
                 "bytes_migrated",
+                "nvme_accesses",
                 "reports",
                 "reported_entries",
             ),
@@ -376,6 +377,14 @@ class Type3Device:
             self.counters["migrations_to_dram"] += 1
             self._maybe_direct(p)
 
+    def move_page(self, p: int, to_dram: bool) -> None:
+        """Page ``p`` to DRAM or to NVMe, bytes and all (a migration stress, not a policy
+        decision: `kvcxl device serve --churn`)."""
+        if to_dram:
+            self._promote(p)
+        else:
+            self._demote(p)
+
     def trap(self, dpa: int, n: int) -> None:
         """Every access to the pages of ``[dpa, dpa + n)`` comes to the device, even from
         a patched QEMU that could complete it against the shared DRAM file."""
@@ -414,6 +423,7 @@ class Type3Device:
         if off + n <= pb:  # the common case: inside one page
             if self.in_dram[p]:
                 return self.dram.read(p, off, n), self._qd.serve(t, n)
+            self.counters["nvme_accesses"] += 1
             return self.nvme.read(p, off, n), self._qn.serve(t, n)
         out = []
         done = t
@@ -425,6 +435,7 @@ class Type3Device:
                 out.append(self.dram.read(p, off, m))
                 d = self._qd.serve(t, m)
             else:
+                self.counters["nvme_accesses"] += 1
                 out.append(self.nvme.read(p, off, m))
                 d = self._qn.serve(t, m)
             if d > done:
@@ -446,6 +457,7 @@ class Type3Device:
                 self.dram.write(p, off, data[i : i + m])
                 d = self._qd.serve(t, m)
             else:
+                self.counters["nvme_accesses"] += 1
                 self.nvme.write(p, off, data[i : i + m])
                 d = self._qn.serve(t, m)
             if d > done:

@@ -100,8 +100,8 @@ class MmapStore:
         self.present.add(page)
 
     def take(self, page: int) -> bytes | None:
-        if page not in self.present:
-            return None
+        # Always the file's bytes: QEMU (and the host preparing the media) write the shared
+        # file directly, so "never written through this store" does not mean "zeros".
         a = page * self.page_bytes
         data = self.map[a : a + self.page_bytes]
         self.map[a : a + self.page_bytes] = zeros(self.page_bytes)

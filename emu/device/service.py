@@ -197,6 +197,29 @@ class _Handler(socketserver.BaseRequestHandler):
             send_frame(sock, kind, body)
 
 
+class Churn(threading.Thread):
+    """Moves ``pages`` to NVMe and back while hosts use the device, one move per tick, so
+    that about half of them are on NVMe at any time: the stress under which a patched
+    QEMU's direct accesses must stay right and its trapped ones find NVMe pages."""
+
+    def __init__(self, engine: Engine, pages: list[int], interval_s: float = 0.0) -> None:
+        super().__init__(daemon=True, name="kvcxl-churn")
+        self.engine, self.pages, self.interval_s = engine, pages, interval_s
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        n = len(self.pages)
+        half = max(n // 2, 1)
+        i = 0
+        while not self.halt.wait(self.interval_s):
+            with self.engine.lock:
+                dev = self.engine.device
+                dev.move_page(self.pages[i % n], to_dram=False)
+                if i >= half:  # the page demoted half a round ago comes back
+                    dev.move_page(self.pages[(i - half) % n], to_dram=True)
+            i += 1
+
+
 class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = True

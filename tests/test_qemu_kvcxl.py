@@ -217,7 +217,7 @@ def test_pages_moving_under_guest_load_lose_no_byte(host) -> None:
             plugin=False,
             churn=TRAP,
             timeout=300,
-        )  # fmt: skip
+        )
     )
     assert r["qemu"]["exit_code"] == 0, r["guest_failures"]
     dp = r["guest"]["datapath"]

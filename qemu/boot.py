@@ -178,6 +178,8 @@ class Boot:
             cmd += ["--plugin-ring", str(self.plugin_ring)]
         if use_device:
             cmd += ["--device"]
+        if self.opts.qemu == "kvcxl":
+            cmd += ["--device-socket", str(self.device_socket)]
         log = open(self.workdir / "service.log", "w")
         self.service = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd="/"
@@ -205,6 +207,8 @@ class Boot:
             "--dram-file", str(self.media),
             "--page-state", str(self.page_state),
             "--decoder", "0",
+            # a guest read of a block on NVMe fetches the page once; the rest goes direct
+            "--fill-on-access",
         ]  # fmt: skip
         for dpa, length in self.opts.trap:
             cmd += ["--trap", f"{dpa:#x}:{length}"]
@@ -564,6 +568,7 @@ def _device_summary(stats: dict | None) -> dict | None:
         "writes": c["writes"],
         "poisoned_reads": c["poisoned_reads"],
         "nvme_accesses": c["nvme_accesses"],  # guest accesses served from the NVMe tier
+        "nvme_fills": c["nvme_fills"],  # pages a guest access fetched from NVMe into DRAM
         "migrations_to_nvme": c["migrations_to_nvme"],
         "migrations_to_dram": c["migrations_to_dram"],
         "requests": stats["requests"],  # modelled latency percentiles of those requests

@@ -41,14 +41,17 @@ from pathlib import Path
 import numpy as np
 
 from kvcxl.emu.device.device import Type3Device
+from kvcxl.emu.device.service import Client
 from kvcxl.firmware import fixedpoint as fx
 from kvcxl.firmware.config import PolicyConfig
+from kvcxl.firmware.formulas import TIER_CXL, TIER_NVME
 from kvcxl.firmware.session import FirmwareSession
 from kvcxl.firmware.table import EntryTable
 
 from . import layout as L
 
 HEARTBEAT_S = 0.005
+PAGE_SHIFT = 12  # the memory-path device's 4 KiB pages (`kvcxl device serve` default)
 HINTS_MAX = 64  # prefetch hints per ATTN response (touches used as sources, candidates sent)
 
 
@@ -70,6 +73,7 @@ class FirmwareService:
         plugin_ring: str | Path | None = None,
         record_victims: bool = True,
         device: bool = False,
+        device_socket: str | Path | None = None,
     ) -> None:
         self.path = Path(media)
         self.fd = os.open(self.path, os.O_RDWR)
@@ -86,6 +90,10 @@ class FirmwareService:
         self.use_device = device  # each session's firmware is a Type3Device
         self.device = None  # the open session's device (with use_device)
         self.device_errors = 0
+        # (patched QEMU) the kvcxl device on the memory path: each victim's KV block is
+        # moved to the tier placement chose, so the guest's next read of it goes there
+        self.memory = Client(device_socket, timeout=30) if device_socket else None
+        self.placed = Counter()  # pages moved on the memory path, by tier
         self.sq_head = 0
         self.heartbeat = 0
         self.errors = 0
@@ -310,12 +318,27 @@ class FirmwareService:
             if self.record_victims and self.device is None:  # the device logs its own
                 self.victims.extend(int(v) for v in d.victims)
             self.victim_tiers.update(int(t) for t in d.tiers)
+            if self.memory is not None:
+                self._place(d.victims, d.tiers)
         hints = np.zeros(0, np.int64) if hints is None else hints
         room = (L.SLOT_OUT - 4 * d.admitted.size - vic.nbytes) // 4
         hints = hints[: max(room, 0)].astype("<u4")
         self.hints_sent += hints.size
         out = d.admitted.astype("<u4").tobytes() + vic.tobytes() + hints.tobytes()
         return out, (d.admitted.size, vic.size, hints.size)
+
+    def _place(self, entries: np.ndarray, tiers: np.ndarray) -> None:
+        """Move each victim's KV block, in the memory-path device, to its chosen tier."""
+        eb = self.entry_bytes
+        for tier, to_dram in ((TIER_NVME, False), (TIER_CXL, True)):
+            sel = entries[tiers == tier].astype(np.int64)
+            if sel.size:
+                first = (L.KV_BASE + sel * eb) >> PAGE_SHIFT
+                last = (L.KV_BASE + (sel + 1) * eb - 1) >> PAGE_SHIFT
+                pages = sorted(
+                    {p for a, b in zip(first, last, strict=True) for p in range(a, b + 1)}
+                )
+                self.placed["nvme" if not to_dram else "dram"] += self.memory.place(pages, to_dram)
 
     def op_create(self, step, layer, count, payload, arg0, arg1):
         self._need_open()
@@ -476,6 +499,7 @@ class FirmwareService:
             "policy": self.policy_name,
             "firmware": "device emulator" if self.use_device else "service",
             "device_errors": self.device_errors,
+            "memory_path_pages_placed": dict(self.placed),
             "commands": dict(self.commands),
             "completions": dict(self.status_counts),
             "errors": self.errors,
@@ -540,6 +564,11 @@ def main(argv: list[str] | None = None) -> int:
         "one Type3Device per OPEN … CLOSE answers the ring (default: the service's own "
         "firmware session, ring-only mode)",
     )
+    ap.add_argument(
+        "--device-socket",
+        help="(patched QEMU) the kvcxl device on the memory path: victims' KV blocks are "
+        "moved to the tier placement chose",
+    )
     args = ap.parse_args(argv)
 
     cfg = PolicyConfig.load(args.config) if args.config else PolicyConfig()
@@ -549,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         config=cfg,
         plugin_ring=args.plugin_ring,
         device=args.device,
+        device_socket=args.device_socket,
     )
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))

@@ -122,6 +122,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "life_used (%%), temperature (°C), dirty_shutdowns",
     )
     s.add_argument(
+        "--fill-on-access",
+        action="store_true",
+        help="a host access to a page on NVMe brings the page into DRAM first (the device's "
+        "DRAM caching its NVMe); default: host accesses are served where the page is",
+    )
+    s.add_argument(
         "--churn",
         action="append",
         default=[],
@@ -301,6 +307,7 @@ def _serve(args: argparse.Namespace) -> int:
         record_victims=args.record_victims,
         entries=args.entries,
         page_state=args.page_state,
+        fill_on_access=args.fill_on_access,
     )
     for spec in args.health:
         key, _, value = spec.partition("=")

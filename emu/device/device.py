@@ -91,6 +91,7 @@ class Type3Device:
         entries: str = "pages",
         block_tokens: int = 16,
         page_state: str | Path | None = None,
+        fill_on_access: bool = False,
     ) -> None:
         if page_bytes < LINE or page_bytes & (page_bytes - 1) or page_bytes > 1 << 21:
             raise ValueError(
@@ -148,6 +149,10 @@ class Type3Device:
         self.health = {"health_status": 0, "media_status": 0, "life_used": 0,
                        "temperature": 0xFFFF, "dirty_shutdowns": 0}  # fmt: skip
         self.page_state = None
+        # A host access to a page on NVMe brings it into DRAM first (what a device whose
+        # DRAM caches its NVMe does; a patched QEMU then goes direct again).  Off: host
+        # accesses never move data, only the firmware's decisions do.
+        self.fill_on_access = fill_on_access
         self.trapped: set[int] = set()  # pages the firmware always wants to see
         if page_state is not None:
             self.page_state = PageState(page_state, self.n_pages, self.page_shift)
@@ -176,6 +181,7 @@ class Type3Device:
                 "migrations_to_nvme",
                 "bytes_migrated",
                 "nvme_accesses",
+                "nvme_fills",
                 "reports",
                 "reported_entries",
             ),
@@ -377,6 +383,12 @@ class Type3Device:
             self.counters["migrations_to_dram"] += 1
             self._maybe_direct(p)
 
+    def _fill(self, p: int) -> None:
+        """A host access found page ``p`` on NVMe: it comes into DRAM (counted, and charged
+        the NVMe tier's time for the page as a migration is)."""
+        self.counters["nvme_fills"] += 1
+        self._promote(p)
+
     def move_page(self, p: int, to_dram: bool) -> None:
         """Page ``p`` to DRAM or to NVMe, bytes and all (a migration stress, not a policy
         decision: `kvcxl device serve --churn`)."""
@@ -421,6 +433,8 @@ class Type3Device:
         p = dpa >> shift
         off = dpa & (pb - 1)
         if off + n <= pb:  # the common case: inside one page
+            if not self.in_dram[p] and self.fill_on_access:
+                self._fill(p)
             if self.in_dram[p]:
                 return self.dram.read(p, off, n), self._qd.serve(t, n)
             self.counters["nvme_accesses"] += 1
@@ -431,6 +445,8 @@ class Type3Device:
             p = dpa >> shift
             off = dpa & (pb - 1)
             m = min(n, pb - off)
+            if not self.in_dram[p] and self.fill_on_access:
+                self._fill(p)
             if self.in_dram[p]:
                 out.append(self.dram.read(p, off, m))
                 d = self._qd.serve(t, m)
@@ -453,6 +469,8 @@ class Type3Device:
             p = dpa >> shift
             off = dpa & (pb - 1)
             m = min(n - i, pb - off)
+            if not self.in_dram[p] and self.fill_on_access:
+                self._fill(p)
             if self.in_dram[p]:
                 self.dram.write(p, off, data[i : i + m])
                 d = self._qd.serve(t, m)

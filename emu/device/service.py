@@ -21,6 +21,9 @@ kind   name         request body                                    response bod
                                                                     latency ns
 0x05   HDM          JSON {"op": "program"|"commit"|"uncommit"|      JSON {"ok": true, ...} or
                     "reset"|"list", ...register fields}             {"ok": false, "reason", ..}
+0x06   PLACE        u8 tier (0 DRAM, 1 NVMe), 3 pad, u32 count,     u32 pages moved
+                    count × u64 DPA page number (a host-side
+                    placement: the ring's firmware placing victims)
 0x7F   ERROR        (response only)                                 UTF-8 "reason: detail"
 =====  ===========  ==============================================  ===========================
 
@@ -47,8 +50,12 @@ from kvcxl.firmware.cxl import mem
 from .cci import Mailbox
 from .device import Type3Device
 
-MEM, CCI, READ, WRITE, HDM, ERROR = 0x01, 0x02, 0x03, 0x04, 0x05, 0x7F
-KINDS = {MEM: "MEM", CCI: "CCI", READ: "READ", WRITE: "WRITE", HDM: "HDM", ERROR: "ERROR"}
+MEM, CCI, READ, WRITE, HDM, PLACE, ERROR = 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x7F
+KINDS = {
+    MEM: "MEM", CCI: "CCI", READ: "READ", WRITE: "WRITE", HDM: "HDM", PLACE: "PLACE",
+    ERROR: "ERROR",
+}  # fmt: skip
+_PLACE_HDR = struct.Struct("<B3xI")
 MAX_FRAME = 2 << 20
 MAX_IO = 1 << 20
 FLAG_POISON, FLAG_UNMAPPED = 1, 2
@@ -106,6 +113,18 @@ class Engine:
             return WRITE, _RW_HDR.pack(0 if mapped else FLAG_UNMAPPED, latency)
         if kind == HDM:
             return HDM, json.dumps(self._hdm(body)).encode()
+        if kind == PLACE:
+            if len(body) < _PLACE_HDR.size:
+                raise _FrameError(f"bad_length: PLACE body is at least {_PLACE_HDR.size} bytes")
+            tier, count = _PLACE_HDR.unpack_from(body)
+            if tier not in (0, 1) or len(body) != _PLACE_HDR.size + 8 * count:
+                raise _FrameError(f"bad_field: tier {tier}, {count} pages in {len(body)} B")
+            pages = struct.unpack_from(f"<{count}Q", body, _PLACE_HDR.size)
+            if any(p >= dev.n_pages for p in pages):
+                raise _FrameError(f"bad_range: a page beyond the device's {dev.n_pages}")
+            for p in pages:
+                dev.move_page(p, to_dram=tier == 0)
+            return PLACE, struct.pack("<I", len(pages))
         raise _FrameError(f"bad_kind: frame kind {kind:#04x} is not one of {sorted(KINDS)}")
 
     def _hdm(self, body: bytes) -> dict:
@@ -273,6 +292,16 @@ class Client:
         if kind == ERROR:
             raise ValueError(body.decode())
         return _RW_HDR.unpack_from(body)[0]
+
+    def place(self, pages: list[int], to_dram: bool) -> int:
+        """Move DPA ``pages`` to the DRAM or the NVMe tier; returns how many were asked."""
+        body = _PLACE_HDR.pack(0 if to_dram else 1, len(pages)) + struct.pack(
+            f"<{len(pages)}Q", *pages
+        )
+        kind, rsp = self.call(PLACE, body)
+        if kind == ERROR:
+            raise ValueError(rsp.decode())
+        return struct.unpack("<I", rsp)[0]
 
     def hdm(self, op: str, **fields: int) -> dict:
         _, body = self.call(HDM, json.dumps({"op": op, **fields}).encode())

@@ -352,35 +352,48 @@ class Trace:
             raise TraceError(f"{path}: not a kvcxl trace (.npz) file: {exc}") from None
         if not hasattr(npz, "files"):
             raise TraceError(f"{path}: not a kvcxl trace (.npz) file: holds a single array")
-        with npz:
-            if "meta" not in npz.files:
-                raise TraceError(f"{path}: missing array 'meta' (not a kvcxl trace?)")
-            try:
-                meta = json.loads(str(npz["meta"][()]))
-            except (json.JSONDecodeError, ValueError) as exc:
-                raise TraceError(f"{path}: array 'meta' is not valid JSON: {exc}") from None
-            if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-                raise TraceError(f"{path}: metadata 'format' is not {FORMAT!r}")
-            version = meta.get("version")
-            if version not in VERSIONS or isinstance(version, bool):
-                raise TraceError(
-                    f"{path}: unknown trace version {version!r} (this build reads versions "
-                    f"{', '.join(map(str, VERSIONS))})"
-                )
-            for key in ("shape", "aggregation", "evidence"):
-                if key not in meta:
-                    raise TraceError(f"{path}: metadata is missing {key!r}")
-            missing = [c for c in COLUMNS if c not in npz.files]
-            if missing:
-                raise TraceError(f"{path}: missing array {missing[0]!r}")
-            cols = {c: npz[c] for c in COLUMNS}
-            extra_cols = [c for c in OPTIONAL_COLUMNS if c in npz.files]
-            if extra_cols and version < 2:
-                raise TraceError(
-                    f"{path}: array {extra_cols[0]!r} in a version {version} file (it needs "
-                    "version 2)"
-                )
-            cols.update({c: npz[c] for c in extra_cols})
+        # Reading an array inflates and CRC-checks it only now: a damaged member fails here,
+        # with whatever numpy's readers raise (zlib, zipfile, header parsing errors).
+        try:
+            with npz:
+                arrays = {name: npz[name] for name in npz.files}
+        except Exception as exc:
+            raise TraceError(
+                f"{path}: corrupt trace file (an array does not read back: "
+                f"{type(exc).__name__}: {exc})"
+            ) from None
+        return cls._from_arrays(path, arrays)
+
+    @classmethod
+    def _from_arrays(cls, path: Path, npz: dict[str, np.ndarray]) -> Trace:
+        """Validate the arrays of a trace file and build the trace."""
+        if "meta" not in npz:
+            raise TraceError(f"{path}: missing array 'meta' (not a kvcxl trace?)")
+        try:
+            meta = json.loads(str(npz["meta"][()]))
+        except (json.JSONDecodeError, ValueError) as exc:
+            raise TraceError(f"{path}: array 'meta' is not valid JSON: {exc}") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise TraceError(f"{path}: metadata 'format' is not {FORMAT!r}")
+        version = meta.get("version")
+        if version not in VERSIONS or isinstance(version, bool):
+            raise TraceError(
+                f"{path}: unknown trace version {version!r} (this build reads versions "
+                f"{', '.join(map(str, VERSIONS))})"
+            )
+        for key in ("shape", "aggregation", "evidence"):
+            if key not in meta:
+                raise TraceError(f"{path}: metadata is missing {key!r}")
+        missing = [c for c in COLUMNS if c not in npz]
+        if missing:
+            raise TraceError(f"{path}: missing array {missing[0]!r}")
+        cols = {c: npz[c] for c in COLUMNS}
+        extra_cols = [c for c in OPTIONAL_COLUMNS if c in npz]
+        if extra_cols and version < 2:
+            raise TraceError(
+                f"{path}: array {extra_cols[0]!r} in a version {version} file (it needs version 2)"
+            )
+        cols.update({c: npz[c] for c in extra_cols})
         if version < 2 and "prefixes" in meta:
             raise TraceError(f"{path}: metadata 'prefixes' in a version {version} file")
         if not isinstance(meta["shape"], dict):

@@ -7,6 +7,12 @@ import json
 from typing import Any
 
 
+class AuditFailure(RuntimeError):
+    """The eviction audit found a wrong victim (``kvcxl``: one line, exit status 1)."""
+
+    exit_code = 1
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "policy",
@@ -145,8 +151,13 @@ def _compare(args: argparse.Namespace) -> int:
     from .policies import POLICIES
     from .replay import replay
 
-    if args.requests < 1 or args.objects < 1:
-        raise ValueError("--requests and --objects must be >= 1")
+    for flag, value in (("--requests", args.requests), ("--objects", args.objects)):
+        if value < 1:
+            raise ValueError(f"{flag} {value}: an integer >= 1 is accepted")
+    if not args.zipf >= 0 or args.zipf == float("inf"):
+        raise ValueError(f"--zipf {args.zipf}: a finite number >= 0 is accepted")
+    if args.seed < 0:
+        raise ValueError(f"--seed {args.seed}: an integer >= 0 is accepted")
     cfg = PolicyConfig.load(args.config) if args.config else PolicyConfig()
     rng = np.random.default_rng(args.seed)
     ranks = np.arange(1, args.objects + 1, dtype=np.float64)
@@ -167,7 +178,7 @@ def _compare(args: argparse.Namespace) -> int:
         for cap in caps:
             r = replay(name, batches, cap, config=cfg, weights=weights)
             if r.audit and r.audit["wrong_victims"]:
-                raise RuntimeError(f"eviction audit failed for {name}: {r.audit}")
+                raise AuditFailure(f"eviction audit failed for {name}: {r.audit}")
             row.append(r.hit_rate)
             results.append(
                 {

@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 
+from kvcxl.emu.argtypes import nonnegative, nonnegative_float, positive, positive_float
 from kvcxl.emu.sizes import parse_size
 
 JOBS = ("datapath", "replay", "malformed", "bench", "poison", "wait")
@@ -62,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--trace", help="kvcxl trace file (.npz) to replay (default: built-in)")
     b.add_argument(
         "--steps",
-        type=int,
+        type=positive,
         default=None,
         help="decode steps of the built-in trace (default 24; not with --trace)",
     )
@@ -109,19 +110,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DPA",
         help="inject a General Media event over QMP once the region is ready",
     )
-    b.add_argument("--device-mib", type=int, default=256, help="device size (multiple of 256)")
-    b.add_argument("--smp", type=int, default=2, help="guest CPUs (default 2)")
-    b.add_argument("--wait", type=float, default=30.0, help="seconds the 'wait' job idles")
-    b.add_argument("--timeout", type=float, default=600.0, help="hard limit for the whole boot")
+    b.add_argument("--device-mib", type=positive, default=256, help="device size (multiple of 256)")
+    b.add_argument("--smp", type=positive, default=2, help="guest CPUs (default 2)")
+    b.add_argument(
+        "--wait", type=nonnegative_float, default=30.0, help="seconds the 'wait' job idles"
+    )
+    b.add_argument(
+        "--timeout", type=positive_float, default=600.0, help="hard limit for the whole boot"
+    )
     b.add_argument(
         "--stall-s",
-        type=float,
+        type=positive_float,
         default=120.0,
         help="a guest silent this long on the console has stalled: stop QEMU (default 120)",
     )
     b.add_argument(
         "--retries",
-        type=int,
+        type=nonnegative,
         default=1,
         help="boots retried when the guest stalls before the kvcxl agent starts (Linux boot, "
         "driver probing, region set-up under TCG); reported as boot_retries (default 1)",
@@ -159,7 +164,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("kind", choices=("poison", "media-event"))
     i.add_argument("--qmp", required=True, help="QMP socket path of the running boot")
     i.add_argument("--dpa", required=True, help="device physical address (64-byte aligned)")
-    i.add_argument("--length", type=int, default=64, help="poison length in bytes (default 64)")
+    i.add_argument(
+        "--length", type=positive, default=64, help="poison length in bytes (default 64)"
+    )
     i.set_defaults(func=_inject)
     p.set_defaults(func=lambda args: p.print_help() or 0)
 
@@ -172,14 +179,9 @@ def _int(text: str, what: str) -> int:
 
 
 def _setup(args: argparse.Namespace) -> int:
-    from kvcxl.emu.cli import CliError
+    from .setup import setup
 
-    from .setup import SetupError, setup
-
-    try:
-        host = setup(force=args.force)
-    except SetupError as exc:
-        raise CliError(str(exc)) from None
+    host = setup(force=args.force)  # SetupError: one line, exit status 1
     print(f"QEMU {host.qemu_version}, guest kernel {host.kernel_version}")
     print(f"initramfs {host.initramfs}")
     print(f"TCG plugin: {host.plugin if host.plugin else host.plugin_error}")
@@ -190,10 +192,20 @@ def _setup(args: argparse.Namespace) -> int:
 def _boot(args: argparse.Namespace) -> int:
     from kvcxl.emu.cli import CliError
 
+    # Everything the service would refuse only after a full boot is checked first.
+    from kvcxl.firmware.config import PolicyConfig
+    from kvcxl.firmware.policies import POLICIES
+
     from .boot import BootOptions, boot
-    from .setup import SetupError
     from .trace_image import DEFAULT_BUDGET, default_trace, load_trace
 
+    online = sorted(n for n, c in POLICIES.items() if c.online)
+    if args.policy not in online:
+        raise CliError(f"--policy {args.policy!r}: not an online policy; choose from {online}")
+    if args.config:
+        PolicyConfig.load(args.config)  # a missing or invalid file: one line, exit 2
+    if args.device_mib % 256:
+        raise CliError(f"--device-mib {args.device_mib}: a multiple of 256 is accepted")
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
     if args.trace:
         if args.steps is not None:
@@ -242,10 +254,7 @@ def _boot(args: argparse.Namespace) -> int:
         qemu=args.qemu,
         trap=tuple(_trap(t) for t in args.trap),
     )
-    try:
-        report, b = boot(opts)
-    except SetupError as exc:
-        raise CliError(str(exc)) from None
+    report, b = boot(opts)  # SetupError (not set up): one line, exit status 1
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(report, f, indent=2)
@@ -334,9 +343,10 @@ def _summary(r: dict) -> None:
 def _inject(args: argparse.Namespace) -> int:
     from kvcxl.emu.cli import CliError
 
-    from .qmp import Qmp
+    from .qmp import Qmp, check_range
 
     dpa = _int(args.dpa, "DPA")
+    check_range(dpa, args.length)
     try:
         with Qmp(args.qmp) as q:
             if args.kind == "poison":

@@ -50,6 +50,9 @@ APT_SOURCE = Path("/etc/apt/sources.list.d/kvcxl-qemu.sources")
 
 
 class SetupError(RuntimeError):
+    # `kvcxl` prints it as one line with this exit status (a failed run, not bad input).
+    exit_code = 1
+
     """The host cannot be prepared; the message says what to do."""
 
 

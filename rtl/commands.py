@@ -16,10 +16,36 @@ DESIGNS = ("core", "scoring", "eviction", "top")
 
 
 def positive(v: str) -> int:
-    n = int(v)
+    """An integer >= 1 (argparse type; the RTL may not import the emulator's argtypes)."""
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not an integer >= 1") from None
     if n < 1:
-        raise argparse.ArgumentTypeError(f"{v} must be ≥ 1")
+        raise argparse.ArgumentTypeError(f"{v} is out of range: an integer >= 1 is accepted")
     return n
+
+
+def nonnegative(v: str) -> int:
+    """An integer >= 0 (argparse type): seeds."""
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not an integer >= 0") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{v} is out of range: an integer >= 0 is accepted")
+    return n
+
+
+def positive_float(v: str) -> float:
+    """A finite number > 0 (argparse type): clock targets."""
+    try:
+        x = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a number > 0") from None
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"{v} is out of range: a number > 0 is accepted")
+    return x
 
 
 def add_shape(p: argparse.ArgumentParser, entries: int, lanes: int, batch: int) -> None:
@@ -112,8 +138,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="ecp5 = LFE5U-25F out of context; ice40 = HX8K behind a serial wrapper",
     )
     add_shape(s, 1024, 1, 64)
-    s.add_argument("--freq", type=float, default=50.0, help="target clock in MHz (default 50)")
-    s.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+    s.add_argument(
+        "--freq", type=positive_float, default=50.0, help="target clock in MHz (default 50)"
+    )
+    s.add_argument("--seed", type=nonnegative, default=1, help="nextpnr placement seed")
     s.add_argument("--json", dest="json_out", help="write the figures to this JSON file")
     s.set_defaults(func=_synth)
 

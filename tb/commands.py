@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvcxl.rtl.commands import actions, add_shape, emit, positive
+from kvcxl.rtl.commands import actions, add_shape, emit, nonnegative, positive
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     t.add_argument("--sim", choices=("verilator", "icarus"), default="verilator")
     t.add_argument("--steps", type=positive, default=2000, help="decode steps (eviction passes)")
-    t.add_argument("--seed", type=int, help="random seed (default: fresh, printed)")
+    t.add_argument("--seed", type=nonnegative, help="random seed (default: fresh, printed)")
     t.add_argument("--waves", action="store_true", help="write a waveform file (VCD / FST)")
     t.add_argument("--defect", action="store_true", help="plant the tie-break defect")
     add_shape(t, 16, 4, 4)

@@ -27,6 +27,13 @@ def build_root() -> Path:
     return Path(os.environ.get("KVCXL_BUILD", Path.cwd() / "build")) / "tb"
 
 
+class TbFailure(RuntimeError):
+    """The testbench found a mismatch or produced no results: ``kvcxl`` prints it as one line
+    and exits with ``exit_code``."""
+
+    exit_code = 1
+
+
 def run_core(
     sim: str = "verilator",
     *,
@@ -39,7 +46,7 @@ def run_core(
     waves: bool = False,
     verbose: bool = False,
 ) -> dict:
-    """Run the PolicyCore test; raises RuntimeError if the testbench failed."""
+    """Run the PolicyCore test; raises :class:`TbFailure` (a RuntimeError) if it failed."""
     if sim not in SIMULATORS:
         raise ValueError(f"sim = {sim!r}: must be one of {SIMULATORS}")
     if steps < 1:
@@ -101,7 +108,7 @@ def run_core(
     )
     run_s = time.perf_counter() - t1
     if not results.exists():
-        raise RuntimeError(f"testbench produced no results (see {xml})")
+        raise TbFailure(f"testbench produced no results (see {xml})")
     res = json.loads(results.read_text())
     res["build_s"] = round(build_s, 2)
     res["run_s"] = round(run_s, 2)
@@ -114,7 +121,7 @@ def run_core(
     tests, fails = get_results(xml)
     res["cocotb_tests"], res["cocotb_failures"] = tests, fails
     if fails:
-        raise RuntimeError(
+        raise TbFailure(
             f"{sim}: testbench failed (seed {seed}): {res.get('examples', [])[:3]}; see {xml}"
         )
     return res

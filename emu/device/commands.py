@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from ..argtypes import nonnegative, positive, unit_interval
 from ..sizes import SIZE_HELP, parse_size, size_arg
 
 _SERVE_EPILOG = """\
@@ -35,6 +36,8 @@ examples:
 
 
 def _setups(text: str) -> tuple[tuple[int, int], ...]:
+    from kvcxl.emu.cxl.hdm import GRANULARITIES, WAYS
+
     out = []
     for part in text.split(","):
         try:
@@ -44,7 +47,24 @@ def _setups(text: str) -> tuple[tuple[int, int], ...]:
             raise argparse.ArgumentTypeError(
                 f"set-up {part!r} must be WAYSxGRANULARITY, e.g. 4x1024"
             ) from None
+        # The HDM decoder accepts only these; checked here, before any set-up runs.
+        if out[-1][0] not in WAYS:
+            raise argparse.ArgumentTypeError(
+                f"set-up {part!r}: {out[-1][0]} ways is not one of {', '.join(map(str, WAYS))}"
+            )
+        if out[-1][1] not in GRANULARITIES:
+            raise argparse.ArgumentTypeError(
+                f"set-up {part!r}: granularity {out[-1][1]} B is not one of "
+                f"{', '.join(map(str, GRANULARITIES))}"
+            )
     return tuple(out)
+
+
+def _positive_size(text: str) -> int:
+    n = size_arg(text)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"size {text!r} must be > 0")
+    return n
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -85,7 +105,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument(
         "--dram-pages",
-        type=int,
+        type=positive,
         default=None,
         help="DRAM budget in pages; default: all pages in DRAM, no NVMe migration",
     )
@@ -156,7 +176,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=_SOAK_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    k.add_argument("--ops", type=int, default=1_000_000, help="operations (default 1000000)")
+    k.add_argument("--ops", type=positive, default=1_000_000, help="operations (default 1000000)")
     k.add_argument(
         "--setups",
         type=_setups,
@@ -165,13 +185,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     k.add_argument(
         "--span",
-        type=size_arg,
+        type=_positive_size,
         default="4MiB",
         metavar="SIZE",
         help=f"HPA bytes exercised (default 4MiB; {SIZE_HELP})",
     )
     k.add_argument("--policy", default="ema", help="firmware policy (default ema)")
-    k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--seed", type=nonnegative, default=0)
     k.add_argument("--json", dest="json_out", help="write the report to this JSON file")
     k.set_defaults(func=_soak)
 
@@ -186,11 +206,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=_FUZZ_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    f.add_argument("--cases", type=int, default=100_000, help="cases (default 100000)")
-    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--cases", type=positive, default=100_000, help="cases (default 100000)")
+    f.add_argument("--seed", type=nonnegative, default=0)
     f.add_argument(
         "--hypothesis-fraction",
-        type=float,
+        type=unit_interval,
         default=0.05,
         help="share of cases drawn by Hypothesis (slower per case; default 0.05)",
     )
@@ -229,8 +249,18 @@ def _write_json(path: str | None, report: dict) -> None:
         print(f"wrote {path}")
 
 
+def _check_policy(name: str) -> None:
+    from kvcxl.firmware.policies import POLICIES
+
+    online = sorted(n for n, c in POLICIES.items() if c.online)
+    if name not in online:
+        raise ValueError(f"--policy {name!r}: not an online policy; choose from {online}")
+
+
 def _soak(args: argparse.Namespace) -> int:
     from kvcxl.emu.device.soak import SETUPS, SoakConfig, run
+
+    _check_policy(args.policy)
 
     cfg = SoakConfig(
         ops=args.ops,
@@ -296,19 +326,26 @@ def _serve(args: argparse.Namespace) -> int:
     from kvcxl.emu.device.service import Churn, Engine, Server
     from kvcxl.firmware.config import PolicyConfig
 
+    _check_policy(args.policy)
     config = PolicyConfig.load(args.config) if args.config else PolicyConfig()
-    dev = Type3Device(
-        args.capacity,
-        page_bytes=args.page_bytes,
-        dram_pages=args.dram_pages,
-        policy=args.policy,
-        config=config,
-        dram_file=args.dram_file,
-        record_victims=args.record_victims,
-        entries=args.entries,
-        page_state=args.page_state,
-        fill_on_access=args.fill_on_access,
-    )
+    try:
+        dev = Type3Device(
+            args.capacity,
+            page_bytes=args.page_bytes,
+            dram_pages=args.dram_pages,
+            policy=args.policy,
+            config=config,
+            dram_file=args.dram_file,
+            record_victims=args.record_victims,
+            entries=args.entries,
+            page_state=args.page_state,
+            fill_on_access=args.fill_on_access,
+        )
+    except OSError as exc:  # only the DRAM file is opened here
+        raise ValueError(
+            f"--dram-file {args.dram_file}: cannot be opened for reading and writing "
+            f"({exc.strerror}); a writable file path is accepted"
+        ) from None
     for spec in args.health:
         key, _, value = spec.partition("=")
         limit = 0xFFFF if key == "temperature" else 0xFFFFFFFF if key == "dirty_shutdowns" else 0xFF
@@ -341,9 +378,16 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     engine = Engine(dev)
     churn = [p for spec in args.churn for p in _pages(dev, spec, "--churn")]
+    try:
+        server = Server(args.socket, engine)
+    except OSError as exc:
+        dev.close()
+        raise ValueError(
+            f"--socket {args.socket}: cannot be created ({exc.strerror}); a new path in a "
+            "writable folder is accepted"
+        ) from None
     if churn:
         Churn(engine, churn).start()
-    server = Server(args.socket, engine)
     try:
         print(
             f"kvcxl device: serving {args.capacity} B ({dev.n_pages} pages, "

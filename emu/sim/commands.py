@@ -17,6 +17,7 @@ from typing import Any
 
 from ...firmware.config import PARAMS, PolicyConfig
 from ...firmware.policy_params import POLICY_PARAMS
+from ..argtypes import nonnegative, nonnegative_float, positive, positive_float
 from ..metrics import audit_sentence, audit_totals
 from ..sizes import SIZE_HELP, parse_size
 from ..timing import CXL_DRAM, HBM, NVME
@@ -98,7 +99,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     for name in SHAPE_OPTIONS:
         g.add_argument(
             f"--{name.replace('_', '-')}",
-            type=int,
+            type=positive,  # a 0 would silently mean "the preset's value"
             default=None,
             metavar="N",
             help=argparse.SUPPRESS
@@ -164,7 +165,7 @@ def _add_run_options(p: argparse.ArgumentParser, *, steps: int = 200) -> None:
     )
     g.add_argument(
         "--prefetch-limit",
-        type=int,
+        type=nonnegative,
         default=64,
         metavar="N",
         help="most entries prefetched per batch",
@@ -184,7 +185,7 @@ def _add_run_options(p: argparse.ArgumentParser, *, steps: int = 200) -> None:
     )
     g.add_argument(
         "--warmup",
-        type=int,
+        type=nonnegative,
         default=0,
         metavar="STEPS",
         help="decode steps excluded from the metrics",
@@ -197,7 +198,7 @@ def _add_run_options(p: argparse.ArgumentParser, *, steps: int = 200) -> None:
     for name in TIMING_OPTIONS:
         g.add_argument(
             f"--{name.replace('_', '-')}",
-            type=float,
+            type=positive_float if name.endswith("gbps") else nonnegative_float,
             default=None,
             help=argparse.SUPPRESS
             if name != "cxl_gbps"
@@ -208,7 +209,7 @@ def _add_run_options(p: argparse.ArgumentParser, *, steps: int = 200) -> None:
             f"{HBM.bandwidth_gbps / 1000:g} TB/s)",
         )
     w = p.add_argument_group("workload")
-    w.add_argument("--steps", type=int, default=steps, help="decode steps")
+    w.add_argument("--steps", type=positive, default=steps, help="decode steps")
     w.add_argument(
         "--workload-param",
         action="append",
@@ -228,7 +229,9 @@ def _add_run_options(p: argparse.ArgumentParser, *, steps: int = 200) -> None:
         "sink_profile=[0.05,0.1,0.6,0.5] (per-layer, depth 0 to 1)",
     )
     x = p.add_argument_group("execution")
-    x.add_argument("--jobs", type=int, default=None, help="parallel processes (default: cores)")
+    x.add_argument(
+        "--jobs", type=positive, default=None, help="parallel processes (default: cores)"
+    )
     x.add_argument(
         "--backend",
         choices=("process", "serial", "dask"),
@@ -281,8 +284,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="HBM budget: a size (512MiB, 2GB) or %% of the workload's KV bytes "
         f"(repeatable; default 25%%; {SIZE_HELP})",
     )
-    p.add_argument("--seeds", type=int, default=1, help="workload seeds (mean and 95%% CI)")
-    p.add_argument("--seed", type=int, default=0, help="first seed")
+    p.add_argument("--seeds", type=positive, default=1, help="workload seeds (mean and 95%% CI)")
+    p.add_argument("--seed", type=nonnegative, default=0, help="first seed")
     p.add_argument(
         "--audit",
         action="store_true",
@@ -311,7 +314,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         f"full contexts HBM, CXL DRAM and NVMe hold. Analytical model. Sizes: {SIZE_HELP}.",
         epilog="example: kvcxl sizing --preset s1 --users 8",
     )
-    s.add_argument("--users", type=int, default=8, help="concurrent full contexts")
+    s.add_argument("--users", type=positive, default=8, help="concurrent full contexts")
     for flag, default, what in (
         ("--hbm", "192GB", "GPU HBM"),
         ("--weights", "140GB", "model weights in HBM"),
@@ -338,9 +341,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     d.add_argument("--out", default="out/demo", help="output folder")
     d.add_argument("--workload", default="zipf-sessions")
-    d.add_argument("--seeds", type=int, default=3)
-    d.add_argument("--steps", type=int, default=160)
-    d.add_argument("--jobs", type=int, default=None)
+    d.add_argument("--seeds", type=positive, default=3)
+    d.add_argument("--steps", type=positive, default=160)
+    d.add_argument("--jobs", type=positive, default=None)
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=_demo)
 
@@ -390,8 +393,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="npz: save the reads alone as a version-1 trace (no writes)",
     )
-    te.add_argument("--seed", type=int, default=0)
-    te.add_argument("--steps", type=int, default=200)
+    te.add_argument("--seed", type=nonnegative, default=0)
+    te.add_argument("--steps", type=positive, default=200)
     te.add_argument("--read", default="dense", help="dense, topk:K or threshold:T")
     te.add_argument("--workload-param", action="append", type=_kv, default=[], metavar="K=V")
     _add_model_options(te)
@@ -509,11 +512,18 @@ def _spec_from_args(args: argparse.Namespace, policies, budgets):
         raise ValueError(f"--seeds {args.seeds}: must be >= 1")
     if args.steps < 1:
         raise ValueError(f"--steps {args.steps}: must be >= 1")
+    if args.warmup >= args.steps:  # no step would be measured: every rate would be 0/0
+        raise ValueError(
+            f"--warmup {args.warmup}: must be less than --steps {args.steps} (the warm-up "
+            "steps are excluded from the metrics)"
+        )
     return SweepSpec(
         workload=None if args.trace else (args.workload or "zipf-sessions"),
         trace=args.trace,
         preset=args.preset,
-        shape_overrides={n: getattr(args, n) for n in SHAPE_OPTIONS if getattr(args, n)},
+        shape_overrides={
+            n: getattr(args, n) for n in SHAPE_OPTIONS if getattr(args, n) is not None
+        },
         steps=args.steps,
         seeds=list(range(args.seed, args.seed + (1 if args.trace else args.seeds))),
         policies=list(policies),

@@ -181,6 +181,7 @@ def explain(exc: BaseException) -> tuple[int, str] | None:
             )
         if isinstance(exc, FileNotFoundError):
             return 2, str(exc)
+        return 1, str(exc)  # the machine, not the input: a connection refused or timed out
     return None
 
 

@@ -355,7 +355,7 @@ def _inject(args: argparse.Namespace) -> int:
             else:
                 q.inject_media_event(dpa)
                 print(f"General Media event at DPA {dpa:#x}")
-    except (ValueError, FileNotFoundError):
+    except (ValueError, FileNotFoundError, ModuleNotFoundError):
         raise
     except Exception as exc:  # QMP's own errors: QEMU refused or the socket went away
         raise CliError(f"QEMU refused {args.kind} at {dpa:#x}: {exc}") from None

@@ -34,8 +34,10 @@ def _legacy() -> Any:
     try:
         return importlib.import_module("qemu.qmp.legacy")
     except ModuleNotFoundError:
-        raise RuntimeError(
-            "qemu.qmp is not installed: pip install 'kvcxl[host]' (qemu.qmp==0.0.6)"
+        # A ModuleNotFoundError naming the package: `kvcxl` names the extra that installs it.
+        raise ModuleNotFoundError(
+            "qemu.qmp is not installed: pip install 'kvcxl[host]' (qemu.qmp==0.0.6)",
+            name="qemu.qmp",
         ) from None
     finally:
         sys.path[:] = saved

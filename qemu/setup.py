@@ -210,7 +210,8 @@ def _apt(args: list[str], cwd: Path | None = None, check: bool = True) -> str:
     cmd = ["apt-get", "-q", "-y", "-o", "DPkg::Lock::Timeout=600", *args]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     if check and r.returncode != 0:
-        raise SetupError(f"`{' '.join(cmd)}` failed: {r.stderr.strip()[-500:]}")
+        tail = " | ".join(r.stderr.strip().splitlines()[-3:])
+        raise SetupError(f"`{' '.join(cmd)}` failed: {tail}")
     return r.stdout
 
 

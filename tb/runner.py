@@ -96,16 +96,28 @@ def run_core(
         sys.path.insert(0, tb_dir)
     os.environ["KVCXL_TB_CONFIG"] = json.dumps(cfg)
     t1 = time.perf_counter()
-    xml = runner.test(
-        test_module="kvcxl.tb.cocotb_policy_core",
-        hdl_toplevel=TOPLEVEL,
-        build_dir=bdir,
-        test_dir=bdir,
-        seed=seed,
-        waves=waves,
-        extra_env={"KVCXL_TB_CONFIG": json.dumps(cfg)},
-        verbose=verbose,
-    )
+    try:
+        xml = runner.test(
+            test_module="kvcxl.tb.cocotb_policy_core",
+            hdl_toplevel=TOPLEVEL,
+            build_dir=bdir,
+            test_dir=bdir,
+            seed=seed,
+            waves=waves,
+            extra_env={"KVCXL_TB_CONFIG": json.dumps(cfg)},
+            verbose=verbose,
+        )
+    except SystemExit as exc:
+        # cocotb's runner exits (under pytest on a failed test, or when the simulator fails)
+        # instead of raising: say what the scoreboard saw, on one line.
+        if results.exists():
+            res = json.loads(results.read_text())
+            raise TbFailure(
+                f"{sim}: testbench failed (seed {seed}): {res.get('examples', [])[:3]}"
+            ) from None
+        raise TbFailure(
+            f"{sim}: the simulator exited with status {exc.code} (seed {seed})"
+        ) from None
     run_s = time.perf_counter() - t1
     if not results.exists():
         raise TbFailure(f"testbench produced no results (see {xml})")

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ..argtypes import nonnegative, positive
 from ..shape import PRESETS
 from ..trace import Trace
 from .tokenizer import Message, Tokenizer
@@ -249,11 +250,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "or the name of a committed prompt (e.g. chat, long-doc, code)",
     )
     src.add_argument("--tokens", metavar="FILE", help="token ids (whitespace/comma separated)")
-    p.add_argument("--steps", type=int, default=64, help="tokens to generate (default 64)")
+    p.add_argument("--steps", type=nonnegative, default=64, help="tokens to generate (default 64)")
     p.add_argument(
         "-o", "--output", required=True, metavar="TRACE", help="trace file to write (.npz)"
     )
-    p.add_argument("--block-tokens", type=int, default=16, help="tokens per KV block (default 16)")
+    p.add_argument(
+        "--block-tokens", type=positive, default=16, help="tokens per KV block (default 16)"
+    )
     p.add_argument(
         "--aggregation",
         choices=("max", "mean"),
@@ -270,7 +273,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="record only decode steps (default: every position, prompt included)",
     )
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--threads", type=positive, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--json", dest="json_out", metavar="FILE", help="write a summary as JSON")
 
 

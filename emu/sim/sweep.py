@@ -204,13 +204,10 @@ def progress_units(spec: SweepSpec, backend: str = "process", jobs: int | None =
 
 
 def _run_dask(d, tasks, address, progress):
-    try:  # lazy: dask is the optional 'cluster' extra
-        from dask.distributed import Client, LocalCluster
-        from dask.distributed import as_completed as dask_completed
-    except ImportError:
-        raise ValueError(
-            "the dask backend needs the 'cluster' extra: pip install 'kvcxl[cluster]'"
-        ) from None
+    # lazy: dask is the optional 'cluster' extra (`kvcxl` names it when it is missing)
+    from dask.distributed import Client, LocalCluster
+    from dask.distributed import as_completed as dask_completed
+
     cluster = None
     if address:
         client = Client(address)

@@ -38,6 +38,7 @@ from .trace_image import default_trace, encode
 
 DEVICE_ID = "cxl-vmem0"
 MARK = "@kvcxl "
+OWNER_ONLY = 0o077  # umask of the service and QEMU: their sockets and files are the owner's
 
 
 @dataclass
@@ -149,7 +150,9 @@ class Boot:
             raise ValueError(f"--device-mib {self.opts.device_mib}: use a multiple of 256 MiB")
         gt = self.opts.trace or default_trace()
         image = encode(gt, size)
-        with open(self.media, "wb") as f:
+        # Guest memory: owner-only, whatever folder --keep's work directory is in.
+        fd = os.open(self.media, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
             f.truncate(size)
             f.seek(L.TRACE_BASE)
             f.write(image)
@@ -182,7 +185,12 @@ class Boot:
             cmd += ["--device-socket", str(self.device_socket)]
         log = open(self.workdir / "service.log", "w")
         self.service = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd="/"
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd="/",
+            umask=OWNER_ONLY,
         )
         t = time.monotonic()
         while not ready.exists():
@@ -305,6 +313,7 @@ class Boot:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            umask=OWNER_ONLY,  # QEMU creates the QMP socket: owner-only, as the media
         )
         if self.opts.poison and self.opts.qemu != "kvcxl":  # kvcxl: the device holds it
             self._inject_poison()

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvcxl.emu.device.device import Type3Device
+from kvcxl.emu.device.device import MAX_CONTEXTS, Type3Device
 from kvcxl.emu.device.service import Client
 from kvcxl.firmware import fixedpoint as fx
 from kvcxl.firmware.config import PolicyConfig
@@ -95,6 +95,7 @@ class FirmwareService:
         self.memory = Client(device_socket, timeout=30) if device_socket else None
         self.placed = Counter()  # pages moved on the memory path, by tier
         self.sq_head = 0
+        self.bad_tail: int | None = None  # a doorbell refused as more than a ring ahead
         self.heartbeat = 0
         self.errors = 0
         self.commands: Counter = Counter()
@@ -171,6 +172,17 @@ class FirmwareService:
     def poll_once(self) -> int:
         """Serve every submitted command; returns how many."""
         tail, _cq_head = L.HOST_HDR_FMT.unpack_from(self.mm, L.RING_BASE + L.HOST_HDR)
+        pending = (tail - self.sq_head) & 0xFFFFFFFF
+        if pending > L.DEPTH:
+            # The guest's tail is more than a ring ahead: serving it would replay stale
+            # slots (up to 2^32 of them).  Refuse it, once per bad tail, until it is sane.
+            if tail != self.bad_tail:
+                self.bad_tail = tail
+                self.errors += 1
+                self.status_counts["BAD_DOORBELL"] += 1
+                self._log(f"doorbell tail {tail} is {pending} ahead of head {self.sq_head}")
+                struct.pack_into("<I", self.mm, L.RING_BASE + L.DEV_HDR + 32, self.errors)
+            return 0
         n = 0
         while (self.sq_head & 0xFFFFFFFF) != tail:
             self._serve(self.sq_head)
@@ -215,6 +227,8 @@ class FirmwareService:
             if handler is None:
                 raise RingError(L.RC_UNSUPPORTED, f"unknown opcode 0x{op:04x}")
             out, r = handler(self, step, layer, count, payload, arg0, arg1)
+            if len(out) > L.SLOT_OUT:  # never write past this command's output slot
+                raise RuntimeError(f"response of {len(out)} B exceeds the {L.SLOT_OUT} B slot")
         except RingError as exc:
             rc = exc.rc
             self._log(f"cid {cid} op 0x{op:04x}: {L.RC_NAMES[rc]}: {exc}")
@@ -248,6 +262,16 @@ class FirmwareService:
                 f"count {count} × {dtype.itemsize} B != in_len {len(payload)} (max {limit})",
             )
         return np.frombuffer(payload, dtype=dtype, count=count)
+
+    @staticmethod
+    def _check_fields(*limits: tuple[str, np.ndarray, int]) -> None:
+        """Guest-given ids index the session's per-context and per-entry arrays: the same
+        bounds as the device emulator's (Type3Device.describe), checked before any use."""
+        for name, v, hi in limits:
+            v = np.asarray(v, dtype=np.int64)
+            if v.size and (v.min() < 0 or v.max() > hi):
+                bad = int(v.min() if v.min() < 0 else v.max())
+                raise RingError(L.RC_INVALID_INPUT, f"{name} {bad} is out of range 0 … {hi}")
 
     def _check_step(self, step: int) -> None:
         if self.step is not None and step < self.step:
@@ -354,6 +378,12 @@ class FirmwareService:
             self._dev(self.device.describe, want, *cols, step=step)
             d = self._dev(self.device.create_decisions, step, want)
         else:
+            self._check_fields(
+                ("context", rec["ctx"], MAX_CONTEXTS - 1),
+                ("layer", rec["layer"], 0x7FFF),
+                ("kv_head", rec["head"], 0x7FFF),
+                ("block", rec["block"], 0x7FFFFFFF // self.table.block_tokens),
+            )
             self.fw.at(step)
             self.fw.describe(rec["ctx"], rec["layer"], rec["head"], rec["block"])
             d = self.fw.write(step, want)
@@ -369,6 +399,7 @@ class FirmwareService:
             if self.device is not None:
                 self._dev(self.device.set_context_tokens, ctx, tokens, step=step)
             else:
+                self._check_fields(("context", ctx, MAX_CONTEXTS - 1), ("tokens", tokens, 1 << 40))
                 self.fw.at(step)
                 self.fw.lengths(ctx, tokens)
         return b"", (0, 0, 0, 0, 0)
@@ -464,13 +495,19 @@ class FirmwareService:
         magic, cap, head, tail, dropped, _seen, armed = L.ACC_HDR_FMT.unpack_from(self.acc, 0)
         if magic != L.ACC_MAGIC:
             return
+        if (
+            cap == 0
+            or cap & (cap - 1)
+            or L.ACC_HDR_FMT.size + cap * L.ACC_REC.itemsize > len(self.acc)
+        ):
+            return  # not a ring this file can hold: read nothing from it
         if not armed and self.sq_head > 0:
             # The guest is using the device: have the plugin instrument from now on.
             struct.pack_into("<Q", self.acc, L.ACC_ARMED_OFFSET, 1)
         if armed == 2 and self.tracing != L.TRACING_ON:
             self.tracing = L.TRACING_ON
             struct.pack_into("<I", self.mm, L.RING_BASE + L.DEV_TRACING_OFFSET, self.tracing)
-        if head == tail:
+        if head <= tail:  # nothing new (or a head behind the tail: nothing to trust)
             return
         n = min(head - tail, cap)
         idx = (np.arange(tail, tail + n) & (cap - 1)).astype(np.int64)

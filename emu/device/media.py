@@ -69,7 +69,7 @@ class MmapStore:
     def __init__(self, path: str | Path, capacity: int, page_bytes: int) -> None:
         self.page_bytes = page_bytes
         self.path = Path(path)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)  # device memory: owner only
         try:
             size = os.fstat(fd).st_size
             if size < capacity:

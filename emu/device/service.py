@@ -37,6 +37,7 @@ connection is closed, since the stream cannot be resynchronised.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import socketserver
 import struct
@@ -248,7 +249,13 @@ class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         if self.path.exists() and self.path.is_socket():
             self.path.unlink()  # a stale socket from an earlier run
         self.engine = engine
-        super().__init__(str(self.path), _Handler)
+        # Owner-only from the moment it exists: the socket reads and writes device memory.
+        old = os.umask(0o177)
+        try:
+            super().__init__(str(self.path), _Handler)
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
 
     def server_close(self) -> None:
         super().server_close()

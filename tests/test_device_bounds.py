@@ -215,8 +215,11 @@ def test_a_second_client_cannot_disturb_the_first(served) -> None:
     threads = [threading.Thread(target=intruder) for _ in range(2)]
     for t in threads:
         t.start()
+    # B also holds a connection open in the middle of a frame for the whole run.
+    holder = _raw(server.path)
+    holder.sendall(struct.pack("<IB", 4096, svc.WRITE) + bytes(100))
     try:
-        with svc.Client(server.path) as a:
+        with svc.Client(server.path, timeout=5) as a:
             rng = np.random.default_rng(2)
             mine = {}
             for i in range(300):
@@ -232,6 +235,7 @@ def test_a_second_client_cannot_disturb_the_first(served) -> None:
                         assert a.read(BASE + o, len(d))[0] == d
     finally:
         stop.set()
+        holder.close()
         for t in threads:
             t.join()
 

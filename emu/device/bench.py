@@ -7,6 +7,9 @@
   attention reports/s (32 entries each, the policy engine's ingest path);
 * ``device.byte_ranges`` — 4 KiB reads and writes through the decoders (MB/s);
 * ``device.socket`` — round trips/s over the Unix-socket service (64 B READ frames);
+* ``device.socket_load`` — 16 concurrent clients on a ``kvcxl device serve`` process,
+  each writing and reading back its own range (count- and time-limited): throughput,
+  p50/p99 round-trip latency, errors and mismatched bytes (:mod:`kvcxl.emu.device.load`);
 * ``device.timing_model`` — Simulated latency percentiles of the tier model for a
   mixed DRAM/NVMe read stream at a fixed offered load (not a wall-clock figure).
 """
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import random
 import struct
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -176,6 +181,29 @@ def bench_socket(quick: bool) -> dict:
     }
 
 
+def bench_socket_load(quick: bool) -> dict:
+    from .load import run_load
+
+    clients, ops, seconds = 16, (100 if quick else 1000), (30.0 if quick else 120.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "load.sock"
+        cmd = [sys.executable, "-m", "kvcxl.emu.cli", "device", "serve", "--socket", str(path)]
+        cmd += ["--capacity", "256MiB", "--decoder", hex(BASE)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            t0 = time.monotonic()
+            while not path.exists():
+                if proc.poll() is not None or time.monotonic() - t0 > 60:
+                    raise RuntimeError(f"device serve did not start: {proc.stderr.read()!r}")
+                time.sleep(0.05)
+            res = run_load(path, BASE, clients=clients, ops=ops, seconds=seconds)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    res["server"] = "kvcxl device serve (its own process), Unix socket"
+    return res
+
+
 def queueing_run(rho: float, n: int, seed: int = 0, size: int = 4096) -> dict:
     """NVMe-resident ``size``-byte reads with Poisson arrivals at utilisation ``rho``.
 
@@ -221,5 +249,6 @@ def benches() -> dict[str, Callable[[bool], dict]]:
         "device.mailbox": bench_mailbox,
         "device.byte_ranges": bench_byte_ranges,
         "device.socket": bench_socket,
+        "device.socket_load": bench_socket_load,
         "device.timing_model": bench_timing_model,
     }

@@ -50,4 +50,4 @@ def test_the_load_checker_sees_a_lost_write(served, monkeypatch) -> None:
 
     monkeypatch.setattr(dev, "write", lossy)
     r = run_load(server.path, BASE, clients=16, ops=40, seconds=60)
-    assert r["errors"] == 0 and r["mismatched_bytes"] > 0
+    assert r["errors"] == 0 and r["mismatched_bytes"] > 0, r["first_error"]

@@ -110,6 +110,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="DRAM budget in pages; default: all pages in DRAM, no NVMe migration",
     )
     s.add_argument("--dram-file", help="back the DRAM tier by this file (DPA = file offset)")
+    s.add_argument(
+        "--nvme-file",
+        help="back the NVMe tier by this file, with the map of which tier holds each page "
+        "in FILE.tiers: with --dram-file, every acknowledged write survives the service "
+        "being killed and started again on the same files (docs/reliability.md)",
+    )
     s.add_argument("--policy", default="ema", help="firmware policy (default ema)")
     s.add_argument("--config", help="policy configuration TOML (see `kvcxl policy`)")
     s.add_argument(
@@ -336,14 +342,20 @@ def _serve(args: argparse.Namespace) -> int:
             policy=args.policy,
             config=config,
             dram_file=args.dram_file,
+            nvme_file=args.nvme_file,
             record_victims=args.record_victims,
             entries=args.entries,
             page_state=args.page_state,
             fill_on_access=args.fill_on_access,
         )
-    except OSError as exc:  # only the DRAM file is opened here
+    except OSError as exc:  # only the media files are opened here
+        flag = (
+            "--nvme-file"
+            if args.nvme_file and exc.filename and (str(exc.filename).startswith(args.nvme_file))
+            else "--dram-file"
+        )
         raise ValueError(
-            f"--dram-file {args.dram_file}: cannot be opened for reading and writing "
+            f"{flag} {exc.filename}: cannot be opened for reading and writing "
             f"({exc.strerror}); a writable file path is accepted"
         ) from None
     for spec in args.health:

@@ -52,7 +52,7 @@ from kvcxl.firmware.session import Decisions, FirmwareSession
 from kvcxl.firmware.table import EntryTable
 
 from ..timing import CXL_DRAM, NVME, TierParams
-from .media import DictStore, MmapStore, zeros
+from .media import DictStore, FileStore, MmapStore, TierMap, zeros
 from .pagestate import PageState
 from .timing import TierQueue, percentiles
 
@@ -81,6 +81,7 @@ class Type3Device:
         config: PolicyConfig | None = None,
         mode: str = "float",
         dram_file: str | Path | None = None,
+        nvme_file: str | Path | None = None,
         dram_timing: TierParams = CXL_DRAM,
         nvme_timing: TierParams = NVME,
         decoders: int = 4,
@@ -138,9 +139,17 @@ class Type3Device:
         self.dram = (
             MmapStore(dram_file, capacity, page_bytes) if dram_file else DictStore(page_bytes)
         )
-        self.nvme = DictStore(page_bytes)
-        # 1 = the page's bytes live in DRAM.  A bytearray indexes fastest from Python.
-        self.in_dram = bytearray(b"\x01" * self.n_pages if not self.tiering else self.n_pages)
+        self.nvme = (
+            FileStore(nvme_file, capacity, page_bytes) if nvme_file else DictStore(page_bytes)
+        )
+        # 1 = the page's bytes live in DRAM.  With an NVMe file, the map is a file beside
+        # it: the bytes of both tiers and where each page is outlive the process.
+        self.in_dram = TierMap(
+            self.n_pages,
+            0 if self.tiering else 1,
+            path=f"{nvme_file}.tiers" if nvme_file else None,
+        )
+        self.restart = self._realign() if self.in_dram.restored else None
         self.poison: set[int] = set()  # poisoned DPA line numbers
         # Shared with a patched QEMU: which pages it may access directly in the DRAM file
         # (only with a DRAM file to share; every page traps without one).
@@ -157,7 +166,7 @@ class Type3Device:
         if page_state is not None:
             self.page_state = PageState(page_state, self.n_pages, self.page_shift)
             if dram_file:
-                self.page_state.set_all(np.frombuffer(self.in_dram, dtype=np.uint8) == 1)
+                self.page_state.set_all(np.frombuffer(self.in_dram.view(), dtype=np.uint8) == 1)
         self.queues = {"dram": TierQueue(dram_timing), "nvme": TierQueue(nvme_timing)}
         self._qd, self._qn = self.queues["dram"], self.queues["nvme"]
         self.latencies = array("d")
@@ -184,6 +193,7 @@ class Type3Device:
                 "nvme_fills",
                 "reports",
                 "reported_entries",
+                "media_errors",
             ),
             0,
         )
@@ -359,10 +369,15 @@ class Type3Device:
             for p in d.admitted[self.cache.is_resident(d.admitted)].tolist():
                 self._promote(p)
 
-    def _move(self, p: int, src, dst, src_q: str, dst_q: str) -> None:
-        data = src.take(p)
+    def _move(self, p: int, src, dst, src_q: str, dst_q: str, to_dram: int) -> None:
+        # Copy, record the new tier, then drop the old copy: a process killed anywhere in
+        # between leaves the page whole in the tier the map names.
+        data = src.peek(p)
         if data is not None:
             dst.put(p, data)
+        self.in_dram[p] = to_dram
+        if data is not None:
+            src.drop(p)
             t = self.clock_ns
             self.queues[src_q].serve(t, self.page_bytes, record=False)
             self.queues[dst_q].serve(t, self.page_bytes, record=False)
@@ -372,14 +387,12 @@ class Type3Device:
         if self.in_dram[p]:
             if self.page_state is not None:
                 self.page_state.trap(p)  # before the bytes leave the shared file
-            self._move(p, self.dram, self.nvme, "dram", "nvme")
-            self.in_dram[p] = 0
+            self._move(p, self.dram, self.nvme, "dram", "nvme", 0)
             self.counters["migrations_to_nvme"] += 1
 
     def _promote(self, p: int) -> None:
         if not self.in_dram[p]:
-            self._move(p, self.nvme, self.dram, "nvme", "dram")
-            self.in_dram[p] = 1
+            self._move(p, self.nvme, self.dram, "nvme", "dram", 1)
             self.counters["migrations_to_dram"] += 1
             self._maybe_direct(p)
 
@@ -419,6 +432,25 @@ class Type3Device:
         if self.poison and any(line in self.poison for line in range(p * lines, (p + 1) * lines)):
             return
         ps.direct(p)
+
+    def _realign(self) -> dict:
+        """After a restart on persistent media: the tier map is restored, the policy's
+        metadata is not (it starts empty, as on a new device).  Move every page to where a
+        new device keeps it (tiered: NVMe; otherwise DRAM) so that the firmware's view and
+        the bytes agree again.  Nothing is lost: each move copies before it drops."""
+        want = 0 if self.tiering else 1
+        moved = 0
+        for p in np.flatnonzero(np.frombuffer(self.in_dram.view(), np.uint8) != want).tolist():
+            if want:
+                self._move(p, self.nvme, self.dram, "nvme", "dram", 1)
+            else:
+                self._move(p, self.dram, self.nvme, "dram", "nvme", 0)
+            moved += 1
+        return {
+            "tier_map": "restored",
+            "pages_moved": moved,
+            "policy_metadata": "rebuilt: empty, as on a new device (scores start again)",
+        }
 
     # --- DPA access -------------------------------------------------------------------
     def _arrival(self, at: float | None) -> float:
@@ -639,7 +671,7 @@ class Type3Device:
         if not self.tiering:
             return True
         res = self.cache.is_resident(np.arange(self.n_pages))
-        return bool(np.array_equal(res, np.frombuffer(self.in_dram, dtype=np.uint8) == 1))
+        return bool(np.array_equal(res, np.frombuffer(self.in_dram.view(), dtype=np.uint8) == 1))
 
     def stats(self) -> dict:
         return {
@@ -651,6 +683,12 @@ class Type3Device:
             "counters": dict(self.counters),
             "pages_in_dram": len(self.dram),
             "pages_in_nvme": len(self.nvme),
+            "media": {
+                "dram": "file" if isinstance(self.dram, MmapStore) else "memory",
+                "nvme": "file" if isinstance(self.nvme, FileStore) else "memory",
+                "tier_map": "file" if self.in_dram.path else "memory",
+                "restart": self.restart,
+            },
             "poisoned_lines": len(self.poison),
             # accesses a patched QEMU completed directly against the shared DRAM file
             "direct_accesses": self.page_state.direct_accesses() if self.page_state else 0,
@@ -667,3 +705,4 @@ class Type3Device:
         self.nvme.close()
         if self.page_state is not None:
             self.page_state.close()
+        self.in_dram.close()

@@ -7,10 +7,17 @@ number = DPA // page_bytes.  Pages never written read as zeros and cost nothing.
 * :class:`MmapStore` — one file of the device's DPA capacity mapped with mmap,
   DPA = file offset (the DRAM tier shared with QEMU's ``memory-backend-file``).
   The file is created sparse (ftruncate), so untouched pages use no disk.
+* :class:`FileStore` — pages in a file by ``pread``/``pwrite`` (the NVMe tier when it
+  must outlive the process, ``--nvme-file``): a write the disk refuses (full, read-only,
+  failing) raises :class:`MediaError` instead of the SIGBUS an mmap would take.
+* :class:`TierMap` — one byte per page (1 = the page's bytes are in DRAM), in memory or
+  mapped from a file beside the NVMe tier's, so that a restarted device finds each page.
 
 ``take`` removes a page and returns its bytes (a migration source); ``put`` installs
 a page (a migration destination).  An MmapStore zeroes a page it gives away, so
-no stale copy can hide a lost migration.
+no stale copy can hide a lost migration.  ``peek`` and ``drop`` split ``take`` in two,
+so that a migration can copy, record the page's new tier, and only then drop the old
+copy: a process killed at any point leaves the page whole in the tier the map names.
 """
 
 from __future__ import annotations
@@ -20,6 +27,11 @@ import os
 from pathlib import Path
 
 ZERO_CACHE: dict[int, bytes] = {}
+
+
+class MediaError(Exception):
+    """The medium refused an access (disk full, read-only, I/O error): the protocol's media
+    error, never a crash."""
 
 
 def zeros(n: int) -> bytes:
@@ -56,6 +68,13 @@ class DictStore:
         p = self.pages.pop(page, None)
         return None if p is None else bytes(p)
 
+    def peek(self, page: int) -> bytes | None:
+        p = self.pages.get(page)
+        return None if p is None else bytes(p)
+
+    def drop(self, page: int) -> None:
+        self.pages.pop(page, None)
+
     def put(self, page: int, data: bytes) -> None:
         self.pages[page] = bytearray(data)
 
@@ -72,6 +91,9 @@ class MmapStore:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)  # device memory: owner only
         try:
             size = os.fstat(fd).st_size
+            # A file of this capacity from an earlier run may hold pages this process
+            # never wrote: a migration must then copy every page, not only written ones.
+            self.inherited = size == capacity
             if size < capacity:
                 os.ftruncate(fd, capacity)
             elif size > capacity:
@@ -108,9 +130,117 @@ class MmapStore:
         self.present.discard(page)
         return data
 
+    def peek(self, page: int) -> bytes | None:
+        if page not in self.present and not self.inherited:
+            return None
+        a = page * self.page_bytes
+        return self.map[a : a + self.page_bytes]
+
+    def drop(self, page: int) -> None:
+        a = page * self.page_bytes
+        self.map[a : a + self.page_bytes] = zeros(self.page_bytes)
+        self.present.discard(page)
+
     def put(self, page: int, data: bytes) -> None:
         self.write(page, 0, data)
 
     def close(self) -> None:
         self.map.flush()
         self.map.close()
+
+
+class FileStore:
+    """Pages in a file, page p at offset p × page_bytes, by pread/pwrite (sparse: never
+    written reads as zeros).  Refused writes and reads raise :class:`MediaError`."""
+
+    def __init__(self, path: str | Path, capacity: int, page_bytes: int) -> None:
+        self.page_bytes = page_bytes
+        self.path = Path(path)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)  # owner only
+        self.present: set[int] = set()  # pages written by this process (statistics)
+
+    def __contains__(self, page: int) -> bool:
+        return page in self.present
+
+    def __len__(self) -> int:
+        return len(self.present)
+
+    def read(self, page: int, off: int, n: int) -> bytes:
+        try:
+            data = os.pread(self.fd, n, page * self.page_bytes + off)
+        except OSError as exc:
+            raise MediaError(f"{self.path}: read failed: {exc.strerror}") from None
+        return data + zeros(n - len(data)) if len(data) < n else data
+
+    def write(self, page: int, off: int, data: bytes | memoryview) -> None:
+        try:
+            done = os.pwrite(self.fd, data, page * self.page_bytes + off)
+        except OSError as exc:
+            raise MediaError(f"{self.path}: write failed: {exc.strerror}") from None
+        if done != len(data):
+            raise MediaError(f"{self.path}: short write ({done} of {len(data)} bytes)")
+        self.present.add(page)
+
+    def take(self, page: int) -> bytes:
+        data = self.peek(page)
+        self.drop(page)
+        return data
+
+    def peek(self, page: int) -> bytes:
+        return self.read(page, 0, self.page_bytes)
+
+    def put(self, page: int, data: bytes) -> None:
+        self.write(page, 0, data)
+
+    def drop(self, page: int) -> None:
+        self.write(page, 0, zeros(self.page_bytes))
+        self.present.discard(page)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class TierMap:
+    """One byte per page: 1 = its bytes are in DRAM, 0 = in NVMe.  With ``path`` the map
+    is a file (created with ``initial`` for every page, or found from an earlier run:
+    ``restored``); indexing and assignment go straight to it."""
+
+    def __init__(self, n_pages: int, initial: int, path: str | Path | None = None) -> None:
+        self.restored = False
+        self.path = Path(path) if path else None
+        if self.path is None:
+            self.bytes: bytearray | mmap.mmap = bytearray(bytes([initial]) * n_pages)
+            return
+        existed = self.path.exists()
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            size = os.fstat(fd).st_size
+            if existed and size != n_pages:
+                raise ValueError(
+                    f"tier map {self.path} holds {size} pages, this device has {n_pages}: "
+                    "it belongs to a device of another capacity or page size"
+                )
+            if not existed or size == 0:
+                os.pwrite(fd, bytes([initial]) * n_pages, 0)
+            else:
+                self.restored = True
+            self.bytes = mmap.mmap(fd, n_pages)
+        finally:
+            os.close(fd)
+
+    def __getitem__(self, page: int) -> int:
+        return self.bytes[page]
+
+    def __setitem__(self, page: int, value: int) -> None:
+        self.bytes[page] = value
+
+    def __len__(self) -> int:
+        return len(self.bytes)
+
+    def view(self) -> memoryview:
+        return memoryview(self.bytes)
+
+    def close(self) -> None:
+        if isinstance(self.bytes, mmap.mmap):
+            self.bytes.flush()
+            self.bytes.close()

@@ -25,6 +25,8 @@ kind   name         request body                                    response bod
                     count × u64 DPA page number (a host-side
                     placement: the ring's firmware placing victims)
 0x7F   ERROR        (response only)                                 UTF-8 "reason: detail"
+                                                                    (media_error: a file-backed
+                                                                    tier's disk refused)
 =====  ===========  ==============================================  ===========================
 
 Response flags: bit 0 = some byte was poisoned, bit 1 = some byte was not mapped
@@ -50,6 +52,7 @@ from kvcxl.firmware.cxl import mem
 
 from .cci import Mailbox
 from .device import Type3Device
+from .media import MediaError
 
 MEM, CCI, READ, WRITE, HDM, PLACE, ERROR = 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x7F
 KINDS = {
@@ -77,6 +80,9 @@ class Engine:
                 return self._handle(kind, body)
             except _FrameError as exc:
                 return ERROR, str(exc).encode()
+            except MediaError as exc:  # the disk under a file-backed tier refused
+                self.device.counters["media_errors"] += 1
+                return ERROR, f"media_error: {exc}".encode()
             except Exception as exc:  # never let host input kill the service
                 return ERROR, f"internal: {type(exc).__name__}: {exc}".encode()
 
@@ -243,6 +249,8 @@ class Churn(threading.Thread):
 class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's default backlog (5) refuses (EAGAIN) a burst of concurrent connects.
+    request_queue_size = 128
 
     def __init__(self, path: str | Path, engine: Engine) -> None:
         self.path = Path(path)

@@ -22,6 +22,7 @@ from kvcxl.firmware.cxl.mailbox import CciMessage, FramingError, Opcode
 from kvcxl.firmware.cxl.mailbox import ReturnCode as RC
 
 from .device import Type3Device
+from .media import MediaError
 
 CAPACITY_UNIT = 256 << 20  # Identify Memory Device reports capacities in 256 MiB units
 POISON_LIST_MAX = 256  # records the device can track (QEMU uses the same limit)
@@ -111,8 +112,13 @@ class Mailbox:
         except MailboxError as exc:
             self.last_error = str(exc)
             return exc.rc, b""
-        except Exception as exc:  # a handler bug must not take the device down
+        except MediaError as exc:  # a file-backed tier's disk refused: Media Disabled
+            self.last_error = f"media error: {exc}"
+            self.dev.counters["media_errors"] += 1
+            return RC.MEDIA_DISABLED, b""
+        except Exception as exc:  # a handler bug must not take the device down...
             self.last_error = f"internal error: {type(exc).__name__}: {exc}"
+            self.dev.counters["internal_errors"] += 1  # ...nor go uncounted
             return RC.INTERNAL_ERROR, b""
 
     # --- generic commands ---------------------------------------------------------------

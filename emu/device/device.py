@@ -82,6 +82,7 @@ class Type3Device:
         mode: str = "float",
         dram_file: str | Path | None = None,
         nvme_file: str | Path | None = None,
+        tier_map_file: str | Path | None = None,
         dram_timing: TierParams = CXL_DRAM,
         nvme_timing: TierParams = NVME,
         decoders: int = 4,
@@ -147,9 +148,8 @@ class Type3Device:
         self.in_dram = TierMap(
             self.n_pages,
             0 if self.tiering else 1,
-            path=f"{nvme_file}.tiers" if nvme_file else None,
+            path=tier_map_file or (f"{nvme_file}.tiers" if nvme_file else None),
         )
-        self.restart = self._realign() if self.in_dram.restored else None
         self.poison: set[int] = set()  # poisoned DPA line numbers
         # Shared with a patched QEMU: which pages it may access directly in the DRAM file
         # (only with a DRAM file to share; every page traps without one).
@@ -194,9 +194,13 @@ class Type3Device:
                 "reports",
                 "reported_entries",
                 "media_errors",
+                "internal_errors",
             ),
             0,
         )
+        # Media from an earlier run (a tier map file found): where each page is comes back;
+        # the policy's metadata does not (it is rebuilt empty), so the tiers are realigned.
+        self.restart = self._realign() if self.in_dram.restored else None
 
     # --- the firmware ---------------------------------------------------------------------
     @property

@@ -83,7 +83,8 @@ class Engine:
             except MediaError as exc:  # the disk under a file-backed tier refused
                 self.device.counters["media_errors"] += 1
                 return ERROR, f"media_error: {exc}".encode()
-            except Exception as exc:  # never let host input kill the service
+            except Exception as exc:  # never let host input kill the service, nor go uncounted
+                self.device.counters["internal_errors"] += 1
                 return ERROR, f"internal: {type(exc).__name__}: {exc}".encode()
 
     def _handle(self, kind: int, body: bytes) -> tuple[int, bytes]:

@@ -100,6 +100,8 @@ IO_ROWS = [
     ("ends at the last mapped byte", END - 4096, 4096, True, 4096),
     ("one byte past the decoder", END - 4095, 4096, True, 4095),
     ("starts past the decoder", END, 64, True, 0),
+    ("empty, at the decoder's end", END, 0, True, 0),  # found by the socket fuzzer
+    ("empty, past the decoder", END + 4096, 0, True, 0),
     ("below the decoder", BASE - 64, 128, True, 64),
     ("ends at the HPA limit", mem.HPA_LIMIT - 64, 64, True, 0),
     ("one past the HPA limit", mem.HPA_LIMIT - 63, 64, False, 0),

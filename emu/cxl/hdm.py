@@ -203,6 +203,8 @@ class HdmDecoderSet:
         to this device.
         """
         out: list = []
+        if length <= 0:  # no byte: no piece (an empty range at a decoder's end maps nothing)
+            return out
         end = hpa + length
         act = self._active
         if len(act) == 1:  # fast path: one decoder, the whole range inside it

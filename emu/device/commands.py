@@ -220,6 +220,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0.05,
         help="share of cases drawn by Hypothesis (slower per case; default 0.05)",
     )
+    f.add_argument(
+        "--via",
+        choices=("engine", "socket"),
+        default="engine",
+        help="engine: every frame kind, in process (default); socket: READ, WRITE and CXL.mem "
+        "frames, each mutated, over the Unix socket of a `kvcxl device serve` it starts, "
+        "every answer predicted by a model of the protocol (wrong answers and bytes changed "
+        "outside the addressed range count as failures)",
+    )
     f.add_argument("--json", dest="json_out", help="write the report to this JSON file")
     f.set_defaults(func=_fuzz)
 
@@ -289,6 +298,8 @@ def _soak(args: argparse.Namespace) -> int:
 
 
 def _fuzz(args: argparse.Namespace) -> int:
+    if args.via == "socket":
+        return _fuzz_socket(args)
     from kvcxl.emu.device.fuzz import run
 
     bar, update = _progress(args.cases, "fuzz")
@@ -304,6 +315,43 @@ def _fuzz(args: argparse.Namespace) -> int:
     print(json.dumps({k: v for k, v in report.items() if k != "return_codes"}, indent=2))
     _write_json(args.json_out, report)
     return 1 if report["crashes"] else 0
+
+
+def _fuzz_socket(args: argparse.Namespace) -> int:
+    import subprocess
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from kvcxl.emu.device.fuzz_socket import run
+    from kvcxl.emu.device.service import Client
+    from kvcxl.firmware.cxl import mailbox as mb
+
+    base, capacity = 1 << 32, 256 << 20
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "fuzz.sock"
+        cmd = [sys.executable, "-m", "kvcxl.emu.cli", "device", "serve", "--socket", str(path)]
+        cmd += ["--capacity", str(capacity), "--decoder", hex(base)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            t0 = time.monotonic()
+            while not path.exists():
+                if proc.poll() is not None or time.monotonic() - t0 > 60:
+                    raise RuntimeError(f"device serve did not start: {proc.stderr.read()!r}")
+                time.sleep(0.05)
+            report = run(path, base, base + capacity, args.cases, seed=args.seed)
+            with Client(path, timeout=10) as c:  # the service's own count of caught errors
+                stats = json.loads(c.cci(mb.Opcode.VENDOR_GET_STATS).payload)
+            report["service_internal_errors"] = stats["counters"]["internal_errors"]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    print(json.dumps({k: v for k, v in report.items() if k != "examples"}, indent=2))
+    for line in report["examples"]:
+        print(line, file=sys.stderr)
+    _write_json(args.json_out, report)
+    bad = report["crashes"] + report["wrong_answers"] + report["changed_bytes"]
+    return 1 if bad or report["service_internal_errors"] else 0
 
 
 def _parse_decoder(text: str, capacity: int) -> dict:

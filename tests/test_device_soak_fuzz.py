@@ -21,13 +21,14 @@ def test_small_soak_is_lossless_and_migrates():
 
 
 def test_soak_catches_a_lost_migration(monkeypatch):
-    real_take = media.DictStore.take
+    # A migration reads its source with peek (then records the new tier, then drops it).
+    real_peek = media.DictStore.peek
 
-    def lossy_take(self, page):
-        data = real_take(self, page)
+    def lossy_peek(self, page):
+        data = real_peek(self, page)
         return None if data is not None and page % 7 == 0 else data  # drop some pages
 
-    monkeypatch.setattr(media.DictStore, "take", lossy_take)
+    monkeypatch.setattr(media.DictStore, "peek", lossy_peek)
     r = soak.run(soak.SoakConfig(ops=3000, setups=((1, 4096),), seed=1))
     assert r["mismatched_bytes"] > 0
 

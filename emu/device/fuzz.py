@@ -61,10 +61,14 @@ class Fuzzer:
         self.outcomes: Counter[str] = Counter()
         self.crashes: list[dict] = []
         self.cases = 0
+        self.unmodified = 0  # valid cases sent as they are: baseline traffic, not fuzz
 
     # --- one case --------------------------------------------------------------------
-    def run_case(self, kind: int, body: bytes, tag: int | None = None) -> None:
+    def run_case(
+        self, kind: int, body: bytes, tag: int | None = None, mutated: bool = True
+    ) -> None:
         self.cases += 1
+        self.unmodified += not mutated
         try:
             rkind, rbody = self.engine.handle(kind, body)
             outcome = self._classify(kind, rkind, rbody, tag)
@@ -149,7 +153,7 @@ class Fuzzer:
         wire = bytearray(mem.encode(msg))
         mode = r.random()
         if mode < 0.5:
-            self.run_case(MEM, bytes(wire), tag)
+            self.run_case(MEM, bytes(wire), tag, mutated=False)
             return
         if mode < 0.7:  # flip bits
             for _ in range(r.randint(1, 4)):
@@ -169,7 +173,8 @@ class Fuzzer:
         tag = r.randrange(256)
         opcode = r.choice([*mb.COMMANDS, r.randrange(1 << 16), 0x4303, 0xC0FF])
         cmd = mb.COMMANDS.get(opcode)
-        if cmd is not None and cmd.in_len is not None and r.random() < 0.6:
+        valid = cmd is not None and cmd.in_len is not None and r.random() < 0.6
+        if valid:
             payload = self._payload_for(opcode, cmd.in_len)
         else:
             payload = r.randbytes(r.choice([0, 1, 7, 8, 16, 24, 72, r.randrange(200)]))
@@ -181,7 +186,8 @@ class Fuzzer:
             raw[0] = r.choice([1, 2, 255])  # not a request
         elif mode < 0.2:
             raw = raw[: r.randrange(mb.HEADER_BYTES)]
-        self.run_case(CCI, bytes(raw), tag if len(raw) > 1 else None)
+        mutated = not valid or mode < 0.2
+        self.run_case(CCI, bytes(raw), tag if len(raw) > 1 else None, mutated=mutated)
 
     def _payload_for(self, opcode: int, n: int) -> bytes:
         r = self.rng
@@ -391,6 +397,10 @@ def run(
         "cases": f.cases,
         "hypothesis_cases": hyp_done,
         "random_cases": f.cases - hyp_done,
+        # Valid requests sent unmodified (baseline traffic between the malformed ones):
+        # reported apart, so that "cases" is never read as that many mutated inputs.
+        "unmodified_cases": f.unmodified,
+        "mutated_cases": f.cases - f.unmodified,
         "crashes": crashes,
         "return_codes": dict(sorted(f.outcomes.items())),
         "crash_examples": f.crashes,

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvcxl.emu.device.device import MAX_CONTEXTS, Type3Device
+from kvcxl.emu.device.device import MAX_CONTEXTS, MAX_INDEX_CELLS, Type3Device, index_extents
 from kvcxl.emu.device.service import Client
 from kvcxl.firmware import fixedpoint as fx
 from kvcxl.firmware.config import PolicyConfig
@@ -140,6 +140,8 @@ class FirmwareService:
         self.victim_tiers = Counter()
         self.hints_sent = 0
         self.accessed: np.ndarray | None = None  # plugin-seen CXL.mem reads per entry
+        self.extents: dict[int, tuple[int, int, int]] = {}  # ring-only: the index's extent
+        self.index_cells = 0
 
     def _init_ring(self) -> None:
         """Zero the ring, then publish the header with status READY (written last)."""
@@ -372,18 +374,29 @@ class FirmwareService:
             raise RingError(L.RC_INVALID_INPUT, f"CREATE ids must be the next dense ids {want[:1]}")
         if self.table.n + count > self.n_entries:
             raise RingError(L.RC_INVALID_INPUT, f"more than the {self.n_entries} opened entries")
-        self._check_step(step)
-        if self.device is not None:
-            cols = (rec["ctx"], rec["layer"], rec["head"], rec["block"])
-            self._dev(self.device.describe, want, *cols, step=step)
-            d = self._dev(self.device.create_decisions, step, want)
-        else:
+        if self.device is None:  # before _check_step: a refused command changes nothing
             self._check_fields(
                 ("context", rec["ctx"], MAX_CONTEXTS - 1),
                 ("layer", rec["layer"], 0x7FFF),
                 ("kv_head", rec["head"], 0x7FFF),
                 ("block", rec["block"], 0x7FFFFFFF // self.table.block_tokens),
             )
+            cols = [rec[f].astype(np.int64) for f in ("ctx", "layer", "head", "block")]
+            grown, cells = index_extents(self.extents, self.index_cells, *cols)
+            if cells > MAX_INDEX_CELLS:
+                raise RingError(
+                    L.RC_INVALID_INPUT,
+                    f"the prefetch index would span {cells} cells (at most {MAX_INDEX_CELLS})",
+                )
+        self._check_step(step)
+        if self.device is None:
+            self.extents.update(grown)
+            self.index_cells = cells
+        if self.device is not None:
+            cols = (rec["ctx"], rec["layer"], rec["head"], rec["block"])
+            self._dev(self.device.describe, want, *cols, step=step)
+            d = self._dev(self.device.create_decisions, step, want)
+        else:
             self.fw.at(step)
             self.fw.describe(rec["ctx"], rec["layer"], rec["head"], rec["block"])
             d = self.fw.write(step, want)
@@ -393,13 +406,14 @@ class FirmwareService:
     def op_ctx_len(self, step, layer, count, payload, arg0, arg1):
         self._need_open()
         rec = self._records(payload, count, L.CTX_LEN_REC, L.CTX_LEN_MAX)
+        ctx, tokens = rec["ctx"].astype(np.int64), rec["tokens"].astype(np.int64)
+        if self.device is None:  # before _check_step: a refused command changes nothing
+            self._check_fields(("context", ctx, MAX_CONTEXTS - 1), ("tokens", tokens, 1 << 40))
         self._check_step(step)
         if count:
-            ctx, tokens = rec["ctx"].astype(np.int64), rec["tokens"].astype(np.int64)
             if self.device is not None:
                 self._dev(self.device.set_context_tokens, ctx, tokens, step=step)
             else:
-                self._check_fields(("context", ctx, MAX_CONTEXTS - 1), ("tokens", tokens, 1 << 40))
                 self.fw.at(step)
                 self.fw.lengths(ctx, tokens)
         return b"", (0, 0, 0, 0, 0)

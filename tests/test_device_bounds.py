@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from kvcxl.emu.device import service as svc
-from kvcxl.emu.device.device import MAX_CONTEXTS, Type3Device
+from kvcxl.emu.device.device import MAX_CONTEXTS, MAX_INDEX_CELLS, Type3Device
 from kvcxl.firmware.cxl import mem
 from kvcxl.qemu import layout as L
 from kvcxl.qemu.ring_client import RingClient
@@ -354,7 +354,8 @@ def test_ring_open_and_poison_at_the_media_end(ring) -> None:
         ("layer", 0x7FFF, L.RC_SUCCESS),
         ("layer", 0x8000, L.RC_INVALID_INPUT),
         ("head", 0x8000, L.RC_INVALID_INPUT),
-        ("block", 0x7FFFFFFF // 16, L.RC_SUCCESS),
+        ("block", MAX_INDEX_CELLS - 1, L.RC_SUCCESS),  # the index spans 1 × 1 × 2^23
+        ("block", MAX_INDEX_CELLS, L.RC_INVALID_INPUT),  # one cell more
         ("block", 0x7FFFFFFF // 16 + 1, L.RC_INVALID_INPUT),
         ("tokens", 1 << 40, L.RC_SUCCESS),
         ("tokens", (1 << 40) + 1, L.RC_INVALID_INPUT),
@@ -397,3 +398,15 @@ def test_ring_doorbell_more_than_a_ring_ahead_is_refused(ring) -> None:
         assert fw.poll_once() == want
         assert len(served) == want
     assert fw.status_counts["BAD_DOORBELL"] == 2
+
+
+def test_the_device_bounds_the_prefetch_index_its_ids_span() -> None:
+    """Describe Entries: ids within every field's range can still make the firmware's dense
+    per-context index huge (layers × heads × blocks); the sum over contexts is bounded."""
+    dev = Type3Device(256 << 20, entries="host")
+    dev.describe([0], [0], [0], [0], [MAX_INDEX_CELLS - 1])  # 1 × 1 × 2^23 cells: the limit
+    with pytest.raises(ValueError, match="prefetch index"):
+        dev.describe([1], [1], [0], [0], [0])  # a second context: one cell more
+    with pytest.raises(ValueError, match="prefetch index"):
+        dev.describe([1], [0], [1], [0], [0])  # a second layer doubles the first context's
+    dev.describe([1], [0], [0], [0], [5])  # inside the extent: no new cell

@@ -59,6 +59,37 @@ from .timing import TierQueue, percentiles
 LINE = mem.LINE_BYTES
 _NO_ANCHOR_BLOCK = 1 << 20  # default entry row: far from any anchor zone (as replay does)
 MAX_CONTEXTS = 1 << 20  # context ids the host may use (bounds the per-context arrays)
+# The firmware's prefetch index is dense per context over layers × KV heads × blocks: the
+# cells the host's ids make it span, summed over contexts, are bounded (8 M cells: a
+# 64 MiB index; the largest 128 K-token context of scenario S1 spans 5.2 M).
+MAX_INDEX_CELLS = 1 << 23
+
+
+def index_extents(
+    extents: dict[int, tuple[int, int, int]],
+    total: int,
+    ctx: NDArray,
+    layer: NDArray,
+    head: NDArray,
+    block: NDArray,
+) -> tuple[dict[int, tuple[int, int, int]], int]:
+    """The contexts whose (layers, heads, blocks) extent these entries grow, with their new
+    extents, and the cells every context's index spans afterwards."""
+    grown: dict[int, tuple[int, int, int]] = {}
+    if np.size(ctx) == 0:
+        return grown, total
+    for c in np.unique(ctx).tolist():
+        m = ctx == c
+        old = extents.get(c, (0, 0, 0))
+        new = (
+            max(old[0], int(layer[m].max()) + 1),
+            max(old[1], int(head[m].max()) + 1),
+            max(old[2], int(block[m].max()) + 1),
+        )
+        if new != old:
+            grown[c] = new
+            total += new[0] * new[1] * new[2] - old[0] * old[1] * old[2]
+    return grown, total
 
 
 class ReadResult(NamedTuple):
@@ -124,7 +155,12 @@ class Type3Device:
             policy, self.dram_pages, self.config, mode=mode, block_tokens=block_tokens,
             audit=audit,
         )  # fmt: skip
+        # Layers × heads × blocks each context's prefetch index spans (see MAX_INDEX_CELLS).
+        self._extents: dict[int, tuple[int, int, int]] = {}
+        self._cells = 0
         if entries == "pages":
+            self._extents[0] = (1, 1, _NO_ANCHOR_BLOCK + 1)
+            self._cells = _NO_ANCHOR_BLOCK + 1
             # Every page is an entry from the start, as in replay: idle counters of
             # entries not read yet advance with the steps like everyone else's.
             self.fw.table.append(np.arange(self.n_pages), 0, 0, _NO_ANCHOR_BLOCK)
@@ -296,6 +332,14 @@ class Type3Device:
             if v.size and (v.min() < 0 or v.max() > hi):
                 bad = int(v.min() if v.min() < 0 else v.max())
                 raise ValueError(f"{name} {bad} is out of range 0 … {hi}")
+        grown, cells = index_extents(self._extents, self._cells, ctx, layer, head, block)
+        if cells > MAX_INDEX_CELLS:
+            raise ValueError(
+                f"these entries would make the prefetch index span {cells} layer × head × block "
+                f"cells (at most {MAX_INDEX_CELLS}, summed over contexts)"
+            )
+        self._extents.update(grown)
+        self._cells = cells
         if step is not None:
             self.fw.at(step)
         if ids.size == 0:

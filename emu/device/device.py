@@ -491,7 +491,10 @@ class Type3Device:
         for p in np.flatnonzero(np.frombuffer(self.in_dram.view(), np.uint8) != want).tolist():
             if want:
                 self._move(p, self.nvme, self.dram, "nvme", "dram", 1)
+                self._maybe_direct(p)
             else:
+                if self.page_state is not None:
+                    self.page_state.trap(p)  # before the bytes leave the shared file
                 self._move(p, self.dram, self.nvme, "dram", "nvme", 0)
             moved += 1
         return {

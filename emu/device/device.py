@@ -181,11 +181,12 @@ class Type3Device:
         )
         # 1 = the page's bytes live in DRAM.  With an NVMe file, the map is a file beside
         # it: the bytes of both tiers and where each page is outlive the process.
-        self.in_dram = TierMap(
+        self.tier_map = TierMap(
             self.n_pages,
             0 if self.tiering else 1,
             path=tier_map_file or (f"{nvme_file}.tiers" if nvme_file else None),
         )
+        self.in_dram = self.tier_map.bytes  # a bytearray, or the map file's mmap
         self.poison: set[int] = set()  # poisoned DPA line numbers
         # Shared with a patched QEMU: which pages it may access directly in the DRAM file
         # (only with a DRAM file to share; every page traps without one).
@@ -202,7 +203,7 @@ class Type3Device:
         if page_state is not None:
             self.page_state = PageState(page_state, self.n_pages, self.page_shift)
             if dram_file:
-                self.page_state.set_all(np.frombuffer(self.in_dram.view(), dtype=np.uint8) == 1)
+                self.page_state.set_all(np.frombuffer(self.in_dram, dtype=np.uint8) == 1)
         self.queues = {"dram": TierQueue(dram_timing), "nvme": TierQueue(nvme_timing)}
         self._qd, self._qn = self.queues["dram"], self.queues["nvme"]
         self.latencies = array("d")
@@ -236,7 +237,7 @@ class Type3Device:
         )
         # Media from an earlier run (a tier map file found): where each page is comes back;
         # the policy's metadata does not (it is rebuilt empty), so the tiers are realigned.
-        self.restart = self._realign() if self.in_dram.restored else None
+        self.restart = self._realign() if self.tier_map.restored else None
 
     # --- the firmware ---------------------------------------------------------------------
     @property
@@ -488,7 +489,7 @@ class Type3Device:
         the bytes agree again.  Nothing is lost: each move copies before it drops."""
         want = 0 if self.tiering else 1
         moved = 0
-        for p in np.flatnonzero(np.frombuffer(self.in_dram.view(), np.uint8) != want).tolist():
+        for p in np.flatnonzero(np.frombuffer(self.in_dram, np.uint8) != want).tolist():
             if want:
                 self._move(p, self.nvme, self.dram, "nvme", "dram", 1)
                 self._maybe_direct(p)
@@ -722,7 +723,7 @@ class Type3Device:
         if not self.tiering:
             return True
         res = self.cache.is_resident(np.arange(self.n_pages))
-        return bool(np.array_equal(res, np.frombuffer(self.in_dram.view(), dtype=np.uint8) == 1))
+        return bool(np.array_equal(res, np.frombuffer(self.in_dram, dtype=np.uint8) == 1))
 
     def stats(self) -> dict:
         return {
@@ -737,7 +738,7 @@ class Type3Device:
             "media": {
                 "dram": "file" if isinstance(self.dram, MmapStore) else "memory",
                 "nvme": "file" if isinstance(self.nvme, FileStore) else "memory",
-                "tier_map": "file" if self.in_dram.path else "memory",
+                "tier_map": "file" if self.tier_map.path else "memory",
                 "restart": self.restart,
             },
             "poisoned_lines": len(self.poison),
@@ -756,4 +757,4 @@ class Type3Device:
         self.nvme.close()
         if self.page_state is not None:
             self.page_state.close()
-        self.in_dram.close()
+        self.tier_map.close()

@@ -203,7 +203,8 @@ class FileStore:
 class TierMap:
     """One byte per page: 1 = its bytes are in DRAM, 0 = in NVMe.  With ``path`` the map
     is a file (created with ``initial`` for every page, or found from an earlier run:
-    ``restored``); indexing and assignment go straight to it."""
+    ``restored``) and ``bytes`` its mmap; without, ``bytes`` is a bytearray.  Either indexes
+    as ints and serves numpy as a buffer."""
 
     def __init__(self, n_pages: int, initial: int, path: str | Path | None = None) -> None:
         self.restored = False
@@ -215,7 +216,7 @@ class TierMap:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             size = os.fstat(fd).st_size
-            if existed and size != n_pages:
+            if existed and size not in (0, n_pages):
                 raise ValueError(
                     f"tier map {self.path} holds {size} pages, this device has {n_pages}: "
                     "it belongs to a device of another capacity or page size"
@@ -227,18 +228,6 @@ class TierMap:
             self.bytes = mmap.mmap(fd, n_pages)
         finally:
             os.close(fd)
-
-    def __getitem__(self, page: int) -> int:
-        return self.bytes[page]
-
-    def __setitem__(self, page: int, value: int) -> None:
-        self.bytes[page] = value
-
-    def __len__(self) -> int:
-        return len(self.bytes)
-
-    def view(self) -> memoryview:
-        return memoryview(self.bytes)
 
     def close(self) -> None:
         if isinstance(self.bytes, mmap.mmap):

@@ -91,9 +91,6 @@ class MmapStore:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)  # device memory: owner only
         try:
             size = os.fstat(fd).st_size
-            # A file of this capacity from an earlier run may hold pages this process
-            # never wrote: a migration must then copy every page, not only written ones.
-            self.inherited = size == capacity
             if size < capacity:
                 os.ftruncate(fd, capacity)
             elif size > capacity:
@@ -130,9 +127,9 @@ class MmapStore:
         self.present.discard(page)
         return data
 
-    def peek(self, page: int) -> bytes | None:
-        if page not in self.present and not self.inherited:
-            return None
+    def peek(self, page: int) -> bytes:
+        # The file's bytes, as take: written through this store or not (QEMU, the host,
+        # or a run before this one).
         a = page * self.page_bytes
         return self.map[a : a + self.page_bytes]
 

@@ -18,8 +18,8 @@ lines).  Counted:
 * **changed bytes** — bytes of device memory that differ from the shadow when the window
   the cases address is swept (every ``sweep_every`` cases and at the end).
 
-Frame kinds the model does not cover (CCI 02h and HDM 05h: a mutated HDM frame could
-reprogram the decoders under the model) are never produced; the in-process fuzzer
+Frame kinds the model does not cover (CCI 02h, HDM 05h, PLACE 06h: a mutated HDM frame
+could reprogram the decoders under the model) are never produced; the in-process fuzzer
 (:mod:`kvcxl.emu.device.fuzz`) covers them.
 """
 
@@ -250,9 +250,9 @@ class SocketFuzzer:
             fields = {k: getattr(msg, k) for k in msg.__dataclass_fields__ if k != "CLASS"}
             fields["addr"] = (hpa >> 6) & ((1 << 46) - 1)
             return kind, mem.encode(type(msg)(**fields)), how
-        if how == "kind":  # never CCI (02h) or HDM (05h): the model does not cover them
+        if how == "kind":  # never CCI, HDM or PLACE (02h, 05h, 06h): no rules for them here
             return (
-                r.choice([k for k in (MEM, READ, WRITE, 0, 6, 0x7F, 0xFF) if k != kind]),
+                r.choice([k for k in (MEM, READ, WRITE, 0, 8, 0x7F, 0xFF) if k != kind]),
                 body,
                 how,
             )

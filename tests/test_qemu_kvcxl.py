@@ -244,3 +244,30 @@ def test_blocks_placed_on_nvme_are_fetched_from_nvme(kvcxl_boot) -> None:
     # a guest read that finds its block on NVMe fetches the page into DRAM once
     assert dev["migrations_to_nvme"] > 0 and dev["nvme_fills"] > 0
     assert rep["bad_bytes"] == 0 and rep["residency_mismatches"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+@pytest.mark.model
+def test_a_real_smollm2_capture_replays_through_the_device(host, tmp_path) -> None:
+    """A captured SmolLM2 trace, replayed by the guest on the patched QEMU: the firmware's
+    victims are the simulator's, every byte read back is right, and the blocks placed on
+    NVMe are fetched from there."""
+    import sys
+
+    from kvcxl.qemu.boot import BootOptions, boot
+    from kvcxl.qemu.trace_image import load_trace, simulate_victims
+
+    cap = tmp_path / "chat.npz"
+    cmd = [sys.executable, "-m", "kvcxl.emu.cli", "trace", "capture", "--prompt", "chat"]
+    subprocess.run([*cmd, "--steps", "8", "-o", str(cap)], check=True, timeout=600)
+    gt = load_trace(cap, 0.25)
+    r, b = boot(BootOptions(jobs=("replay",), trace=gt, plugin=False, timeout=400))
+    assert r["qemu"]["exit_code"] == 0, r["guest_failures"]
+    rep = r["guest"]["replay"]
+    want = simulate_victims(gt)
+    assert len(want) > 1000
+    assert b.victims[0] == want and rep["victim_hash"] == L.fnv1a_ids(want)
+    assert rep["bad_bytes"] == 0 and rep["residency_mismatches"] == 0
+    assert r["firmware"]["memory_path_pages_placed"]["nvme"] == rep["victims_to_nvme"]
+    assert r["kvcxl_device"]["nvme_fills"] > 0

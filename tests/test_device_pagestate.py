@@ -77,3 +77,24 @@ def test_trap_ranges_are_checked(tmp_path) -> None:
     with pytest.raises(ValueError, match="outside the device"):
         dev.trap(256 * MIB - 10, 64)
     dev.close()
+
+
+def test_a_fill_brings_the_page_in_and_the_access_waits_for_it(tmp_path) -> None:
+    """With fill_on_access, a read that finds its page on NVMe pays the NVMe tier's time
+    for the whole page (the modelled queue), then the page is DIRECT; the next read is a
+    DRAM read."""
+    dev = _dev(tmp_path, fill_on_access=True)
+    dev.write(0x3000, b"x" * 64)  # decoder-free device: program the identity decoder
+    assert dev.counters["unmapped_writes"] == 1
+    dev.hdm.program(0, base=0, size=dev.capacity)
+    dev.hdm.commit(0)
+    dev.write(0x3000, b"kvcxl!" * 10)
+    dev.move_page(3, to_dram=False)
+    assert dev.page_state.state[3] == TRAP
+    first = dev.read(0x3000, 60)
+    second = dev.read(0x3000, 60)
+    assert first.data == second.data == b"kvcxl!" * 10
+    assert dev.counters["nvme_fills"] == 1 and dev.page_state.state[3] == DIRECT
+    nvme_page_ns = dev.queues["nvme"].timing.access_ns(dev.page_bytes)  # a whole page
+    assert first.latency_ns >= nvme_page_ns > second.latency_ns
+    dev.close()

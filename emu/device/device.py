@@ -418,7 +418,9 @@ class Type3Device:
             for p in d.admitted[self.cache.is_resident(d.admitted)].tolist():
                 self._promote(p)
 
-    def _move(self, p: int, src, dst, src_q: str, dst_q: str, to_dram: int) -> None:
+    def _move(
+        self, p: int, src, dst, src_q: str, dst_q: str, to_dram: int, src_charged: bool = False
+    ) -> None:
         # Copy, record the new tier, then drop the old copy: a process killed anywhere in
         # between leaves the page whole in the tier the map names.
         data = src.peek(p)
@@ -428,7 +430,8 @@ class Type3Device:
         if data is not None:
             src.drop(p)
             t = self.clock_ns
-            self.queues[src_q].serve(t, self.page_bytes, record=False)
+            if not src_charged:  # (a fill charged its read to the access that caused it)
+                self.queues[src_q].serve(t, self.page_bytes, record=False)
             self.queues[dst_q].serve(t, self.page_bytes, record=False)
             self.counters["bytes_migrated"] += self.page_bytes
 
@@ -439,17 +442,19 @@ class Type3Device:
             self._move(p, self.dram, self.nvme, "dram", "nvme", 0)
             self.counters["migrations_to_nvme"] += 1
 
-    def _promote(self, p: int) -> None:
+    def _promote(self, p: int, src_charged: bool = False) -> None:
         if not self.in_dram[p]:
-            self._move(p, self.nvme, self.dram, "nvme", "dram", 1)
+            self._move(p, self.nvme, self.dram, "nvme", "dram", 1, src_charged)
             self.counters["migrations_to_dram"] += 1
             self._maybe_direct(p)
 
-    def _fill(self, p: int) -> None:
-        """A host access found page ``p`` on NVMe: it comes into DRAM (counted, and charged
-        the NVMe tier's time for the page as a migration is)."""
+    def _fill(self, p: int, t: float) -> float:
+        """A host access arriving at ``t`` found page ``p`` on NVMe: the page comes into
+        DRAM (counted) and the access waits for it; returns when the page is in DRAM."""
         self.counters["nvme_fills"] += 1
-        self._promote(p)
+        ready = self._qn.serve(t, self.page_bytes)  # the page read off NVMe, charged here
+        self._promote(p, src_charged=True)
+        return ready
 
     def move_page(self, p: int, to_dram: bool) -> None:
         """Page ``p`` to DRAM or to NVMe, bytes and all (a migration stress, not a policy
@@ -517,10 +522,11 @@ class Type3Device:
         p = dpa >> shift
         off = dpa & (pb - 1)
         if off + n <= pb:  # the common case: inside one page
+            ready = t
             if not self.in_dram[p] and self.fill_on_access:
-                self._fill(p)
+                ready = self._fill(p, t)
             if self.in_dram[p]:
-                return self.dram.read(p, off, n), self._qd.serve(t, n)
+                return self.dram.read(p, off, n), self._qd.serve(ready, n)
             self.counters["nvme_accesses"] += 1
             return self.nvme.read(p, off, n), self._qn.serve(t, n)
         out = []
@@ -529,11 +535,12 @@ class Type3Device:
             p = dpa >> shift
             off = dpa & (pb - 1)
             m = min(n, pb - off)
+            ready = t
             if not self.in_dram[p] and self.fill_on_access:
-                self._fill(p)
+                ready = self._fill(p, t)
             if self.in_dram[p]:
                 out.append(self.dram.read(p, off, m))
-                d = self._qd.serve(t, m)
+                d = self._qd.serve(ready, m)
             else:
                 self.counters["nvme_accesses"] += 1
                 out.append(self.nvme.read(p, off, m))
@@ -553,11 +560,12 @@ class Type3Device:
             p = dpa >> shift
             off = dpa & (pb - 1)
             m = min(n - i, pb - off)
+            ready = t
             if not self.in_dram[p] and self.fill_on_access:
-                self._fill(p)
+                ready = self._fill(p, t)
             if self.in_dram[p]:
                 self.dram.write(p, off, data[i : i + m])
-                d = self._qd.serve(t, m)
+                d = self._qd.serve(ready, m)
             else:
                 self.counters["nvme_accesses"] += 1
                 self.nvme.write(p, off, data[i : i + m])

@@ -50,6 +50,7 @@ class BootOptions:
     smp: int = 2
     timeout: float = 400.0
     policy: str = "ema"
+    mode: str = "float"  # the firmware's EMA arithmetic: float, or int (Q0.16, the RTL's)
     config: str | None = None  # policy TOML
     poison: tuple[tuple[int, int], ...] = ()  # (dpa, length) injected before the guest probes
     media_events: tuple[int, ...] = ()  # dpa of General Media events injected at region ready
@@ -174,6 +175,8 @@ class Boot:
             str(ready),
             "--policy",
             self.opts.policy,
+            "--mode",
+            self.opts.mode,
         ]
         if self.opts.config:
             cmd += ["--config", self.opts.config]

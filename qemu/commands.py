@@ -80,6 +80,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="guest jobs in order (repeatable; default: datapath replay)",
     )
     b.add_argument("--policy", default="ema", help="firmware policy (default ema)")
+    b.add_argument(
+        "--mode",
+        choices=("float", "int"),
+        default="float",
+        help="the firmware's EMA arithmetic: float, or int (the Q0.16 contract the RTL computes)",
+    )
     b.add_argument("--config", help="policy configuration TOML")
     b.add_argument(
         "--plugin",
@@ -256,6 +262,7 @@ def _boot(args: argparse.Namespace) -> int:
         smp=args.smp,
         timeout=args.timeout,
         policy=args.policy,
+        mode=args.mode,
         config=args.config,
         poison=tuple(poison),
         media_events=tuple(_int(d, "media-event DPA") for d in args.media_event),

@@ -74,6 +74,7 @@ class FirmwareService:
         record_victims: bool = True,
         device: bool = False,
         device_socket: str | Path | None = None,
+        mode: str = "float",
     ) -> None:
         self.path = Path(media)
         self.fd = os.open(self.path, os.O_RDWR)
@@ -82,6 +83,9 @@ class FirmwareService:
             raise ValueError(f"media file {media} is {self.size} B: too small for the layout")
         self.mm = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED)
         self.policy_name = policy
+        if mode not in ("float", "int"):
+            raise ValueError(f"mode = {mode!r}: must be 'float' or 'int'")
+        self.mode = mode  # the EMA's arithmetic: float, or the Q0.16 contract (the RTL's)
         self.config = config or PolicyConfig()
         self.record_victims = record_victims
         self.plugin_path = Path(plugin_ring) if plugin_ring else None
@@ -300,7 +304,7 @@ class FirmwareService:
         else:
             try:
                 self.fw = FirmwareSession(
-                    self.policy_name, cap, self.config,
+                    self.policy_name, cap, self.config, mode=self.mode,
                     table=EntryTable(block_tokens=bt, capacity=max(n, 16)), audit=True,
                 )  # fmt: skip
             except (ValueError, TypeError) as exc:
@@ -319,7 +323,7 @@ class FirmwareService:
         return Type3Device(
             capacity, page_bytes=eb, dram_pages=cap, policy=self.policy_name,
             config=self.config, entries="host", record_victims=True, audit=True,
-            block_tokens=bt,
+            block_tokens=bt, mode=self.mode,
         )  # fmt: skip
 
     def _dev(self, fn, *args, **kw):
@@ -620,6 +624,12 @@ def main(argv: list[str] | None = None) -> int:
         help="(patched QEMU) the kvcxl device on the memory path: victims' KV blocks are "
         "moved to the tier placement chose",
     )
+    ap.add_argument(
+        "--mode",
+        choices=("float", "int"),
+        default="float",
+        help="EMA arithmetic: float, or int (the Q0.16 contract the RTL computes)",
+    )
     args = ap.parse_args(argv)
 
     cfg = PolicyConfig.load(args.config) if args.config else PolicyConfig()
@@ -630,6 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         plugin_ring=args.plugin_ring,
         device=args.device,
         device_socket=args.device_socket,
+        mode=args.mode,
     )
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))

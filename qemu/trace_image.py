@@ -143,7 +143,9 @@ def encode(gt: GuestTrace, media_bytes: int) -> bytes:
     return hdr + batches.tobytes() + b"".join(chunks)
 
 
-def simulate_victims(gt: GuestTrace, policy: str = "ema", config: object = None) -> list[int]:
+def simulate_victims(
+    gt: GuestTrace, policy: str = "ema", config: object = None, mode: str = "float"
+) -> list[int]:
     """The victim sequence of the simulator of kvcxl.emu on the same stream and budget."""
     opts = SimOptions(
         policy=policy,
@@ -151,6 +153,7 @@ def simulate_victims(gt: GuestTrace, policy: str = "ema", config: object = None)
         config=config or PolicyConfig(),
         record_victims=True,
         audit=True,
+        mode=mode,
     )
     res = simulate(gt.stream, opts)
     return [int(i) for ids, _prio, _step in res["_victims"] for i in ids]

@@ -321,3 +321,17 @@ def test_device_error_is_the_rings_return_code(media: Path) -> None:
     # an entry size the device cannot page (not a power of two) is refused at OPEN
     c = cl.call(L.OP_OPEN, svc.poll_once, payload=L.OPEN_FMT.pack(8, 192, 2, 16, 0))
     assert c.status == L.RC_INVALID_INPUT and svc.stats()["device_errors"] == 2
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_integer_mode_reaches_the_firmware(media: Path, device: bool) -> None:
+    """``mode="int"``: the ring's answers are the simulator's in integer mode, which on this
+    trace are not the float mode's (so the mode did reach the firmware)."""
+    svc = FirmwareService(media, device=device, mode="int")
+    cl = RingClient(media)
+    cl.wait_ready(timeout=1)
+    gt = default_trace(steps=12)
+    got = replay(cl, gt, poll=svc.poll_once)
+    want = simulate_victims(gt, mode="int")
+    assert got["victims"] == want and got["residency_mismatches"] == 0
+    assert want != simulate_victims(gt, mode="float")

@@ -344,6 +344,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--seeds", type=positive, default=3)
     d.add_argument("--steps", type=positive, default=160)
     d.add_argument("--jobs", type=positive, default=None)
+    d.add_argument(
+        "--mode",
+        choices=("float", "int"),
+        default="float",
+        help="EMA arithmetic: float, or int, the Q0.16 contract the RTL computes (how far "
+        "apart they are: docs/results.md, 'Float and integer arithmetic')",
+    )
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=_demo)
 
@@ -701,6 +708,7 @@ def _demo(args: argparse.Namespace) -> int:
         budgets=list(DEMO_BUDGETS),
         audit=True,
         warmup_steps=args.steps // 10,
+        mode=args.mode,
     )
     t0 = time.perf_counter()
     from .sweep import progress_units
@@ -722,7 +730,8 @@ def _demo(args: argparse.Namespace) -> int:
     head = (
         f"workload {spec.workload} on the {spec.preset} preset, {spec.steps} decode steps "
         f"({spec.warmup_steps} warm-up excluded), {len(spec.seeds)} seeds, dense reads, "
-        f"synthetic attention {attention}, prefetch off, eviction audit on. Simulated."
+        f"synthetic attention {attention}, prefetch off, eviction audit on, {spec.mode} "
+        "arithmetic. Simulated."
     )
     print(head)
     print(table)

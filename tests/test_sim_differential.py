@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvcxl.emu.shape import PRESETS, ModelShape
+from kvcxl.emu.sim.fast import POLICY_CODES
 from kvcxl.emu.sim.simulator import SimOptions, simulate, victims_table
 from kvcxl.emu.trace import Trace
 from kvcxl.emu.workloads import make_workload
@@ -226,10 +227,11 @@ def cases(draw: st.DrawFn, policy: str | None = None, mode: str | None = None) -
     return Case(records, policy, mode, granularity, budget, cxl, warmup, cfg)
 
 
-def _run_sim(stream: Any, c: Case, config: PolicyConfig) -> dict[str, Any]:
+def _run_sim(stream: Any, c: Case, config: PolicyConfig, engine: str = "numpy") -> dict[str, Any]:
     return simulate(
         stream,
         SimOptions(
+            engine=engine,
             policy=c.policy,
             budget_bytes=c.budget_bytes,
             config=config,
@@ -266,7 +268,7 @@ def check_trace_lengths(stream: Any, desc: str) -> None:
             )
 
 
-def check_case(c: Case) -> None:
+def check_case(c: Case, engine: str = "numpy") -> None:
     config = PolicyConfig.from_mapping(c.cfg)
     cols = list(zip(*c.records, strict=True))
     trace = Trace(
@@ -280,7 +282,7 @@ def check_case(c: Case) -> None:
     )
     stream = from_trace(trace)
     check_trace_lengths(stream, c.describe())
-    sim = _run_sim(stream, c, config)
+    sim = _run_sim(stream, c, config, engine)
     want = ref.replay_trace(
         c.records,
         SHAPE,
@@ -296,10 +298,15 @@ def check_case(c: Case) -> None:
 
 
 TRACE_POLICIES = [(p, "float") for p in ref.POLICIES] + [("ema", "int")]
+# Both engines: the numpy one for every policy, the fast one (kvcxl.emu.sim.fast) for those
+# it covers.
+ENGINE_RUNS = [(p, m, "numpy") for p, m in TRACE_POLICIES] + [
+    (p, m, "fast") for p, m in TRACE_POLICIES if (p, m) in POLICY_CODES
+]
 
 
-@pytest.mark.parametrize(("policy", "mode"), TRACE_POLICIES)
-def test_traces_match_reference(policy: str, mode: str) -> None:
+@pytest.mark.parametrize(("policy", "mode", "engine"), ENGINE_RUNS)
+def test_traces_match_reference(policy: str, mode: str, engine: str) -> None:
     @settings(
         max_examples=EXAMPLES_PER_POLICY,
         deadline=None,
@@ -309,7 +316,7 @@ def test_traces_match_reference(policy: str, mode: str) -> None:
     )
     @given(cases(policy, mode))
     def run(c: Case) -> None:
-        check_case(c)
+        check_case(c, engine)
 
     run()
 
@@ -405,16 +412,20 @@ def _wl_runs(n: int) -> list[tuple[str, str, str, int, int | None, dict[str, Any
 GRANULARITIES = ref.GRANULARITIES
 
 
+@pytest.mark.parametrize("engine", ["numpy", "fast"])
 @pytest.mark.parametrize("read", ["dense", "topk:2"])
 @pytest.mark.parametrize("workload", WORKLOADS)
-def test_workloads_match_reference(workload: str, read: str) -> None:
+def test_workloads_match_reference(workload: str, read: str, engine: str) -> None:
     stream = _stream(workload, read)
     eb = WL_SHAPE.entry_bytes
     for policy, mode, gran, budget, cxl, cfg in _wl_runs(stream.n_entries):
+        if engine == "fast" and (policy, mode) not in POLICY_CODES:
+            continue
         config = PolicyConfig.from_mapping(cfg)
         sim = simulate(
             stream,
             SimOptions(
+                engine=engine,
                 policy=policy,
                 budget_bytes=budget * eb,
                 config=config,
@@ -436,7 +447,8 @@ def test_workloads_match_reference(workload: str, read: str) -> None:
             mode=mode,
         )
         desc = (
-            f"workload={workload} read={read} steps={WL_STEPS} entries={stream.n_entries} "
+            f"engine={engine} workload={workload} read={read} steps={WL_STEPS} "
+            f"entries={stream.n_entries} "
             f"policy={policy} mode={mode} granularity={gran} budget={budget} entries "
             f"cxl_entries={cxl} config={cfg}"
         )

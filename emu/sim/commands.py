@@ -184,6 +184,13 @@ def _add_run_options(p: argparse.ArgumentParser, *, steps: int = 200) -> None:
         help="ema arithmetic: float reference or the Q0.16 integer contract",
     )
     g.add_argument(
+        "--engine",
+        choices=("fast", "numpy"),
+        default=None,
+        help="replay engine: fast (compiled; the default where it covers the run, else numpy "
+        "with a notice) or numpy (the readable reference); both replay identically",
+    )
+    g.add_argument(
         "--warmup",
         type=nonnegative,
         default=0,
@@ -550,6 +557,7 @@ def _spec_from_args(args: argparse.Namespace, policies, budgets):
         timing=timing,
         mode=args.mode,
         record_victims=bool(getattr(args, "dump_victims", None)),
+        engine=getattr(args, "engine", None),
     )
 
 

@@ -35,6 +35,7 @@ from ...firmware.session import Decisions, FirmwareSession
 from ...firmware.table import EntryTable, unique_ids
 from ..timing import TierTiming
 from ..workloads.stream import CREATE, ReadStream
+from . import fast
 from .tiers import Tiers
 
 GRANULARITIES = ("layer", "step", "request")
@@ -63,6 +64,9 @@ class SimOptions:
     mode: str = "float"  # ema: "float" or "int" (the Q0.16 contract)
     check: bool = False  # verify tier invariants after every event (slower)
     record_victims: bool = False
+    # "fast" (compiled, kvcxl.emu.sim.fast) or "numpy" (the readable reference); None: fast
+    # where it covers the run, else numpy with a one-line notice.
+    engine: str | None = None
 
     def __post_init__(self) -> None:
         if self.granularity not in GRANULARITIES:
@@ -75,6 +79,8 @@ class SimOptions:
             raise ValueError(f"prefetch_limit = {self.prefetch_limit}: must be >= 1")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps = {self.warmup_steps}: must be >= 0")
+        if self.engine not in (None, "fast", "numpy"):
+            raise ValueError(f"engine {self.engine!r}: must be 'fast' or 'numpy'")
 
 
 @dataclass
@@ -154,8 +160,23 @@ def simulate(
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Replay ``stream`` under ``opts``; returns the metrics of docs/simulator.md, "Timing model
-    and metrics" (Simulated)."""
+    and metrics" (Simulated).  ``opts.engine`` picks the engine (the result says which)."""
     return _Replay(stream, opts).run(progress)
+
+
+def pick_engine(opts: SimOptions) -> str:
+    """The engine that replays ``opts``: an explicit choice, else the fast one where it covers
+    the run and numpy (with a one-line notice) where it does not; ``engine="fast"`` for a
+    run it does not cover is refused."""
+    if opts.engine == "numpy":
+        return "numpy"
+    why = fast.unsupported(opts)
+    if why is None:
+        return "fast"
+    if opts.engine == "fast":
+        raise ValueError(f"--engine fast: {why}; use --engine numpy")
+    fast.notice(why)
+    return "numpy"
 
 
 class _StepBooks:
@@ -196,7 +217,9 @@ class _Replay:
                 f"the tiers hold {(self.capacity + cxl_cap + nvme_cap) * eb} B but the workload "
                 f"creates {n_total * eb} B of KV: raise --budget, --cxl or --nvme"
             )
-        self.plan = plan_batches(stream, opts.granularity)
+        self.engine = pick_engine(opts)
+        # The numpy engine's batches (the fast engine flattens the same plan itself).
+        self.plan = plan_batches(stream, opts.granularity) if self.engine == "numpy" else []
         cls = POLICIES.get(opts.policy)
         future = None
         if cls is not None and not cls.online:  # given the future: every read batch as replayed
@@ -241,6 +264,12 @@ class _Replay:
 
     # --- the events ----------------------------------------------------------------------
     def run(self, progress: Callable[[int], None] | None) -> dict[str, Any]:
+        if self.engine == "fast":
+            fast.run(self)
+            if progress is not None:
+                progress(len(self.stream.ev_kind))
+            self.tiers.check(self.n_described, self.fw.cache.n_resident, self.fw.cache.capacity)
+            return self._result()
         fw, tiers, books = self.fw, self.tiers, self.books
         last_step: int | None = None
         pos = 0
@@ -416,6 +445,7 @@ class _Replay:
             **(audit.as_dict() if audit else dict.fromkeys(AUDIT_KEYS)),
             "audit_faults": audit.faults if audit else None,
             "granularity": opts.granularity,
+            "engine": self.engine,
             "persistent_metadata": cfg.persistent_metadata,
             "alpha": cfg.alpha,
             "timing": asdict(t),

@@ -32,7 +32,7 @@ from ..timing import TierTiming
 from ..trace import Trace
 from ..workloads import WORKLOADS, compile_workload, from_trace, make_workload, parse_read_mode
 from ..workloads.attention import AttentionParams, preset_attention
-from .simulator import SimOptions, simulate, victims_table
+from .simulator import SimOptions, pick_engine, simulate, victims_table
 
 
 @dataclass
@@ -63,6 +63,7 @@ class SweepSpec:
     timing: dict[str, Any] = field(default_factory=dict)
     mode: str = "float"
     record_victims: bool = False
+    engine: str | None = None  # SimOptions.engine: "fast", "numpy", None (fast where covered)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,6 +109,13 @@ def validate(spec: SweepSpec) -> None:
     TierTiming(**spec.timing)
     if spec.prefetch and "belady" in spec.policies:
         raise ValueError("belady is the demand-paging optimum: drop it or turn prefetch off")
+    for p in spec.policies:  # an explicit --engine fast is refused up front where it cannot run
+        pick_engine(
+            SimOptions(
+                policy=p, mode=spec.mode, prefetch=spec.prefetch, audit=spec.audit,
+                engine=spec.engine if spec.engine == "fast" else "numpy",
+            )
+        )  # fmt: skip
 
 
 def run_task(
@@ -146,6 +154,7 @@ def run_task(
                     granularity=spec.granularity,
                     mode=spec.mode,
                     record_victims=spec.record_victims,
+                    engine=spec.engine,
                 ),
             )
             r.update(

@@ -1,0 +1,178 @@
+"""The fast replay engine: the simulator's hot loop compiled with numba.
+
+:func:`unsupported` says why a run needs the numpy engine (or None); :func:`run` replays
+a stream and fills the numpy engine's books, tiers and cache statistics, so that the
+result dict is built by the same code (:meth:`kvcxl.emu.sim.simulator._Replay._result`).
+The numpy engine (``--engine numpy``) stays the readable reference and the RTL's truth;
+``tests/test_sim_fast.py`` and ``tests/test_sim_differential.py`` hold the two equal.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ....firmware import fixedpoint as fx
+from ....firmware.formulas import recency_decay
+from ....firmware.policies import POLICIES, make_policy
+from ....firmware.policies.base import Policy
+from ....firmware.table import EntryTable
+from ...workloads.stream import CREATE, ReadStream
+
+if TYPE_CHECKING:
+    from ..simulator import _Replay
+
+ENGINES = ("fast", "numpy")
+# Policy (and mode) → kernel code (kernel.py: LRU, FIFO, LFU, EMA_F, EMA_I).
+POLICY_CODES = {("lru", "float"): 0, ("fifo", "float"): 1, ("lfu", "float"): 2,
+                ("ema", "float"): 3, ("ema", "int"): 4}  # fmt: skip
+COVERED = "lru, fifo, lfu, ema (float and int)"
+_noticed: set[str] = set()
+
+
+def policy_param(policy: Policy, name: str) -> Any:
+    """One of the baseline-only knobs (sink_tokens, recent_tokens, lrfu_lambda, seed) of a
+    policy instance: the one place the fast engine reads them."""
+    return getattr(policy.config, name)
+
+
+def unsupported(opts: Any) -> str | None:
+    """Why the fast engine cannot replay ``opts`` (None: it can)."""
+    mode = opts.mode if opts.policy == "ema" else "float"
+    if (opts.policy, mode) not in POLICY_CODES:
+        return f"the fast engine does not cover policy {opts.policy} yet (it covers {COVERED})"
+    if opts.prefetch:
+        return "the fast engine does not prefetch yet"
+    if opts.audit:
+        return "the eviction audit runs on the numpy engine"
+    if opts.check:
+        return "per-event tier checks run on the numpy engine"
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return "numba is not installed (pip install numba)"
+    return None
+
+
+def notice(reason: str) -> None:
+    """One line on stderr, once per reason and process, when a run falls back to numpy."""
+    if reason not in _noticed:
+        _noticed.add(reason)
+        print(f"kvcxl: replaying with the numpy engine: {reason}", file=sys.stderr)
+
+
+def flat_plan(stream: ReadStream, granularity: str) -> dict[str, NDArray]:
+    """:func:`kvcxl.emu.sim.simulator.plan_batches` as flat arrays: per batch ``read``,
+    ``step``, ``tokens`` and ``off`` (offsets into ``ids``/``w``).  The same batches, in
+    the same order, with the same reads (tests/test_sim_fast.py compares the two)."""
+    ev = np.flatnonzero(~stream.lazy_creates)
+    kinds, steps = stream.ev_kind[ev], stream.ev_step[ev]
+    is_read = kinds != CREATE
+    sizes = (stream.ev_off[ev + 1] - stream.ev_off[ev]).astype(np.int64)
+    starts = np.repeat(stream.ev_off[ev].astype(np.int64) - np.cumsum(sizes) + sizes, sizes)
+    rec = starts + np.arange(int(sizes.sum()), dtype=np.int64)
+    ids = stream.ids[rec].astype(np.int64)
+    w = stream.w[rec]
+    ev_rec = np.concatenate([[0], np.cumsum(sizes)])
+    first = np.ones(ev.size, dtype=bool)
+    if granularity == "step":  # consecutive READ events of a step form one batch
+        first[1:] = ~(is_read[1:] & is_read[:-1] & (steps[1:] == steps[:-1]))
+    g = np.flatnonzero(first)
+    off = np.append(ev_rec[g], ev_rec[-1])
+    read = is_read[g]
+    tok = np.add.reduceat(stream.ev_tokens[ev], g) if g.size else np.zeros(0, np.int64)
+    tok = np.where(read, tok, 0).astype(np.int64)
+    step = steps[g].astype(np.int64)
+    if granularity == "request":  # every read its own batch; tokens ride on the first
+        n = np.diff(off)
+        keep = ~read | (n > 0)
+        per = np.where(read, n, 1)[keep]
+        b_read = np.repeat(read[keep], per)
+        b_step = np.repeat(step[keep], per)
+        first_of = np.concatenate([[0], np.cumsum(per)[:-1]])
+        b_tok = np.zeros(int(per.sum()), np.int64)
+        b_tok[first_of] = tok[keep]
+        lo = off[:-1][keep]
+        within = np.arange(int(per.sum())) - np.repeat(first_of, per)
+        starts_b = np.repeat(lo, per) + within
+        ends_b = np.where(b_read, starts_b + 1, np.repeat(off[1:][keep], per))
+        assert np.array_equal(starts_b[1:], ends_b[:-1])
+        off = np.append(starts_b, ends_b[-1] if ends_b.size else 0)
+        read, step, tok = b_read, b_step, b_tok
+    return {"read": read, "step": step, "tokens": tok, "off": off.astype(np.int64),
+            "ids": ids, "w": w}  # fmt: skip
+
+
+def run(rep: _Replay) -> None:
+    """Replay ``rep``'s stream with the kernel; fill its books, tiers, stats and dump."""
+    from .kernel import replay
+
+    opts, stream, fw = rep.opts, rep.stream, rep.fw
+    cfg = fw.config
+    mode = opts.mode if opts.policy == "ema" else "float"
+    code = POLICY_CODES[(opts.policy, mode)]
+    plan = flat_plan(stream, opts.granularity)
+    n = stream.n_entries
+    books = rep.books
+    npos = max(books.n, 1)
+    pos = np.minimum(np.searchsorted(books.read_steps, plan["step"]), npos - 1)
+    # Pins as the policy itself decides them, on the stream's entry table.
+    table = EntryTable(block_tokens=stream.shape.block_tokens, capacity=max(n, 16))
+    table.append(stream.e_ctx, stream.e_layer, stream.e_head, stream.e_block)
+    kwargs = {"mode": mode} if "int" in POLICIES[opts.policy].modes else {}
+    want_pin = np.asarray(make_policy(opts.policy, cfg, table, **kwargs).wants_pin(np.arange(n)))
+    # The float decay for every idle count the replay can reach (one per step boundary).
+    n_steps = int(np.count_nonzero(np.diff(plan["step"]))) + 2
+    decay_f = np.asarray(recency_decay(np.arange(n_steps, dtype=np.int64), cfg.beta), np.float64)
+    decay_q = np.asarray(fx.decay_table(cfg.beta, cfg.decay_shift), np.int64)
+    w64 = np.asarray(plan["w"], dtype=np.float64)
+    wq = np.asarray(fx.to_q16(w64), np.int64) if mode == "int" else np.zeros(0, np.int64)
+    nvme_below = -np.inf
+    if fw.placement == "policy" and fw.policy.scored and cfg.placement_mode == "thresholds":
+        nvme_below = float(cfg.evict_threshold)
+    t = opts.timing
+    tiers = rep.tiers
+    out = replay(
+        code, plan["read"], plan["step"], plan["off"], pos.astype(np.int64), plan["tokens"],
+        plan["ids"], w64, wq, n, want_pin.astype(np.bool_), bool(stream.lazy_creates.any()),
+        fw.cache.capacity, fw.cache.pinned_capacity, bool(cfg.persistent_metadata),
+        int(cfg.eviction_batch), float(cfg.alpha), float(cfg.touch_threshold),
+        fx.alpha_to_q16(cfg.alpha), int(fx.to_q16(cfg.touch_threshold)), decay_f, decay_q,
+        int(cfg.decay_shift), nvme_below, int(tiers.cap[2]), int(tiers.cap[3]), int(rep.eb),
+        float(t.cxl_latency_ns), float(t.cxl_gbps), float(t.nvme_latency_ns),
+        float(t.nvme_gbps), npos, bool(opts.record_victims),
+    )  # fmt: skip
+    reads, hits, miss, stall, tokens, moved, tier, tcount, stats, d_id, d_pr, d_call, err = out
+    if err:
+        nv, cap = int(tcount[3]), tiers.cap[3]
+        raise ValueError(
+            f"NVMe tier full: {nv} entries placed, capacity {cap} ({cap * tiers.entry_bytes} B);"
+            " raise --nvme or --cxl"
+        )
+    k = books.n
+    books.reads[:] = reads[:k]
+    books.hits[:] = hits[:k]
+    books.miss[:] = miss[:k]
+    books.stall[:] = stall[:k]
+    books.tokens[:] = tokens[:k]
+    books.bytes[:] = (reads[:k] * rep.eb).astype(np.float64)
+    books.moved[:] = moved
+    tiers.tier[:n] = tier
+    tiers.count[:] = tcount
+    tiers.moved[:] = moved.sum(axis=0)
+    tiers.n = n
+    s = fw.cache.stats
+    s.hits, s.misses, s.inserts, s.evictions, s.eviction_passes, s.pinned = (
+        int(x) for x in stats[:6]
+    )
+    fw.cache.n_resident = int(stats[6])
+    rep.n_described = int(stats[7])
+    if opts.record_victims and d_id.size:
+        cut = np.flatnonzero(np.diff(d_call)) + 1
+        for ids_, pr_, c_ in zip(
+            np.split(d_id, cut), np.split(d_pr, cut), np.split(d_call, cut), strict=True
+        ):
+            rep.dump.append((ids_, pr_, int(plan["step"][c_[0]])))

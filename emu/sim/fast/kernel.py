@@ -1,0 +1,608 @@
+"""The compiled replay loop (numba): one call replays a whole flattened plan.
+
+This is the numpy engine of :mod:`kvcxl.emu.sim.simulator` written as one loop over
+batches and entries, so that a batch of one read costs what one read costs.  It holds
+no formula of its own that is not checked against :mod:`kvcxl.firmware`:
+
+* the float recency decay arrives as a table computed by
+  :func:`kvcxl.firmware.formulas.recency_decay`, the Q0.16 decay table from
+  :func:`kvcxl.firmware.fixedpoint.decay_table`, Q0.16 weights from
+  :func:`kvcxl.firmware.fixedpoint.to_q16` and the pins from the policy's own
+  ``wants_pin`` (all computed before the call);
+* the EMA steps, the priorities and the placement rule below are one-line copies of
+  ``firmware/formulas.py`` and ``firmware/fixedpoint.py``; ``tests/test_sim_fast.py``
+  compares each, bit for bit, with the firmware's function over every Q0.16 value
+  (integer mode) and millions of random floats (float mode), and the replay as a whole
+  against the numpy engine and ``tests/reference_engine.py``.
+
+Victim order is the firmware's contract: priority descending, entry id ascending.  A
+"key" here is ``-priority`` so that the smallest (key, id) goes first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# Policy codes (kvcxl.emu.sim.fast.POLICY_CODES maps names to them).
+LRU, FIFO, LFU, EMA_F, EMA_I = 0, 1, 2, 3, 4
+HBM, CXL, NVME, HOST = 1, 2, 3, 4  # kvcxl.firmware.formulas tier codes; HOST as in tiers.py
+LFU_SPAN = 1 << 40  # firmware/policies/lfu.py _TIME_SPAN: count major, last read minor
+Q_MAX, HALF = 65535, 32768
+
+
+# --- the formulas (each checked against kvcxl.firmware in tests/test_sim_fast.py) --------
+@njit(cache=True)
+def ema_float(s: float, w: float, alpha: float) -> float:
+    """EmaPolicy.end_step, float mode: ``s *= 1 − α; s += α·w``."""
+    s = s * (1.0 - alpha)
+    return s + alpha * w
+
+
+@njit(cache=True)
+def ema_q16(s: int, w: int, alpha_q: int) -> int:
+    """fixedpoint.ema_update_q16."""
+    return (alpha_q * w + (65536 - alpha_q) * s + HALF) >> 16
+
+
+@njit(cache=True)
+def priority_float(s: float, r: float) -> float:
+    """formulas.eviction_priority given r = recency_decay(idle)."""
+    return (1.0 - s) * r
+
+
+@njit(cache=True)
+def priority_q16(s: int, idle: int, table: np.ndarray, shift: int) -> int:
+    """fixedpoint.eviction_priority_q16."""
+    i = min(idle, 65535) >> shift
+    return ((Q_MAX - s) * table[min(i, 255)] + HALF) >> 16
+
+
+# --- a min-heap of (key, id) with a version per item (stale items are skipped) -----------
+@njit(cache=True)
+def _less(ka, ia, kb, ib):  # type: ignore[no-untyped-def]
+    return ka < kb or (ka == kb and ia < ib)
+
+
+@njit(cache=True)
+def _sift_down(hk, hi, hv, size, pos):  # type: ignore[no-untyped-def]
+    k, i, v = hk[pos], hi[pos], hv[pos]
+    while True:
+        c = 2 * pos + 1
+        if c >= size:
+            break
+        if c + 1 < size and _less(hk[c + 1], hi[c + 1], hk[c], hi[c]):
+            c += 1
+        if _less(hk[c], hi[c], k, i):
+            hk[pos], hi[pos], hv[pos] = hk[c], hi[c], hv[c]
+            pos = c
+        else:
+            break
+    hk[pos], hi[pos], hv[pos] = k, i, v
+
+
+@njit(cache=True)
+def _push(hk, hi, hv, size, k, i, v):  # type: ignore[no-untyped-def]
+    pos = size
+    while pos > 0:
+        parent = (pos - 1) >> 1
+        if _less(k, i, hk[parent], hi[parent]):
+            hk[pos], hi[pos], hv[pos] = hk[parent], hi[parent], hv[parent]
+            pos = parent
+        else:
+            break
+    hk[pos], hi[pos], hv[pos] = k, i, v
+    return size + 1
+
+
+@njit(cache=True)
+def _pop(hk, hi, hv, size):  # type: ignore[no-untyped-def]
+    k, i, v = hk[0], hi[0], hv[0]
+    size -= 1
+    if size > 0:
+        hk[0], hi[0], hv[0] = hk[size], hi[size], hv[size]
+        _sift_down(hk, hi, hv, size, 0)
+    return k, i, v, size
+
+
+@njit(cache=True)
+def _heapify(hk, hi, hv, size):  # type: ignore[no-untyped-def]
+    for pos in range(size // 2 - 1, -1, -1):
+        _sift_down(hk, hi, hv, size, pos)
+
+
+# --- exact top-k by (key, id) over a candidate list --------------------------------------
+@njit(cache=True)
+def _select(keys, ids, m, k, ordered, out_ids):  # type: ignore[no-untyped-def]
+    """The ``k`` smallest (key, id) of ``keys[:m]``/``ids[:m]`` into ``out_ids`` (in no
+    particular order, or by (key, id) when ``ordered``).  Returns how many (min(k, m))."""
+    sel = np.empty(min(k, m), np.int64)  # candidate positions
+    if k >= m:
+        n = m
+        for j in range(m):
+            sel[j] = j
+    else:
+        kth = np.partition(keys[:m].copy(), k - 1)[k - 1]  # the k-th smallest key
+        n = 0
+        tied = 0
+        for j in range(m):
+            if keys[j] < kth:
+                sel[n] = j
+                n += 1
+            elif keys[j] == kth:
+                tied += 1
+        need = k - n
+        tpos = np.empty(tied, np.int64)
+        t = 0
+        for j in range(m):
+            if keys[j] == kth:
+                tpos[t] = j
+                t += 1
+        if need < tied:  # among equal priorities the lower entry id goes first
+            tpos = tpos[np.argsort(ids[tpos])]
+        for j in range(need):
+            sel[n] = tpos[j]
+            n += 1
+    if ordered and n > 1:
+        # ids ascending first, then a stable sort on the key keeps them ascending in ties
+        sel = sel[np.argsort(ids[sel])]
+        sel = sel[np.argsort(keys[sel], kind="mergesort")]
+    for j in range(n):
+        out_ids[j] = ids[sel[j]]
+    return n
+
+
+@njit(cache=True)
+def _grow(a, need):  # type: ignore[no-untyped-def]
+    if need <= a.size:
+        return a
+    b = np.empty(max(need, 2 * a.size), a.dtype)
+    b[: a.size] = a
+    return b
+
+
+@njit(cache=True)
+def replay(  # one loop over the plan: no Python call per batch
+    pol: int,
+    b_read: np.ndarray,
+    b_step: np.ndarray,
+    b_off: np.ndarray,
+    b_pos: np.ndarray,
+    b_tokens: np.ndarray,
+    p_ids: np.ndarray,
+    p_w: np.ndarray,
+    p_wq: np.ndarray,
+    n_total: int,
+    want_pin: np.ndarray,
+    lazy: bool,
+    capacity: int,
+    pinned_capacity: int,
+    persistent: bool,
+    eviction_batch: int,
+    alpha: float,
+    touch_f: float,
+    alpha_q: int,
+    touch_q: int,
+    decay_f: np.ndarray,
+    decay_q: np.ndarray,
+    shift: int,
+    nvme_below: float,
+    cxl_cap: int,
+    nvme_cap: int,
+    eb: int,
+    cxl_lat: float,
+    cxl_gbps: float,
+    nvme_lat: float,
+    nvme_gbps: float,
+    npos: int,
+    record: bool,
+):  # type: ignore[no-untyped-def]
+    """Replay the plan; returns (books, tiers, stats, victim dump, error).  ``nvme_below``:
+    a victim whose score is below it goes to NVMe (−inf: never)."""
+    n = n_total
+    ema = pol == EMA_F or pol == EMA_I
+    static = not ema  # priorities change only on this entry's own events: a heap serves
+    # books
+    reads = np.zeros(npos, np.int64)
+    hits = np.zeros(npos, np.int64)
+    miss = np.zeros((npos, 4), np.int64)
+    stall = np.zeros(npos, np.float64)
+    tokens = np.zeros(npos, np.int64)
+    moved = np.zeros((npos, 5, 4), np.int64)
+    # cache
+    resident = np.zeros(n, np.bool_)
+    pinned = np.zeros(n, np.bool_)
+    created = np.zeros(n, np.bool_)
+    n_res = 0
+    n_pinned = 0
+    s_hits = s_miss = s_ins = s_evict = s_pass = 0
+    res_list = np.empty(n, np.int64)  # resident, unpinned entries (swap-remove)
+    res_pos = np.full(n, -1, np.int64)
+    n_list = 0
+    n_desc = 0
+    # policy state (columns of firmware/policies/*.py, with their fills)
+    last = np.full(n, -1 if pol != LFU else 0, np.int64)  # lru last / fifo inserted / lfu
+    count = np.zeros(n, np.int64)
+    s_f = np.zeros(n, np.float64)
+    s_q = np.zeros(n, np.int64)
+    idle = np.zeros(n, np.int64)
+    w_f = np.zeros(n, np.float64)
+    w_q = np.zeros(n, np.int64)
+    touched = np.zeros(n, np.bool_)
+    # heap of resident unpinned entries by (key, id), static-key policies
+    hcap = 2 * n + 64
+    hk = np.empty(hcap, np.int64)
+    hi = np.empty(hcap, np.int64)
+    hv = np.empty(hcap, np.int64)
+    hsize = 0
+    ver = np.zeros(n, np.int64)
+    dirty = np.zeros(n, np.bool_)
+    dirty_list = np.empty(n, np.int64)
+    n_dirty = 0
+    # tiers
+    tier = np.zeros(n, np.uint8)
+    since = np.zeros(n, np.int64)
+    tcount = np.zeros(4, np.int64)
+    cxl_k = np.empty(hcap, np.int64)  # CXL DRAM arrivals by (since, id)
+    cxl_i = np.empty(hcap, np.int64)
+    cxl_v = np.empty(hcap, np.int64)
+    cxl_size = 0
+    cxl_ver = np.zeros(n, np.int64)
+    # scratch
+    stamp = np.full(n, -1, np.int64)  # call number that last marked an entry (batch member)
+    adm = np.empty(n, np.int64)
+    cand_id = np.empty(n, np.int64)
+    cand_kf = np.empty(n, np.float64)
+    cand_ki = np.empty(n, np.int64)
+    vic = np.empty(n, np.int64)
+    stash = np.empty(n, np.int64)
+    # dump
+    d_id = np.empty(16, np.int64)
+    d_pr = np.empty(16, np.float64)
+    d_call = np.empty(16, np.int64)  # batch index of each victim
+    n_dump = 0
+    err = 0
+    time = 0
+    call = 0
+    open_step = 0
+    have_open = False
+
+    nb = b_step.size
+    for b in range(nb):
+        step = b_step[b]
+        pos = b_pos[b]
+        if have_open and step != open_step and ema:
+            # end_step of the open step (EmaPolicy.end_step) over every described entry
+            if pol == EMA_F:
+                for e in range(n_desc):
+                    s_f[e] = ema_float(s_f[e], w_f[e], alpha)
+                    idle[e] = 0 if touched[e] else idle[e] + 1
+                    w_f[e] = 0.0
+                    touched[e] = False
+            else:
+                for e in range(n_desc):
+                    s_q[e] = ema_q16(s_q[e], w_q[e], alpha_q)
+                    idle[e] = 0 if touched[e] else min(idle[e] + 1, 65535)
+                    w_q[e] = 0
+                    touched[e] = False
+        open_step = step
+        have_open = True
+        a, z = b_off[b], b_off[b + 1]
+        # Up to two calls per batch: a write (the batch's own, or a trace's entries written
+        # just before their first read), then the reads.
+        for phase in range(2):
+            if phase == 0:  # the write
+                if b_read[b]:
+                    if not lazy:
+                        continue
+                    call += 1
+                    na = 0
+                    for j in range(a, z):
+                        e = p_ids[j]
+                        if not created[e] and stamp[e] != call:
+                            stamp[e] = call
+                            adm[na] = e
+                            na += 1
+                    if na > 1:
+                        adm[:na] = np.sort(adm[:na])
+                else:
+                    call += 1
+                    na = z - a
+                    for j in range(na):
+                        adm[j] = p_ids[a + j]
+                if na == 0:
+                    continue
+                is_write = True
+            else:
+                if not b_read[b]:
+                    continue
+                call += 1
+                is_write = False
+            if is_write:
+                # tiers.create, then FirmwareSession.write at the last read batch's time
+                t = time - 1 if time > 0 else 0
+                for j in range(na):
+                    e = adm[j]
+                    created[e] = True
+                    if e + 1 > n_desc:
+                        n_desc = e + 1
+                    tier[e] = HBM
+                    stamp[e] = call
+                tcount[HBM] += na
+                moved[pos, HOST, HBM] += na
+                n_new = na  # every write is of new entries: the simulator writes each once
+            else:
+                t = time
+                m = z - a
+                nh = 0
+                c_cxl = 0
+                c_nvme = 0
+                na = 0
+                for j in range(m):  # hits: resident at the batch's start
+                    e = p_ids[a + j]
+                    if resident[e]:
+                        nh += 1
+                    else:
+                        miss[pos, tier[e]] += 1
+                        if tier[e] == CXL:
+                            c_cxl += 1
+                        elif tier[e] == NVME:
+                            c_nvme += 1
+                        if stamp[e] != call:  # the misses to admit, once each
+                            adm[na] = e
+                            na += 1
+                    stamp[e] = call  # every read entry is protected
+                s_hits += nh
+                s_miss += m - nh
+                reads[pos] += m
+                hits[pos] += nh
+                tokens[pos] += b_tokens[b]
+                if c_cxl:
+                    stall[pos] += cxl_lat + (c_cxl * eb) / cxl_gbps
+                if c_nvme:
+                    stall[pos] += nvme_lat + (c_nvme * eb) / nvme_gbps
+                n_new = na
+                # the order matters only to pinning (ascending ids take free slots)
+                if na > 1 and pinned_capacity - n_pinned > 0:
+                    adm[:na] = np.sort(adm[:na])
+                # tiers.promote
+                for j in range(na):
+                    e = adm[j]
+                    src = tier[e]
+                    moved[pos, src, HBM] += 1
+                    tcount[src] -= 1
+                    tier[e] = HBM
+                tcount[HBM] += na
+            # --- PolicyCache._admit(adm[:na]) ---
+            n_res += n_new
+            s_ins += n_new
+            free = pinned_capacity - n_pinned
+            for j in range(n_new):
+                e = adm[j]
+                resident[e] = True
+                if free > 0 and want_pin[e] and not pinned[e]:
+                    pinned[e] = True
+                    n_pinned += 1
+                    free -= 1
+                else:
+                    res_list[n_list] = e
+                    res_pos[e] = n_list
+                    n_list += 1
+                # on_insert
+                if pol == LRU or pol == FIFO:
+                    last[e] = t
+                elif not persistent:
+                    if pol == LFU:
+                        count[e] = 0
+                        last[e] = 0
+                    else:
+                        s_f[e] = 0.0
+                        s_q[e] = 0
+                        idle[e] = 0
+                        w_f[e] = 0.0
+                        w_q[e] = 0
+                        touched[e] = False
+                if static and not dirty[e]:
+                    dirty[e] = True
+                    dirty_list[n_dirty] = e
+                    n_dirty += 1
+            # --- on_access (reads only) ---
+            if not is_write:
+                for j in range(a, z):
+                    e = p_ids[j]
+                    if pol == LRU:
+                        last[e] = t
+                    elif pol == LFU:
+                        count[e] += 1
+                        last[e] = t
+                    elif pol == EMA_F:
+                        wv = p_w[j]
+                        if wv > w_f[e]:
+                            w_f[e] = wv
+                        if wv >= touch_f:
+                            touched[e] = True
+                            idle[e] = 0
+                    elif pol == EMA_I:
+                        wq = p_wq[j]
+                        if wq > w_q[e]:
+                            w_q[e] = wq
+                        if wq >= touch_q:
+                            touched[e] = True
+                            idle[e] = 0
+                    if static and pol != FIFO and not dirty[e]:
+                        dirty[e] = True
+                        dirty_list[n_dirty] = e
+                        n_dirty += 1
+                time += 1
+            # --- PolicyCache._make_room ---
+            over = n_res - capacity
+            if over > 0:
+                # protected: this call's entries (stamp == call), unless they alone overflow
+                n_prot = 0
+                if is_write:
+                    for j in range(na):
+                        if not pinned[adm[j]]:
+                            n_prot += 1
+                else:
+                    for j in range(a, z):
+                        e = p_ids[j]
+                        if stamp[e] == call:
+                            stamp[e] = -call  # counted once (a batch may repeat an entry)
+                            if not pinned[e]:
+                                n_prot += 1
+                    for j in range(a, z):
+                        stamp[p_ids[j]] = call
+                protect = n_list - n_prot >= over
+                nv = 0
+                if static and over * 16 <= n_list:
+                    # heap path: few victims among many
+                    if n_dirty * 2 > n_list or hsize + n_dirty > hcap:
+                        hsize = 0
+                        for j in range(n_list):
+                            e = res_list[j]
+                            ver[e] += 1
+                            hk[hsize] = last[e] if pol != LFU else count[e] * LFU_SPAN + last[e]
+                            hi[hsize] = e
+                            hv[hsize] = ver[e]
+                            hsize += 1
+                        _heapify(hk, hi, hv, hsize)
+                        for j in range(n_dirty):
+                            dirty[dirty_list[j]] = False
+                        n_dirty = 0
+                    else:
+                        for j in range(n_dirty):
+                            e = dirty_list[j]
+                            dirty[e] = False
+                            if resident[e] and not pinned[e]:
+                                ver[e] += 1
+                                key = last[e] if pol != LFU else count[e] * LFU_SPAN + last[e]
+                                hsize = _push(hk, hi, hv, hsize, key, e, ver[e])
+                        n_dirty = 0
+                    n_st = 0
+                    while nv < over and hsize > 0:
+                        key, e, v, hsize = _pop(hk, hi, hv, hsize)
+                        if not resident[e] or pinned[e] or v != ver[e]:
+                            continue
+                        if protect and stamp[e] == call:
+                            stash[n_st] = e
+                            n_st += 1
+                            continue
+                        vic[nv] = e
+                        nv += 1
+                    for j in range(n_st):
+                        e = stash[j]
+                        key = last[e] if pol != LFU else count[e] * LFU_SPAN + last[e]
+                        hsize = _push(hk, hi, hv, hsize, key, e, ver[e])
+                else:
+                    mc = 0
+                    for j in range(n_list):
+                        e = res_list[j]
+                        if protect and stamp[e] == call:
+                            continue
+                        cand_id[mc] = e
+                        if pol == EMA_F:
+                            cand_kf[mc] = -priority_float(s_f[e], decay_f[idle[e]])
+                        elif pol == EMA_I:
+                            cand_ki[mc] = -priority_q16(s_q[e], idle[e], decay_q, shift)
+                        elif pol == LFU:
+                            cand_ki[mc] = count[e] * LFU_SPAN + last[e]
+                        else:
+                            cand_ki[mc] = last[e]
+                        mc += 1
+                    if pol == EMA_F:
+                        nv = _select(cand_kf, cand_id, mc, over, record, vic)
+                    else:
+                        nv = _select(cand_ki, cand_id, mc, over, record, vic)
+                s_pass += (nv + eviction_batch - 1) // eviction_batch
+                # --- victims leave: dump, placement, on_evict, demote ---
+                if record:
+                    d_id = _grow(d_id, n_dump + nv)
+                    d_pr = _grow(d_pr, n_dump + nv)
+                    d_call = _grow(d_call, n_dump + nv)
+                for j in range(nv):
+                    e = vic[j]
+                    if record:
+                        if pol == EMA_F:
+                            pr = priority_float(s_f[e], decay_f[idle[e]])
+                        elif pol == EMA_I:
+                            pr = float(priority_q16(s_q[e], idle[e], decay_q, shift))
+                        elif pol == LFU:
+                            pr = float(-(count[e] * LFU_SPAN + last[e]))
+                        else:
+                            pr = float(-last[e])
+                        d_id[n_dump] = e
+                        d_pr[n_dump] = pr
+                        d_call[n_dump] = b
+                        n_dump += 1
+                    dest = CXL
+                    if pol == EMA_F:
+                        if s_f[e] < nvme_below:
+                            dest = NVME
+                    elif pol == EMA_I:
+                        if s_q[e] / 65536.0 < nvme_below:
+                            dest = NVME
+                    resident[e] = False
+                    p = res_pos[e]
+                    last_e = res_list[n_list - 1]
+                    res_list[p] = last_e
+                    res_pos[last_e] = p
+                    res_pos[e] = -1
+                    n_list -= 1
+                    if not persistent:
+                        if pol == LFU:
+                            count[e] = 0
+                            last[e] = 0
+                        elif pol == LRU or pol == FIFO:
+                            last[e] = -1
+                        else:
+                            s_f[e] = 0.0
+                            s_q[e] = 0
+                            idle[e] = 0
+                            w_f[e] = 0.0
+                            w_q[e] = 0
+                            touched[e] = False
+                    # tiers.demote
+                    src = tier[e]
+                    moved[pos, src, dest] += 1
+                    tcount[src] -= 1
+                    tcount[dest] += 1
+                    tier[e] = dest
+                    since[e] = t
+                    if dest == CXL and cxl_cap < n:  # (room for every entry: never spills)
+                        if cxl_size >= hcap:
+                            cxl_size = 0
+                            for x in range(n_desc):
+                                if tier[x] == CXL:
+                                    cxl_k[cxl_size] = since[x]
+                                    cxl_i[cxl_size] = x
+                                    cxl_v[cxl_size] = cxl_ver[x]
+                                    cxl_size += 1
+                            _heapify(cxl_k, cxl_i, cxl_v, cxl_size)
+                        else:
+                            cxl_ver[e] += 1
+                            cxl_size = _push(cxl_k, cxl_i, cxl_v, cxl_size, t, e, cxl_ver[e])
+                n_res -= nv
+                s_evict += nv
+                if nv:
+                    # tiers._spill: the earliest arrivals in CXL DRAM go down to NVMe
+                    spill = tcount[CXL] - cxl_cap
+                    while spill > 0 and cxl_size > 0:
+                        key, e, v, cxl_size = _pop(cxl_k, cxl_i, cxl_v, cxl_size)
+                        if tier[e] != CXL or v != cxl_ver[e]:
+                            continue
+                        tier[e] = NVME
+                        since[e] = t
+                        moved[pos, CXL, NVME] += 1
+                        tcount[CXL] -= 1
+                        tcount[NVME] += 1
+                        spill -= 1
+                    if tcount[NVME] > nvme_cap:
+                        err = 1
+                        break
+        if err:
+            break
+    stats = np.array([s_hits, s_miss, s_ins, s_evict, s_pass, n_pinned, n_res, n_desc])
+    return (
+        reads, hits, miss, stall, tokens, moved, tier, tcount, stats,
+        d_id[:n_dump], d_pr[:n_dump], d_call[:n_dump], err,
+    )  # fmt: skip

@@ -1,0 +1,284 @@
+"""The fast replay engine (kvcxl.emu.sim.fast) against the numpy engine and the firmware.
+
+* Formulas: each line the compiled loop holds of ``firmware/formulas.py`` and
+  ``firmware/fixedpoint.py`` is compared bit for bit with the firmware's own function —
+  exhaustively over every Q0.16 score and decay-table index (integer mode), and over
+  millions of random floats with the α, β of the differential test (float mode).
+* The plan: the flattened batches equal ``plan_batches``' (reads, steps, tokens, order).
+* Replays: every workload of the catalog, a version-1 trace (entries written on first
+  read) and a version-2 trace, through both engines, under every policy and mode the
+  fast engine covers, every granularity, with and without persistent metadata, small
+  CXL DRAM (spill): the whole result dict must be equal (hits, misses, bytes moved per
+  tier pair and per step, stall, cache statistics) and so must the victims, in order,
+  with their priorities.  The same for the real model's capture (slow, model).
+* Selection: an uncovered run falls back to numpy with one notice, or is refused with
+  ``engine="fast"``.
+
+tests/test_sim_differential.py replays its random traces through both engines too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from numba import njit
+
+from kvcxl.emu.shape import PRESETS
+from kvcxl.emu.sim import fast
+from kvcxl.emu.sim.fast import kernel as K
+from kvcxl.emu.sim.simulator import GRANULARITIES, SimOptions, plan_batches, simulate
+from kvcxl.emu.workloads import compile_workload, make_workload
+from kvcxl.emu.workloads.catalog import WORKLOADS
+from kvcxl.emu.workloads.stream import from_trace
+from kvcxl.firmware import fixedpoint as fx
+from kvcxl.firmware.config import PolicyConfig
+from kvcxl.firmware.formulas import ema_update, eviction_priority, recency_decay
+
+COVERED = sorted(fast.POLICY_CODES)
+ALPHAS = (0.05, 0.2, 0.5, 0.3333, 1.0, 0.013)
+BETAS = (0.0, 0.001, 0.1, 0.5, 1.0)
+
+
+# --- the formulas, bit for bit ----------------------------------------------------------
+@njit
+def _ema_float_all(s, w, alpha):  # type: ignore[no-untyped-def]
+    out = np.empty_like(s)
+    for i in range(s.size):
+        out[i] = K.ema_float(s[i], w[i], alpha)
+    return out
+
+
+@njit
+def _ema_q16_all(s, w, alpha_q):  # type: ignore[no-untyped-def]
+    out = np.empty(s.size, np.int64)
+    for i in range(s.size):
+        out[i] = K.ema_q16(s[i], w[i], alpha_q)
+    return out
+
+
+@njit
+def _priority_float_all(s, idle, table):  # type: ignore[no-untyped-def]
+    out = np.empty(s.size, np.float64)
+    for i in range(s.size):
+        out[i] = K.priority_float(s[i], table[idle[i]])
+    return out
+
+
+@njit
+def _priority_q16_all(s, idle, table, shift):  # type: ignore[no-untyped-def]
+    out = np.empty(s.size, np.int64)
+    for i in range(s.size):
+        out[i] = K.priority_q16(s[i], idle[i], table, shift)
+    return out
+
+
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_ema_float_is_the_firmwares(alpha: float) -> None:
+    rng = np.random.default_rng(1)
+    s = np.concatenate([rng.random(1_000_000), rng.random(100) * 1e-300, [0.0, 1.0]])
+    w = np.concatenate([rng.random(1_000_000).astype(np.float32).astype(np.float64), np.zeros(102)])
+    got = _ema_float_all(s, w, alpha)
+    # EmaPolicy.end_step updates in place (s *= 1 − α; s += α·w); formulas.ema_update is
+    # α·w + (1 − α)·s: the same two products and one sum.
+    inplace = s.copy()
+    inplace *= 1.0 - alpha
+    inplace += alpha * w
+    assert np.array_equal(got.view(np.int64), inplace.view(np.int64))
+    assert np.array_equal(got.view(np.int64), np.asarray(ema_update(s, w, alpha)).view(np.int64))
+
+
+@pytest.mark.parametrize("beta", BETAS)
+def test_priority_float_is_the_firmwares(beta: float) -> None:
+    rng = np.random.default_rng(2)
+    n = 1_000_000
+    s = np.concatenate([rng.random(n), [0.0, 1.0, 1.0 + 2**-52]])
+    idle = np.concatenate([rng.integers(0, 5000, n), [0, 1, 4999]]).astype(np.int64)
+    # the table the engine is handed: the firmware's recency_decay of every idle count
+    table = np.asarray(recency_decay(np.arange(5000, dtype=np.int64), beta))
+    got = _priority_float_all(s, idle, table)
+    want = np.asarray(eviction_priority(s, idle, beta))
+    assert np.array_equal(got.view(np.int64), want.view(np.int64))
+    # and element by element (the firmware's small-array path), on a slice
+    small = np.asarray(eviction_priority(s[:1000], idle[:1000], beta))
+    assert np.array_equal(got[:1000].view(np.int64), small.view(np.int64))
+
+
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_ema_q16_is_the_firmwares(alpha: float) -> None:
+    aq = fx.alpha_to_q16(alpha)
+    score = np.arange(65536, dtype=np.int64)
+    # every score against every 64th weight and the extremes, then 4 M random pairs
+    for w in [*range(0, 65536, 64), 1, 32767, 32768, 65534, 65535]:
+        wv = np.full(65536, w, np.int64)
+        want = np.asarray(fx.ema_update_q16(score.astype(np.uint32), wv.astype(np.uint32), aq))
+        assert np.array_equal(_ema_q16_all(score, wv, aq), want.astype(np.int64)), w
+    rng = np.random.default_rng(3)
+    s, w = rng.integers(0, 65536, (2, 4_000_000))
+    want = np.asarray(fx.ema_update_q16(s.astype(np.uint32), w.astype(np.uint32), aq))
+    assert np.array_equal(_ema_q16_all(s, w, aq), want.astype(np.int64))
+
+
+@pytest.mark.parametrize("shift", [0, 2, 4, 8])
+@pytest.mark.parametrize("beta", [0.001, 0.1, 1.0])
+def test_priority_q16_is_the_firmwares(beta: float, shift: int) -> None:
+    table = fx.decay_table(beta, shift)
+    score = np.tile(np.arange(65536, dtype=np.int64), 1)
+    # every score at every table index (the idle counts that start each bin, and past the
+    # table and the 16-bit saturation)
+    idles = sorted({min(i << shift, 1 << 20) for i in range(257)} | {65535, 65536, 1 << 20})
+    for i in idles:
+        idle = np.full(65536, i, np.int64)
+        want = np.asarray(
+            fx.eviction_priority_q16(score.astype(np.uint32), np.minimum(idle, 65535), table, shift)
+        )
+        assert np.array_equal(_priority_q16_all(score, idle, table, shift), want), i
+
+
+# --- the plan ---------------------------------------------------------------------------
+SHAPE = PRESETS["ci"].with_(context_tokens=256)
+
+
+def _streams() -> dict[str, Any]:
+    wl = compile_workload(make_workload("multi-turn", SHAPE, seed=1), 8, read="topk:2")
+    return {
+        "workload": wl,
+        "trace-v1": from_trace(wl.to_trace(writes=False)),
+        "trace-v2": from_trace(wl.to_trace(writes=True)),
+    }
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_flat_plan_is_plan_batches(granularity: str) -> None:
+    for name, stream in _streams().items():
+        want = plan_batches(stream, granularity)
+        got = fast.flat_plan(stream, granularity)
+        assert got["read"].size == len(want), name
+        for k, b in enumerate(want):
+            a, z = got["off"][k], got["off"][k + 1]
+            assert bool(got["read"][k]) == b.read and int(got["step"][k]) == b.step, (name, k)
+            assert int(got["tokens"][k]) == b.tokens, (name, k)
+            assert np.array_equal(got["ids"][a:z], b.ids), (name, k)
+            if b.read:
+                assert np.array_equal(got["w"][a:z], b.w), (name, k)
+
+
+# --- replays through both engines -------------------------------------------------------
+def _both(stream: Any, **kw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    out = []
+    for engine in ("numpy", "fast"):
+        r = simulate(stream, SimOptions(engine=engine, record_victims=True, **kw))
+        assert r.pop("engine") == engine
+        out.append(r)
+    return out[0], out[1]
+
+
+def assert_same(a: dict[str, Any], b: dict[str, Any], desc: str) -> None:
+    va, vb = a.pop("_victims"), b.pop("_victims")
+    ida = np.concatenate([v[0] for v in va]) if va else np.zeros(0, np.int64)
+    idb = np.concatenate([v[0] for v in vb]) if vb else np.zeros(0, np.int64)
+    assert np.array_equal(ida, idb), f"{desc}: victims differ"
+    if va:
+        pa = np.concatenate([np.asarray(v[1], np.float64) for v in va])
+        pb = np.concatenate([np.asarray(v[1], np.float64) for v in vb])
+        assert np.array_equal(pa.view(np.int64), pb.view(np.int64)), f"{desc}: priorities"
+        sa = np.concatenate([np.full(v[0].size, v[2]) for v in va])
+        sb = np.concatenate([np.full(v[0].size, v[2]) for v in vb])
+        assert np.array_equal(sa, sb), f"{desc}: victim steps"
+    for key in a:
+        assert a[key] == b[key], f"{desc}: {key}: numpy {a[key]!r}, fast {b[key]!r}"
+    assert a.keys() == b.keys()
+
+
+CONFIGS = [
+    {},
+    {"persistent_metadata": False, "anchor_zone_size": 32, "pinned_fraction": 0.5},
+    {"alpha": 0.05, "beta": 0.1, "touch_threshold": 0.05, "evict_threshold": 0.05},
+    {"placement_mode": "weighted", "beta": 0.0, "anchor_zone_size": 0},
+]
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_every_workload_replays_identically(workload: str) -> None:
+    stream = compile_workload(make_workload(workload, SHAPE, seed=2), 10, read="dense")
+    kv = stream.kv_bytes
+    k = 0
+    for policy, mode in COVERED:
+        for gran in GRANULARITIES:
+            k += 1
+            cfg = CONFIGS[k % len(CONFIGS)]
+            budget = (0.1, 0.25, 0.5)[k % 3]
+            cxl = (None, kv // 20, 0)[(k // 3) % 3]
+            a, b = _both(
+                stream, policy=policy, mode=mode, granularity=gran, warmup_steps=k % 3,
+                budget_bytes=int(kv * budget), cxl_bytes=cxl, config=PolicyConfig.from_mapping(cfg),
+            )  # fmt: skip
+            desc = f"{workload} {policy}/{mode} {gran} budget {budget} cxl {cxl} {cfg}"
+            assert_same(a, b, desc)
+
+
+@pytest.mark.parametrize("source", ["trace-v1", "trace-v2"])
+def test_traces_replay_identically(source: str) -> None:
+    stream = _streams()[source]
+    for policy, mode in COVERED:
+        for gran in GRANULARITIES:
+            for cfg in CONFIGS[:2]:
+                a, b = _both(
+                    stream, policy=policy, mode=mode, granularity=gran,
+                    budget_bytes=stream.kv_bytes // 5, cxl_bytes=stream.kv_bytes // 10,
+                    config=PolicyConfig.from_mapping(cfg),
+                )  # fmt: skip
+                assert_same(a, b, f"{source} {policy}/{mode} {gran} {cfg}")
+
+
+def test_a_full_nvme_is_refused_alike() -> None:
+    # CXL DRAM has room for everything, NVMe for one entry: the EMA's threshold placement
+    # sends low-score victims to NVMe, which overflows during the replay (not up front).
+    stream = _streams()["workload"]
+    eb = stream.shape.entry_bytes
+    msgs = []
+    for engine in ("numpy", "fast"):
+        opts = SimOptions(
+            policy="ema", engine=engine, budget_bytes=stream.kv_bytes // 4,
+            cxl_bytes=stream.kv_bytes, nvme_bytes=eb,
+        )  # fmt: skip
+        with pytest.raises(ValueError, match="NVMe tier full") as e:
+            simulate(stream, opts)
+        msgs.append(str(e.value))
+    assert msgs[0] == msgs[1]
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_the_real_model_capture_replays_identically() -> None:
+    from kvcxl.emu.model.capture import capture, load_prompt, shared_model, to_trace
+
+    m, tok = shared_model(1)
+    cap = capture(m, load_prompt("chat", tok), 16, aggregation="max")
+    stream = from_trace(to_trace(cap, source="test"))
+    for policy, mode in COVERED:
+        for gran in GRANULARITIES:
+            for budget in (0.1, 0.3):
+                a, b = _both(
+                    stream, policy=policy, mode=mode, granularity=gran,
+                    budget_bytes=int(stream.kv_bytes * budget), cxl_bytes=stream.kv_bytes // 10,
+                )  # fmt: skip
+                assert_same(a, b, f"capture {policy}/{mode} {gran} {budget}")
+
+
+# --- which engine runs ------------------------------------------------------------------
+def test_an_uncovered_run_falls_back_with_one_notice(capsys: pytest.CaptureFixture) -> None:
+    stream = _streams()["workload"]
+    fast._noticed.clear()
+    for _ in range(2):
+        r = simulate(stream, SimOptions(policy="lrfu", budget_bytes=stream.kv_bytes // 4))
+        assert r["engine"] == "numpy"
+    err = capsys.readouterr().err
+    assert err.count("replaying with the numpy engine") == 1 and "lrfu" in err
+    r = simulate(stream, SimOptions(policy="lru", budget_bytes=stream.kv_bytes // 4))
+    assert r["engine"] == "fast"
+    r = simulate(stream, SimOptions(policy="lru", budget_bytes=stream.kv_bytes // 4, audit=True))
+    assert r["engine"] == "numpy" and r["audit_faults"] == 0
+    with pytest.raises(ValueError, match=r"--engine fast: .*lrfu"):
+        simulate(stream, SimOptions(policy="lrfu", engine="fast", budget_bytes=4096))

@@ -6,6 +6,7 @@ synthetic (their hit rates are Simulated and reported only as a cross-check).
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -17,12 +18,13 @@ from ...firmware.config import PolicyConfig
 from ...firmware.replay import replay
 from ..shape import PRESETS
 from ..workloads import compile_workload, make_workload
+from ..workloads.stream import from_trace
 from .export import requests, write_oracle_general
 from .simulator import SimOptions, simulate
 
 
 def _replay_ci(quick: bool) -> dict[str, Any]:
-    """Entry reads per second of the replay engine on the ci preset (zipf-sessions)."""
+    """Entry reads per second on the ci preset (zipf-sessions), both engines side by side."""
 
     steps = 60 if quick else 240
     t0 = time.perf_counter()
@@ -35,15 +37,33 @@ def _replay_ci(quick: bool) -> dict[str, Any]:
         "entry_reads": stream.n_reads,
         "compile_s": round(time.perf_counter() - t0, 3),
     }
-    for policy in ("lru", "ema"):
+    runs = [("lru", "float"), ("ema", "float"), ("ema", "int")]
+    for policy, mode in runs:
         for gran in ("layer", "step"):
-            opts = SimOptions(policy=policy, budget_bytes=stream.kv_bytes // 10, granularity=gran)
-            t0 = time.perf_counter()
-            r = simulate(stream, opts)
-            dt = time.perf_counter() - t0
-            out[f"{policy}_{gran}_entry_reads_per_s"] = round(r["reads"] / dt)
-            out[f"{policy}_{gran}_hit_rate_simulated"] = round(r["hit_rate"], 4)
+            name = policy if policy == "lru" else f"{policy}_{mode}"
+            rate = {}
+            for engine in ("numpy", "fast"):
+                opts = SimOptions(
+                    policy=policy, mode=mode, budget_bytes=stream.kv_bytes // 10,
+                    granularity=gran, engine=engine,
+                )  # fmt: skip
+                r, dt = _timed(stream, opts)
+                rate[engine] = r["reads"] / dt
+                out[f"{name}_{gran}_{engine}_entry_reads_per_s"] = round(rate[engine])
+            out[f"{name}_{gran}_fast_over_numpy"] = round(rate["fast"] / rate["numpy"], 2)
+            out[f"{name}_{gran}_hit_rate_simulated"] = round(r["hit_rate"], 4)
     return out
+
+
+def _timed(stream: Any, opts: SimOptions, repeat: int = 3) -> tuple[dict[str, Any], float]:
+    """The fastest of ``repeat`` replays (after one that compiles or loads the fast engine)."""
+    simulate(stream, opts)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        r = simulate(stream, opts)
+        best = min(best, time.perf_counter() - t0)
+    return r, best
 
 
 def _s1_context(quick: bool) -> dict[str, Any]:
@@ -72,24 +92,54 @@ def _s1_context(quick: bool) -> dict[str, Any]:
     runs = [("lru", "step", 100, ""), ("ema", "step", 100, ""), ("ema", "layer", 100, "")]
     runs += [("lru", "step", 25, ""), ("ema", "step", 25, "")] if not quick else []
     runs += [("ema", "step", 25, "_ordered")]
-    for policy, gran, pct, variant in runs:
-        opts = SimOptions(
-            policy=policy,
-            budget_bytes=stream.kv_bytes * pct // 100,
-            granularity=gran,
-            record_victims=bool(variant),
-        )
-        marks: list[float] = []
-        t0 = time.perf_counter()
-        r = simulate(stream, opts, progress=lambda _n, m=marks: m.append(time.perf_counter()))
-        t1 = time.perf_counter()
-        step_s = (t1 - marks[0]) / decode  # the first event is the prefill write
+    prefill = _prefix(stream, 1)  # the prefill write alone, which the fast engine's step
+    for policy, gran, pct, variant in runs:  # time subtracts (numpy's marks it)
         key = f"{policy}_{gran}_budget{pct}{variant}"
-        out[f"{key}_prefill_s"] = round(marks[0] - t0, 3)
-        out[f"{key}_ms_per_dense_step"] = round(1e3 * step_s, 1)
-        out[f"{key}_entry_reads_per_s"] = round(entries / step_s)
+        step_ms = {}
+        for engine in ("numpy", "fast"):
+            opts = SimOptions(
+                policy=policy,
+                budget_bytes=stream.kv_bytes * pct // 100,
+                granularity=gran,
+                record_victims=bool(variant),
+                engine=engine,
+            )
+            if engine == "numpy":
+                marks: list[float] = []
+                t0 = time.perf_counter()
+                r = simulate(
+                    stream, opts, progress=lambda _n, m=marks: m.append(time.perf_counter())
+                )
+                t1 = time.perf_counter()
+                step_s = (t1 - marks[0]) / decode  # the first event is the prefill write
+                out[f"{key}_prefill_s"] = round(marks[0] - t0, 3)
+            else:
+                _, t_pre = _timed(prefill, opts, repeat=1)
+                r, t_all = _timed(stream, opts, repeat=1)
+                step_s = max(t_all - t_pre, 1e-9) / decode
+                out[f"{key}_fast_prefill_s"] = round(t_pre, 3)
+            tag = "" if engine == "numpy" else "_fast"
+            step_ms[engine] = 1e3 * step_s
+            out[f"{key}{tag}_ms_per_dense_step"] = round(1e3 * step_s, 1)
+            out[f"{key}{tag}_entry_reads_per_s"] = round(entries / step_s)
+        out[f"{key}_numpy_over_fast_time"] = round(step_ms["numpy"] / step_ms["fast"], 2)
         out[f"{key}_hit_rate_simulated"] = round(r["hit_rate"], 4)
     return out
+
+
+def _prefix(stream: Any, n_events: int) -> Any:
+    """The stream's first ``n_events`` events (its other entries exist but are never made)."""
+    k = n_events
+    return dataclasses.replace(
+        stream,
+        ev_kind=stream.ev_kind[:k],
+        ev_step=stream.ev_step[:k],
+        ev_layer=stream.ev_layer[:k],
+        ev_off=stream.ev_off[: k + 1],
+        ev_tokens=stream.ev_tokens[:k],
+        len_off=stream.len_off[: k + 1],
+        ev_lazy=None if stream.ev_lazy is None else stream.ev_lazy[:k],
+    )
 
 
 def _lru_vs_libcachesim(quick: bool) -> dict[str, Any]:
@@ -106,11 +156,13 @@ def _lru_vs_libcachesim(quick: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "reads.oracleGeneral"
         write_oracle_general(stream, path)
-        reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
-        cache = lcs.LRU(capacity * stream.shape.entry_bytes)
-        t0 = time.perf_counter()
-        miss_ratio = cache.process_trace(reader)[0]
-        t_peer = time.perf_counter() - t0
+        t_peer = float("inf")
+        for _ in range(3):  # the fastest of three, as the simulator's fast engine below
+            reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
+            cache = lcs.LRU(capacity * stream.shape.entry_bytes)
+            t0 = time.perf_counter()
+            miss_ratio = cache.process_trace(reader)[0]
+            t_peer = min(t_peer, time.perf_counter() - t0)
     theirs = round(obj.size * (1.0 - miss_ratio))
     batches = [obj[i : i + 1] for i in range(obj.size)]
     t0 = time.perf_counter()
@@ -121,9 +173,27 @@ def _lru_vs_libcachesim(quick: bool) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     native = simulate(
-        stream, SimOptions(policy="lru", budget_bytes=capacity * stream.shape.entry_bytes)
+        stream,
+        SimOptions(policy="lru", budget_bytes=capacity * stream.shape.entry_bytes, engine="numpy"),
     )
     t_native = time.perf_counter() - t0
+    # The simulator itself, one request per batch, on the reads-only trace libCacheSim
+    # replays: hits = libCacheSim's + distinct objects (docs/simulator.md), both engines.
+    v1 = from_trace(stream.to_trace(writes=False))
+    distinct = int(np.unique(obj).size)
+    sim: dict[str, Any] = {}
+    for engine in ("numpy", "fast"):
+        opts = SimOptions(
+            policy="lru", budget_bytes=capacity * stream.shape.entry_bytes, engine=engine,
+            granularity="request", config=PolicyConfig(persistent_metadata=False),
+        )  # fmt: skip
+        r, dt = _timed(v1, opts, repeat=3 if engine == "fast" else 1)
+        sim[f"sim_{engine}_request_hits"] = int(r["hits"])
+        sim[f"sim_{engine}_requests_per_s"] = round(r["reads"] / dt)
+        sim[f"sim_{engine}_over_libcachesim_speed"] = round(t_peer / dt, 4)
+        sim[f"sim_{engine}_hits_equal_libcachesim_plus_distinct"] = bool(
+            r["hits"] == theirs + distinct
+        )
     return {
         "evidence": "Measured",
         "kvcxl_native_layer_batches_reads_per_s": round(native["reads"] / t_native),
@@ -136,9 +206,12 @@ def _lru_vs_libcachesim(quick: bool) -> dict[str, Any]:
         "kvcxl_requests_per_s": round(obj.size / t_ours),
         "libcachesim_requests_per_s": round(obj.size / t_peer),
         "kvcxl_over_libcachesim_speed": round(t_peer / t_ours, 4),
-        "note": "kvcxl replays one request per cache batch here (per-request semantics); "
-        "its native mode batches a whole layer of a decode step",
-        "distinct_objects": int(np.unique(obj).size),
+        **sim,
+        "note": "kvcxl_*: firmware.replay, one request per PolicyCache call; sim_*: the "
+        "simulator with --granularity request on the reads-only trace (numpy and fast "
+        "engines), whose hits are libCacheSim's plus one per distinct object (its first "
+        "read follows its write)",
+        "distinct_objects": distinct,
     }
 
 

@@ -32,26 +32,26 @@ Q_MAX, HALF = 65535, 32768
 
 
 # --- the formulas (each checked against kvcxl.firmware in tests/test_sim_fast.py) --------
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def ema_float(s: float, w: float, alpha: float) -> float:
     """EmaPolicy.end_step, float mode: ``s *= 1 − α; s += α·w``."""
     s = s * (1.0 - alpha)
     return s + alpha * w
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def ema_q16(s: int, w: int, alpha_q: int) -> int:
     """fixedpoint.ema_update_q16."""
     return (alpha_q * w + (65536 - alpha_q) * s + HALF) >> 16
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def priority_float(s: float, r: float) -> float:
     """formulas.eviction_priority given r = recency_decay(idle)."""
     return (1.0 - s) * r
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def priority_q16(s: int, idle: int, table: np.ndarray, shift: int) -> int:
     """fixedpoint.eviction_priority_q16."""
     i = min(idle, 65535) >> shift
@@ -59,7 +59,7 @@ def priority_q16(s: int, idle: int, table: np.ndarray, shift: int) -> int:
 
 
 # --- a min-heap of (key, id) with a version per item (stale items are skipped) -----------
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _less(ka, ia, kb, ib):  # type: ignore[no-untyped-def]
     return ka < kb or (ka == kb and ia < ib)
 
@@ -111,38 +111,124 @@ def _heapify(hk, hi, hv, size):  # type: ignore[no-untyped-def]
         _sift_down(hk, hi, hv, size, pos)
 
 
+# --- keys: -priority as an int64 whose order is the victim order ------------------------
+@njit(cache=True, inline="always")
+def float_key(x):  # type: ignore[no-untyped-def]
+    """An int64 ordered as the float ``x`` (IEEE order; -0.0 and 0.0 equal, as in numpy's
+    comparisons)."""
+    b = np.float64(x + 0.0).view(np.int64)  # -0.0 + 0.0 is +0.0
+    if b < 0:
+        b ^= 0x7FFFFFFFFFFFFFFF
+    return b
+
+
+@njit(cache=True)
+def _keys(pol, ids, n, out, last, count, s_f, s_q, idle, decay_f, decay_q, shift):  # type: ignore[no-untyped-def]
+    """Keys (−priority, as int64s ordered like it) of ``ids[:n]`` into ``out``: one call per
+    list, not per entry (a call per entry costs more than the key)."""
+    if pol == EMA_F:
+        for j in range(n):
+            e = ids[j]
+            out[j] = float_key(-priority_float(s_f[e], decay_f[idle[e]]))
+    elif pol == EMA_I:
+        for j in range(n):
+            e = ids[j]
+            out[j] = -priority_q16(s_q[e], idle[e], decay_q, shift)
+    elif pol == LFU:
+        for j in range(n):
+            e = ids[j]
+            out[j] = count[e] * LFU_SPAN + last[e]
+    else:
+        for j in range(n):
+            out[j] = last[ids[j]]
+
+
+@njit(cache=True)
+def _priorities(pol, ids, n, out, last, count, s_f, s_q, idle, decay_f, decay_q, shift):  # type: ignore[no-untyped-def]
+    """Priorities of ``ids[:n]`` into ``out`` as the numpy engine reports them (float64)."""
+    for j in range(n):
+        e = ids[j]
+        if pol == EMA_F:
+            out[j] = priority_float(s_f[e], decay_f[idle[e]])
+        elif pol == EMA_I:
+            out[j] = float(priority_q16(s_q[e], idle[e], decay_q, shift))
+        elif pol == LFU:
+            out[j] = float(-(count[e] * LFU_SPAN + last[e]))
+        else:
+            out[j] = float(-last[e])
+
+
 # --- exact top-k by (key, id) over a candidate list --------------------------------------
 @njit(cache=True)
-def _select(keys, ids, m, k, ordered, out_ids):  # type: ignore[no-untyped-def]
+def _select(keys, ids, m, k, kmin, kmax, ordered, out_ids, mark):  # type: ignore[no-untyped-def]
     """The ``k`` smallest (key, id) of ``keys[:m]``/``ids[:m]`` into ``out_ids`` (in no
-    particular order, or by (key, id) when ``ordered``).  Returns how many (min(k, m))."""
+    particular order, or by (key, id) when ``ordered``).  Returns how many (min(k, m)).
+    ``kmin``/``kmax`` bound the keys; ``mark`` is a False bool array over entry ids."""
     sel = np.empty(min(k, m), np.int64)  # candidate positions
     if k >= m:
         n = m
         for j in range(m):
             sel[j] = j
     else:
-        kth = np.partition(keys[:m].copy(), k - 1)[k - 1]  # the k-th smallest key
+        if float(kmax) - float(kmin) < max(m, 1024):  # few distinct keys (times, Q0.16)
+            span = kmax - kmin + 1
+            hist = np.zeros(span, np.int64)
+            for j in range(m):
+                hist[keys[j] - kmin] += 1
+            acc = 0
+            kth = kmin
+            for v in range(span):
+                acc += hist[v]
+                if acc >= k:
+                    kth = kmin + v
+                    break
+        else:
+            kth = np.partition(keys[:m].copy(), k - 1)[k - 1]  # the k-th smallest key
         n = 0
         tied = 0
+        lo = np.iinfo(np.int64).max
+        hi = -1
         for j in range(m):
             if keys[j] < kth:
                 sel[n] = j
                 n += 1
             elif keys[j] == kth:
                 tied += 1
+                if ids[j] < lo:
+                    lo = ids[j]
+                if ids[j] > hi:
+                    hi = ids[j]
         need = k - n
-        tpos = np.empty(tied, np.int64)
-        t = 0
-        for j in range(m):
-            if keys[j] == kth:
-                tpos[t] = j
-                t += 1
-        if need < tied:  # among equal priorities the lower entry id goes first
+        if need == tied:
+            for j in range(m):
+                if keys[j] == kth:
+                    sel[n] = j
+                    n += 1
+        elif tied > 4096 and hi - lo < 8 * tied:
+            # among equal priorities the lower entry id goes first: walk the ids in order
+            at = np.empty(hi - lo + 1, np.int64)
+            for j in range(m):
+                if keys[j] == kth:
+                    mark[ids[j]] = True
+                    at[ids[j] - lo] = j
+            for e in range(lo, hi + 1):
+                if mark[e]:
+                    mark[e] = False
+                    if need > 0:
+                        sel[n] = at[e - lo]
+                        n += 1
+                        need -= 1
+        else:
+            tpos = np.empty(tied, np.int64)
+            t = 0
+            for j in range(m):
+                if keys[j] == kth:
+                    tpos[t] = j
+                    t += 1
             tpos = tpos[np.argsort(ids[tpos])]
-        for j in range(need):
-            sel[n] = tpos[j]
-            n += 1
+            for j in range(need):
+                sel[n] = tpos[j]
+                n += 1
     if ordered and n > 1:
         # ids ascending first, then a stable sort on the key keeps them ascending in ties
         sel = sel[np.argsort(ids[sel])]
@@ -150,15 +236,6 @@ def _select(keys, ids, m, k, ordered, out_ids):  # type: ignore[no-untyped-def]
     for j in range(n):
         out_ids[j] = ids[sel[j]]
     return n
-
-
-@njit(cache=True)
-def _grow(a, need):  # type: ignore[no-untyped-def]
-    if need <= a.size:
-        return a
-    b = np.empty(max(need, 2 * a.size), a.dtype)
-    b[: a.size] = a
-    return b
 
 
 @njit(cache=True)
@@ -201,7 +278,6 @@ def replay(  # one loop over the plan: no Python call per batch
     a victim whose score is below it goes to NVMe (−inf: never)."""
     n = n_total
     ema = pol == EMA_F or pol == EMA_I
-    static = not ema  # priorities change only on this entry's own events: a heap serves
     # books
     reads = np.zeros(npos, np.int64)
     hits = np.zeros(npos, np.int64)
@@ -220,46 +296,53 @@ def replay(  # one loop over the plan: no Python call per batch
     res_pos = np.full(n, -1, np.int64)
     n_list = 0
     n_desc = 0
-    # policy state (columns of firmware/policies/*.py, with their fills)
-    last = np.full(n, -1 if pol != LFU else 0, np.int64)  # lru last / fifo inserted / lfu
-    count = np.zeros(n, np.int64)
-    s_f = np.zeros(n, np.float64)
-    s_q = np.zeros(n, np.int64)
-    idle = np.zeros(n, np.int64)
-    w_f = np.zeros(n, np.float64)
-    w_q = np.zeros(n, np.int64)
-    touched = np.zeros(n, np.bool_)
-    # heap of resident unpinned entries by (key, id), static-key policies
-    hcap = 2 * n + 64
+    # policy state (the columns of firmware/policies/*.py, with their fills); only the
+    # policy's own are allocated
+    last = np.full(0 if ema else n, 0 if pol == LFU else -1, np.int64)  # lru/fifo/lfu
+    count = np.zeros(n if pol == LFU else 0, np.int64)
+    s_f = np.zeros(n if pol == EMA_F else 0, np.float64)
+    w_f = np.zeros(n if pol == EMA_F else 0, np.float64)
+    s_q = np.zeros(n if pol == EMA_I else 0, np.int64)
+    w_q = np.zeros(n if pol == EMA_I else 0, np.int64)
+    idle = np.zeros(n if ema else 0, np.int64)
+    touched = np.zeros(n if ema else 0, np.bool_)
+    # A heap of the resident unpinned entries by (key, id) serves small evictions: keys
+    # change only by an entry's own events (marked dirty, pushed again before the next
+    # pop) and, for the EMA, at step ends (the heap is rebuilt).  Large evictions scan.
+    hcap = 2 * n + 64  # rebuilt (to at most n items) before it would overflow
     hk = np.empty(hcap, np.int64)
     hi = np.empty(hcap, np.int64)
     hv = np.empty(hcap, np.int64)
     hsize = 0
+    stale = True  # the heap must be rebuilt before use
     ver = np.zeros(n, np.int64)
     dirty = np.zeros(n, np.bool_)
     dirty_list = np.empty(n, np.int64)
     n_dirty = 0
     # tiers
     tier = np.zeros(n, np.uint8)
-    since = np.zeros(n, np.int64)
     tcount = np.zeros(4, np.int64)
-    cxl_k = np.empty(hcap, np.int64)  # CXL DRAM arrivals by (since, id)
-    cxl_i = np.empty(hcap, np.int64)
-    cxl_v = np.empty(hcap, np.int64)
+    spills = cxl_cap < n  # else CXL DRAM has room for every entry
+    since = np.zeros(n if spills else 0, np.int64)
+    ccap = 2 * n + 64 if spills else 0
+    cxl_k = np.empty(ccap, np.int64)  # CXL DRAM arrivals by (since, id)
+    cxl_i = np.empty(ccap, np.int64)
+    cxl_v = np.empty(ccap, np.int64)
     cxl_size = 0
-    cxl_ver = np.zeros(n, np.int64)
-    # scratch
-    stamp = np.full(n, -1, np.int64)  # call number that last marked an entry (batch member)
+    cxl_ver = np.zeros(n if spills else 0, np.int64)
+    # scratch, every array at its largest size up front: an array variable reassigned in
+    # the loop costs reference counting on every iteration (20x on one-read batches)
+    stamp = np.zeros(n, np.int64)  # the call that last marked an entry (a batch member)
     adm = np.empty(n, np.int64)
     cand_id = np.empty(n, np.int64)
-    cand_kf = np.empty(n, np.float64)
-    cand_ki = np.empty(n, np.int64)
+    cand_k = np.empty(n, np.int64)
     vic = np.empty(n, np.int64)
-    stash = np.empty(n, np.int64)
+    stash = np.empty(2 * n, np.int64)
+    mark = np.zeros(n, np.bool_)
     # dump
-    d_id = np.empty(16, np.int64)
-    d_pr = np.empty(16, np.float64)
-    d_call = np.empty(16, np.int64)  # batch index of each victim
+    d_id = np.empty(p_ids.size + n if record else 0, np.int64)  # victims <= admissions
+    d_pr = np.empty(p_ids.size + n if record else 0, np.float64)
+    d_call = np.empty(p_ids.size + n if record else 0, np.int64)  # batch index of each victim
     n_dump = 0
     err = 0
     time = 0
@@ -285,17 +368,19 @@ def replay(  # one loop over the plan: no Python call per batch
                     idle[e] = 0 if touched[e] else min(idle[e] + 1, 65535)
                     w_q[e] = 0
                     touched[e] = False
+            stale = True
         open_step = step
         have_open = True
         a, z = b_off[b], b_off[b + 1]
         # Up to two calls per batch: a write (the batch's own, or a trace's entries written
         # just before their first read), then the reads.
         for phase in range(2):
+            n_prot = 0  # this call's entries, resident and unpinned after admission
             if phase == 0:  # the write
+                call += 1
                 if b_read[b]:
                     if not lazy:
                         continue
-                    call += 1
                     na = 0
                     for j in range(a, z):
                         e = p_ids[j]
@@ -306,19 +391,12 @@ def replay(  # one loop over the plan: no Python call per batch
                     if na > 1:
                         adm[:na] = np.sort(adm[:na])
                 else:
-                    call += 1
                     na = z - a
                     for j in range(na):
                         adm[j] = p_ids[a + j]
                 if na == 0:
                     continue
                 is_write = True
-            else:
-                if not b_read[b]:
-                    continue
-                call += 1
-                is_write = False
-            if is_write:
                 # tiers.create, then FirmwareSession.write at the last read batch's time
                 t = time - 1 if time > 0 else 0
                 for j in range(na):
@@ -330,28 +408,35 @@ def replay(  # one loop over the plan: no Python call per batch
                     stamp[e] = call
                 tcount[HBM] += na
                 moved[pos, HOST, HBM] += na
-                n_new = na  # every write is of new entries: the simulator writes each once
             else:
+                if not b_read[b]:
+                    continue
+                call += 1
+                is_write = False
                 t = time
                 m = z - a
                 nh = 0
                 c_cxl = 0
                 c_nvme = 0
                 na = 0
-                for j in range(m):  # hits: resident at the batch's start
-                    e = p_ids[a + j]
+                for j in range(a, z):  # hits: resident at the batch's start
+                    e = p_ids[j]
+                    first = stamp[e] != call
+                    stamp[e] = call  # every read entry is protected
                     if resident[e]:
                         nh += 1
+                        if first and not pinned[e]:
+                            n_prot += 1
                     else:
-                        miss[pos, tier[e]] += 1
-                        if tier[e] == CXL:
+                        tr = tier[e]
+                        miss[pos, tr] += 1
+                        if tr == CXL:
                             c_cxl += 1
-                        elif tier[e] == NVME:
+                        elif tr == NVME:
                             c_nvme += 1
-                        if stamp[e] != call:  # the misses to admit, once each
+                        if first:  # the misses to admit, once each
                             adm[na] = e
                             na += 1
-                    stamp[e] = call  # every read entry is protected
                 s_hits += nh
                 s_miss += m - nh
                 reads[pos] += m
@@ -361,7 +446,6 @@ def replay(  # one loop over the plan: no Python call per batch
                     stall[pos] += cxl_lat + (c_cxl * eb) / cxl_gbps
                 if c_nvme:
                     stall[pos] += nvme_lat + (c_nvme * eb) / nvme_gbps
-                n_new = na
                 # the order matters only to pinning (ascending ids take free slots)
                 if na > 1 and pinned_capacity - n_pinned > 0:
                     adm[:na] = np.sort(adm[:na])
@@ -374,13 +458,13 @@ def replay(  # one loop over the plan: no Python call per batch
                     tier[e] = HBM
                 tcount[HBM] += na
             # --- PolicyCache._admit(adm[:na]) ---
-            n_res += n_new
-            s_ins += n_new
+            n_res += na
+            s_ins += na
             free = pinned_capacity - n_pinned
-            for j in range(n_new):
+            for j in range(na):
                 e = adm[j]
                 resident[e] = True
-                if free > 0 and want_pin[e] and not pinned[e]:
+                if free > 0 and want_pin[e]:
                     pinned[e] = True
                     n_pinned += 1
                     free -= 1
@@ -388,6 +472,7 @@ def replay(  # one loop over the plan: no Python call per batch
                     res_list[n_list] = e
                     res_pos[e] = n_list
                     n_list += 1
+                    n_prot += 1
                 # on_insert
                 if pol == LRU or pol == FIFO:
                     last[e] = t
@@ -395,14 +480,17 @@ def replay(  # one loop over the plan: no Python call per batch
                     if pol == LFU:
                         count[e] = 0
                         last[e] = 0
-                    else:
+                    elif pol == EMA_F:
                         s_f[e] = 0.0
-                        s_q[e] = 0
-                        idle[e] = 0
                         w_f[e] = 0.0
-                        w_q[e] = 0
+                        idle[e] = 0
                         touched[e] = False
-                if static and not dirty[e]:
+                    else:
+                        s_q[e] = 0
+                        w_q[e] = 0
+                        idle[e] = 0
+                        touched[e] = False
+                if not dirty[e]:
                     dirty[e] = True
                     dirty_list[n_dirty] = e
                     n_dirty += 1
@@ -410,6 +498,7 @@ def replay(  # one loop over the plan: no Python call per batch
             if not is_write:
                 for j in range(a, z):
                     e = p_ids[j]
+                    key_changed = True
                     if pol == LRU:
                         last[e] = t
                     elif pol == LFU:
@@ -419,157 +508,144 @@ def replay(  # one loop over the plan: no Python call per batch
                         wv = p_w[j]
                         if wv > w_f[e]:
                             w_f[e] = wv
-                        if wv >= touch_f:
+                        key_changed = wv >= touch_f
+                        if key_changed:
                             touched[e] = True
                             idle[e] = 0
                     elif pol == EMA_I:
                         wq = p_wq[j]
                         if wq > w_q[e]:
                             w_q[e] = wq
-                        if wq >= touch_q:
+                        key_changed = wq >= touch_q
+                        if key_changed:
                             touched[e] = True
                             idle[e] = 0
-                    if static and pol != FIFO and not dirty[e]:
+                    else:
+                        key_changed = False
+                    if key_changed and not dirty[e]:
                         dirty[e] = True
                         dirty_list[n_dirty] = e
                         n_dirty += 1
                 time += 1
             # --- PolicyCache._make_room ---
             over = n_res - capacity
-            if over > 0:
-                # protected: this call's entries (stamp == call), unless they alone overflow
-                n_prot = 0
-                if is_write:
-                    for j in range(na):
-                        if not pinned[adm[j]]:
-                            n_prot += 1
-                else:
-                    for j in range(a, z):
-                        e = p_ids[j]
-                        if stamp[e] == call:
-                            stamp[e] = -call  # counted once (a batch may repeat an entry)
-                            if not pinned[e]:
-                                n_prot += 1
-                    for j in range(a, z):
-                        stamp[p_ids[j]] = call
-                protect = n_list - n_prot >= over
-                nv = 0
-                if static and over * 16 <= n_list:
-                    # heap path: few victims among many
-                    if n_dirty * 2 > n_list or hsize + n_dirty > hcap:
-                        hsize = 0
-                        for j in range(n_list):
-                            e = res_list[j]
-                            ver[e] += 1
-                            hk[hsize] = last[e] if pol != LFU else count[e] * LFU_SPAN + last[e]
-                            hi[hsize] = e
-                            hv[hsize] = ver[e]
-                            hsize += 1
-                        _heapify(hk, hi, hv, hsize)
-                        for j in range(n_dirty):
-                            dirty[dirty_list[j]] = False
-                        n_dirty = 0
-                    else:
-                        for j in range(n_dirty):
-                            e = dirty_list[j]
-                            dirty[e] = False
-                            if resident[e] and not pinned[e]:
-                                ver[e] += 1
-                                key = last[e] if pol != LFU else count[e] * LFU_SPAN + last[e]
-                                hsize = _push(hk, hi, hv, hsize, key, e, ver[e])
-                        n_dirty = 0
-                    n_st = 0
-                    while nv < over and hsize > 0:
-                        key, e, v, hsize = _pop(hk, hi, hv, hsize)
-                        if not resident[e] or pinned[e] or v != ver[e]:
-                            continue
-                        if protect and stamp[e] == call:
-                            stash[n_st] = e
-                            n_st += 1
-                            continue
-                        vic[nv] = e
-                        nv += 1
-                    for j in range(n_st):
-                        e = stash[j]
-                        key = last[e] if pol != LFU else count[e] * LFU_SPAN + last[e]
-                        hsize = _push(hk, hi, hv, hsize, key, e, ver[e])
-                else:
-                    mc = 0
+            if over <= 0:
+                continue
+            protect = n_list - n_prot >= over  # else the call's entries compete too
+            nv = 0
+            if over * 16 <= n_list:
+                # the heap: few victims among many
+                if stale or n_dirty * 2 > n_list or hsize + n_dirty > hcap:
+                    hsize = n_list
                     for j in range(n_list):
                         e = res_list[j]
-                        if protect and stamp[e] == call:
-                            continue
-                        cand_id[mc] = e
-                        if pol == EMA_F:
-                            cand_kf[mc] = -priority_float(s_f[e], decay_f[idle[e]])
-                        elif pol == EMA_I:
-                            cand_ki[mc] = -priority_q16(s_q[e], idle[e], decay_q, shift)
-                        elif pol == LFU:
-                            cand_ki[mc] = count[e] * LFU_SPAN + last[e]
-                        else:
-                            cand_ki[mc] = last[e]
-                        mc += 1
-                    if pol == EMA_F:
-                        nv = _select(cand_kf, cand_id, mc, over, record, vic)
+                        ver[e] += 1
+                        hi[j] = e
+                        hv[j] = ver[e]
+                    _keys(pol, hi, hsize, hk, last, count, s_f, s_q, idle, decay_f, decay_q, shift)
+                    _heapify(hk, hi, hv, hsize)
+                    for j in range(n_dirty):
+                        dirty[dirty_list[j]] = False
+                    n_dirty = 0
+                    stale = False
+                else:
+                    nd = 0
+                    for j in range(n_dirty):
+                        e = dirty_list[j]
+                        dirty[e] = False
+                        if resident[e] and not pinned[e]:
+                            dirty_list[nd] = e
+                            nd += 1
+                    _keys(
+                        pol, dirty_list, nd, cand_k, last, count, s_f, s_q, idle, decay_f,
+                        decay_q, shift,
+                    )  # fmt: skip
+                    for j in range(nd):
+                        e = dirty_list[j]
+                        ver[e] += 1
+                        hsize = _push(hk, hi, hv, hsize, cand_k[j], e, ver[e])
+                    n_dirty = 0
+                n_st = 0
+                while nv < over and hsize > 0:
+                    key, e, v, hsize = _pop(hk, hi, hv, hsize)
+                    if not resident[e] or pinned[e] or v != ver[e]:
+                        continue
+                    if protect and stamp[e] == call:
+                        stash[2 * n_st] = e
+                        stash[2 * n_st + 1] = key  # (unchanged: the item was current)
+                        n_st += 1
+                        continue
+                    vic[nv] = e
+                    nv += 1
+                for j in range(n_st):
+                    e = stash[2 * j]
+                    hsize = _push(hk, hi, hv, hsize, stash[2 * j + 1], e, ver[e])
+            else:
+                mc = 0
+                for j in range(n_list):
+                    e = res_list[j]
+                    if protect and stamp[e] == call:
+                        continue
+                    cand_id[mc] = e
+                    mc += 1
+                _keys(
+                    pol, cand_id, mc, cand_k, last, count, s_f, s_q, idle, decay_f, decay_q, shift
+                )
+                kmin = cand_k[0] if mc else 0
+                kmax = kmin
+                for j in range(mc):
+                    kmin = min(kmin, cand_k[j])
+                    kmax = max(kmax, cand_k[j])
+                nv = _select(cand_k, cand_id, mc, over, kmin, kmax, record, vic, mark)
+            s_pass += (nv + eviction_batch - 1) // eviction_batch
+            # --- the victims leave: dump, placement, on_evict, tiers.demote ---
+            if record:
+                d_id[n_dump : n_dump + nv] = vic[:nv]
+                d_call[n_dump : n_dump + nv] = b
+                pr = d_pr[n_dump : n_dump + nv]
+                _priorities(pol, vic, nv, pr, last, count, s_f, s_q, idle, decay_f, decay_q, shift)
+                n_dump += nv
+            for j in range(nv):
+                e = vic[j]
+                dest = CXL  # session.place, as the victim leaves (before it is forgotten)
+                if pol == EMA_F:
+                    if s_f[e] < nvme_below:
+                        dest = NVME
+                elif pol == EMA_I:
+                    if s_q[e] / 65536.0 < nvme_below:
+                        dest = NVME
+                resident[e] = False
+                p = res_pos[e]
+                moved_e = res_list[n_list - 1]
+                res_list[p] = moved_e
+                res_pos[moved_e] = p
+                res_pos[e] = -1
+                n_list -= 1
+                if not persistent:  # on_evict: the policy forgets the entry
+                    if pol == LFU:
+                        count[e] = 0
+                        last[e] = 0
+                    elif pol == LRU or pol == FIFO:
+                        last[e] = -1
+                    elif pol == EMA_F:
+                        s_f[e] = 0.0
+                        w_f[e] = 0.0
+                        idle[e] = 0
+                        touched[e] = False
                     else:
-                        nv = _select(cand_ki, cand_id, mc, over, record, vic)
-                s_pass += (nv + eviction_batch - 1) // eviction_batch
-                # --- victims leave: dump, placement, on_evict, demote ---
-                if record:
-                    d_id = _grow(d_id, n_dump + nv)
-                    d_pr = _grow(d_pr, n_dump + nv)
-                    d_call = _grow(d_call, n_dump + nv)
-                for j in range(nv):
-                    e = vic[j]
-                    if record:
-                        if pol == EMA_F:
-                            pr = priority_float(s_f[e], decay_f[idle[e]])
-                        elif pol == EMA_I:
-                            pr = float(priority_q16(s_q[e], idle[e], decay_q, shift))
-                        elif pol == LFU:
-                            pr = float(-(count[e] * LFU_SPAN + last[e]))
-                        else:
-                            pr = float(-last[e])
-                        d_id[n_dump] = e
-                        d_pr[n_dump] = pr
-                        d_call[n_dump] = b
-                        n_dump += 1
-                    dest = CXL
-                    if pol == EMA_F:
-                        if s_f[e] < nvme_below:
-                            dest = NVME
-                    elif pol == EMA_I:
-                        if s_q[e] / 65536.0 < nvme_below:
-                            dest = NVME
-                    resident[e] = False
-                    p = res_pos[e]
-                    last_e = res_list[n_list - 1]
-                    res_list[p] = last_e
-                    res_pos[last_e] = p
-                    res_pos[e] = -1
-                    n_list -= 1
-                    if not persistent:
-                        if pol == LFU:
-                            count[e] = 0
-                            last[e] = 0
-                        elif pol == LRU or pol == FIFO:
-                            last[e] = -1
-                        else:
-                            s_f[e] = 0.0
-                            s_q[e] = 0
-                            idle[e] = 0
-                            w_f[e] = 0.0
-                            w_q[e] = 0
-                            touched[e] = False
-                    # tiers.demote
-                    src = tier[e]
-                    moved[pos, src, dest] += 1
-                    tcount[src] -= 1
-                    tcount[dest] += 1
-                    tier[e] = dest
+                        s_q[e] = 0
+                        w_q[e] = 0
+                        idle[e] = 0
+                        touched[e] = False
+                src = tier[e]
+                moved[pos, src, dest] += 1
+                tcount[src] -= 1
+                tcount[dest] += 1
+                tier[e] = dest
+                if spills:
                     since[e] = t
-                    if dest == CXL and cxl_cap < n:  # (room for every entry: never spills)
-                        if cxl_size >= hcap:
+                    if dest == CXL:
+                        if cxl_size >= ccap:
                             cxl_size = 0
                             for x in range(n_desc):
                                 if tier[x] == CXL:
@@ -581,24 +657,24 @@ def replay(  # one loop over the plan: no Python call per batch
                         else:
                             cxl_ver[e] += 1
                             cxl_size = _push(cxl_k, cxl_i, cxl_v, cxl_size, t, e, cxl_ver[e])
-                n_res -= nv
-                s_evict += nv
-                if nv:
-                    # tiers._spill: the earliest arrivals in CXL DRAM go down to NVMe
-                    spill = tcount[CXL] - cxl_cap
-                    while spill > 0 and cxl_size > 0:
-                        key, e, v, cxl_size = _pop(cxl_k, cxl_i, cxl_v, cxl_size)
-                        if tier[e] != CXL or v != cxl_ver[e]:
-                            continue
-                        tier[e] = NVME
-                        since[e] = t
-                        moved[pos, CXL, NVME] += 1
-                        tcount[CXL] -= 1
-                        tcount[NVME] += 1
-                        spill -= 1
-                    if tcount[NVME] > nvme_cap:
-                        err = 1
-                        break
+            n_res -= nv
+            s_evict += nv
+            if nv:
+                # tiers._spill: the earliest arrivals in CXL DRAM go down to NVMe
+                spill = tcount[CXL] - cxl_cap
+                while spill > 0 and cxl_size > 0:
+                    key, e, v, cxl_size = _pop(cxl_k, cxl_i, cxl_v, cxl_size)
+                    if tier[e] != CXL or v != cxl_ver[e]:
+                        continue
+                    tier[e] = NVME
+                    since[e] = t
+                    moved[pos, CXL, NVME] += 1
+                    tcount[CXL] -= 1
+                    tcount[NVME] += 1
+                    spill -= 1
+                if tcount[NVME] > nvme_cap:
+                    err = 1
+                    break
         if err:
             break
     stats = np.array([s_hits, s_miss, s_ins, s_evict, s_pass, n_pinned, n_res, n_desc])

@@ -72,10 +72,14 @@ def flat_plan(stream: ReadStream, granularity: str) -> dict[str, NDArray]:
     kinds, steps = stream.ev_kind[ev], stream.ev_step[ev]
     is_read = kinds != CREATE
     sizes = (stream.ev_off[ev + 1] - stream.ev_off[ev]).astype(np.int64)
-    starts = np.repeat(stream.ev_off[ev].astype(np.int64) - np.cumsum(sizes) + sizes, sizes)
-    rec = starts + np.arange(int(sizes.sum()), dtype=np.int64)
-    ids = stream.ids[rec].astype(np.int64)
-    w = stream.w[rec]
+    if ev.size == stream.n_events:  # every event replayed: its records as they are
+        lo, hi = int(stream.ev_off[0]), int(stream.ev_off[-1])
+        ids, w = stream.ids[lo:hi], stream.w[lo:hi]
+    else:
+        starts = np.repeat(stream.ev_off[ev].astype(np.int64) - np.cumsum(sizes) + sizes, sizes)
+        rec = starts + np.arange(int(sizes.sum()), dtype=np.int64)
+        ids, w = stream.ids[rec], stream.w[rec]
+    ids = ids.astype(np.int64, copy=False)
     ev_rec = np.concatenate([[0], np.cumsum(sizes)])
     first = np.ones(ev.size, dtype=bool)
     if granularity == "step":  # consecutive READ events of a step form one batch
@@ -128,8 +132,10 @@ def run(rep: _Replay) -> None:
     n_steps = int(np.count_nonzero(np.diff(plan["step"]))) + 2
     decay_f = np.asarray(recency_decay(np.arange(n_steps, dtype=np.int64), cfg.beta), np.float64)
     decay_q = np.asarray(fx.decay_table(cfg.beta, cfg.decay_shift), np.int64)
-    w64 = np.asarray(plan["w"], dtype=np.float64)
-    wq = np.asarray(fx.to_q16(w64), np.int64) if mode == "int" else np.zeros(0, np.int64)
+    # Weights as the stream holds them (float32, widened exactly in the loop); Q0.16 by the
+    # firmware's rounding.
+    w = plan["w"] if plan["w"].dtype == np.float32 else np.asarray(plan["w"], np.float64)
+    wq = np.asarray(fx.to_q16(w), np.int64) if mode == "int" else np.zeros(0, np.int64)
     nvme_below = -np.inf
     if fw.placement == "policy" and fw.policy.scored and cfg.placement_mode == "thresholds":
         nvme_below = float(cfg.evict_threshold)
@@ -137,7 +143,7 @@ def run(rep: _Replay) -> None:
     tiers = rep.tiers
     out = replay(
         code, plan["read"], plan["step"], plan["off"], pos.astype(np.int64), plan["tokens"],
-        plan["ids"], w64, wq, n, want_pin.astype(np.bool_), bool(stream.lazy_creates.any()),
+        plan["ids"], w, wq, n, want_pin.astype(np.bool_), bool(stream.lazy_creates.any()),
         fw.cache.capacity, fw.cache.pinned_capacity, bool(cfg.persistent_metadata),
         int(cfg.eviction_batch), float(cfg.alpha), float(cfg.touch_threshold),
         fx.alpha_to_q16(cfg.alpha), int(fx.to_q16(cfg.touch_threshold)), decay_f, decay_q,

@@ -490,7 +490,7 @@ def replay(  # one loop over the plan: no Python call per batch
                         w_q[e] = 0
                         idle[e] = 0
                         touched[e] = False
-                if not dirty[e]:
+                if not stale and not dirty[e]:  # (a stale heap is rebuilt whole)
                     dirty[e] = True
                     dirty_list[n_dirty] = e
                     n_dirty += 1
@@ -522,11 +522,13 @@ def replay(  # one loop over the plan: no Python call per batch
                             idle[e] = 0
                     else:
                         key_changed = False
-                    if key_changed and not dirty[e]:
+                    if key_changed and not stale and not dirty[e]:
                         dirty[e] = True
                         dirty_list[n_dirty] = e
                         n_dirty += 1
                 time += 1
+            if n_dirty * 2 > n_list:  # cheaper to rebuild than to push them all
+                stale = True
             # --- PolicyCache._make_room ---
             over = n_res - capacity
             if over <= 0:
@@ -535,7 +537,7 @@ def replay(  # one loop over the plan: no Python call per batch
             nv = 0
             if over * 16 <= n_list:
                 # the heap: few victims among many
-                if stale or n_dirty * 2 > n_list or hsize + n_dirty > hcap:
+                if stale or hsize + n_dirty > hcap:
                     hsize = n_list
                     for j in range(n_list):
                         e = res_list[j]
@@ -605,6 +607,7 @@ def replay(  # one loop over the plan: no Python call per batch
                 pr = d_pr[n_dump : n_dump + nv]
                 _priorities(pol, vic, nv, pr, last, count, s_f, s_q, idle, decay_f, decay_q, shift)
                 n_dump += nv
+            compact = nv * 4 > n_list  # many leave: one pass over the list, not a swap each
             for j in range(nv):
                 e = vic[j]
                 dest = CXL  # session.place, as the victim leaves (before it is forgotten)
@@ -615,12 +618,13 @@ def replay(  # one loop over the plan: no Python call per batch
                     if s_q[e] / 65536.0 < nvme_below:
                         dest = NVME
                 resident[e] = False
-                p = res_pos[e]
-                moved_e = res_list[n_list - 1]
-                res_list[p] = moved_e
-                res_pos[moved_e] = p
-                res_pos[e] = -1
-                n_list -= 1
+                if not compact:
+                    p = res_pos[e]
+                    moved_e = res_list[n_list - 1]
+                    res_list[p] = moved_e
+                    res_pos[moved_e] = p
+                    res_pos[e] = -1
+                    n_list -= 1
                 if not persistent:  # on_evict: the policy forgets the entry
                     if pol == LFU:
                         count[e] = 0
@@ -657,6 +661,17 @@ def replay(  # one loop over the plan: no Python call per batch
                         else:
                             cxl_ver[e] += 1
                             cxl_size = _push(cxl_k, cxl_i, cxl_v, cxl_size, t, e, cxl_ver[e])
+            if compact:
+                k = 0
+                for j in range(n_list):
+                    e = res_list[j]
+                    if resident[e]:
+                        res_list[k] = e
+                        res_pos[e] = k
+                        k += 1
+                    else:
+                        res_pos[e] = -1
+                n_list = k
             n_res -= nv
             s_evict += nv
             if nv:

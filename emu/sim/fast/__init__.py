@@ -34,9 +34,9 @@ _noticed: set[str] = set()
 
 
 def policy_param(policy: Policy, name: str) -> Any:
-    """One of the baseline-only knobs (sink_tokens, recent_tokens, lrfu_lambda, seed) of a
-    policy instance: the one place the fast engine reads them."""
-    return getattr(policy.config, name)
+    """One of a policy's own parameters (docs/policy.md: ``lfu_tie_break``, ``sink_tokens``,
+    ``recent_tokens``, ``lrfu_lambda``, ``seed``): the one place the fast engine reads them."""
+    return getattr(policy.params, name)
 
 
 def unsupported(opts: Any) -> str | None:
@@ -112,7 +112,7 @@ def flat_plan(stream: ReadStream, granularity: str) -> dict[str, NDArray]:
 
 def run(rep: _Replay) -> None:
     """Replay ``rep``'s stream with the kernel; fill its books, tiers, stats and dump."""
-    from .kernel import replay
+    from .kernel import LFU_SPAN, replay
 
     opts, stream, fw = rep.opts, rep.stream, rep.fw
     cfg = fw.config
@@ -139,6 +139,9 @@ def run(rep: _Replay) -> None:
     nvme_below = -np.inf
     if fw.placement == "policy" and fw.policy.scored and cfg.placement_mode == "thresholds":
         nvme_below = float(cfg.evict_threshold)
+    lfu_key = (1, 0)  # lfu_tie_break "index": the count alone (then the lower id)
+    if opts.policy == "lfu" and policy_param(fw.policy, "lfu_tie_break") == "lru":
+        lfu_key = (LFU_SPAN, 1)
     t = opts.timing
     tiers = rep.tiers
     out = replay(
@@ -149,7 +152,7 @@ def run(rep: _Replay) -> None:
         fx.alpha_to_q16(cfg.alpha), int(fx.to_q16(cfg.touch_threshold)), decay_f, decay_q,
         int(cfg.decay_shift), nvme_below, int(tiers.cap[2]), int(tiers.cap[3]), int(rep.eb),
         float(t.cxl_latency_ns), float(t.cxl_gbps), float(t.nvme_latency_ns),
-        float(t.nvme_gbps), npos, bool(opts.record_victims),
+        float(t.nvme_gbps), npos, bool(opts.record_victims), *lfu_key,
     )  # fmt: skip
     reads, hits, miss, stall, tokens, moved, tier, tcount, stats, d_id, d_pr, d_call, err = out
     if err:

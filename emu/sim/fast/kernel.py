@@ -123,7 +123,9 @@ def float_key(x):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _keys(pol, ids, n, out, last, count, s_f, s_q, idle, decay_f, decay_q, shift):  # type: ignore[no-untyped-def]
+def _keys(
+    pol, ids, n, out, last, count, s_f, s_q, idle, decay_f, decay_q, shift, lfu_span, lfu_minor
+):  # type: ignore[no-untyped-def]
     """Keys (−priority, as int64s ordered like it) of ``ids[:n]`` into ``out``: one call per
     list, not per entry (a call per entry costs more than the key)."""
     if pol == EMA_F:
@@ -137,14 +139,16 @@ def _keys(pol, ids, n, out, last, count, s_f, s_q, idle, decay_f, decay_q, shift
     elif pol == LFU:
         for j in range(n):
             e = ids[j]
-            out[j] = count[e] * LFU_SPAN + last[e]
+            out[j] = count[e] * lfu_span + last[e] * lfu_minor
     else:
         for j in range(n):
             out[j] = last[ids[j]]
 
 
 @njit(cache=True)
-def _priorities(pol, ids, n, out, last, count, s_f, s_q, idle, decay_f, decay_q, shift):  # type: ignore[no-untyped-def]
+def _priorities(
+    pol, ids, n, out, last, count, s_f, s_q, idle, decay_f, decay_q, shift, lfu_span, lfu_minor
+):  # type: ignore[no-untyped-def]
     """Priorities of ``ids[:n]`` into ``out`` as the numpy engine reports them (float64)."""
     for j in range(n):
         e = ids[j]
@@ -153,7 +157,7 @@ def _priorities(pol, ids, n, out, last, count, s_f, s_q, idle, decay_f, decay_q,
         elif pol == EMA_I:
             out[j] = float(priority_q16(s_q[e], idle[e], decay_q, shift))
         elif pol == LFU:
-            out[j] = float(-(count[e] * LFU_SPAN + last[e]))
+            out[j] = float(-(count[e] * lfu_span + last[e] * lfu_minor))
         else:
             out[j] = float(-last[e])
 
@@ -273,9 +277,13 @@ def replay(  # one loop over the plan: no Python call per batch
     nvme_gbps: float,
     npos: int,
     record: bool,
+    lfu_span: int,
+    lfu_minor: int,
 ):  # type: ignore[no-untyped-def]
     """Replay the plan; returns (books, tiers, stats, victim dump, error).  ``nvme_below``:
-    a victim whose score is below it goes to NVMe (−inf: never)."""
+    a victim whose score is below it goes to NVMe (−inf: never).  LFU's key is
+    ``count·lfu_span + last·lfu_minor``: (LFU_SPAN, 1) ties to the least recent read,
+    (1, 0) to the lower id alone (its lfu_tie_break)."""
     n = n_total
     ema = pol == EMA_F or pol == EMA_I
     # books
@@ -544,7 +552,22 @@ def replay(  # one loop over the plan: no Python call per batch
                         ver[e] += 1
                         hi[j] = e
                         hv[j] = ver[e]
-                    _keys(pol, hi, hsize, hk, last, count, s_f, s_q, idle, decay_f, decay_q, shift)
+                    _keys(
+                        pol,
+                        hi,
+                        hsize,
+                        hk,
+                        last,
+                        count,
+                        s_f,
+                        s_q,
+                        idle,
+                        decay_f,
+                        decay_q,
+                        shift,
+                        lfu_span,
+                        lfu_minor,
+                    )
                     _heapify(hk, hi, hv, hsize)
                     for j in range(n_dirty):
                         dirty[dirty_list[j]] = False
@@ -560,7 +583,7 @@ def replay(  # one loop over the plan: no Python call per batch
                             nd += 1
                     _keys(
                         pol, dirty_list, nd, cand_k, last, count, s_f, s_q, idle, decay_f,
-                        decay_q, shift,
+                        decay_q, shift, lfu_span, lfu_minor,
                     )  # fmt: skip
                     for j in range(nd):
                         e = dirty_list[j]
@@ -591,7 +614,20 @@ def replay(  # one loop over the plan: no Python call per batch
                     cand_id[mc] = e
                     mc += 1
                 _keys(
-                    pol, cand_id, mc, cand_k, last, count, s_f, s_q, idle, decay_f, decay_q, shift
+                    pol,
+                    cand_id,
+                    mc,
+                    cand_k,
+                    last,
+                    count,
+                    s_f,
+                    s_q,
+                    idle,
+                    decay_f,
+                    decay_q,
+                    shift,
+                    lfu_span,
+                    lfu_minor,
                 )
                 kmin = cand_k[0] if mc else 0
                 kmax = kmin
@@ -605,7 +641,22 @@ def replay(  # one loop over the plan: no Python call per batch
                 d_id[n_dump : n_dump + nv] = vic[:nv]
                 d_call[n_dump : n_dump + nv] = b
                 pr = d_pr[n_dump : n_dump + nv]
-                _priorities(pol, vic, nv, pr, last, count, s_f, s_q, idle, decay_f, decay_q, shift)
+                _priorities(
+                    pol,
+                    vic,
+                    nv,
+                    pr,
+                    last,
+                    count,
+                    s_f,
+                    s_q,
+                    idle,
+                    decay_f,
+                    decay_q,
+                    shift,
+                    lfu_span,
+                    lfu_minor,
+                )
                 n_dump += nv
             compact = nv * 4 > n_list  # many leave: one pass over the list, not a swap each
             for j in range(nv):

@@ -154,7 +154,8 @@ def run(rep: _Replay) -> None:
         float(t.cxl_latency_ns), float(t.cxl_gbps), float(t.nvme_latency_ns),
         float(t.nvme_gbps), npos, bool(opts.record_victims), *lfu_key,
     )  # fmt: skip
-    reads, hits, miss, stall, tokens, moved, tier, tcount, stats, d_id, d_pr, d_call, err = out
+    reads, hits, miss, stall, tokens, moved, tier, tcount, stats = out[:9]
+    d_id, d_pr, d_key, d_call, call_batch, err = out[9:]
     if err:
         nv, cap = int(tcount[3]), tiers.cap[3]
         raise ValueError(
@@ -180,8 +181,12 @@ def run(rep: _Replay) -> None:
     fw.cache.n_resident = int(stats[6])
     rep.n_described = int(stats[7])
     if opts.record_victims and d_id.size:
+        # Each call's victims in the contract order: priority descending (key ascending),
+        # then entry id ascending.
+        o = np.lexsort((d_id, d_key, d_call))
+        d_id, d_pr, d_call = d_id[o], d_pr[o], d_call[o]
         cut = np.flatnonzero(np.diff(d_call)) + 1
         for ids_, pr_, c_ in zip(
             np.split(d_id, cut), np.split(d_pr, cut), np.split(d_call, cut), strict=True
         ):
-            rep.dump.append((ids_, pr_, int(plan["step"][c_[0]])))
+            rep.dump.append((ids_, pr_, int(plan["step"][call_batch[c_[0]]])))

@@ -164,9 +164,9 @@ def _priorities(
 
 # --- exact top-k by (key, id) over a candidate list --------------------------------------
 @njit(cache=True)
-def _select(keys, ids, m, k, kmin, kmax, ordered, out_ids, mark):  # type: ignore[no-untyped-def]
-    """The ``k`` smallest (key, id) of ``keys[:m]``/``ids[:m]`` into ``out_ids`` (in no
-    particular order, or by (key, id) when ``ordered``).  Returns how many (min(k, m)).
+def _select(keys, ids, m, k, kmin, kmax, out_ids, mark):  # type: ignore[no-untyped-def]
+    """The ``k`` smallest (key, id) of ``keys[:m]``/``ids[:m]`` into ``out_ids``, in no
+    particular order (a dump orders them afterwards).  Returns how many (min(k, m)).
     ``kmin``/``kmax`` bound the keys; ``mark`` is a False bool array over entry ids."""
     sel = np.empty(min(k, m), np.int64)  # candidate positions
     if k >= m:
@@ -233,10 +233,6 @@ def _select(keys, ids, m, k, kmin, kmax, ordered, out_ids, mark):  # type: ignor
             for j in range(need):
                 sel[n] = tpos[j]
                 n += 1
-    if ordered and n > 1:
-        # ids ascending first, then a stable sort on the key keeps them ascending in ties
-        sel = sel[np.argsort(ids[sel])]
-        sel = sel[np.argsort(keys[sel], kind="mergesort")]
     for j in range(n):
         out_ids[j] = ids[sel[j]]
     return n
@@ -350,7 +346,9 @@ def replay(  # one loop over the plan: no Python call per batch
     # dump
     d_id = np.empty(p_ids.size + n if record else 0, np.int64)  # victims <= admissions
     d_pr = np.empty(p_ids.size + n if record else 0, np.float64)
-    d_call = np.empty(p_ids.size + n if record else 0, np.int64)  # batch index of each victim
+    d_key = np.empty(p_ids.size + n if record else 0, np.int64)
+    d_call = np.empty(p_ids.size + n if record else 0, np.int64)  # the call of each victim
+    call_batch = np.zeros(2 * b_step.size + 2, np.int64)
     n_dump = 0
     err = 0
     time = 0
@@ -634,29 +632,23 @@ def replay(  # one loop over the plan: no Python call per batch
                 for j in range(mc):
                     kmin = min(kmin, cand_k[j])
                     kmax = max(kmax, cand_k[j])
-                nv = _select(cand_k, cand_id, mc, over, kmin, kmax, record, vic, mark)
+                nv = _select(cand_k, cand_id, mc, over, kmin, kmax, vic, mark)
             s_pass += (nv + eviction_batch - 1) // eviction_batch
             # --- the victims leave: dump, placement, on_evict, tiers.demote ---
-            if record:
+            if record:  # each victim with its priority and key (ordered afterwards)
                 d_id[n_dump : n_dump + nv] = vic[:nv]
-                d_call[n_dump : n_dump + nv] = b
+                d_call[n_dump : n_dump + nv] = call
+                call_batch[call] = b
                 pr = d_pr[n_dump : n_dump + nv]
                 _priorities(
-                    pol,
-                    vic,
-                    nv,
-                    pr,
-                    last,
-                    count,
-                    s_f,
-                    s_q,
-                    idle,
-                    decay_f,
-                    decay_q,
-                    shift,
-                    lfu_span,
-                    lfu_minor,
-                )
+                    pol, vic, nv, pr, last, count, s_f, s_q, idle, decay_f, decay_q, shift,
+                    lfu_span, lfu_minor,
+                )  # fmt: skip
+                dk = d_key[n_dump : n_dump + nv]
+                _keys(
+                    pol, vic, nv, dk, last, count, s_f, s_q, idle, decay_f, decay_q, shift,
+                    lfu_span, lfu_minor,
+                )  # fmt: skip
                 n_dump += nv
             compact = nv * 4 > n_list  # many leave: one pass over the list, not a swap each
             for j in range(nv):
@@ -746,5 +738,5 @@ def replay(  # one loop over the plan: no Python call per batch
     stats = np.array([s_hits, s_miss, s_ins, s_evict, s_pass, n_pinned, n_res, n_desc])
     return (
         reads, hits, miss, stall, tokens, moved, tier, tcount, stats,
-        d_id[:n_dump], d_pr[:n_dump], d_call[:n_dump], err,
+        d_id[:n_dump], d_pr[:n_dump], d_key[:n_dump], d_call[:n_dump], call_batch, err,
     )  # fmt: skip

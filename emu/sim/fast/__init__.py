@@ -122,7 +122,7 @@ def run(rep: _Replay) -> None:
     n = stream.n_entries
     books = rep.books
     npos = max(books.n, 1)
-    pos = np.minimum(np.searchsorted(books.read_steps, plan["step"]), npos - 1)
+    rs = np.asarray(books.read_steps, np.int64)
     # Pins as the policy itself decides them, on the stream's entry table.
     table = EntryTable(block_tokens=stream.shape.block_tokens, capacity=max(n, 16))
     table.append(stream.e_ctx, stream.e_layer, stream.e_head, stream.e_block)
@@ -145,7 +145,7 @@ def run(rep: _Replay) -> None:
     t = opts.timing
     tiers = rep.tiers
     out = replay(
-        code, plan["read"], plan["step"], plan["off"], pos.astype(np.int64), plan["tokens"],
+        code, plan["read"], plan["step"], plan["off"], rs, plan["tokens"],
         plan["ids"], w, wq, n, want_pin.astype(np.bool_), bool(stream.lazy_creates.any()),
         fw.cache.capacity, fw.cache.pinned_capacity, bool(cfg.persistent_metadata),
         int(cfg.eviction_batch), float(cfg.alpha), float(cfg.touch_threshold),

@@ -244,7 +244,7 @@ def replay(  # one loop over the plan: no Python call per batch
     b_read: np.ndarray,
     b_step: np.ndarray,
     b_off: np.ndarray,
-    b_pos: np.ndarray,
+    read_steps: np.ndarray,
     b_tokens: np.ndarray,
     p_ids: np.ndarray,
     p_w: np.ndarray,
@@ -354,12 +354,14 @@ def replay(  # one loop over the plan: no Python call per batch
     time = 0
     call = 0
     open_step = 0
+    pos = 0
     have_open = False
 
     nb = b_step.size
     for b in range(nb):
         step = b_step[b]
-        pos = b_pos[b]
+        if b == 0 or step != b_step[b - 1]:  # _StepBooks.position: the first read step at
+            pos = min(np.searchsorted(read_steps, step), npos - 1)  # or after this one
         if have_open and step != open_step and ema:
             # end_step of the open step (EmaPolicy.end_step) over every described entry
             if pol == EMA_F:

@@ -581,10 +581,19 @@ def replay(  # one loop over the plan: no Python call per batch
                         if resident[e] and not pinned[e]:
                             dirty_list[nd] = e
                             nd += 1
-                    _keys(
-                        pol, dirty_list, nd, cand_k, last, count, s_f, s_q, idle, decay_f,
-                        decay_q, shift, lfu_span, lfu_minor,
-                    )  # fmt: skip
+                    # (inline for the plain keys: a call with arrays costs more than they do)
+                    if pol == LRU or pol == FIFO:
+                        for j in range(nd):
+                            cand_k[j] = last[dirty_list[j]]
+                    elif pol == LFU:
+                        for j in range(nd):
+                            e = dirty_list[j]
+                            cand_k[j] = count[e] * lfu_span + last[e] * lfu_minor
+                    else:
+                        _keys(
+                            pol, dirty_list, nd, cand_k, last, count, s_f, s_q, idle, decay_f,
+                            decay_q, shift, lfu_span, lfu_minor,
+                        )  # fmt: skip
                     for j in range(nd):
                         e = dirty_list[j]
                         ver[e] += 1

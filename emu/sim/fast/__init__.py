@@ -67,7 +67,9 @@ def notice(reason: str) -> None:
 def flat_plan(stream: ReadStream, granularity: str) -> dict[str, NDArray]:
     """:func:`kvcxl.emu.sim.simulator.plan_batches` as flat arrays: per batch ``read``,
     ``step``, ``tokens`` and ``off`` (offsets into ``ids``/``w``).  The same batches, in
-    the same order, with the same reads (tests/test_sim_fast.py compares the two)."""
+    the same order, with the same reads (tests/test_sim_fast.py compares the two), except
+    that ``request`` keeps each layer as one batch: the loop serves its reads one by one
+    (a layer without reads is then no batch; its tokens go to its first read)."""
     ev = np.flatnonzero(~stream.lazy_creates)
     kinds, steps = stream.ev_kind[ev], stream.ev_step[ev]
     is_read = kinds != CREATE
@@ -90,22 +92,6 @@ def flat_plan(stream: ReadStream, granularity: str) -> dict[str, NDArray]:
     tok = np.add.reduceat(stream.ev_tokens[ev], g) if g.size else np.zeros(0, np.int64)
     tok = np.where(read, tok, 0).astype(np.int64)
     step = steps[g].astype(np.int64)
-    if granularity == "request":  # every read its own batch; tokens ride on the first
-        n = np.diff(off)
-        keep = ~read | (n > 0)
-        per = np.where(read, n, 1)[keep]
-        b_read = np.repeat(read[keep], per)
-        b_step = np.repeat(step[keep], per)
-        first_of = np.concatenate([[0], np.cumsum(per)[:-1]])
-        b_tok = np.zeros(int(per.sum()), np.int64)
-        b_tok[first_of] = tok[keep]
-        lo = off[:-1][keep]
-        within = np.arange(int(per.sum())) - np.repeat(first_of, per)
-        starts_b = np.repeat(lo, per) + within
-        ends_b = np.where(b_read, starts_b + 1, np.repeat(off[1:][keep], per))
-        assert np.array_equal(starts_b[1:], ends_b[:-1])
-        off = np.append(starts_b, ends_b[-1] if ends_b.size else 0)
-        read, step, tok = b_read, b_step, b_tok
     return {"read": read, "step": step, "tokens": tok, "off": off.astype(np.int64),
             "ids": ids, "w": w}  # fmt: skip
 
@@ -153,6 +139,7 @@ def run(rep: _Replay) -> None:
         int(cfg.decay_shift), nvme_below, int(tiers.cap[2]), int(tiers.cap[3]), int(rep.eb),
         float(t.cxl_latency_ns), float(t.cxl_gbps), float(t.nvme_latency_ns),
         float(t.nvme_gbps), npos, bool(opts.record_victims), *lfu_key,
+        opts.granularity == "request",
     )  # fmt: skip
     reads, hits, miss, stall, tokens, moved, tier, tcount, stats = out[:9]
     d_id, d_pr, d_key, d_call, call_batch, err = out[9:]

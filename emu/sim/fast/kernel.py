@@ -275,6 +275,7 @@ def replay(  # one loop over the plan: no Python call per batch
     record: bool,
     lfu_span: int,
     lfu_minor: int,
+    per_request: bool,
 ):  # type: ignore[no-untyped-def]
     """Replay the plan; returns (books, tiers, stats, victim dump, error).  ``nvme_below``:
     a victim whose score is below it goes to NVMe (−inf: never).  LFU's key is
@@ -348,7 +349,7 @@ def replay(  # one loop over the plan: no Python call per batch
     d_pr = np.empty(p_ids.size + n if record else 0, np.float64)
     d_key = np.empty(p_ids.size + n if record else 0, np.int64)
     d_call = np.empty(p_ids.size + n if record else 0, np.int64)  # the call of each victim
-    call_batch = np.zeros(2 * b_step.size + 2, np.int64)
+    call_batch = np.zeros(2 * (b_step.size + p_ids.size) + 2 if record else 0, np.int64)
     n_dump = 0
     err = 0
     time = 0
@@ -358,10 +359,14 @@ def replay(  # one loop over the plan: no Python call per batch
     have_open = False
 
     nb = b_step.size
+    pos_step = -1
     for b in range(nb):
+        if per_request and b_read[b] and b_off[b + 1] == b_off[b]:
+            continue  # a layer without reads is no request at all
         step = b_step[b]
-        if b == 0 or step != b_step[b - 1]:  # _StepBooks.position: the first read step at
-            pos = min(np.searchsorted(read_steps, step), npos - 1)  # or after this one
+        if b == 0 or step != pos_step:  # _StepBooks.position: the first read step at or
+            pos = min(np.searchsorted(read_steps, step), npos - 1)  # after this one
+            pos_step = step
         if have_open and step != open_step and ema:
             # end_step of the open step (EmaPolicy.end_step) over every described entry
             if pol == EMA_F:
@@ -379,184 +384,261 @@ def replay(  # one loop over the plan: no Python call per batch
             stale = True
         open_step = step
         have_open = True
-        a, z = b_off[b], b_off[b + 1]
-        # Up to two calls per batch: a write (the batch's own, or a trace's entries written
-        # just before their first read), then the reads.
-        for phase in range(2):
-            n_prot = 0  # this call's entries, resident and unpinned after admission
-            if phase == 0:  # the write
-                call += 1
-                if b_read[b]:
-                    if not lazy:
-                        continue
-                    na = 0
-                    for j in range(a, z):
-                        e = p_ids[j]
-                        if not created[e] and stamp[e] != call:
-                            stamp[e] = call
-                            adm[na] = e
-                            na += 1
-                    if na > 1:
-                        adm[:na] = np.sort(adm[:na])
-                else:
-                    na = z - a
-                    for j in range(na):
-                        adm[j] = p_ids[a + j]
-                if na == 0:
-                    continue
-                is_write = True
-                # tiers.create, then FirmwareSession.write at the last read batch's time
-                t = time - 1 if time > 0 else 0
-                for j in range(na):
-                    e = adm[j]
-                    created[e] = True
-                    if e + 1 > n_desc:
-                        n_desc = e + 1
-                    tier[e] = HBM
-                    stamp[e] = call
-                tcount[HBM] += na
-                moved[pos, HOST, HBM] += na
+        a0, z0 = b_off[b], b_off[b + 1]
+        n_sub = z0 - a0 if per_request and b_read[b] else 1
+        for sb in range(n_sub):  # request granularity: every read its own batch
+            if n_sub == 1:
+                a, z = a0, z0
             else:
-                if not b_read[b]:
-                    continue
-                call += 1
-                is_write = False
-                t = time
-                m = z - a
-                nh = 0
-                c_cxl = 0
-                c_nvme = 0
-                na = 0
-                for j in range(a, z):  # hits: resident at the batch's start
-                    e = p_ids[j]
-                    first = stamp[e] != call
-                    stamp[e] = call  # every read entry is protected
-                    if resident[e]:
-                        nh += 1
-                        if first and not pinned[e]:
-                            n_prot += 1
+                a, z = a0 + sb, a0 + sb + 1
+            tok = b_tokens[b] if sb == 0 else 0  # (the step's tokens ride on its first)
+            # Up to two calls per batch: a write (the batch's own, or a trace's entries written
+            # just before their first read), then the reads.
+            for phase in range(2):
+                n_prot = 0  # this call's entries, resident and unpinned after admission
+                if phase == 0:  # the write
+                    call += 1
+                    if b_read[b]:
+                        if not lazy:
+                            continue
+                        na = 0
+                        for j in range(a, z):
+                            e = p_ids[j]
+                            if not created[e] and stamp[e] != call:
+                                stamp[e] = call
+                                adm[na] = e
+                                na += 1
+                        if na > 1:
+                            adm[:na] = np.sort(adm[:na])
                     else:
-                        tr = tier[e]
-                        miss[pos, tr] += 1
-                        if tr == CXL:
-                            c_cxl += 1
-                        elif tr == NVME:
-                            c_nvme += 1
-                        if first:  # the misses to admit, once each
-                            adm[na] = e
-                            na += 1
-                s_hits += nh
-                s_miss += m - nh
-                reads[pos] += m
-                hits[pos] += nh
-                tokens[pos] += b_tokens[b]
-                if c_cxl:
-                    stall[pos] += cxl_lat + (c_cxl * eb) / cxl_gbps
-                if c_nvme:
-                    stall[pos] += nvme_lat + (c_nvme * eb) / nvme_gbps
-                # the order matters only to pinning (ascending ids take free slots)
-                if na > 1 and pinned_capacity - n_pinned > 0:
-                    adm[:na] = np.sort(adm[:na])
-                # tiers.promote
+                        na = z - a
+                        for j in range(na):
+                            adm[j] = p_ids[a + j]
+                    if na == 0:
+                        continue
+                    is_write = True
+                    # tiers.create, then FirmwareSession.write at the last read batch's time
+                    t = time - 1 if time > 0 else 0
+                    for j in range(na):
+                        e = adm[j]
+                        created[e] = True
+                        if e + 1 > n_desc:
+                            n_desc = e + 1
+                        tier[e] = HBM
+                        stamp[e] = call
+                    tcount[HBM] += na
+                    moved[pos, HOST, HBM] += na
+                else:
+                    if not b_read[b]:
+                        continue
+                    call += 1
+                    is_write = False
+                    t = time
+                    m = z - a
+                    nh = 0
+                    c_cxl = 0
+                    c_nvme = 0
+                    na = 0
+                    for j in range(a, z):  # hits: resident at the batch's start
+                        e = p_ids[j]
+                        first = stamp[e] != call
+                        stamp[e] = call  # every read entry is protected
+                        if resident[e]:
+                            nh += 1
+                            if first and not pinned[e]:
+                                n_prot += 1
+                        else:
+                            tr = tier[e]
+                            miss[pos, tr] += 1
+                            if tr == CXL:
+                                c_cxl += 1
+                            elif tr == NVME:
+                                c_nvme += 1
+                            if first:  # the misses to admit, once each
+                                adm[na] = e
+                                na += 1
+                    s_hits += nh
+                    s_miss += m - nh
+                    reads[pos] += m
+                    hits[pos] += nh
+                    tokens[pos] += tok
+                    if c_cxl:
+                        stall[pos] += cxl_lat + (c_cxl * eb) / cxl_gbps
+                    if c_nvme:
+                        stall[pos] += nvme_lat + (c_nvme * eb) / nvme_gbps
+                    # the order matters only to pinning (ascending ids take free slots)
+                    if na > 1 and pinned_capacity - n_pinned > 0:
+                        adm[:na] = np.sort(adm[:na])
+                    # tiers.promote
+                    for j in range(na):
+                        e = adm[j]
+                        src = tier[e]
+                        moved[pos, src, HBM] += 1
+                        tcount[src] -= 1
+                        tier[e] = HBM
+                    tcount[HBM] += na
+                # --- PolicyCache._admit(adm[:na]) ---
+                n_res += na
+                s_ins += na
+                free = pinned_capacity - n_pinned
                 for j in range(na):
                     e = adm[j]
-                    src = tier[e]
-                    moved[pos, src, HBM] += 1
-                    tcount[src] -= 1
-                    tier[e] = HBM
-                tcount[HBM] += na
-            # --- PolicyCache._admit(adm[:na]) ---
-            n_res += na
-            s_ins += na
-            free = pinned_capacity - n_pinned
-            for j in range(na):
-                e = adm[j]
-                resident[e] = True
-                if free > 0 and want_pin[e]:
-                    pinned[e] = True
-                    n_pinned += 1
-                    free -= 1
-                else:
-                    res_list[n_list] = e
-                    res_pos[e] = n_list
-                    n_list += 1
-                    n_prot += 1
-                # on_insert
-                if pol == LRU or pol == FIFO:
-                    last[e] = t
-                elif not persistent:
-                    if pol == LFU:
-                        count[e] = 0
-                        last[e] = 0
-                    elif pol == EMA_F:
-                        s_f[e] = 0.0
-                        w_f[e] = 0.0
-                        idle[e] = 0
-                        touched[e] = False
+                    resident[e] = True
+                    if free > 0 and want_pin[e]:
+                        pinned[e] = True
+                        n_pinned += 1
+                        free -= 1
                     else:
-                        s_q[e] = 0
-                        w_q[e] = 0
-                        idle[e] = 0
-                        touched[e] = False
-                if not stale and not dirty[e]:  # (a stale heap is rebuilt whole)
-                    dirty[e] = True
-                    dirty_list[n_dirty] = e
-                    n_dirty += 1
-            # --- on_access (reads only) ---
-            if not is_write:
-                for j in range(a, z):
-                    e = p_ids[j]
-                    key_changed = True
-                    if pol == LRU:
+                        res_list[n_list] = e
+                        res_pos[e] = n_list
+                        n_list += 1
+                        n_prot += 1
+                    # on_insert
+                    if pol == LRU or pol == FIFO:
                         last[e] = t
-                    elif pol == LFU:
-                        count[e] += 1
-                        last[e] = t
-                    elif pol == EMA_F:
-                        wv = p_w[j]
-                        if wv > w_f[e]:
-                            w_f[e] = wv
-                        key_changed = wv >= touch_f
-                        if key_changed:
-                            touched[e] = True
+                    elif not persistent:
+                        if pol == LFU:
+                            count[e] = 0
+                            last[e] = 0
+                        elif pol == EMA_F:
+                            s_f[e] = 0.0
+                            w_f[e] = 0.0
                             idle[e] = 0
-                    elif pol == EMA_I:
-                        wq = p_wq[j]
-                        if wq > w_q[e]:
-                            w_q[e] = wq
-                        key_changed = wq >= touch_q
-                        if key_changed:
-                            touched[e] = True
+                            touched[e] = False
+                        else:
+                            s_q[e] = 0
+                            w_q[e] = 0
                             idle[e] = 0
-                    else:
-                        key_changed = False
-                    if key_changed and not stale and not dirty[e]:
+                            touched[e] = False
+                    if not stale and not dirty[e]:  # (a stale heap is rebuilt whole)
                         dirty[e] = True
                         dirty_list[n_dirty] = e
                         n_dirty += 1
-                time += 1
-            if n_dirty * 2 > n_list:  # cheaper to rebuild than to push them all
-                stale = True
-            # --- PolicyCache._make_room ---
-            over = n_res - capacity
-            if over <= 0:
-                continue
-            protect = n_list - n_prot >= over  # else the call's entries compete too
-            nv = 0
-            if over * 16 <= n_list:
-                # the heap: few victims among many
-                if stale or hsize + n_dirty > hcap:
-                    hsize = n_list
+                # --- on_access (reads only) ---
+                if not is_write:
+                    for j in range(a, z):
+                        e = p_ids[j]
+                        key_changed = True
+                        if pol == LRU:
+                            last[e] = t
+                        elif pol == LFU:
+                            count[e] += 1
+                            last[e] = t
+                        elif pol == EMA_F:
+                            wv = p_w[j]
+                            if wv > w_f[e]:
+                                w_f[e] = wv
+                            key_changed = wv >= touch_f
+                            if key_changed:
+                                touched[e] = True
+                                idle[e] = 0
+                        elif pol == EMA_I:
+                            wq = p_wq[j]
+                            if wq > w_q[e]:
+                                w_q[e] = wq
+                            key_changed = wq >= touch_q
+                            if key_changed:
+                                touched[e] = True
+                                idle[e] = 0
+                        else:
+                            key_changed = False
+                        if key_changed and not stale and not dirty[e]:
+                            dirty[e] = True
+                            dirty_list[n_dirty] = e
+                            n_dirty += 1
+                    time += 1
+                if n_dirty * 2 > n_list:  # cheaper to rebuild than to push them all
+                    stale = True
+                # --- PolicyCache._make_room ---
+                over = n_res - capacity
+                if over <= 0:
+                    continue
+                protect = n_list - n_prot >= over  # else the call's entries compete too
+                nv = 0
+                if over * 16 <= n_list:
+                    # the heap: few victims among many
+                    if stale or hsize + n_dirty > hcap:
+                        hsize = n_list
+                        for j in range(n_list):
+                            e = res_list[j]
+                            ver[e] += 1
+                            hi[j] = e
+                            hv[j] = ver[e]
+                        _keys(
+                            pol,
+                            hi,
+                            hsize,
+                            hk,
+                            last,
+                            count,
+                            s_f,
+                            s_q,
+                            idle,
+                            decay_f,
+                            decay_q,
+                            shift,
+                            lfu_span,
+                            lfu_minor,
+                        )
+                        _heapify(hk, hi, hv, hsize)
+                        for j in range(n_dirty):
+                            dirty[dirty_list[j]] = False
+                        n_dirty = 0
+                        stale = False
+                    else:
+                        nd = 0
+                        for j in range(n_dirty):
+                            e = dirty_list[j]
+                            dirty[e] = False
+                            if resident[e] and not pinned[e]:
+                                dirty_list[nd] = e
+                                nd += 1
+                        # (inline for the plain keys: a call with arrays costs more than they do)
+                        if pol == LRU or pol == FIFO:
+                            for j in range(nd):
+                                cand_k[j] = last[dirty_list[j]]
+                        elif pol == LFU:
+                            for j in range(nd):
+                                e = dirty_list[j]
+                                cand_k[j] = count[e] * lfu_span + last[e] * lfu_minor
+                        else:
+                            _keys(
+                                pol, dirty_list, nd, cand_k, last, count, s_f, s_q, idle, decay_f,
+                                decay_q, shift, lfu_span, lfu_minor,
+                            )  # fmt: skip
+                        for j in range(nd):
+                            e = dirty_list[j]
+                            ver[e] += 1
+                            hsize = _push(hk, hi, hv, hsize, cand_k[j], e, ver[e])
+                        n_dirty = 0
+                    n_st = 0
+                    while nv < over and hsize > 0:
+                        key, e, v, hsize = _pop(hk, hi, hv, hsize)
+                        if not resident[e] or pinned[e] or v != ver[e]:
+                            continue
+                        if protect and stamp[e] == call:
+                            stash[2 * n_st] = e
+                            stash[2 * n_st + 1] = key  # (unchanged: the item was current)
+                            n_st += 1
+                            continue
+                        vic[nv] = e
+                        nv += 1
+                    for j in range(n_st):
+                        e = stash[2 * j]
+                        hsize = _push(hk, hi, hv, hsize, stash[2 * j + 1], e, ver[e])
+                else:
+                    mc = 0
                     for j in range(n_list):
                         e = res_list[j]
-                        ver[e] += 1
-                        hi[j] = e
-                        hv[j] = ver[e]
+                        if protect and stamp[e] == call:
+                            continue
+                        cand_id[mc] = e
+                        mc += 1
                     _keys(
                         pol,
-                        hi,
-                        hsize,
-                        hk,
+                        cand_id,
+                        mc,
+                        cand_k,
                         last,
                         count,
                         s_f,
@@ -568,182 +650,114 @@ def replay(  # one loop over the plan: no Python call per batch
                         lfu_span,
                         lfu_minor,
                     )
-                    _heapify(hk, hi, hv, hsize)
-                    for j in range(n_dirty):
-                        dirty[dirty_list[j]] = False
-                    n_dirty = 0
-                    stale = False
-                else:
-                    nd = 0
-                    for j in range(n_dirty):
-                        e = dirty_list[j]
-                        dirty[e] = False
-                        if resident[e] and not pinned[e]:
-                            dirty_list[nd] = e
-                            nd += 1
-                    # (inline for the plain keys: a call with arrays costs more than they do)
-                    if pol == LRU or pol == FIFO:
-                        for j in range(nd):
-                            cand_k[j] = last[dirty_list[j]]
-                    elif pol == LFU:
-                        for j in range(nd):
-                            e = dirty_list[j]
-                            cand_k[j] = count[e] * lfu_span + last[e] * lfu_minor
-                    else:
-                        _keys(
-                            pol, dirty_list, nd, cand_k, last, count, s_f, s_q, idle, decay_f,
-                            decay_q, shift, lfu_span, lfu_minor,
-                        )  # fmt: skip
-                    for j in range(nd):
-                        e = dirty_list[j]
-                        ver[e] += 1
-                        hsize = _push(hk, hi, hv, hsize, cand_k[j], e, ver[e])
-                    n_dirty = 0
-                n_st = 0
-                while nv < over and hsize > 0:
-                    key, e, v, hsize = _pop(hk, hi, hv, hsize)
-                    if not resident[e] or pinned[e] or v != ver[e]:
-                        continue
-                    if protect and stamp[e] == call:
-                        stash[2 * n_st] = e
-                        stash[2 * n_st + 1] = key  # (unchanged: the item was current)
-                        n_st += 1
-                        continue
-                    vic[nv] = e
-                    nv += 1
-                for j in range(n_st):
-                    e = stash[2 * j]
-                    hsize = _push(hk, hi, hv, hsize, stash[2 * j + 1], e, ver[e])
-            else:
-                mc = 0
-                for j in range(n_list):
-                    e = res_list[j]
-                    if protect and stamp[e] == call:
-                        continue
-                    cand_id[mc] = e
-                    mc += 1
-                _keys(
-                    pol,
-                    cand_id,
-                    mc,
-                    cand_k,
-                    last,
-                    count,
-                    s_f,
-                    s_q,
-                    idle,
-                    decay_f,
-                    decay_q,
-                    shift,
-                    lfu_span,
-                    lfu_minor,
-                )
-                kmin = cand_k[0] if mc else 0
-                kmax = kmin
-                for j in range(mc):
-                    kmin = min(kmin, cand_k[j])
-                    kmax = max(kmax, cand_k[j])
-                nv = _select(cand_k, cand_id, mc, over, kmin, kmax, vic, mark)
-            s_pass += (nv + eviction_batch - 1) // eviction_batch
-            # --- the victims leave: dump, placement, on_evict, tiers.demote ---
-            if record:  # each victim with its priority and key (ordered afterwards)
-                d_id[n_dump : n_dump + nv] = vic[:nv]
-                d_call[n_dump : n_dump + nv] = call
-                call_batch[call] = b
-                pr = d_pr[n_dump : n_dump + nv]
-                _priorities(
-                    pol, vic, nv, pr, last, count, s_f, s_q, idle, decay_f, decay_q, shift,
-                    lfu_span, lfu_minor,
-                )  # fmt: skip
-                dk = d_key[n_dump : n_dump + nv]
-                _keys(
-                    pol, vic, nv, dk, last, count, s_f, s_q, idle, decay_f, decay_q, shift,
-                    lfu_span, lfu_minor,
-                )  # fmt: skip
-                n_dump += nv
-            compact = nv * 4 > n_list  # many leave: one pass over the list, not a swap each
-            for j in range(nv):
-                e = vic[j]
-                dest = CXL  # session.place, as the victim leaves (before it is forgotten)
-                if pol == EMA_F:
-                    if s_f[e] < nvme_below:
-                        dest = NVME
-                elif pol == EMA_I:
-                    if s_q[e] / 65536.0 < nvme_below:
-                        dest = NVME
-                resident[e] = False
-                if not compact:
-                    p = res_pos[e]
-                    moved_e = res_list[n_list - 1]
-                    res_list[p] = moved_e
-                    res_pos[moved_e] = p
-                    res_pos[e] = -1
-                    n_list -= 1
-                if not persistent:  # on_evict: the policy forgets the entry
-                    if pol == LFU:
-                        count[e] = 0
-                        last[e] = 0
-                    elif pol == LRU or pol == FIFO:
-                        last[e] = -1
-                    elif pol == EMA_F:
-                        s_f[e] = 0.0
-                        w_f[e] = 0.0
-                        idle[e] = 0
-                        touched[e] = False
-                    else:
-                        s_q[e] = 0
-                        w_q[e] = 0
-                        idle[e] = 0
-                        touched[e] = False
-                src = tier[e]
-                moved[pos, src, dest] += 1
-                tcount[src] -= 1
-                tcount[dest] += 1
-                tier[e] = dest
-                if spills:
-                    since[e] = t
-                    if dest == CXL:
-                        if cxl_size >= ccap:
-                            cxl_size = 0
-                            for x in range(n_desc):
-                                if tier[x] == CXL:
-                                    cxl_k[cxl_size] = since[x]
-                                    cxl_i[cxl_size] = x
-                                    cxl_v[cxl_size] = cxl_ver[x]
-                                    cxl_size += 1
-                            _heapify(cxl_k, cxl_i, cxl_v, cxl_size)
-                        else:
-                            cxl_ver[e] += 1
-                            cxl_size = _push(cxl_k, cxl_i, cxl_v, cxl_size, t, e, cxl_ver[e])
-            if compact:
-                k = 0
-                for j in range(n_list):
-                    e = res_list[j]
-                    if resident[e]:
-                        res_list[k] = e
-                        res_pos[e] = k
-                        k += 1
-                    else:
+                    kmin = cand_k[0] if mc else 0
+                    kmax = kmin
+                    for j in range(mc):
+                        kmin = min(kmin, cand_k[j])
+                        kmax = max(kmax, cand_k[j])
+                    nv = _select(cand_k, cand_id, mc, over, kmin, kmax, vic, mark)
+                s_pass += (nv + eviction_batch - 1) // eviction_batch
+                # --- the victims leave: dump, placement, on_evict, tiers.demote ---
+                if record:  # each victim with its priority and key (ordered afterwards)
+                    d_id[n_dump : n_dump + nv] = vic[:nv]
+                    d_call[n_dump : n_dump + nv] = call
+                    call_batch[call] = b
+                    pr = d_pr[n_dump : n_dump + nv]
+                    _priorities(
+                        pol, vic, nv, pr, last, count, s_f, s_q, idle, decay_f, decay_q, shift,
+                        lfu_span, lfu_minor,
+                    )  # fmt: skip
+                    dk = d_key[n_dump : n_dump + nv]
+                    _keys(
+                        pol, vic, nv, dk, last, count, s_f, s_q, idle, decay_f, decay_q, shift,
+                        lfu_span, lfu_minor,
+                    )  # fmt: skip
+                    n_dump += nv
+                compact = nv * 4 > n_list  # many leave: one pass over the list, not a swap each
+                for j in range(nv):
+                    e = vic[j]
+                    dest = CXL  # session.place, as the victim leaves (before it is forgotten)
+                    if pol == EMA_F:
+                        if s_f[e] < nvme_below:
+                            dest = NVME
+                    elif pol == EMA_I:
+                        if s_q[e] / 65536.0 < nvme_below:
+                            dest = NVME
+                    resident[e] = False
+                    if not compact:
+                        p = res_pos[e]
+                        moved_e = res_list[n_list - 1]
+                        res_list[p] = moved_e
+                        res_pos[moved_e] = p
                         res_pos[e] = -1
-                n_list = k
-            n_res -= nv
-            s_evict += nv
-            if nv:
-                # tiers._spill: the earliest arrivals in CXL DRAM go down to NVMe
-                spill = tcount[CXL] - cxl_cap
-                while spill > 0 and cxl_size > 0:
-                    key, e, v, cxl_size = _pop(cxl_k, cxl_i, cxl_v, cxl_size)
-                    if tier[e] != CXL or v != cxl_ver[e]:
-                        continue
-                    tier[e] = NVME
-                    since[e] = t
-                    moved[pos, CXL, NVME] += 1
-                    tcount[CXL] -= 1
-                    tcount[NVME] += 1
-                    spill -= 1
-                if tcount[NVME] > nvme_cap:
-                    err = 1
-                    break
+                        n_list -= 1
+                    if not persistent:  # on_evict: the policy forgets the entry
+                        if pol == LFU:
+                            count[e] = 0
+                            last[e] = 0
+                        elif pol == LRU or pol == FIFO:
+                            last[e] = -1
+                        elif pol == EMA_F:
+                            s_f[e] = 0.0
+                            w_f[e] = 0.0
+                            idle[e] = 0
+                            touched[e] = False
+                        else:
+                            s_q[e] = 0
+                            w_q[e] = 0
+                            idle[e] = 0
+                            touched[e] = False
+                    src = tier[e]
+                    moved[pos, src, dest] += 1
+                    tcount[src] -= 1
+                    tcount[dest] += 1
+                    tier[e] = dest
+                    if spills:
+                        since[e] = t
+                        if dest == CXL:
+                            if cxl_size >= ccap:
+                                cxl_size = 0
+                                for x in range(n_desc):
+                                    if tier[x] == CXL:
+                                        cxl_k[cxl_size] = since[x]
+                                        cxl_i[cxl_size] = x
+                                        cxl_v[cxl_size] = cxl_ver[x]
+                                        cxl_size += 1
+                                _heapify(cxl_k, cxl_i, cxl_v, cxl_size)
+                            else:
+                                cxl_ver[e] += 1
+                                cxl_size = _push(cxl_k, cxl_i, cxl_v, cxl_size, t, e, cxl_ver[e])
+                if compact:
+                    k = 0
+                    for j in range(n_list):
+                        e = res_list[j]
+                        if resident[e]:
+                            res_list[k] = e
+                            res_pos[e] = k
+                            k += 1
+                        else:
+                            res_pos[e] = -1
+                    n_list = k
+                n_res -= nv
+                s_evict += nv
+                if nv:
+                    # tiers._spill: the earliest arrivals in CXL DRAM go down to NVMe
+                    spill = tcount[CXL] - cxl_cap
+                    while spill > 0 and cxl_size > 0:
+                        key, e, v, cxl_size = _pop(cxl_k, cxl_i, cxl_v, cxl_size)
+                        if tier[e] != CXL or v != cxl_ver[e]:
+                            continue
+                        tier[e] = NVME
+                        since[e] = t
+                        moved[pos, CXL, NVME] += 1
+                        tcount[CXL] -= 1
+                        tcount[NVME] += 1
+                        spill -= 1
+                    if tcount[NVME] > nvme_cap:
+                        err = 1
+                        break
+            if err:
+                break
         if err:
             break
     stats = np.array([s_hits, s_miss, s_ins, s_evict, s_pass, n_pinned, n_res, n_desc])

@@ -136,6 +136,28 @@ def test_priority_q16_is_the_firmwares(beta: float, shift: int) -> None:
         assert np.array_equal(_priority_q16_all(score, idle, table, shift), want), i
 
 
+@njit
+def _random_all(seed, time, ids):  # type: ignore[no-untyped-def]
+    out = np.empty(ids.size, np.int64)
+    base = K.random_base(np.uint64(seed), time)
+    for i in range(ids.size):
+        out[i] = K.random_priority(base, ids[i])
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345, 2**63 - 1])
+def test_random_priority_is_the_firmwares(seed: int) -> None:
+    from kvcxl.firmware.policies import make_policy
+    from kvcxl.firmware.policies.base import Tick
+    from kvcxl.firmware.table import EntryTable
+
+    policy = make_policy("random", PolicyConfig.from_mapping({"seed": seed}), EntryTable())
+    ids = np.concatenate([np.arange(100_000), [2**40, 2**62]]).astype(np.int64)
+    for time in (0, 1, 7, 10**6, 2**40):
+        want = policy.priority(ids, Tick(0, time))
+        assert np.array_equal(_random_all(seed, time, ids), want), time
+
+
 # --- the victim selection against the firmware's ----------------------------------------
 @pytest.mark.parametrize("distinct", [1, 3, 50, 5000, 1 << 40])
 @pytest.mark.parametrize("m", [1, 10, 3000, 20000])

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 ENGINES = ("fast", "numpy")
 # Policy (and mode) → kernel code (kernel.py: LRU, FIFO, LFU, EMA_F, EMA_I).
 POLICY_CODES = {("lru", "float"): 0, ("fifo", "float"): 1, ("lfu", "float"): 2,
-                ("ema", "float"): 3, ("ema", "int"): 4}  # fmt: skip
-COVERED = "lru, fifo, lfu, ema (float and int)"
+                ("ema", "float"): 3, ("ema", "int"): 4, ("random", "float"): 5}  # fmt: skip
+COVERED = "lru, fifo, lfu, random, ema (float and int)"
 _noticed: set[str] = set()
 
 
@@ -128,6 +128,7 @@ def run(rep: _Replay) -> None:
     lfu_key = (1, 0)  # lfu_tie_break "index": the count alone (then the lower id)
     if opts.policy == "lfu" and policy_param(fw.policy, "lfu_tie_break") == "lru":
         lfu_key = (LFU_SPAN, 1)
+    seed = policy_param(fw.policy, "seed") if opts.policy == "random" else 0
     t = opts.timing
     tiers = rep.tiers
     out = replay(
@@ -139,7 +140,7 @@ def run(rep: _Replay) -> None:
         int(cfg.decay_shift), nvme_below, int(tiers.cap[2]), int(tiers.cap[3]), int(rep.eb),
         float(t.cxl_latency_ns), float(t.cxl_gbps), float(t.nvme_latency_ns),
         float(t.nvme_gbps), npos, bool(opts.record_victims), *lfu_key,
-        opts.granularity == "request",
+        opts.granularity == "request", np.uint64(seed),
     )  # fmt: skip
     reads, hits, miss, stall, tokens, moved, tier, tcount, stats = out[:9]
     d_id, d_pr, d_key, d_call, call_batch, err = out[9:]

@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 
 # Policy codes (kvcxl.emu.sim.fast.POLICY_CODES maps names to them).
-LRU, FIFO, LFU, EMA_F, EMA_I = 0, 1, 2, 3, 4
+LRU, FIFO, LFU, EMA_F, EMA_I, RANDOM = 0, 1, 2, 3, 4, 5
 HBM, CXL, NVME, HOST = 1, 2, 3, 4  # kvcxl.firmware.formulas tier codes; HOST as in tiers.py
 LFU_SPAN = 1 << 40  # firmware/policies/lfu.py _TIME_SPAN: count major, last read minor
 Q_MAX, HALF = 65535, 32768
@@ -56,6 +56,32 @@ def priority_q16(s: int, idle: int, table: np.ndarray, shift: int) -> int:
     """fixedpoint.eviction_priority_q16."""
     i = min(idle, 65535) >> shift
     return ((Q_MAX - s) * table[min(i, 255)] + HALF) >> 16
+
+
+_GOLD = np.uint64(0x9E3779B97F4A7C15)  # firmware/policies/random.py
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+@njit(cache=True, inline="always")
+def splitmix64(x: np.uint64) -> np.uint64:
+    """policies.random.splitmix64 (wrapping uint64 arithmetic)."""
+    z = x + _GOLD
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True, inline="always")
+def random_base(seed: np.uint64, time: int) -> np.uint64:
+    """RandomPolicy.priority's per-call base: splitmix64(seed·GOLD + time)."""
+    return splitmix64(seed * _GOLD + np.uint64(time))
+
+
+@njit(cache=True, inline="always")
+def random_priority(base: np.uint64, e: int) -> int:
+    """RandomPolicy.priority of entry ``e``: the top 53 bits of splitmix64(id ^ base)."""
+    return np.int64(splitmix64(np.uint64(e) ^ base) >> np.uint64(11))
 
 
 # --- a min-heap of (key, id) with a version per item (stale items are skipped) -----------
@@ -124,7 +150,21 @@ def float_key(x):  # type: ignore[no-untyped-def]
 
 @njit(cache=True)
 def _keys(
-    pol, ids, n, out, last, count, s_f, s_q, idle, decay_f, decay_q, shift, lfu_span, lfu_minor
+    pol,
+    ids,
+    n,
+    out,
+    last,
+    count,
+    s_f,
+    s_q,
+    idle,
+    decay_f,
+    decay_q,
+    shift,
+    lfu_span,
+    lfu_minor,
+    rbase,
 ):  # type: ignore[no-untyped-def]
     """Keys (−priority, as int64s ordered like it) of ``ids[:n]`` into ``out``: one call per
     list, not per entry (a call per entry costs more than the key)."""
@@ -140,6 +180,9 @@ def _keys(
         for j in range(n):
             e = ids[j]
             out[j] = count[e] * lfu_span + last[e] * lfu_minor
+    elif pol == RANDOM:
+        for j in range(n):
+            out[j] = -random_priority(rbase, ids[j])
     else:
         for j in range(n):
             out[j] = last[ids[j]]
@@ -147,7 +190,21 @@ def _keys(
 
 @njit(cache=True)
 def _priorities(
-    pol, ids, n, out, last, count, s_f, s_q, idle, decay_f, decay_q, shift, lfu_span, lfu_minor
+    pol,
+    ids,
+    n,
+    out,
+    last,
+    count,
+    s_f,
+    s_q,
+    idle,
+    decay_f,
+    decay_q,
+    shift,
+    lfu_span,
+    lfu_minor,
+    rbase,
 ):  # type: ignore[no-untyped-def]
     """Priorities of ``ids[:n]`` into ``out`` as the numpy engine reports them (float64)."""
     for j in range(n):
@@ -158,6 +215,8 @@ def _priorities(
             out[j] = float(priority_q16(s_q[e], idle[e], decay_q, shift))
         elif pol == LFU:
             out[j] = float(-(count[e] * lfu_span + last[e] * lfu_minor))
+        elif pol == RANDOM:
+            out[j] = float(random_priority(rbase, e))
         else:
             out[j] = float(-last[e])
 
@@ -276,6 +335,7 @@ def replay(  # one loop over the plan: no Python call per batch
     lfu_span: int,
     lfu_minor: int,
     per_request: bool,
+    seed: np.uint64,
 ):  # type: ignore[no-untyped-def]
     """Replay the plan; returns (books, tiers, stats, victim dump, error).  ``nvme_below``:
     a victim whose score is below it goes to NVMe (−inf: never).  LFU's key is
@@ -505,7 +565,7 @@ def replay(  # one loop over the plan: no Python call per batch
                             w_f[e] = 0.0
                             idle[e] = 0
                             touched[e] = False
-                        else:
+                        elif pol == EMA_I:
                             s_q[e] = 0
                             w_q[e] = 0
                             idle[e] = 0
@@ -554,8 +614,9 @@ def replay(  # one loop over the plan: no Python call per batch
                 if over <= 0:
                     continue
                 protect = n_list - n_prot >= over  # else the call's entries compete too
+                rbase = random_base(seed, t)  # (random: its keys move with the batch time)
                 nv = 0
-                if over * 16 <= n_list:
+                if over * 16 <= n_list and pol != RANDOM:
                     # the heap: few victims among many
                     if stale or hsize + n_dirty > hcap:
                         hsize = n_list
@@ -579,6 +640,7 @@ def replay(  # one loop over the plan: no Python call per batch
                             shift,
                             lfu_span,
                             lfu_minor,
+                            rbase,
                         )
                         _heapify(hk, hi, hv, hsize)
                         for j in range(n_dirty):
@@ -604,7 +666,7 @@ def replay(  # one loop over the plan: no Python call per batch
                         else:
                             _keys(
                                 pol, dirty_list, nd, cand_k, last, count, s_f, s_q, idle, decay_f,
-                                decay_q, shift, lfu_span, lfu_minor,
+                                decay_q, shift, lfu_span, lfu_minor, rbase,
                             )  # fmt: skip
                         for j in range(nd):
                             e = dirty_list[j]
@@ -649,6 +711,7 @@ def replay(  # one loop over the plan: no Python call per batch
                         shift,
                         lfu_span,
                         lfu_minor,
+                        rbase,
                     )
                     kmin = cand_k[0] if mc else 0
                     kmax = kmin
@@ -665,12 +728,12 @@ def replay(  # one loop over the plan: no Python call per batch
                     pr = d_pr[n_dump : n_dump + nv]
                     _priorities(
                         pol, vic, nv, pr, last, count, s_f, s_q, idle, decay_f, decay_q, shift,
-                        lfu_span, lfu_minor,
+                        lfu_span, lfu_minor, rbase,
                     )  # fmt: skip
                     dk = d_key[n_dump : n_dump + nv]
                     _keys(
                         pol, vic, nv, dk, last, count, s_f, s_q, idle, decay_f, decay_q, shift,
-                        lfu_span, lfu_minor,
+                        lfu_span, lfu_minor, rbase,
                     )  # fmt: skip
                     n_dump += nv
                 compact = nv * 4 > n_list  # many leave: one pass over the list, not a swap each
@@ -702,7 +765,7 @@ def replay(  # one loop over the plan: no Python call per batch
                             w_f[e] = 0.0
                             idle[e] = 0
                             touched[e] = False
-                        else:
+                        elif pol == EMA_I:
                             s_q[e] = 0
                             w_q[e] = 0
                             idle[e] = 0

@@ -192,20 +192,25 @@ def _streams() -> dict[str, Any]:
     }
 
 
-def _expand(plan: dict[str, Any]) -> list[tuple[bool, int, int, Any, Any]]:
+def _lens(plan: dict[str, Any], k: int) -> tuple[list[int], list[int]]:
+    a, z = int(plan["loff"][k]), int(plan["loff"][k + 1])
+    return plan["l_ctx"][a:z].tolist(), plan["l_tok"][a:z].tolist()
+
+
+def _expand(plan: dict[str, Any]) -> list[tuple[Any, ...]]:
     """A request plan's layers as the loop serves them: each read on its own, the layer's
-    tokens on its first, a layer without reads none."""
+    tokens and context lengths on its first, a layer without reads none."""
     out = []
     for k in range(plan["read"].size):
         a, z = int(plan["off"][k]), int(plan["off"][k + 1])
         read, step, tok = bool(plan["read"][k]), int(plan["step"][k]), int(plan["tokens"][k])
         if not read:
-            out.append((read, step, tok, plan["ids"][a:z], None))
+            out.append((read, step, tok, plan["ids"][a:z], None, _lens(plan, k)))
             continue
         for j in range(a, z):
-            out.append(
-                (read, step, tok if j == a else 0, plan["ids"][j : j + 1], plan["w"][j : j + 1])
-            )
+            first = j == a
+            out.append((read, step, tok if first else 0, plan["ids"][j : j + 1],
+                        plan["w"][j : j + 1], _lens(plan, k) if first else ([], [])))  # fmt: skip
     return out
 
 
@@ -221,13 +226,15 @@ def test_flat_plan_is_plan_batches(granularity: str) -> None:
             for k in range(plan["read"].size):
                 a, z = int(plan["off"][k]), int(plan["off"][k + 1])
                 got.append((bool(plan["read"][k]), int(plan["step"][k]), int(plan["tokens"][k]),
-                            plan["ids"][a:z], plan["w"][a:z]))  # fmt: skip
+                            plan["ids"][a:z], plan["w"][a:z], _lens(plan, k)))  # fmt: skip
         assert len(got) == len(want), name
         for k, (b, g) in enumerate(zip(want, got, strict=True)):
             assert (g[0], g[1], g[2]) == (b.read, b.step, b.tokens), (name, k)
             assert np.array_equal(g[3], b.ids), (name, k)
             if b.read:
                 assert np.array_equal(g[4], b.w), (name, k)
+            lens = ([], []) if b.lens is None else (b.lens[0].tolist(), b.lens[1].tolist())
+            assert g[5] == lens, (name, k)
 
 
 # --- replays through both engines -------------------------------------------------------

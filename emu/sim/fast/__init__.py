@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 ENGINES = ("fast", "numpy")
 # Policy (and mode) → kernel code (kernel.py: LRU, FIFO, LFU, EMA_F, EMA_I).
 POLICY_CODES = {("lru", "float"): 0, ("fifo", "float"): 1, ("lfu", "float"): 2,
-                ("ema", "float"): 3, ("ema", "int"): 4, ("random", "float"): 5}  # fmt: skip
-COVERED = "lru, fifo, lfu, random, ema (float and int)"
+                ("ema", "float"): 3, ("ema", "int"): 4, ("random", "float"): 5,
+                ("sink-window", "float"): 6, ("h2o", "float"): 7}  # fmt: skip
+COVERED = "lru, fifo, lfu, random, sink-window, h2o, ema (float and int)"
 _noticed: set[str] = set()
 
 
@@ -89,11 +90,19 @@ def flat_plan(stream: ReadStream, granularity: str) -> dict[str, NDArray]:
     g = np.flatnonzero(first)
     off = np.append(ev_rec[g], ev_rec[-1])
     read = is_read[g]
+    # Context lengths set before each batch: its events' length records, in order.
+    lsz = (stream.len_off[ev + 1] - stream.len_off[ev]).astype(np.int64)
+    lstart = np.repeat(stream.len_off[ev].astype(np.int64) - np.cumsum(lsz) + lsz, lsz)
+    lrec = lstart + np.arange(int(lsz.sum()), dtype=np.int64)
+    ev_lrec = np.concatenate([[0], np.cumsum(lsz)])
+    loff = np.append(ev_lrec[g], ev_lrec[-1]).astype(np.int64)
     tok = np.add.reduceat(stream.ev_tokens[ev], g) if g.size else np.zeros(0, np.int64)
     tok = np.where(read, tok, 0).astype(np.int64)
     step = steps[g].astype(np.int64)
     return {"read": read, "step": step, "tokens": tok, "off": off.astype(np.int64),
-            "ids": ids, "w": w}  # fmt: skip
+            "ids": ids, "w": w, "loff": loff,
+            "l_ctx": stream.len_ctx[lrec].astype(np.int64),
+            "l_tok": stream.len_tokens[lrec].astype(np.int64)}  # fmt: skip
 
 
 def run(rep: _Replay) -> None:
@@ -129,6 +138,10 @@ def run(rep: _Replay) -> None:
     if opts.policy == "lfu" and policy_param(fw.policy, "lfu_tie_break") == "lru":
         lfu_key = (LFU_SPAN, 1)
     seed = policy_param(fw.policy, "seed") if opts.policy == "random" else 0
+    recent = policy_param(fw.policy, "recent_tokens") if opts.policy == "h2o" else 0
+    e_ctx = np.asarray(stream.e_ctx, np.int64)
+    e_block = np.asarray(stream.e_block, np.int64)
+    n_ctx = int(max(e_ctx.max(initial=0), plan["l_ctx"].max(initial=0))) + 1
     t = opts.timing
     tiers = rep.tiers
     out = replay(
@@ -140,7 +153,8 @@ def run(rep: _Replay) -> None:
         int(cfg.decay_shift), nvme_below, int(tiers.cap[2]), int(tiers.cap[3]), int(rep.eb),
         float(t.cxl_latency_ns), float(t.cxl_gbps), float(t.nvme_latency_ns),
         float(t.nvme_gbps), npos, bool(opts.record_victims), *lfu_key,
-        opts.granularity == "request", np.uint64(seed),
+        opts.granularity == "request", np.uint64(seed), e_ctx, e_block,
+        int(stream.shape.block_tokens), n_ctx, plan["loff"], plan["l_ctx"], plan["l_tok"], recent,
     )  # fmt: skip
     reads, hits, miss, stall, tokens, moved, tier, tcount, stats = out[:9]
     d_id, d_pr, d_key, d_call, call_batch, err = out[9:]

@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 
 # Policy codes (kvcxl.emu.sim.fast.POLICY_CODES maps names to them).
-LRU, FIFO, LFU, EMA_F, EMA_I, RANDOM = 0, 1, 2, 3, 4, 5
+LRU, FIFO, LFU, EMA_F, EMA_I, RANDOM, SINK, H2O = 0, 1, 2, 3, 4, 5, 6, 7
 HBM, CXL, NVME, HOST = 1, 2, 3, 4  # kvcxl.firmware.formulas tier codes; HOST as in tiers.py
 LFU_SPAN = 1 << 40  # firmware/policies/lfu.py _TIME_SPAN: count major, last read minor
 Q_MAX, HALF = 65535, 32768
@@ -82,6 +82,14 @@ def random_base(seed: np.uint64, time: int) -> np.uint64:
 def random_priority(base: np.uint64, e: int) -> int:
     """RandomPolicy.priority of entry ``e``: the top 53 bits of splitmix64(id ^ base)."""
     return np.int64(splitmix64(np.uint64(e) ^ base) >> np.uint64(11))
+
+
+@njit(cache=True, inline="always")
+def age_tokens(e, e_ctx, e_block, bt, ctx_tokens):  # type: ignore[no-untyped-def]
+    """EntryTable.age_tokens: how far behind its context's newest token the entry's last
+    token is, max(length − 1 − last_token, 0)."""
+    last_token = e_block[e] * bt + bt - 1
+    return max(ctx_tokens[e_ctx[e]] - 1 - last_token, 0)
 
 
 # --- a min-heap of (key, id) with a version per item (stale items are skipped) -----------
@@ -165,6 +173,12 @@ def _keys(
     lfu_span,
     lfu_minor,
     rbase,
+    e_ctx,
+    e_block,
+    bt,
+    ctx_tokens,
+    acc,
+    recent,
 ):  # type: ignore[no-untyped-def]
     """Keys (−priority, as int64s ordered like it) of ``ids[:n]`` into ``out``: one call per
     list, not per entry (a call per entry costs more than the key)."""
@@ -183,6 +197,16 @@ def _keys(
     elif pol == RANDOM:
         for j in range(n):
             out[j] = -random_priority(rbase, ids[j])
+    elif pol == SINK:
+        for j in range(n):
+            out[j] = -age_tokens(ids[j], e_ctx, e_block, bt, ctx_tokens)
+    elif pol == H2O:
+        for j in range(n):
+            e = ids[j]
+            if age_tokens(e, e_ctx, e_block, bt, ctx_tokens) < recent:
+                out[j] = float_key(np.inf)
+            else:
+                out[j] = float_key(acc[e])
     else:
         for j in range(n):
             out[j] = last[ids[j]]
@@ -205,6 +229,12 @@ def _priorities(
     lfu_span,
     lfu_minor,
     rbase,
+    e_ctx,
+    e_block,
+    bt,
+    ctx_tokens,
+    acc,
+    recent,
 ):  # type: ignore[no-untyped-def]
     """Priorities of ``ids[:n]`` into ``out`` as the numpy engine reports them (float64)."""
     for j in range(n):
@@ -217,6 +247,11 @@ def _priorities(
             out[j] = float(-(count[e] * lfu_span + last[e] * lfu_minor))
         elif pol == RANDOM:
             out[j] = float(random_priority(rbase, e))
+        elif pol == SINK:
+            out[j] = float(age_tokens(e, e_ctx, e_block, bt, ctx_tokens))
+        elif pol == H2O:
+            recent_e = age_tokens(e, e_ctx, e_block, bt, ctx_tokens) < recent
+            out[j] = -np.inf if recent_e else -acc[e]
         else:
             out[j] = float(-last[e])
 
@@ -336,6 +371,14 @@ def replay(  # one loop over the plan: no Python call per batch
     lfu_minor: int,
     per_request: bool,
     seed: np.uint64,
+    e_ctx: np.ndarray,
+    e_block: np.ndarray,
+    bt: int,
+    n_ctx: int,
+    b_loff: np.ndarray,
+    l_ctx: np.ndarray,
+    l_tok: np.ndarray,
+    recent: int,
 ):  # type: ignore[no-untyped-def]
     """Replay the plan; returns (books, tiers, stats, victim dump, error).  ``nvme_below``:
     a victim whose score is below it goes to NVMe (−inf: never).  LFU's key is
@@ -371,6 +414,9 @@ def replay(  # one loop over the plan: no Python call per batch
     w_q = np.zeros(n if pol == EMA_I else 0, np.int64)
     idle = np.zeros(n if ema else 0, np.int64)
     touched = np.zeros(n if ema else 0, np.bool_)
+    acc = np.zeros(n if pol == H2O else 0, np.float64)
+    by_age = pol == SINK or pol == H2O  # ranked by age in tokens: context lengths kept
+    ctx_tokens = np.zeros(n_ctx if by_age else 0, np.int64)
     # A heap of the resident unpinned entries by (key, id) serves small evictions: keys
     # change only by an entry's own events (marked dirty, pushed again before the next
     # pop) and, for the EMA, at step ends (the heap is rebuilt).  Large evictions scan.
@@ -452,6 +498,9 @@ def replay(  # one loop over the plan: no Python call per batch
             else:
                 a, z = a0 + sb, a0 + sb + 1
             tok = b_tokens[b] if sb == 0 else 0  # (the step's tokens ride on its first)
+            if sb == 0 and by_age:  # FirmwareSession.lengths before the batch (never shrink)
+                for j in range(b_loff[b], b_loff[b + 1]):
+                    ctx_tokens[l_ctx[j]] = max(ctx_tokens[l_ctx[j]], l_tok[j])
             # Up to two calls per batch: a write (the batch's own, or a trace's entries written
             # just before their first read), then the reads.
             for phase in range(2):
@@ -484,6 +533,10 @@ def replay(  # one loop over the plan: no Python call per batch
                         created[e] = True
                         if e + 1 > n_desc:
                             n_desc = e + 1
+                        if by_age:  # EntryTable.append: at least its last block's first token
+                            # + 1; a trace's entry written on first read: its block full
+                            tl = (e_block[e] + 1) * bt if b_read[b] else e_block[e] * bt + 1
+                            ctx_tokens[e_ctx[e]] = max(ctx_tokens[e_ctx[e]], tl)
                         tier[e] = HBM
                         stamp[e] = call
                     tcount[HBM] += na
@@ -570,6 +623,8 @@ def replay(  # one loop over the plan: no Python call per batch
                             w_q[e] = 0
                             idle[e] = 0
                             touched[e] = False
+                        elif pol == H2O:
+                            acc[e] = 0.0
                     if not stale and not dirty[e]:  # (a stale heap is rebuilt whole)
                         dirty[e] = True
                         dirty_list[n_dirty] = e
@@ -600,6 +655,9 @@ def replay(  # one loop over the plan: no Python call per batch
                             if key_changed:
                                 touched[e] = True
                                 idle[e] = 0
+                        elif pol == H2O:  # np.add.at: in record order
+                            acc[e] += p_w[j]
+                            key_changed = False
                         else:
                             key_changed = False
                         if key_changed and not stale and not dirty[e]:
@@ -616,7 +674,7 @@ def replay(  # one loop over the plan: no Python call per batch
                 protect = n_list - n_prot >= over  # else the call's entries compete too
                 rbase = random_base(seed, t)  # (random: its keys move with the batch time)
                 nv = 0
-                if over * 16 <= n_list and pol != RANDOM:
+                if over * 16 <= n_list and pol < RANDOM:  # (static keys between events)
                     # the heap: few victims among many
                     if stale or hsize + n_dirty > hcap:
                         hsize = n_list
@@ -641,6 +699,12 @@ def replay(  # one loop over the plan: no Python call per batch
                             lfu_span,
                             lfu_minor,
                             rbase,
+                            e_ctx,
+                            e_block,
+                            bt,
+                            ctx_tokens,
+                            acc,
+                            recent,
                         )
                         _heapify(hk, hi, hv, hsize)
                         for j in range(n_dirty):
@@ -666,7 +730,8 @@ def replay(  # one loop over the plan: no Python call per batch
                         else:
                             _keys(
                                 pol, dirty_list, nd, cand_k, last, count, s_f, s_q, idle, decay_f,
-                                decay_q, shift, lfu_span, lfu_minor, rbase,
+                                decay_q, shift, lfu_span, lfu_minor, rbase, e_ctx, e_block, bt,
+                                ctx_tokens, acc, recent,
                             )  # fmt: skip
                         for j in range(nd):
                             e = dirty_list[j]
@@ -712,6 +777,12 @@ def replay(  # one loop over the plan: no Python call per batch
                         lfu_span,
                         lfu_minor,
                         rbase,
+                        e_ctx,
+                        e_block,
+                        bt,
+                        ctx_tokens,
+                        acc,
+                        recent,
                     )
                     kmin = cand_k[0] if mc else 0
                     kmax = kmin
@@ -728,12 +799,14 @@ def replay(  # one loop over the plan: no Python call per batch
                     pr = d_pr[n_dump : n_dump + nv]
                     _priorities(
                         pol, vic, nv, pr, last, count, s_f, s_q, idle, decay_f, decay_q, shift,
-                        lfu_span, lfu_minor, rbase,
+                        lfu_span, lfu_minor, rbase, e_ctx, e_block, bt, ctx_tokens, acc,
+                        recent,
                     )  # fmt: skip
                     dk = d_key[n_dump : n_dump + nv]
                     _keys(
                         pol, vic, nv, dk, last, count, s_f, s_q, idle, decay_f, decay_q, shift,
-                        lfu_span, lfu_minor, rbase,
+                        lfu_span, lfu_minor, rbase, e_ctx, e_block, bt, ctx_tokens, acc,
+                        recent,
                     )  # fmt: skip
                     n_dump += nv
                 compact = nv * 4 > n_list  # many leave: one pass over the list, not a swap each
@@ -770,6 +843,8 @@ def replay(  # one loop over the plan: no Python call per batch
                             w_q[e] = 0
                             idle[e] = 0
                             touched[e] = False
+                        elif pol == H2O:
+                            acc[e] = 0.0
                     src = tier[e]
                     moved[pos, src, dest] += 1
                     tcount[src] -= 1

@@ -19,6 +19,7 @@ from ....firmware import fixedpoint as fx
 from ....firmware.formulas import recency_decay
 from ....firmware.policies import POLICIES, make_policy
 from ....firmware.policies.base import Policy
+from ....firmware.policies.belady import NEVER, Future
 from ....firmware.table import EntryTable
 from ...workloads.stream import CREATE, ReadStream
 
@@ -29,8 +30,9 @@ ENGINES = ("fast", "numpy")
 # Policy (and mode) → kernel code (kernel.py: LRU, FIFO, LFU, EMA_F, EMA_I).
 POLICY_CODES = {("lru", "float"): 0, ("fifo", "float"): 1, ("lfu", "float"): 2,
                 ("ema", "float"): 3, ("ema", "int"): 4, ("random", "float"): 5,
-                ("sink-window", "float"): 6, ("h2o", "float"): 7}  # fmt: skip
-COVERED = "lru, fifo, lfu, random, sink-window, h2o, ema (float and int)"
+                ("sink-window", "float"): 6, ("h2o", "float"): 7, ("belady", "float"): 8,
+                ("belady-nobypass", "float"): 8}  # fmt: skip
+COVERED = "every policy but lrfu"
 _noticed: set[str] = set()
 
 
@@ -105,6 +107,33 @@ def flat_plan(stream: ReadStream, granularity: str) -> dict[str, NDArray]:
             "l_tok": stream.len_tokens[lrec].astype(np.int64)}  # fmt: skip
 
 
+def _future(
+    plan: dict[str, NDArray], n: int, per_request: bool, offline: bool
+) -> tuple[NDArray, NDArray]:
+    """For the offline optimum: each entry's first read and, per record, the entry's next
+    read after that record's batch (the firmware's Future over the read batches as
+    replayed: a batch's time is its index among them)."""
+    if not offline:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    size = np.diff(plan["off"])
+    read_rec = np.repeat(plan["read"], size)
+    if per_request:  # every read its own batch
+        time = np.cumsum(read_rec) - 1
+    else:
+        time = np.repeat(np.cumsum(plan["read"]) - 1, size)
+    ids = plan["ids"]
+    future = Future(ids[read_rec], time[read_rec])
+    nxt0 = np.asarray(future.next_use(np.arange(n), -1), np.int64)
+    # Future.next_use with each record's own time (its keys: id·span + time, sorted)
+    keys, span = future.keys, future.span
+    q = ids * span + np.minimum(time, span - 1)
+    at = np.searchsorted(keys, q, side="right")
+    at_c = np.minimum(at, max(keys.size - 1, 0))
+    found = (at < keys.size) & (keys[at_c] // span == ids) if keys.size else np.zeros(0, bool)
+    nxt = np.where(found, keys[at_c] % span if keys.size else 0, NEVER)
+    return nxt0, np.where(read_rec, nxt, NEVER).astype(np.int64)
+
+
 def run(rep: _Replay) -> None:
     """Replay ``rep``'s stream with the kernel; fill its books, tiers, stats and dump."""
     from .kernel import LFU_SPAN, replay
@@ -121,7 +150,9 @@ def run(rep: _Replay) -> None:
     # Pins as the policy itself decides them, on the stream's entry table.
     table = EntryTable(block_tokens=stream.shape.block_tokens, capacity=max(n, 16))
     table.append(stream.e_ctx, stream.e_layer, stream.e_head, stream.e_block)
-    kwargs = {"mode": mode} if "int" in POLICIES[opts.policy].modes else {}
+    kwargs: dict[str, Any] = {"mode": mode} if "int" in POLICIES[opts.policy].modes else {}
+    if fw.offline:
+        kwargs["future"] = fw.policy.future  # type: ignore[attr-defined]
     want_pin = np.asarray(make_policy(opts.policy, cfg, table, **kwargs).wants_pin(np.arange(n)))
     # The float decay for every idle count the replay can reach (one per step boundary).
     n_steps = int(np.count_nonzero(np.diff(plan["step"]))) + 2
@@ -139,6 +170,7 @@ def run(rep: _Replay) -> None:
         lfu_key = (LFU_SPAN, 1)
     seed = policy_param(fw.policy, "seed") if opts.policy == "random" else 0
     recent = policy_param(fw.policy, "recent_tokens") if opts.policy == "h2o" else 0
+    nxt0, rec_next = _future(plan, n, opts.granularity == "request", fw.offline)
     e_ctx = np.asarray(stream.e_ctx, np.int64)
     e_block = np.asarray(stream.e_block, np.int64)
     n_ctx = int(max(e_ctx.max(initial=0), plan["l_ctx"].max(initial=0))) + 1
@@ -155,6 +187,7 @@ def run(rep: _Replay) -> None:
         float(t.nvme_gbps), npos, bool(opts.record_victims), *lfu_key,
         opts.granularity == "request", np.uint64(seed), e_ctx, e_block,
         int(stream.shape.block_tokens), n_ctx, plan["loff"], plan["l_ctx"], plan["l_tok"], recent,
+        nxt0, rec_next, bool(fw.policy.may_bypass),
     )  # fmt: skip
     reads, hits, miss, stall, tokens, moved, tier, tcount, stats = out[:9]
     d_id, d_pr, d_key, d_call, call_batch, err = out[9:]

@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 
 # Policy codes (kvcxl.emu.sim.fast.POLICY_CODES maps names to them).
-LRU, FIFO, LFU, EMA_F, EMA_I, RANDOM, SINK, H2O = 0, 1, 2, 3, 4, 5, 6, 7
+LRU, FIFO, LFU, EMA_F, EMA_I, RANDOM, SINK, H2O, BELADY = 0, 1, 2, 3, 4, 5, 6, 7, 8
 HBM, CXL, NVME, HOST = 1, 2, 3, 4  # kvcxl.firmware.formulas tier codes; HOST as in tiers.py
 LFU_SPAN = 1 << 40  # firmware/policies/lfu.py _TIME_SPAN: count major, last read minor
 Q_MAX, HALF = 65535, 32768
@@ -200,6 +200,9 @@ def _keys(
     elif pol == SINK:
         for j in range(n):
             out[j] = -age_tokens(ids[j], e_ctx, e_block, bt, ctx_tokens)
+    elif pol == BELADY:  # `last` holds each entry's next read (Future.next_use)
+        for j in range(n):
+            out[j] = -last[ids[j]]
     elif pol == H2O:
         for j in range(n):
             e = ids[j]
@@ -249,6 +252,8 @@ def _priorities(
             out[j] = float(random_priority(rbase, e))
         elif pol == SINK:
             out[j] = float(age_tokens(e, e_ctx, e_block, bt, ctx_tokens))
+        elif pol == BELADY:
+            out[j] = float(last[e])
         elif pol == H2O:
             recent_e = age_tokens(e, e_ctx, e_block, bt, ctx_tokens) < recent
             out[j] = -np.inf if recent_e else -acc[e]
@@ -379,6 +384,9 @@ def replay(  # one loop over the plan: no Python call per batch
     l_ctx: np.ndarray,
     l_tok: np.ndarray,
     recent: int,
+    nxt0: np.ndarray,
+    rec_next: np.ndarray,
+    bypass: bool,
 ):  # type: ignore[no-untyped-def]
     """Replay the plan; returns (books, tiers, stats, victim dump, error).  ``nvme_below``:
     a victim whose score is below it goes to NVMe (−inf: never).  LFU's key is
@@ -406,7 +414,7 @@ def replay(  # one loop over the plan: no Python call per batch
     n_desc = 0
     # policy state (the columns of firmware/policies/*.py, with their fills); only the
     # policy's own are allocated
-    last = np.full(0 if ema else n, 0 if pol == LFU else -1, np.int64)  # lru/fifo/lfu
+    last = np.full(0 if ema else n, 0 if pol == LFU else -1, np.int64)  # lru/fifo/lfu/belady
     count = np.zeros(n if pol == LFU else 0, np.int64)
     s_f = np.zeros(n if pol == EMA_F else 0, np.float64)
     w_f = np.zeros(n if pol == EMA_F else 0, np.float64)
@@ -527,10 +535,12 @@ def replay(  # one loop over the plan: no Python call per batch
                         continue
                     is_write = True
                     # tiers.create, then FirmwareSession.write at the last read batch's time
-                    t = time - 1 if time > 0 else 0
+                    t = time - 1 if time > 0 or pol == BELADY else 0  # (offline: −1 first)
                     for j in range(na):
                         e = adm[j]
                         created[e] = True
+                        if pol == BELADY:
+                            last[e] = nxt0[e]  # its first read
                         if e + 1 > n_desc:
                             n_desc = e + 1
                         if by_age:  # EntryTable.append: at least its last block's first token
@@ -658,6 +668,8 @@ def replay(  # one loop over the plan: no Python call per batch
                         elif pol == H2O:  # np.add.at: in record order
                             acc[e] += p_w[j]
                             key_changed = False
+                        elif pol == BELADY:
+                            last[e] = rec_next[j]
                         else:
                             key_changed = False
                         if key_changed and not stale and not dirty[e]:
@@ -671,10 +683,11 @@ def replay(  # one loop over the plan: no Python call per batch
                 over = n_res - capacity
                 if over <= 0:
                     continue
-                protect = n_list - n_prot >= over  # else the call's entries compete too
+                # else the call's entries compete too (the bypassing optimum: always)
+                protect = n_list - n_prot >= over and not bypass
                 rbase = random_base(seed, t)  # (random: its keys move with the batch time)
                 nv = 0
-                if over * 16 <= n_list and pol < RANDOM:  # (static keys between events)
+                if over * 16 <= n_list and (pol < RANDOM or pol == BELADY):  # static keys
                     # the heap: few victims among many
                     if stale or hsize + n_dirty > hcap:
                         hsize = n_list

@@ -137,6 +137,23 @@ def test_priority_q16_is_the_firmwares(beta: float, shift: int) -> None:
 
 
 @njit
+def _logaddexp2_all(x):  # type: ignore[no-untyped-def]
+    out = np.empty_like(x)
+    for i in range(x.size):
+        out[i] = K.logaddexp2(x[i], 0.0)
+    return out
+
+
+def test_logaddexp2_is_numpys() -> None:
+    """LRFU's update (firmware/policies/lrfu.py: np.logaddexp2(decayed, 0.0))."""
+    rng = np.random.default_rng(4)
+    for scale in (1e-3, 1.0, 10.0, 100.0):
+        x = np.concatenate([rng.normal(0, scale, 2_000_000), [-np.inf, 0.0, 1.0, -1.0, 1e300]])
+        want = np.logaddexp2(x, 0.0)
+        assert np.array_equal(_logaddexp2_all(x).view(np.int64), want.view(np.int64)), scale
+
+
+@njit
 def _random_all(seed, time, ids):  # type: ignore[no-untyped-def]
     out = np.empty(ids.size, np.int64)
     base = K.random_base(np.uint64(seed), time)
@@ -345,14 +362,16 @@ def test_the_real_model_capture_replays_identically() -> None:
 def test_an_uncovered_run_falls_back_with_one_notice(capsys: pytest.CaptureFixture) -> None:
     stream = _streams()["workload"]
     fast._noticed.clear()
-    for _ in range(2):
-        r = simulate(stream, SimOptions(policy="lrfu", budget_bytes=stream.kv_bytes // 4))
+    for _ in range(2):  # prefetch: not in the fast engine
+        r = simulate(
+            stream, SimOptions(policy="lru", budget_bytes=stream.kv_bytes // 4, prefetch=True)
+        )
         assert r["engine"] == "numpy"
     err = capsys.readouterr().err
-    assert err.count("replaying with the numpy engine") == 1 and "lrfu" in err
+    assert err.count("replaying with the numpy engine") == 1 and "prefetch" in err
     r = simulate(stream, SimOptions(policy="lru", budget_bytes=stream.kv_bytes // 4))
     assert r["engine"] == "fast"
     r = simulate(stream, SimOptions(policy="lru", budget_bytes=stream.kv_bytes // 4, audit=True))
     assert r["engine"] == "numpy" and r["audit_faults"] == 0
-    with pytest.raises(ValueError, match=r"--engine fast: .*lrfu"):
-        simulate(stream, SimOptions(policy="lrfu", engine="fast", budget_bytes=4096))
+    with pytest.raises(ValueError, match=r"--engine fast: .*prefetch"):
+        simulate(stream, SimOptions(policy="lrfu", engine="fast", prefetch=True, budget_bytes=4096))

@@ -31,8 +31,8 @@ ENGINES = ("fast", "numpy")
 POLICY_CODES = {("lru", "float"): 0, ("fifo", "float"): 1, ("lfu", "float"): 2,
                 ("ema", "float"): 3, ("ema", "int"): 4, ("random", "float"): 5,
                 ("sink-window", "float"): 6, ("h2o", "float"): 7, ("belady", "float"): 8,
-                ("belady-nobypass", "float"): 8}  # fmt: skip
-COVERED = "every policy but lrfu"
+                ("belady-nobypass", "float"): 8, ("lrfu", "float"): 9}  # fmt: skip
+COVERED = "every policy"
 _noticed: set[str] = set()
 
 
@@ -46,7 +46,7 @@ def unsupported(opts: Any) -> str | None:
     """Why the fast engine cannot replay ``opts`` (None: it can)."""
     mode = opts.mode if opts.policy == "ema" else "float"
     if (opts.policy, mode) not in POLICY_CODES:
-        return f"the fast engine does not cover policy {opts.policy} yet (it covers {COVERED})"
+        return f"the fast engine does not cover policy {opts.policy} (it covers {COVERED})"
     if opts.prefetch:
         return "the fast engine does not prefetch yet"
     if opts.audit:
@@ -170,6 +170,7 @@ def run(rep: _Replay) -> None:
         lfu_key = (LFU_SPAN, 1)
     seed = policy_param(fw.policy, "seed") if opts.policy == "random" else 0
     recent = policy_param(fw.policy, "recent_tokens") if opts.policy == "h2o" else 0
+    lam = float(policy_param(fw.policy, "lrfu_lambda")) if opts.policy == "lrfu" else 0.0
     nxt0, rec_next = _future(plan, n, opts.granularity == "request", fw.offline)
     e_ctx = np.asarray(stream.e_ctx, np.int64)
     e_block = np.asarray(stream.e_block, np.int64)
@@ -187,7 +188,7 @@ def run(rep: _Replay) -> None:
         float(t.nvme_gbps), npos, bool(opts.record_victims), *lfu_key,
         opts.granularity == "request", np.uint64(seed), e_ctx, e_block,
         int(stream.shape.block_tokens), n_ctx, plan["loff"], plan["l_ctx"], plan["l_tok"], recent,
-        nxt0, rec_next, bool(fw.policy.may_bypass),
+        nxt0, rec_next, bool(fw.policy.may_bypass), lam,
     )  # fmt: skip
     reads, hits, miss, stall, tokens, moved, tier, tcount, stats = out[:9]
     d_id, d_pr, d_key, d_call, call_batch, err = out[9:]

@@ -21,11 +21,13 @@ Victim order is the firmware's contract: priority descending, entry id ascending
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
 # Policy codes (kvcxl.emu.sim.fast.POLICY_CODES maps names to them).
-LRU, FIFO, LFU, EMA_F, EMA_I, RANDOM, SINK, H2O, BELADY = 0, 1, 2, 3, 4, 5, 6, 7, 8
+LRU, FIFO, LFU, EMA_F, EMA_I, RANDOM, SINK, H2O, BELADY, LRFU = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
 HBM, CXL, NVME, HOST = 1, 2, 3, 4  # kvcxl.firmware.formulas tier codes; HOST as in tiers.py
 LFU_SPAN = 1 << 40  # firmware/policies/lfu.py _TIME_SPAN: count major, last read minor
 Q_MAX, HALF = 65535, 32768
@@ -43,6 +45,22 @@ def ema_float(s: float, w: float, alpha: float) -> float:
 def ema_q16(s: int, w: int, alpha_q: int) -> int:
     """fixedpoint.ema_update_q16."""
     return (alpha_q * w + (65536 - alpha_q) * s + HALF) >> 16
+
+
+LOG2E = 1.4426950408889634074  # numpy's NPY_LOG2E
+
+
+@njit(cache=True, inline="always")
+def logaddexp2(x: float, y: float) -> float:
+    """numpy's logaddexp2 (npy_logaddexp2: log2(2^x + 2^y) without overflow)."""
+    if x == y:
+        return x + 1.0
+    tmp = x - y
+    if tmp > 0:
+        return x + LOG2E * math.log1p(2.0 ** (-tmp))
+    if tmp <= 0:
+        return y + LOG2E * math.log1p(2.0**tmp)
+    return tmp
 
 
 @njit(cache=True, inline="always")
@@ -179,6 +197,9 @@ def _keys(
     ctx_tokens,
     acc,
     recent,
+    lcrf,
+    lam,
+    t,
 ):  # type: ignore[no-untyped-def]
     """Keys (−priority, as int64s ordered like it) of ``ids[:n]`` into ``out``: one call per
     list, not per entry (a call per entry costs more than the key)."""
@@ -203,6 +224,10 @@ def _keys(
     elif pol == BELADY:  # `last` holds each entry's next read (Future.next_use)
         for j in range(n):
             out[j] = -last[ids[j]]
+    elif pol == LRFU:  # LrfuPolicy.priority negated: log CRF decayed to now
+        for j in range(n):
+            e = ids[j]
+            out[j] = float_key(lcrf[e] - lam * (t - last[e]))
     elif pol == H2O:
         for j in range(n):
             e = ids[j]
@@ -238,6 +263,9 @@ def _priorities(
     ctx_tokens,
     acc,
     recent,
+    lcrf,
+    lam,
+    t,
 ):  # type: ignore[no-untyped-def]
     """Priorities of ``ids[:n]`` into ``out`` as the numpy engine reports them (float64)."""
     for j in range(n):
@@ -254,6 +282,8 @@ def _priorities(
             out[j] = float(age_tokens(e, e_ctx, e_block, bt, ctx_tokens))
         elif pol == BELADY:
             out[j] = float(last[e])
+        elif pol == LRFU:
+            out[j] = -(lcrf[e] - lam * (t - last[e]))
         elif pol == H2O:
             recent_e = age_tokens(e, e_ctx, e_block, bt, ctx_tokens) < recent
             out[j] = -np.inf if recent_e else -acc[e]
@@ -387,6 +417,7 @@ def replay(  # one loop over the plan: no Python call per batch
     nxt0: np.ndarray,
     rec_next: np.ndarray,
     bypass: bool,
+    lam: float,
 ):  # type: ignore[no-untyped-def]
     """Replay the plan; returns (books, tiers, stats, victim dump, error).  ``nvme_below``:
     a victim whose score is below it goes to NVMe (−inf: never).  LFU's key is
@@ -414,7 +445,9 @@ def replay(  # one loop over the plan: no Python call per batch
     n_desc = 0
     # policy state (the columns of firmware/policies/*.py, with their fills); only the
     # policy's own are allocated
-    last = np.full(0 if ema else n, 0 if pol == LFU else -1, np.int64)  # lru/fifo/lfu/belady
+    # lru, fifo (fill −1); lfu, lrfu (0); belady (its next read)
+    last = np.full(0 if ema else n, 0 if pol == LFU or pol == LRFU else -1, np.int64)
+    lcrf = np.full(n if pol == LRFU else 0, -np.inf, np.float64)
     count = np.zeros(n if pol == LFU else 0, np.int64)
     s_f = np.zeros(n if pol == EMA_F else 0, np.float64)
     w_f = np.zeros(n if pol == EMA_F else 0, np.float64)
@@ -635,6 +668,9 @@ def replay(  # one loop over the plan: no Python call per batch
                             touched[e] = False
                         elif pol == H2O:
                             acc[e] = 0.0
+                        elif pol == LRFU:
+                            lcrf[e] = -np.inf
+                            last[e] = 0
                     if not stale and not dirty[e]:  # (a stale heap is rebuilt whole)
                         dirty[e] = True
                         dirty_list[n_dirty] = e
@@ -670,12 +706,21 @@ def replay(  # one loop over the plan: no Python call per batch
                             key_changed = False
                         elif pol == BELADY:
                             last[e] = rec_next[j]
+                        elif pol == LRFU:
+                            if stamp[e] == call:  # once per entry: numpy's last write wins
+                                stamp[e] = -call
+                                lcrf[e] = logaddexp2(lcrf[e] - lam * (t - last[e]), 0.0)
+                                last[e] = t
                         else:
                             key_changed = False
                         if key_changed and not stale and not dirty[e]:
                             dirty[e] = True
                             dirty_list[n_dirty] = e
                             n_dirty += 1
+                    if pol == LRFU:
+                        for j in range(a, z):
+                            if stamp[p_ids[j]] == -call:
+                                stamp[p_ids[j]] = call
                     time += 1
                 if n_dirty * 2 > n_list:  # cheaper to rebuild than to push them all
                     stale = True
@@ -718,6 +763,9 @@ def replay(  # one loop over the plan: no Python call per batch
                             ctx_tokens,
                             acc,
                             recent,
+                            lcrf,
+                            lam,
+                            t,
                         )
                         _heapify(hk, hi, hv, hsize)
                         for j in range(n_dirty):
@@ -744,7 +792,7 @@ def replay(  # one loop over the plan: no Python call per batch
                             _keys(
                                 pol, dirty_list, nd, cand_k, last, count, s_f, s_q, idle, decay_f,
                                 decay_q, shift, lfu_span, lfu_minor, rbase, e_ctx, e_block, bt,
-                                ctx_tokens, acc, recent,
+                                ctx_tokens, acc, recent, lcrf, lam, t,
                             )  # fmt: skip
                         for j in range(nd):
                             e = dirty_list[j]
@@ -796,6 +844,9 @@ def replay(  # one loop over the plan: no Python call per batch
                         ctx_tokens,
                         acc,
                         recent,
+                        lcrf,
+                        lam,
+                        t,
                     )
                     kmin = cand_k[0] if mc else 0
                     kmax = kmin
@@ -814,12 +865,18 @@ def replay(  # one loop over the plan: no Python call per batch
                         pol, vic, nv, pr, last, count, s_f, s_q, idle, decay_f, decay_q, shift,
                         lfu_span, lfu_minor, rbase, e_ctx, e_block, bt, ctx_tokens, acc,
                         recent,
+                        lcrf,
+                        lam,
+                        t,
                     )  # fmt: skip
                     dk = d_key[n_dump : n_dump + nv]
                     _keys(
                         pol, vic, nv, dk, last, count, s_f, s_q, idle, decay_f, decay_q, shift,
                         lfu_span, lfu_minor, rbase, e_ctx, e_block, bt, ctx_tokens, acc,
                         recent,
+                        lcrf,
+                        lam,
+                        t,
                     )  # fmt: skip
                     n_dump += nv
                 compact = nv * 4 > n_list  # many leave: one pass over the list, not a swap each
@@ -858,6 +915,9 @@ def replay(  # one loop over the plan: no Python call per batch
                             touched[e] = False
                         elif pol == H2O:
                             acc[e] = 0.0
+                        elif pol == LRFU:
+                            lcrf[e] = -np.inf
+                            last[e] = 0
                     src = tier[e]
                     moved[pos, src, dest] += 1
                     tcount[src] -= 1

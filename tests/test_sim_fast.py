@@ -375,3 +375,23 @@ def test_an_uncovered_run_falls_back_with_one_notice(capsys: pytest.CaptureFixtu
     assert r["engine"] == "numpy" and r["audit_faults"] == 0
     with pytest.raises(ValueError, match=r"--engine fast: .*prefetch"):
         simulate(stream, SimOptions(policy="lrfu", engine="fast", prefetch=True, budget_bytes=4096))
+
+
+def test_results_sweep_is_the_same_on_both_engines(tmp_path: Any) -> None:
+    """`python -m kvcxl.emu.sim.sweep --engine fast` (unaudited) gives the audited numpy
+    run's rows: every question, policy, budget and variant, hit rates and bytes moved."""
+    import json
+
+    from kvcxl.emu.sim.sweep import main
+
+    rows = {}
+    for engine in ("numpy", "fast"):
+        out = tmp_path / f"{engine}.json"
+        main(["--workload", "flood", "--seeds", "2", "--steps", "12", "--engine", engine,
+              "--backend", "serial", "--out", str(out)])  # fmt: skip
+        rows[engine] = json.loads(out.read_text())["rows"]
+    assert len(rows["numpy"]) == len(rows["fast"]) > 0
+    for a, b in zip(rows["numpy"], rows["fast"], strict=True):
+        for key in ("question", "policy", "budget", "variant", "hit_rate", "hit_rate_ci95",
+                    "bytes_moved_mean", "reads", "hits"):  # fmt: skip
+            assert a.get(key) == b.get(key), (key, a.get("policy"), a.get(key), b.get(key))

@@ -41,3 +41,22 @@ def test_bad_spec_refused_before_work():
         run_sweep(SweepSpec(policies=["belady"], prefetch=True))
     with pytest.raises(ValueError, match="backend 'mpi'"):
         run_sweep(_spec(), backend="mpi")
+
+
+def test_batched_sweeps_give_each_sweeps_rows() -> None:
+    """run_sweeps compiles each (stream, seed) once for every spec sharing it; its rows are
+    run_sweep's, spec by spec, in the same order (seeds, variants, budgets, policies)."""
+    from kvcxl.emu.sim.sweep import SweepSpec, run_sweep, run_sweeps
+
+    common = dict(workload="multi-turn", steps=8, seeds=[0, 1], budgets=["10%", "30%"])
+    specs = [
+        SweepSpec(policies=["lru", "ema"], **common),
+        SweepSpec(policies=["ema"], variants=[{"alpha": 0.05}, {"alpha": 0.5}], **common),
+        SweepSpec(policies=["lfu"], read="topk:2", **common),  # another stream
+    ]
+    batched = run_sweeps(specs, backend="serial")
+    for spec, got in zip(specs, batched, strict=True):
+        want = run_sweep(spec, backend="serial")
+        assert [(r["seed"], r["policy"], r["budget"], r["variant"], r["hits"]) for r in got] == [
+            (r["seed"], r["policy"], r["budget"], r["variant"], r["hits"]) for r in want
+        ]

@@ -71,15 +71,8 @@ for _name, _kind in POLICY_OPTIONS.items():
         _flag = "--policy-seed" if _name == "seed" else f"--{_name.replace('_', '-')}"
         HANDLER_CHECKED[("simulate", _flag)] = ("-1000000", _name)
 
-# Options of quality and calibrate (emu/model/commands.py) are range-checked by their
-# handlers only once a Measured trace and the model are loaded: not walked here.
-NOT_WALKED = {
-    ("quality", "--max-tokens"),
-    ("quality", "--threads"),
-    ("calibrate", "--max-tokens"),
-    ("calibrate", "--threads"),
-    ("calibrate", "--read-threshold"),
-}
+# Every numeric option is range-typed or has a handler row; none is left unwalked.
+NOT_WALKED: set[tuple[str, str]] = set()
 
 
 def leaves(

@@ -13,6 +13,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from ..argtypes import positive, unit_interval
+
 QUALITY_EPILOG = """\
 policies: any firmware policy (ema, h2o, lru, sink-window, lfu, fifo, lrfu, random) or
 'window' (sink-window without sinks); add parameters as NAME:key=value,... e.g.
@@ -73,9 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     q.add_argument("--config", metavar="FILE.toml", help="base policy configuration")
     q.add_argument(
-        "--max-tokens", type=int, metavar="N", help="use only the first N tokens of the trace"
+        "--max-tokens", type=positive, metavar="N", help="use only the first N tokens of the trace"
     )
-    q.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    q.add_argument("--threads", type=positive, default=1, help="torch CPU threads (default 1)")
     q.add_argument(
         "--json",
         dest="json_out",
@@ -106,7 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--budget", default="128", help="HBM budget in tokens per KV head (default 128)")
     c.add_argument(
         "--read-threshold",
-        type=float,
+        type=unit_interval,
         default=0.01,
         help="hit-rate replay: an entry is read in a step when its weight is at least this "
         "(sparse, Quest-like selection; default 0.01)",
@@ -122,9 +124,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument(
         "--no-quality", action="store_true", help="score by hit rate only (no model runs)"
     )
-    c.add_argument("--max-tokens", type=int, metavar="N", help="use only the first N tokens")
+    c.add_argument("--max-tokens", type=positive, metavar="N", help="use only the first N tokens")
     c.add_argument("--config", metavar="FILE.toml", help="base policy configuration")
-    c.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    c.add_argument("--threads", type=positive, default=1, help="torch CPU threads (default 1)")
     c.add_argument("--out", default="calibration", help="output folder (JSON + PNG heat maps)")
     c.add_argument("--json", dest="json_out", metavar="FILE", help="also write the JSON here")
     c.set_defaults(func=_calibrate)

@@ -54,6 +54,23 @@ def parse_size(text: str | int | float, total: int | None = None) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def dpa_range(text: str) -> tuple[int, int]:
+    """``DPA:LENGTH`` (``0x800000:64KiB``; a bare DPA is one byte) as an argparse ``type``:
+    (first byte, length in bytes)."""
+    dpa, sep, length = text.partition(":")
+    try:
+        lo, n = int(dpa, 0), parse_size(length) if sep else 1
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not DPA:LENGTH, e.g. 0x800000:64KiB ({exc})"
+        ) from None
+    if lo < 0 or n < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is out of range: DPA >= 0 and LENGTH >= 1 are accepted"
+        )
+    return lo, n
+
+
 def size_arg(text: str) -> int:
     """:func:`parse_size` as an argparse ``type``: a size in bytes (no percentage)."""
     try:

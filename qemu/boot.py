@@ -195,15 +195,18 @@ class Boot:
             cwd="/",
             umask=OWNER_ONLY,
         )
+        self._await(self.service, ready, "service.log", "the firmware service")
+
+    def _await(self, proc: subprocess.Popen, ready: Path, log: str, what: str) -> None:
+        """Until ``proc`` made ``ready`` exist; its log's tail if it exits first."""
         t = time.monotonic()
         while not ready.exists():
-            if self.service.poll() is not None:
+            if proc.poll() is not None:
                 raise RuntimeError(
-                    f"the firmware service exited ({self.service.returncode}): "
-                    + (self.workdir / "service.log").read_text()[-800:]
+                    f"{what} exited ({proc.returncode}): " + (self.workdir / log).read_text()[-800:]
                 )
             if time.monotonic() - t > 60:
-                raise RuntimeError("the firmware service did not start within 60 s")
+                raise RuntimeError(f"{what} did not start within 60 s")
             time.sleep(0.02)
 
     def _start_device(self) -> None:
@@ -231,16 +234,7 @@ class Boot:
         self.device = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd="/"
         )
-        t = time.monotonic()
-        while not self.device_socket.exists():
-            if self.device.poll() is not None:
-                raise RuntimeError(
-                    f"the kvcxl device exited ({self.device.returncode}): "
-                    + (self.workdir / "device.log").read_text()[-800:]
-                )
-            if time.monotonic() - t > 60:
-                raise RuntimeError("the kvcxl device did not start within 60 s")
-            time.sleep(0.02)
+        self._await(self.device, self.device_socket, "device.log", "the kvcxl device")
         if self.opts.poison:  # into the device, before the guest probes (as a BMC would)
             with Client(self.device_socket, timeout=10) as c:
                 for dpa, length in self.opts.poison:

@@ -10,7 +10,7 @@ import json
 import sys
 
 from kvcxl.emu.argtypes import nonnegative, nonnegative_float, positive, positive_float
-from kvcxl.emu.sizes import parse_size
+from kvcxl.emu.sizes import dpa_range
 
 JOBS = ("datapath", "replay", "malformed", "bench", "poison", "wait")
 
@@ -149,6 +149,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--trap",
         action="append",
         default=[],
+        type=dpa_range,
         metavar="DPA:LENGTH",
         help="(--qemu kvcxl) pages whose every guest access goes to the device, e.g. "
         "0x800000:64KiB (repeatable)",
@@ -274,7 +275,7 @@ def _boot(args: argparse.Namespace) -> int:
         stall_s=args.stall_s,
         retries=args.retries,
         qemu=args.qemu,
-        trap=tuple(_trap(t) for t in args.trap),
+        trap=tuple(args.trap),
     )
     report, b = boot(opts)  # SetupError (not set up): one line, exit status 1
     if args.json_out:
@@ -404,13 +405,3 @@ def _inject(args: argparse.Namespace) -> int:
     except Exception as exc:  # QMP's own errors: QEMU refused or the socket went away
         raise CliError(f"QEMU refused {args.kind} at {dpa:#x}: {exc}") from None
     return 0
-
-
-def _trap(spec: str) -> tuple[int, int]:
-    dpa, sep, length = spec.partition(":")
-    try:
-        return _int(dpa, "--trap DPA"), parse_size(length) if sep else 1
-    except ValueError as exc:
-        raise ValueError(
-            f"--trap {spec!r}: {exc} (expected DPA:LENGTH, e.g. 0x800000:64KiB)"
-        ) from None

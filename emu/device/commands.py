@@ -11,7 +11,7 @@ import json
 import sys
 
 from ..argtypes import nonnegative, positive, unit_interval
-from ..sizes import SIZE_HELP, parse_size, size_arg
+from ..sizes import SIZE_HELP, dpa_range, size_arg
 
 _SERVE_EPILOG = """\
 protocol (docs/device.md): each frame is u32 length, u8 kind, body; kinds
@@ -157,6 +157,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--churn",
         action="append",
         default=[],
+        type=dpa_range,
         metavar="DPA:LENGTH",
         help="move these pages to NVMe and back without pause while serving (a migration "
         "stress for a patched QEMU's direct path; repeatable)",
@@ -165,6 +166,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--trap",
         action="append",
         default=[],
+        type=dpa_range,
         metavar="DPA:LENGTH",
         help="pages a patched QEMU must always send here (repeatable), e.g. 0x800000:64KiB",
     )
@@ -415,14 +417,8 @@ def _serve(args: argparse.Namespace) -> int:
                 f"{', '.join(dev.health)} and VALUE an integer in [0, {limit}]"
             )
         dev.health[key] = int(value)
-    for spec in args.trap:
-        dpa, sep, length = spec.partition(":")
-        try:
-            dev.trap(int(dpa, 0), parse_size(length) if sep else 1)
-        except ValueError as exc:
-            raise ValueError(
-                f"--trap {spec!r}: {exc} (expected DPA:LENGTH, e.g. 0x800000:64KiB)"
-            ) from None
+    for dpa, n in args.trap:
+        dev.trap(*_inside(dev, "--trap", dpa, n))
     if args.decoder:
         fields = _parse_decoder(args.decoder, args.capacity)
         try:
@@ -437,7 +433,7 @@ def _serve(args: argparse.Namespace) -> int:
     # Before the socket exists: a client that sees the socket may stop us at once.
     signal.signal(signal.SIGTERM, stop)
     engine = Engine(dev)
-    churn = [p for spec in args.churn for p in _pages(dev, spec, "--churn")]
+    churn = [p for dpa, n in args.churn for p in dev.pages_of(*_inside(dev, "--churn", dpa, n))]
     try:
         server = Server(args.socket, engine)
     except OSError as exc:
@@ -495,15 +491,10 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pages(dev, spec: str, flag: str) -> list[int]:
-    """The DPA pages of ``DPA:LENGTH``."""
-    dpa, sep, length = spec.partition(":")
+def _inside(dev, flag: str, dpa: int, n: int) -> tuple[int, int]:
+    """``(dpa, n)`` when the range lies inside the device, else a ValueError naming ``flag``."""
     try:
-        lo, n = int(dpa, 0), parse_size(length) if sep else 1
+        dev.pages_of(dpa, n)
     except ValueError as exc:
-        raise ValueError(
-            f"{flag} {spec!r}: {exc} (expected DPA:LENGTH, e.g. 0x800000:64KiB)"
-        ) from None
-    if n < 1 or lo < 0 or lo + n > dev.capacity:
-        raise ValueError(f"{flag} {spec!r}: outside the device's {dev.capacity} bytes")
-    return list(range(lo >> dev.page_shift, ((lo + n - 1) >> dev.page_shift) + 1))
+        raise ValueError(f"{flag} {dpa:#x}:{n}: {exc}") from None
+    return dpa, n

@@ -464,12 +464,16 @@ class Type3Device:
         else:
             self._demote(p)
 
+    def pages_of(self, dpa: int, n: int) -> range:
+        """The DPA pages of ``[dpa, dpa + n)``; a ValueError if it is not inside the device."""
+        if n < 1 or dpa < 0 or dpa + n > self.capacity:
+            raise ValueError(f"{n} B at DPA {dpa:#x} is outside the device's {self.capacity} bytes")
+        return range(dpa >> self.page_shift, ((dpa + n - 1) >> self.page_shift) + 1)
+
     def trap(self, dpa: int, n: int) -> None:
         """Every access to the pages of ``[dpa, dpa + n)`` comes to the device, even from
         a patched QEMU that could complete it against the shared DRAM file."""
-        if n < 1 or dpa < 0 or dpa + n > self.capacity:
-            raise ValueError(f"trap range {n} B at DPA {dpa:#x} is outside the device")
-        for p in range(dpa >> self.page_shift, ((dpa + n - 1) >> self.page_shift) + 1):
+        for p in self.pages_of(dpa, n):
             self.trapped.add(p)
             if self.page_state is not None:
                 self.page_state.trap(p)

@@ -38,13 +38,8 @@ def served(tmp_path: Path):
     dev = Type3Device(CAP, dram_pages=16, dram_file=tmp_path / "dram.img")
     dev.hdm.program(0, base=BASE, size=CAP, ways=1, granularity=256, position=0)
     dev.hdm.commit(0)
-    server = svc.Server(tmp_path / "dev.sock", svc.Engine(dev))
-    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    t.start()
-    yield server, dev
-    server.shutdown()
-    server.server_close()
-    t.join()
+    with svc.serving(svc.Engine(dev), tmp_path / "dev.sock") as server:
+        yield server, dev
     dev.close()
 
 

@@ -4,8 +4,6 @@ addressed range all count, and each is seen when planted."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from kvcxl.emu.device import service as svc
@@ -20,13 +18,8 @@ def served(tmp_path):
     dev = Type3Device(CAP)
     dev.hdm.program(0, base=BASE, size=CAP)
     dev.hdm.commit(0)
-    server = svc.Server(tmp_path / "fuzz.sock", svc.Engine(dev))
-    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    t.start()
-    yield server, dev
-    server.shutdown()
-    server.server_close()
-    t.join()
+    with svc.serving(svc.Engine(dev), tmp_path / "fuzz.sock") as server:
+        yield server, dev
 
 
 def test_the_service_answers_every_mutated_case_as_the_model_predicts(served) -> None:

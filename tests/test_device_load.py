@@ -3,8 +3,6 @@ client wrote reads back as written, no error frame; and the checker sees a plant
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from kvcxl.emu.device import service as svc
@@ -19,13 +17,8 @@ def served(tmp_path):
     dev = Type3Device(256 << 20)
     dev.hdm.program(0, base=BASE, size=256 << 20)
     dev.hdm.commit(0)
-    server = svc.Server(tmp_path / "load.sock", svc.Engine(dev))
-    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    t.start()
-    yield server, dev
-    server.shutdown()
-    server.server_close()
-    t.join()
+    with svc.serving(svc.Engine(dev), tmp_path / "load.sock") as server:
+        yield server, dev
 
 
 def test_sixteen_clients_lose_nothing(served) -> None:

@@ -121,18 +121,14 @@ def test_stats_and_describe_commands(server):
 
 def test_random_frames_over_the_socket_never_take_the_service_down(tmp_path):
     import random
-    import threading
 
     from kvcxl.emu.device.fuzz import make_engine
 
     path = tmp_path / "fuzz.sock"
-    server = svc.Server(path, make_engine())
-    th = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    th.start()
     rng = random.Random(7)
     kinds = [svc.MEM, svc.CCI, svc.READ, svc.WRITE, svc.HDM, 0, 0x7F, 0x99]
     answered = 0
-    try:
+    with svc.serving(make_engine(), path):
         c = svc.Client(path)
         for _ in range(2000):
             kind, _ = c.call(rng.choice(kinds), rng.randbytes(rng.randrange(100)))
@@ -151,8 +147,4 @@ def test_random_frames_over_the_socket_never_take_the_service_down(tmp_path):
         s.close()
         with svc.Client(path) as c:  # still serving
             assert c.hdm("list")["ok"]
-    finally:
-        server.shutdown()
-        server.server_close()
-        th.join()
     assert answered == 2000

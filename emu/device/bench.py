@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import random
 import struct
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +31,7 @@ from kvcxl.firmware.cxl import mem
 
 from ..timing import NVME
 from .device import Type3Device
-from .service import MEM, Client, Engine, Server
+from .service import MEM, Client, Engine, serve_process, serving
 
 BASE = 1 << 36
 
@@ -160,19 +157,11 @@ def bench_socket(quick: bool) -> dict:
     n = 2_000 if quick else 20_000
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.sock"
-        server = Server(path, Engine(_device()))
-        th = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-        th.start()
-        try:
-            with Client(path) as c:
-                t0 = time.perf_counter()
-                for i in range(n):
-                    c.read(BASE + 64 * (i & 1023), 64)
-                rate = n / (time.perf_counter() - t0)
-        finally:
-            server.shutdown()
-            server.server_close()
-            th.join()
+        with serving(Engine(_device()), path), Client(path) as c:
+            t0 = time.perf_counter()
+            for i in range(n):
+                c.read(BASE + 64 * (i & 1023), 64)
+            rate = n / (time.perf_counter() - t0)
     return {
         "round_trips": n,
         "round_trips_per_s": round(rate, 1),
@@ -187,19 +176,8 @@ def bench_socket_load(quick: bool) -> dict:
     clients, ops, seconds = 16, (100 if quick else 1000), (30.0 if quick else 120.0)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "load.sock"
-        cmd = [sys.executable, "-m", "kvcxl.emu.cli", "device", "serve", "--socket", str(path)]
-        cmd += ["--capacity", "256MiB", "--decoder", hex(BASE)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            t0 = time.monotonic()
-            while not path.exists():
-                if proc.poll() is not None or time.monotonic() - t0 > 60:
-                    raise RuntimeError(f"device serve did not start: {proc.stderr.read()!r}")
-                time.sleep(0.05)
+        with serve_process(path, "--capacity", "256MiB", "--decoder", hex(BASE)):
             res = run_load(path, BASE, clients=clients, ops=ops, seconds=seconds)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
     res["server"] = "kvcxl device serve (its own process), Unix socket"
     return res
 

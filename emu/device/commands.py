@@ -320,34 +320,21 @@ def _fuzz(args: argparse.Namespace) -> int:
 
 
 def _fuzz_socket(args: argparse.Namespace) -> int:
-    import subprocess
     import tempfile
-    import time
     from pathlib import Path
 
     from kvcxl.emu.device.fuzz_socket import run
-    from kvcxl.emu.device.service import Client
+    from kvcxl.emu.device.service import Client, serve_process
     from kvcxl.firmware.cxl import mailbox as mb
 
     base, capacity = 1 << 32, 256 << 20
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "fuzz.sock"
-        cmd = [sys.executable, "-m", "kvcxl.emu.cli", "device", "serve", "--socket", str(path)]
-        cmd += ["--capacity", str(capacity), "--decoder", hex(base)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            t0 = time.monotonic()
-            while not path.exists():
-                if proc.poll() is not None or time.monotonic() - t0 > 60:
-                    raise RuntimeError(f"device serve did not start: {proc.stderr.read()!r}")
-                time.sleep(0.05)
+        with serve_process(path, "--capacity", str(capacity), "--decoder", hex(base)):
             report = run(path, base, base + capacity, args.cases, seed=args.seed)
             with Client(path, timeout=10) as c:  # the service's own count of caught errors
                 stats = json.loads(c.cci(mb.Opcode.VENDOR_GET_STATS).payload)
             report["service_internal_errors"] = stats["counters"]["internal_errors"]
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
     print(json.dumps({k: v for k, v in report.items() if k != "examples"}, indent=2))
     for line in report["examples"]:
         print(line, file=sys.stderr)

@@ -38,12 +38,17 @@ connection is closed, since the stream cannot be resynchronised.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import socketserver
 import struct
+import subprocess
+import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from kvcxl.emu.cxl.hdm import HdmError
@@ -269,6 +274,39 @@ class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def server_close(self) -> None:
         super().server_close()
         self.path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def serving(engine: Engine, path: str | Path) -> Iterator[Server]:
+    """The service on ``path`` in a thread of this process, for the ``with`` block."""
+    server = Server(path, engine)
+    th = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    th.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        th.join()
+
+
+@contextlib.contextmanager
+def serve_process(path: str | Path, *options: str) -> Iterator[subprocess.Popen]:
+    """`kvcxl device serve --socket PATH OPTIONS…` in its own process, once its socket
+    exists; stopped (SIGTERM) when the ``with`` block ends."""
+    path = Path(path)
+    cmd = [sys.executable, "-m", "kvcxl.emu.cli", "device", "serve", "--socket", str(path)]
+    proc = subprocess.Popen([*cmd, *options], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        t0 = time.monotonic()
+        while not path.exists():
+            if proc.poll() is not None or time.monotonic() - t0 > 60:
+                raise RuntimeError(f"device serve did not start: {proc.stderr.read()!r}")
+            time.sleep(0.05)
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 class Client:

@@ -12,12 +12,13 @@ combined over seeds into rows with 95 % confidence intervals.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -287,13 +288,12 @@ def run_sweeps(
     return out
 
 
-def _run_dask_calls(fn: Callable[..., Any], args: list[tuple], address: str | None) -> list[Any]:
-    try:  # lazy: dask is the optional 'cluster' extra
-        from dask.distributed import Client, LocalCluster
-    except ImportError:
-        raise ValueError(
-            "the dask backend needs the 'cluster' extra: pip install 'kvcxl[cluster]'"
-        ) from None
+@contextlib.contextmanager
+def _dask_client(address: str | None) -> Iterator[Any]:
+    """A client of the cluster at ``address``, or of a local one (one worker per core)."""
+    # lazy: dask is the optional 'cluster' extra (`kvcxl` names it when it is missing)
+    from dask.distributed import Client, LocalCluster
+
     cluster = None
     if address:
         client = Client(address)
@@ -301,11 +301,22 @@ def _run_dask_calls(fn: Callable[..., Any], args: list[tuple], address: str | No
         cluster = LocalCluster(n_workers=os.cpu_count() or 1, threads_per_worker=1, processes=True)
         client = Client(cluster)
     try:
-        return client.gather([client.submit(fn, *a, pure=False) for a in args])
+        yield client
     finally:
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+def _run_dask_calls(fn: Callable[..., Any], args: list[tuple], address: str | None) -> list[Any]:
+    try:
+        import dask.distributed  # noqa: F401  (the optional 'cluster' extra)
+    except ImportError:
+        raise ValueError(
+            "the dask backend needs the 'cluster' extra: pip install 'kvcxl[cluster]'"
+        ) from None
+    with _dask_client(address) as client:
+        return client.gather([client.submit(fn, *a, pure=False) for a in args])
 
 
 def progress_units(spec: SweepSpec, backend: str = "process", jobs: int | None = None) -> int:
@@ -318,17 +329,9 @@ def progress_units(spec: SweepSpec, backend: str = "process", jobs: int | None =
 
 
 def _run_dask(d, tasks, address, progress):
-    # lazy: dask is the optional 'cluster' extra (`kvcxl` names it when it is missing)
-    from dask.distributed import Client, LocalCluster
-    from dask.distributed import as_completed as dask_completed
+    with _dask_client(address) as client:
+        from dask.distributed import as_completed as dask_completed  # lazy: as above
 
-    cluster = None
-    if address:
-        client = Client(address)
-    else:
-        cluster = LocalCluster(n_workers=os.cpu_count() or 1, threads_per_worker=1, processes=True)
-        client = Client(cluster)
-    try:
         futs = [client.submit(run_task, d, s, v, pure=False) for s, v in tasks]
         index = {f.key: i for i, f in enumerate(futs)}
         results: list[Any] = [None] * len(tasks)
@@ -337,10 +340,6 @@ def _run_dask(d, tasks, address, progress):
             if progress:
                 progress(1)
         return results
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
 
 
 def combine(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ Semantics (documented in docs/policy.md):
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +55,13 @@ class CacheStats:
         return dict(self.__dict__)
 
 
+@functools.cache
+def _takes_ordered(cls: type) -> bool:
+    """Whether ``cls.select`` takes ``ordered`` (asked once per class: a signature costs
+    more than a small replay's whole set-up)."""
+    return "ordered" in inspect.signature(cls.select).parameters
+
+
 class PolicyCache:
     """A capacity-bounded set of resident entries managed by a :class:`Policy`."""
 
@@ -79,7 +87,7 @@ class PolicyCache:
         # Victims of a pass leave together, so their order is visible only to a victim sink
         # (dumps, the RTL stream); a caller without one may skip ordering them.
         # (A policy whose own select() takes no `ordered` keeps ordering: correct, slower.)
-        takes = "ordered" in inspect.signature(policy.select).parameters
+        takes = _takes_ordered(type(policy))
         self.ordered_victims = ordered_victims or not takes
         # Demand paging keeps every entry of the batch just read (no bypass). The offline
         # optimum may bypass (evict what it just read), which makes it the upper bound of

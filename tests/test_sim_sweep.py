@@ -60,3 +60,32 @@ def test_batched_sweeps_give_each_sweeps_rows() -> None:
         assert [(r["seed"], r["policy"], r["budget"], r["variant"], r["hits"]) for r in got] == [
             (r["seed"], r["policy"], r["budget"], r["variant"], r["hits"]) for r in want
         ]
+
+
+
+def test_results_tables_order_ties_by_name() -> None:
+    """Policies with equal hit rates are listed by name, whatever order the rows and the
+    string hashing of the process give them (a set's order changes with PYTHONHASHSEED), so
+    two regenerations of docs/results.md are equal."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+from kvcxl.emu.sim.sweep import render_markdown
+def row(p, hit):
+    return {"question": "ranking", "workload": "w", "policy": p, "budget": "10%",
+            "variant": {}, "hit_rate": hit, "hit_rate_ci95": 0.0}
+pols = ["sink-window", "belady", "h2o", "lru", "fifo", "random"]
+doc = {"rows": [row(p, 0.1 if p in ("lru", "fifo") else 0.5) for p in pols],
+       "budgets": ["10%"], "engine": "fast"}
+lines = [ln for ln in render_markdown(doc).splitlines() if ln.startswith("| ")]
+print(" ".join(ln.split(" | ")[0][2:] for ln in lines[1:7]))
+"""
+    seen = set()
+    for seed in range(6):
+        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True)  # fmt: skip
+        seen.add(out.stdout.strip())
+    assert seen == {"belady h2o random sink-window fifo lru"}

@@ -119,14 +119,17 @@ class Tiers:
     def bytes_moved(self, moved: NDArray | None = None) -> dict[str, int]:
         """Bytes moved per tier pair, ``"from->to"`` (pinned HBM counted as HBM), of
         ``moved`` (an entries-moved matrix like :attr:`moved`; default: everything so far)."""
-        m = (self.moved if moved is None else moved).copy()
-        m[TIER_HBM] += m[TIER_HBM_PINNED]
-        m[:, TIER_HBM] += m[:, TIER_HBM_PINNED]
+        # Python ints: this runs once per read step, where numpy's per-element indexing
+        # would cost more than the replay of a small step.
+        m = (self.moved if moved is None else moved).tolist()
+        m[TIER_HBM] = [a + b for a, b in zip(m[TIER_HBM], m[TIER_HBM_PINNED], strict=True)]
+        for row in m:
+            row[TIER_HBM] += row[TIER_HBM_PINNED]
         out = {}
         for a in (HOST, TIER_HBM, TIER_CXL, TIER_NVME):
             for b in (TIER_HBM, TIER_CXL, TIER_NVME):
-                if a != b and m[a, b]:
-                    out[f"{PAIR_NAMES[a]}->{PAIR_NAMES[b]}"] = int(m[a, b]) * self.entry_bytes
+                if a != b and m[a][b]:
+                    out[f"{PAIR_NAMES[a]}->{PAIR_NAMES[b]}"] = m[a][b] * self.entry_bytes
         return out
 
     def occupancy(self) -> dict[str, int]:

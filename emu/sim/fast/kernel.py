@@ -163,6 +163,42 @@ def _heapify(hk, hi, hv, size):  # type: ignore[no-untyped-def]
         _sift_down(hk, hi, hv, size, pos)
 
 
+# --- for LRU and FIFO: the same items as a queue sorted by (key, id) ------------------------
+# Their keys only grow (a read or an insert sets the batch's time, which never goes back), so
+# every key pushed is at least every key already queued: a push inserts at the tail (past
+# equal keys with a higher id only) and a pop takes the head, both O(1) where the heap pays
+# O(log n).  Same items, same validity checks, same order: the same victims.
+@njit(cache=True)
+def _sort_items(hk, hi, hv, lo, up):  # type: ignore[no-untyped-def]
+    """Sort items ``[lo, up)`` by (key, id): by id, then stably by key."""
+    o = np.argsort(hi[lo:up], kind="mergesort")
+    k, i, v = hk[lo:up][o], hi[lo:up][o], hv[lo:up][o]
+    o = np.argsort(k, kind="mergesort")
+    hk[lo:up], hi[lo:up], hv[lo:up] = k[o], i[o], v[o]
+
+
+@njit(cache=True)
+def _enqueue(hk, hi, hv, head, size, k, i, v):  # type: ignore[no-untyped-def]
+    pos = size
+    while pos > head and _less(k, i, hk[pos - 1], hi[pos - 1]):
+        hk[pos], hi[pos], hv[pos] = hk[pos - 1], hi[pos - 1], hv[pos - 1]
+        pos -= 1
+    hk[pos], hi[pos], hv[pos] = k, i, v
+    return size + 1
+
+
+@njit(cache=True)
+def _compact(hk, hi, hv, head, size, ver, resident, pinned):  # type: ignore[no-untyped-def]
+    """Drop the consumed head and the stale items, keeping the order; returns the size."""
+    m = 0
+    for j in range(head, size):
+        e = hi[j]
+        if resident[e] and not pinned[e] and hv[j] == ver[e]:
+            hk[m], hi[m], hv[m] = hk[j], hi[j], hv[j]
+            m += 1
+    return m
+
+
 # --- keys: -priority as an int64 whose order is the victim order ------------------------
 @njit(cache=True, inline="always")
 def float_key(x):  # type: ignore[no-untyped-def]
@@ -466,6 +502,8 @@ def replay(  # one loop over the plan: no Python call per batch
     hi = np.empty(hcap, np.int64)
     hv = np.empty(hcap, np.int64)
     hsize = 0
+    hhead = 0  # LRU/FIFO: the queue's head (items before it are consumed)
+    queue = pol == LRU or pol == FIFO
     stale = True  # the heap must be rebuilt before use
     ver = np.zeros(n, np.int64)
     dirty = np.zeros(n, np.bool_)
@@ -734,8 +772,12 @@ def replay(  # one loop over the plan: no Python call per batch
                 nv = 0
                 if over * 16 <= n_list and (pol < RANDOM or pol == BELADY):  # static keys
                     # the heap: few victims among many
+                    if queue and not stale and hsize + n_dirty > hcap:
+                        hsize = _compact(hk, hi, hv, hhead, hsize, ver, resident, pinned)
+                        hhead = 0
                     if stale or hsize + n_dirty > hcap:
                         hsize = n_list
+                        hhead = 0
                         for j in range(n_list):
                             e = res_list[j]
                             ver[e] += 1
@@ -767,7 +809,10 @@ def replay(  # one loop over the plan: no Python call per batch
                             lam,
                             t,
                         )
-                        _heapify(hk, hi, hv, hsize)
+                        if queue:
+                            _sort_items(hk, hi, hv, 0, hsize)
+                        else:
+                            _heapify(hk, hi, hv, hsize)
                         for j in range(n_dirty):
                             dirty[dirty_list[j]] = False
                         n_dirty = 0
@@ -794,14 +839,32 @@ def replay(  # one loop over the plan: no Python call per batch
                                 decay_q, shift, lfu_span, lfu_minor, rbase, e_ctx, e_block, bt,
                                 ctx_tokens, acc, recent, lcrf, lam, t,
                             )  # fmt: skip
-                        for j in range(nd):
-                            e = dirty_list[j]
-                            ver[e] += 1
-                            hsize = _push(hk, hi, hv, hsize, cand_k[j], e, ver[e])
+                        if queue:
+                            if nd > 16:  # sorted first, so that each lands at the tail
+                                for j in range(nd):
+                                    hk[hsize + j] = cand_k[j]
+                                    hi[hsize + j] = dirty_list[j]
+                                _sort_items(hk, hi, hv, hsize, hsize + nd)
+                                for j in range(nd):
+                                    cand_k[j] = hk[hsize + j]
+                                    dirty_list[j] = hi[hsize + j]
+                            for j in range(nd):
+                                e = dirty_list[j]
+                                ver[e] += 1
+                                hsize = _enqueue(hk, hi, hv, hhead, hsize, cand_k[j], e, ver[e])
+                        else:
+                            for j in range(nd):
+                                e = dirty_list[j]
+                                ver[e] += 1
+                                hsize = _push(hk, hi, hv, hsize, cand_k[j], e, ver[e])
                         n_dirty = 0
                     n_st = 0
-                    while nv < over and hsize > 0:
-                        key, e, v, hsize = _pop(hk, hi, hv, hsize)
+                    while nv < over and hsize > hhead:
+                        if queue:
+                            key, e, v = hk[hhead], hi[hhead], hv[hhead]
+                            hhead += 1
+                        else:
+                            key, e, v, hsize = _pop(hk, hi, hv, hsize)
                         if not resident[e] or pinned[e] or v != ver[e]:
                             continue
                         if protect and stamp[e] == call:
@@ -811,9 +874,15 @@ def replay(  # one loop over the plan: no Python call per batch
                             continue
                         vic[nv] = e
                         nv += 1
-                    for j in range(n_st):
-                        e = stash[2 * j]
-                        hsize = _push(hk, hi, hv, hsize, stash[2 * j + 1], e, ver[e])
+                    if queue:  # back to the head, in their order (they were popped from it)
+                        for j in range(n_st - 1, -1, -1):
+                            e = stash[2 * j]
+                            hhead -= 1
+                            hk[hhead], hi[hhead], hv[hhead] = stash[2 * j + 1], e, ver[e]
+                    else:
+                        for j in range(n_st):
+                            e = stash[2 * j]
+                            hsize = _push(hk, hi, hv, hsize, stash[2 * j + 1], e, ver[e])
                 else:
                     mc = 0
                     for j in range(n_list):

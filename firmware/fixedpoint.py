@@ -38,6 +38,20 @@ DECAY_TABLE_BITS = 8
 DECAY_TABLE_SIZE = 1 << DECAY_TABLE_BITS  # 256
 
 
+def record_fields(q_bits: int = FRAC_BITS, idle_bits: int = IDLE_BITS) -> dict[str, int]:
+    """One entry's policy record as the device stores it: field name -> bits.
+
+    The RTL's record layout (``rtl/layouts.py``) and the device's metadata footprint
+    (``emu/serving.py``) are both built from this one list.
+    """
+    return {
+        "score": q_bits,
+        "idle": idle_bits,
+        "pinned": 1,  # anchor zone: never eligible for eviction
+        "resident": 1,  # held in the tier being evicted from (HBM)
+    }
+
+
 def _int_out(x: NDArray) -> int | NDArray:
     return int(x) if np.ndim(x) == 0 else x
 

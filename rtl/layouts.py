@@ -20,14 +20,9 @@ SHIFT_BITS = 4  # decay_shift ∈ [0, 8] (PolicyConfig)
 
 
 def record_layout(q_bits: int = Q_BITS, idle_bits: int = IDLE_BITS) -> data.StructLayout:
-    """One entry's metadata as stored on chip."""
+    """One entry's metadata as stored on chip (its fields: ``fixedpoint.record_fields``)."""
     return data.StructLayout(
-        {
-            "score": unsigned(q_bits),
-            "idle": unsigned(idle_bits),
-            "pinned": unsigned(1),  # anchor zone: never eligible for eviction
-            "resident": unsigned(1),  # held in the tier being evicted from (HBM)
-        }
+        {name: unsigned(bits) for name, bits in fx.record_fields(q_bits, idle_bits).items()}
     )
 
 

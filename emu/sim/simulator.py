@@ -389,13 +389,14 @@ class _Replay:
         lat_sum = hits * hbm_ns + sum(
             int(miss_by[c]) * t.access_ns(c, eb) for c in (TIER_CXL, TIER_NVME)
         )
-        hbm_step_ns = books.hits[m] * eb / t.hbm_gbps
-        compute_ns = (
-            (t.compute_base_ms + t.compute_ms_per_gib * books.bytes[m] / 2**30) * 1e6
-            if t.compute_model
-            else np.zeros(books.bytes[m].size)
-        )
-        step_ns = hbm_step_ns + books.stall[m] + compute_ns
+        # Every read step's time (the serving metrics read them per step); the warm-up's are
+        # excluded from the aggregates below.
+        all_step_ns = books.hits * eb / t.hbm_gbps + books.stall
+        if t.compute_model:
+            all_step_ns = all_step_ns + (
+                (t.compute_base_ms + t.compute_ms_per_gib * books.bytes / 2**30) * 1e6
+            )
+        step_ns = all_step_ns[m]
         tokens = int(books.tokens[m].sum())
         bytes_moved = tiers.bytes_moved(books.moved[books.warm :].sum(axis=0))
         stall = books.stall[m]
@@ -453,6 +454,12 @@ class _Replay:
                 "reads": books.reads.tolist(),
                 "hits": books.hits.tolist(),
                 "stall_ns": books.stall.tolist(),
+                "step_ns": all_step_ns.tolist(),
+                "tokens": books.tokens.tolist(),
+                "misses_by_tier": {
+                    name: books.miss[:, code].tolist()
+                    for name, code in (("cxl", TIER_CXL), ("nvme", TIER_NVME))
+                },
                 "bytes_moved": [tiers.bytes_moved(x) for x in books.moved[: books.n]],
             },
         }

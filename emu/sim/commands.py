@@ -307,6 +307,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="write every eviction (step, entry identity, priority) as CSV",
     )
+    p.add_argument(
+        "--serving",
+        action="store_true",
+        help="also report the serving metrics (docs/serving.md): tokens/s aggregate and per "
+        "user, inter-token latency and time to first token (p50/p99; TTFT here is the first "
+        "decode step of each turn, no prefill model), CXL link utilisation, energy per token "
+        "and the device's metadata footprint (Simulated counts, Analytical energy inputs)",
+    )
     p.add_argument("--list", action="store_true", help="list workloads, policies, presets")
     _add_model_options(p)
     _add_policy_options(p)
@@ -628,6 +636,8 @@ def _simulate(args: argparse.Namespace) -> int:
         _dump_victims(raw, args.dump_victims)
         print(f"wrote {args.dump_victims}")
     doc = {"evidence": "Simulated", "config": spec.to_dict(), "results": rows}
+    if args.serving:
+        doc["serving"] = _serving(raw, spec, args)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(doc, indent=2, default=_json_default))
         print(f"wrote {args.json_out}")
@@ -645,6 +655,21 @@ def _simulate(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _serving(raw: list[dict[str, Any]], spec: Any, args: argparse.Namespace) -> list:
+    """Print and return the serving metrics of the raw runs (docs/serving.md)."""
+    from ..serving import format_serving, serving_rows, workload_turns
+    from ..workloads import make_workload
+
+    def turns_of(seed: int):
+        wl = make_workload(spec.workload, _shape(args), seed=seed, **spec.workload_params)
+        return workload_turns(wl, spec.steps)
+
+    rows = serving_rows(raw, None if spec.trace else turns_of)
+    print("serving metrics (Simulated; energy: Analytical model inputs, docs/serving.md)")
+    print(format_serving(rows))
+    return rows
 
 
 def _trace_meta(path: str) -> dict[str, Any]:

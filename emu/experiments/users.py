@@ -1,0 +1,298 @@
+"""How many users can S1 serve? The user count swept from 1 to 24 (docs/serving.md).
+
+The design sized S1's HBM split (47 GB of KV budget behind 140 GB of weights) for 16
+users at a 97 % hit rate, both retracted; its validation programme asks for the user
+count swept from 1 to 24 to test the claim that 16 is the bound.  Here a user is one
+lane of the long-context retrieval workload: a 0.9 × context prompt, then decode steps
+that read each head's top-k blocks (the hot set) of the growing context.
+
+The run is a scaled-down S1 that keeps every ratio that decides the answer (see
+:func:`scaled_shape`): S1's layers, heads and tokens are cut, so bytes shrink by a
+factor ``k`` (per user 40 GiB → 40 GiB / k); the HBM budget, CXL and NVMe capacities
+shrink by the same ``k`` and so do the HBM, CXL and NVMe bandwidths, so every transfer
+takes the time it takes at S1 (the per-access latencies are not scaled: at most one per
+tier per layer batch).  The serving model (:mod:`kvcxl.emu.serving`) adds S1's weight
+streaming per step and S1's prefill compute (Analytical model) and scales bytes, entries
+and prompt tokens back to S1.  A user count meets the design's target when its per-user
+tokens/s is ≥ 10 with 95 % confidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ..metrics import mean_ci
+from ..serving import ServingModel, combine_serving, serving_metrics, workload_turns
+from ..shape import PRESETS, Deployment, ModelShape
+from ..sim.simulator import SimOptions, simulate
+from ..timing import TierTiming
+from ..workloads import compile_workload, make_workload
+from .base import Experiment
+
+TARGET_TOKENS_PER_S = 10.0  # per user (docs/design.md, Scenario S1)
+CLAIMED_BOUND = 16
+WORKLOAD = "retrieval"
+POLICY = "ema"
+
+#: Per scale: (layers, kv_heads, context tokens) of the scaled S1, user counts, steps,
+#: warm-up steps, hot-set fractions (top-k blocks per head over the context's blocks) and
+#: where an entry leaving HBM goes (the firmware's placement rule, or CXL DRAM first).
+SCALES: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "dims": (2, 1, 512),
+        "users": [1, 2, 4],
+        "steps": 24,
+        "warmup": 8,
+        "hot": [1 / 16],
+        "placement": ["policy"],
+    },
+    "ci": {
+        "dims": (4, 2, 2048),
+        "users": list(range(1, 25)),
+        "steps": 64,
+        "warmup": 16,
+        "hot": [1 / 32, 1 / 16],
+        "placement": ["policy", "fill"],
+    },
+    "mid": {
+        "dims": (8, 4, 4096),
+        "users": list(range(1, 25)),
+        "steps": 128,
+        "warmup": 32,
+        "hot": [1 / 32, 1 / 16],
+        "placement": ["policy", "fill"],
+    },
+}
+
+
+def scaled_shape(layers: int, kv_heads: int, context_tokens: int) -> ModelShape:
+    """S1 with fewer layers, KV heads and tokens; d_head, dtype, block size and the GQA
+    group stay S1's, so an entry is S1's 8 KiB and only the entry count shrinks."""
+    s1 = PRESETS["s1"]
+    return s1.with_(
+        name="s1-scaled",
+        layers=layers,
+        kv_heads=kv_heads,
+        q_heads=kv_heads * s1.group_size,
+        context_tokens=context_tokens,
+    )
+
+
+def scaled_run(shape: ModelShape, dep: Deployment) -> tuple[SimOptions, ServingModel]:
+    """The simulator options and serving model of ``shape`` standing for S1 as in ``dep``."""
+    full = PRESETS["s1"]
+    k = full.context_bytes / shape.context_bytes
+    t = TierTiming()
+    timing = replace(t, hbm_gbps=t.hbm_gbps / k, cxl_gbps=t.cxl_gbps / k, nvme_gbps=t.nvme_gbps / k)
+    kv_budget = dep.hbm_bytes - dep.weights_bytes - dep.activations_bytes
+    opts = SimOptions(
+        policy=POLICY,
+        budget_bytes=int(kv_budget / k),
+        cxl_bytes=int(dep.cxl_bytes / k),
+        nvme_bytes=int(dep.nvme_bytes / k),
+        timing=timing,
+    )
+    return opts, ServingModel.for_deployment(shape, full, dep, t.hbm_gbps)
+
+
+class Users(Experiment):
+    name = "users"
+    question = (
+        "At S1's sizing, how many concurrent long-context users keep ≥ 10 tokens/s each, "
+        "and what do TTFT, ITL, link use, metadata and energy per token do from 1 to 24 users?"
+    )
+    claim = "16 users is the bound of S1's HBM split (design §K.6; the 16-user sizing)"
+
+    def cases(self, scale: str) -> list[dict[str, Any]]:
+        if scale not in SCALES:
+            raise ValueError(f"scale {scale!r}: must be one of {', '.join(SCALES)}")
+        sc = SCALES[scale]
+        layers, kv_heads, tokens = sc["dims"]
+        blocks = -(-tokens // PRESETS["s1"].block_tokens)
+        return [
+            {
+                "workload": WORKLOAD,
+                "policy": POLICY,
+                "users": u,
+                "hot_fraction": hot,
+                "placement": placement,
+                "read": f"topk:{max(1, round(hot * blocks))}",
+                "layers": layers,
+                "kv_heads": kv_heads,
+                "context_tokens": tokens,
+                "steps": sc["steps"],
+                "warmup": sc["warmup"],
+            }
+            for placement in sc["placement"]
+            for hot in sc["hot"]
+            for u in sc["users"]
+        ]
+
+    def run(self, case: dict[str, Any], seed: int) -> dict[str, Any]:
+        shape = scaled_shape(case["layers"], case["kv_heads"], case["context_tokens"])
+        dep = Deployment(users=case["users"])
+        opts, model = scaled_run(shape, dep)
+        opts = replace(opts, warmup_steps=case["warmup"], placement=case["placement"])
+        wl = make_workload(case["workload"], shape, seed=seed, lanes=case["users"])
+        stream = compile_workload(wl, case["steps"], read=case["read"])
+        r = simulate(stream, opts)
+        turns = workload_turns(
+            make_workload(case["workload"], shape, seed=seed, lanes=case["users"]),
+            case["steps"],
+        )
+        s = serving_metrics(r, model, turns)
+        s.pop("evidence")
+        return {
+            "hit_rate": r["hit_rate"],
+            "misses_nvme": r["misses_nvme"],
+            **s,
+        }
+
+    def report(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        groups: dict[tuple, list[dict[str, Any]]] = {}
+        for r in rows:
+            groups.setdefault((r["placement"], r["hot_fraction"], r["users"]), []).append(r)
+        summary = []
+        for (placement, hot, users), runs in sorted(groups.items()):
+            row = combine_serving(runs)
+            hit = mean_ci([r["hit_rate"] for r in runs])
+            row.update(placement=placement, hot_fraction=hot, users=users)
+            row.update(hit_rate=hit["mean"], hit_ci95=hit["ci95"])
+            row["meets"] = _meets(row)
+            summary.append(row)
+        verdict, why = _verdict(summary)
+        return {
+            "tables": [_table(summary)],
+            "verdict": verdict,
+            "why": why,
+            "plots": {"users-tokens.png": lambda path: _plot(summary, path)},
+        }
+
+
+def _series(summary: list[dict[str, Any]]) -> dict[tuple[str, float], list[dict[str, Any]]]:
+    """The summary rows per (placement, hot set), by user count."""
+    out: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in sorted(summary, key=lambda r: r["users"]):
+        out.setdefault((r["placement"], r["hot_fraction"]), []).append(r)
+    return out
+
+
+def _label(placement: str, hot: float) -> str:
+    return f"hot set {hot:.2%}, placement {placement}"
+
+
+def _meets(row: dict[str, Any]) -> bool | None:
+    """True/False when the per-user tokens/s CI is wholly above/below the target, else None."""
+    mean, half = row["tokens_per_s_per_user"], row["tokens_per_s_per_user_ci95"] or 0.0
+    if mean is None:
+        return None
+    if mean - half >= TARGET_TOKENS_PER_S:
+        return True
+    if mean + half < TARGET_TOKENS_PER_S:
+        return False
+    return None
+
+
+def bound_of(rows: list[dict[str, Any]]) -> tuple[int, bool]:
+    """The largest user count up to which every count meets the target, and whether that is
+    decided: the next count fails (not undecided, and the sweep does not end there)."""
+    best = 0
+    for row in sorted(rows, key=lambda r: r["users"]):
+        if row["meets"] is True:
+            best = row["users"]
+            continue
+        return best, row["meets"] is False
+    return best, False  # every count met it: the bound lies beyond the sweep
+
+
+def _verdict(summary: list[dict[str, Any]]) -> tuple[str, str]:
+    """Confirms when every series' bound is 16; contradicts when every series' bound is
+    decided and none is 16; otherwise cannot say."""
+    parts, bounds, undecided = [], [], 0
+    for (placement, hot), rows in _series(summary).items():
+        b, decided = bound_of(rows)
+        top = rows[-1]["users"]
+        if decided:
+            bounds.append(b)
+            parts.append(f"{_label(placement, hot)}: the bound is {b} users")
+        elif b == top:
+            undecided += 1
+            parts.append(f"{_label(placement, hot)}: every count up to {top} meets the target")
+        else:
+            undecided += 1
+            parts.append(
+                f"{_label(placement, hot)}: {b} users meet it, {b + 1} is undecided "
+                "(its 95 % CI straddles 10 tok/s)"
+            )
+    why = "; ".join(parts)
+    if not undecided and bounds and all(b == CLAIMED_BOUND for b in bounds):
+        return "confirms", why
+    if not undecided and bounds and all(b != CLAIMED_BOUND for b in bounds):
+        return "contradicts", why + f"; none is {CLAIMED_BOUND}"
+    return "cannot say", why
+
+
+def _fmt(v: Any, spec: str, ci: Any = None) -> str:
+    if v is None:
+        return "–"
+    s = format(v, spec)
+    return f"{s} ± {format(ci, spec)}" if ci is not None else s
+
+
+def _table(summary: list[dict[str, Any]]) -> str:
+    head = (
+        "| placement | hot set | users | seeds | hit rate | tok/s per user | tok/s aggregate | "
+        "ITL p50 / p95 / p99 (ms) | TTFT p50 / p95 / p99 (s) | link use | J/token | "
+        "meets 10 tok/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for r in summary:
+        ttft = [None if r[f"ttft_ms_{q}"] is None else r[f"ttft_ms_{q}"] / 1e3
+                for q in ("p50", "p95", "p99")]  # fmt: skip
+        e = r["energy_mj_per_token"]
+        meets = {True: "yes", False: "no", None: "undecided"}[r["meets"]]
+        lines.append(
+            f"| {r['placement']} | {r['hot_fraction']:.2%} | {r['users']} | {r['seeds']} | "
+            f"{_fmt(r['hit_rate'], '.3f', r['hit_ci95'])} | "
+            f"{_fmt(r['tokens_per_s_per_user'], '.2f', r['tokens_per_s_per_user_ci95'])} | "
+            f"{_fmt(r['tokens_per_s'], '.1f')} | "
+            f"{_fmt(r['itl_ms_p50'], '.1f')} / {_fmt(r['itl_ms_p95'], '.1f')} / "
+            f"{_fmt(r['itl_ms_p99'], '.1f')} | "
+            f"{_fmt(ttft[0], '.1f')} / {_fmt(ttft[1], '.1f')} / {_fmt(ttft[2], '.1f')} | "
+            f"{_fmt(r['link_utilisation'], '.2f')} | "
+            f"{_fmt(None if e is None else e / 1e3, '.2f')} | {meets} |"
+        )
+    return "\n".join(lines)
+
+
+def _plot(summary: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for (placement, hot), rs in _series(summary).items():
+        x = np.array([r["users"] for r in rs])
+        y = np.array([r["tokens_per_s_per_user"] for r in rs], dtype=float)
+        e = np.array([r["tokens_per_s_per_user_ci95"] or 0.0 for r in rs], dtype=float)
+        ax.errorbar(x, y, yerr=e, marker="o", ms=3, capsize=2, label=_label(placement, hot))
+    ax.axhline(TARGET_TOKENS_PER_S, color="gray", ls="--", lw=1, label="target 10 tok/s")
+    ax.axvline(CLAIMED_BOUND, color="red", ls=":", lw=1, label="claimed bound 16")
+    ax.set_yscale("log")
+    ax.set_xlabel("concurrent users")
+    ax.set_ylabel("tokens/s per user (mean, 95 % CI)")
+    ax.set_title("S1, scaled: per-user decode rate against users", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.text(0.99, 0.01, "Simulated + Analytical model", transform=ax.transAxes, ha="right",
+            va="bottom", fontsize=7, color="gray")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+EXPERIMENT = Users()

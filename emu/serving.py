@@ -215,6 +215,7 @@ def serving_metrics(
         "tokens_per_s_per_user": 1e9 / float(itl.mean()) if itl.size else None,
         "users_mean": float(m_tok[decoding].mean()) if decoding.any() else 0.0,
     }
+    out.update(_link_bound(result, m_ns, m_tok, warm))
     ttft_ms = _ttft_ms(step_ns, model, turns)
     out.update(
         ttft_turns=int(ttft_ms.size),
@@ -259,6 +260,29 @@ def _link_bytes(bytes_moved: dict[str, int]) -> int:
         if (a in near and b in far) or (a in far and b in near):
             total += n
     return total
+
+
+def _link_bound(
+    result: dict[str, Any], m_ns: np.ndarray, m_tok: np.ndarray, warm: int
+) -> dict[str, Any]:
+    """ITL and per-user tokens/s when a step also waits for every byte it moved across the
+    link (write-backs included, which the simulator does not time): ``max(T_s, link_s / B)``
+    (Analytical model on simulated bytes)."""
+    gbps = float(result["timing"]["cxl_gbps"])
+    link_ns = np.asarray(
+        [_link_bytes(b) / gbps for b in result["per_step"]["bytes_moved"][warm:]], np.float64
+    )
+    decoding = m_tok > 0
+    itl = np.repeat(np.maximum(m_ns, link_ns)[decoding], m_tok[decoding]) / 1e6
+    if not itl.size:
+        return {"link_bound_itl_ms_p50": None, "link_bound_itl_ms_p99": None,
+                "link_bound_tokens_per_s_per_user": None}  # fmt: skip
+    p = percentiles(itl)
+    return {
+        "link_bound_itl_ms_p50": p["p50"],
+        "link_bound_itl_ms_p99": p["p99"],
+        "link_bound_tokens_per_s_per_user": 1e3 / float(itl.mean()),
+    }
 
 
 def _link(result: dict[str, Any], total_ns: float) -> dict[str, Any]:
@@ -351,6 +375,7 @@ def metadata_at(shape: ModelShape, dep: Deployment) -> dict[str, Any]:
 SERVING_MEANS = (
     "tokens_per_s",
     "tokens_per_s_per_user",
+    "link_bound_tokens_per_s_per_user",
     "itl_ms_mean",
     "ttft_ms_mean",
     "link_utilisation",
@@ -366,7 +391,7 @@ def combine_serving(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for k in SERVING_MEANS:
         st = mean_ci([r.get(k) for r in runs])
         row[k], row[f"{k}_ci95"] = st["mean"], st["ci95"]
-    for lat in ("itl_ms", "ttft_ms"):
+    for lat in ("itl_ms", "ttft_ms", "link_bound_itl_ms"):
         for q in ("median", "p50", "p95", "p99"):
             vals = [r[f"{lat}_{q}"] for r in runs if r.get(f"{lat}_{q}") is not None]
             row[f"{lat}_{q}"] = float(np.median(vals)) if vals else None

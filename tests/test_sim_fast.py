@@ -196,6 +196,55 @@ def test_select_is_the_firmwares(m: int, distinct: int) -> None:
         assert not mark.any()
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_lru_queue_pops_in_key_then_id_order(seed: int) -> None:
+    """The LRU/FIFO queue (kernel._sort_items, _enqueue, _compact) against Python's heapq
+    on (key, id, version): batches of pushes whose keys never go below those queued (ties
+    with lower ids arriving later among them), pops in between and compactions, stale
+    items skipped by the same version rule on both sides: the same items in the same
+    order, which is what lets the queue stand in for the heap."""
+    import heapq
+
+    rng = np.random.default_rng(seed)
+    n = 400
+    cap = 2 * n + 64
+    hk, hi, hv = (np.zeros(cap, np.int64) for _ in range(3))
+    ver = np.zeros(n, np.int64)
+    resident = np.ones(n, np.bool_)
+    pinned = np.zeros(n, np.bool_)
+    keys0 = rng.integers(0, 5, n)  # the rebuild: every entry, sorted whole
+    hk[:n], hi[:n], hv[:n] = keys0, rng.permutation(n), 0
+    keys0 = keys0[np.argsort(hi[:n])]
+    K._sort_items(hk, hi, hv, 0, n)
+    ref = [(int(keys0[e]), e, 0) for e in range(n)]
+    heapq.heapify(ref)
+    head, size, t = 0, n, 5
+    for _ in range(300):
+        t += int(rng.integers(0, 2))  # equal batch times happen (a write after its read)
+        batch = rng.permutation(n)[: int(rng.integers(1, 24))]  # not in id order
+        if size + batch.size > cap:
+            size = K._compact(hk, hi, hv, head, size, ver, resident, pinned)
+            head = 0
+        if batch.size > 16:  # as the replay does: sorted first
+            hk[size : size + batch.size], hi[size : size + batch.size] = t, batch
+            K._sort_items(hk, hi, hv, size, size + batch.size)
+            batch = hi[size : size + batch.size].copy()
+        for e in batch:
+            ver[e] += 1  # its older item goes stale
+            size = K._enqueue(hk, hi, hv, head, size, t, e, ver[e])
+            heapq.heappush(ref, (t, int(e), int(ver[e])))
+        for _ in range(int(rng.integers(0, 6))):
+            while head < size and hv[head] != ver[hi[head]]:
+                head += 1
+            while ref and ref[0][2] != ver[ref[0][1]]:
+                heapq.heappop(ref)
+            assert (head < size) == bool(ref)
+            if head == size:
+                break
+            assert (int(hk[head]), int(hi[head])) == heapq.heappop(ref)[:2]
+            head += 1
+
+
 # --- the plan ---------------------------------------------------------------------------
 SHAPE = PRESETS["ci"].with_(context_tokens=256)
 

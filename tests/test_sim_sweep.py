@@ -62,7 +62,6 @@ def test_batched_sweeps_give_each_sweeps_rows() -> None:
         ]
 
 
-
 def test_results_tables_order_ties_by_name() -> None:
     """Policies with equal hit rates are listed by name, whatever order the rows and the
     string hashing of the process give them (a set's order changes with PYTHONHASHSEED), so

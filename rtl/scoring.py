@@ -19,9 +19,11 @@ with ``eligible = resident ∧ ¬pinned`` on the ``out`` stream.
 
 Pipeline: stage 0 issues the record read; stage 1 forms the two EMA products and
 the new idle count; stage 1b adds the products into the new score, writes the record
-back and issues the table reads; stage 2 forms the priority.  The products are
-registered so that no cycle holds a memory read, a multiply, an add and a memory
-write in series (the path that limited Fmax).  All stages advance together when
+back and issues the table reads; stage 2 receives the table words and registers
+them; stage 3 forms the priority.  The products are registered so that no cycle
+holds a memory read, a multiply, an add and a memory write in series, and the table
+words so that no cycle holds a block RAM's output and the priority multiply (the two
+paths that limited Fmax in turn).  All stages advance together when
 ``out`` can take a beat (a stall-able pipeline), so back-pressure on ``out`` holds
 every stage, including the synchronous memory read ports.  The record read port is
 transparent to the write port, so a sweep of two or more words always reads the value
@@ -40,7 +42,8 @@ from kvcxl.firmware import fixedpoint as fx
 
 from . import layouts as L
 
-DEPTH = 3  # beats in flight: stages 1, 1b and 2 (the formal harness bounds occupancy so)
+DEPTH = 4  # beats in flight: stages 1, 1b, 2 and 3 (the formal harness bounds occupancy so)
+DEFECTS = (None, "ignore_pinned")
 
 
 class ScoringEngine(wiring.Component):
@@ -52,9 +55,16 @@ class ScoringEngine(wiring.Component):
     lanes : entries updated per cycle.
     decay_init : optional initial decay table (e.g. ``decay_table(β, shift)``);
         zeros if omitted, to be written through ``table_w``.
+    defect : ``"ignore_pinned"`` plants a bug for the formal check to catch
+        (``eligible = resident``, a pinned entry becomes a candidate).
     """
 
-    def __init__(self, entries: int, lanes: int = 1, decay_init=None):
+    def __init__(
+        self, entries: int, lanes: int = 1, decay_init=None, *, defect: str | None = None
+    ):
+        if defect not in DEFECTS:
+            raise ValueError(f"defect = {defect!r}: must be one of {DEFECTS}")
+        self.defect = defect
         if lanes < 1 or entries < lanes or entries % lanes:
             raise ValueError(
                 f"entries = {entries}, lanes = {lanes}: entries must be a positive "
@@ -99,9 +109,9 @@ class ScoringEngine(wiring.Component):
             ]
             tables.append(t.read_port())
 
-        v1, v1b, v2 = Signal(), Signal(), Signal()
+        v1, v1b, v2, v3 = Signal(), Signal(), Signal(), Signal()
         advance = Signal()
-        m.d.comb += advance.eq(~v2 | self.out.ready)
+        m.d.comb += advance.eq(~v3 | self.out.ready)
 
         # Stage 0: the sweep address and the record read.
         addr0 = Signal(self.addr_bits)
@@ -182,27 +192,38 @@ class ScoringEngine(wiring.Component):
                 wp.data.eq(self.rec_w.payload.data),
             ]
 
-        # Stage 2: priority.
-        addr2 = Signal(self.addr_bits)
-        last2 = Signal()
-        new2 = Signal(word)
+        # Stage 2: the table reads arrive; stage 3 holds them in registers, so that no
+        # cycle runs from a block RAM's output through the priority multiply.
+        addr2, addr3 = Signal(self.addr_bits), Signal(self.addr_bits)
+        last2, last3 = Signal(), Signal()
+        new2, new3 = Signal(word), Signal(word)
+        decay3 = [Signal(L.Q_BITS, name=f"decay3_{i}") for i in range(lanes)]
         with m.If(advance):
             m.d.sync += [v2.eq(v1b), addr2.eq(addr1b), last2.eq(last1b), new2.eq(new)]
+            m.d.sync += [v3.eq(v2), addr3.eq(addr2), last3.eq(last2), new3.eq(new2)]
+            m.d.sync += [decay3[i].eq(tables[i].data) for i in range(lanes)]
+
+        # Stage 3: priority.
         m.d.comb += [
-            self.out.valid.eq(v2),
-            self.out.payload.addr.eq(addr2),
-            self.out.payload.last.eq(last2),
+            self.out.valid.eq(v3),
+            self.out.payload.addr.eq(addr3),
+            self.out.payload.last.eq(last3),
         ]
         for i in range(lanes):
             o = self.out.payload.lane[i]
-            r = new2[i]
+            r = new3[i]
             m.d.comb += [
                 o.score.eq(r.score),
                 o.idle.eq(r.idle),
-                o.priority.eq(((q_max - r.score) * tables[i].data + fx.HALF) >> fx.FRAC_BITS),
-                o.eligible.eq(r.resident & ~r.pinned),
+                o.priority.eq(((q_max - r.score) * decay3[i] + fx.HALF) >> fx.FRAC_BITS),
+                o.eligible.eq(self._eligible(r)),
             ]
         return m
+
+    def _eligible(self, r):
+        if self.defect == "ignore_pinned":
+            return r.resident
+        return r.resident & ~r.pinned
 
 
 _sel = Mux

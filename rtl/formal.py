@@ -40,13 +40,27 @@ from amaranth.hdl import (
     Mux,
     ResetSignal,
     Signal,
+    Value,
 )
+
+from kvcxl.firmware.cxl import hdm
+from kvcxl.firmware.cxl import mem as cxl
 
 from . import toolchain
 from .eviction import EvictionEngine
+from .frontend import CxlMemFrontEnd
+from .hdm import HPA_BITS, HdmDecode
 from .scoring import DEPTH, ScoringEngine
 
-CHECKS = ("eviction", "scoring")
+CHECKS = ("eviction", "scoring", "frontend", "hdm")
+DEFECTS = {
+    # planted defect: the check that must catch it
+    "tie_off_by_one": "eviction",
+    "ignore_pinned": "scoring",
+    "drop_on_stall": "frontend",
+    "duplicate_response": "frontend",
+    "mis_interleave": "hdm",
+}
 
 
 @dataclass
@@ -110,8 +124,13 @@ class EvictionHarness(Elaboratable):
             dut.cand.payload.eq(AnySeq(len(dut.cand.payload.as_value()))),
             dut.victim.ready.eq(AnySeq(1)),
         ]
-        k = AnyConst(range(self.batch + 1))
+        # k is any value in range, and may change between passes (not within one).
+        k = AnySeq(range(self.batch + 1))
         m.d.comb += [dut.k.eq(k), Assume(k <= self.batch)]
+        pass_ended = past(dut.victim.valid & dut.victim.ready & dut.victim.payload.last, "end")
+        k_before = past(k, "k")
+        with m.If(past.valid & ~pass_ended):
+            m.d.comb += Assume(k == k_before)
         # The stream arrives in sweep order, as the scoring engine sends it.
         addr = Signal(dut.addr_bits)
         m.d.comb += [
@@ -177,9 +196,9 @@ class EvictionHarness(Elaboratable):
 
 
 class ScoringHarness(Elaboratable):
-    def __init__(self, entries: int = 2, lanes: int = 1):
+    def __init__(self, entries: int = 2, lanes: int = 1, defect: str | None = None):
 
-        self.dut = ScoringEngine(entries, lanes)
+        self.dut = ScoringEngine(entries, lanes, defect=defect)
         self.entries, self.lanes = entries, lanes
 
     def elaborate(self, platform):
@@ -223,6 +242,30 @@ class ScoringHarness(Elaboratable):
             ]
         with m.If(occ == 0):
             m.d.comb += Assert(~out.valid)
+        # eligible = resident ∧ ¬pinned of the record the host last wrote.  A host write
+        # while a beat is in flight races the sweep's write-back (the driver never does
+        # that); such a trace stops the comparison from then on.
+        lanes = self.lanes
+        flags = [
+            (Signal(name=f"resident{e}"), Signal(name=f"pinned{e}")) for e in range(groups * lanes)
+        ]
+        racy = Signal()
+        rw = dut.rec_w
+        with m.If(rw.valid & rw.ready):
+            with m.If(occ != 0):
+                m.d.sync += racy.eq(1)
+            for a in range(groups):
+                with m.If(rw.payload.addr == a):
+                    for i in range(lanes):
+                        res, pin = flags[a * lanes + i]
+                        rec = rw.payload.data[i]
+                        m.d.sync += [res.eq(rec.resident), pin.eq(rec.pinned)]
+        with m.If(out.valid & ~racy):
+            for a in range(groups):
+                with m.If(out.payload.addr == a):
+                    for i in range(lanes):
+                        res, pin = flags[a * lanes + i]
+                        m.d.comb += Assert(out.payload.lane[i].eligible == (res & ~pin))
         # Held beats stay unchanged.  The multiplier outputs (score, priority) are left
         # out: their stability follows from the held pipeline registers, and proving it
         # through 16-bit products would take the solver hours.
@@ -238,6 +281,123 @@ class ScoringHarness(Elaboratable):
         return m
 
 
+class FrontEndHarness(Elaboratable):
+    """Every accepted M2S message is answered exactly once, with its tag, before the next
+    is taken; nothing is answered that was not asked; responses hold under back-pressure
+    and come within two unstalled cycles.  The HDM registers are free constants (the
+    decode itself is the ``hdm`` check)."""
+
+    NONE, NDR, DRS = 0, 1, 2  # the response a message is owed
+    MAX_WAIT = 2  # unstalled cycles from acceptance to the response: DECODE, TOUCH
+
+    def __init__(self, lines: int = 2, defect: str | None = None):
+        self.dut = CxlMemFrontEnd(
+            lines=lines, entry_shift=cxl.LINE_SHIFT, entries=lines, defect=defect
+        )
+        self.lines = lines
+
+    def elaborate(self, platform):
+        m = Module()
+        _no_reset(m)
+        m.submodules.dut = dut = self.dut
+        past = _Past(m)
+        req, rwd, ndr, drs, touch = dut.req, dut.rwd, dut.ndr, dut.drs, dut.touch
+        for s in (req, rwd):
+            m.d.comb += [s.valid.eq(AnySeq(1)), s.payload.eq(AnySeq(len(s.payload.as_value())))]
+        for s in (ndr, drs, touch):
+            m.d.comb += s.ready.eq(AnySeq(1))
+        for r in (dut.hdm_commit, dut.hdm_base, dut.hdm_size, dut.hdm_ig, dut.hdm_iw, dut.hdm_pos):
+            m.d.comb += r.eq(AnyConst(len(r)))
+
+        pend, touched = Signal(), Signal()
+        kind = Signal(2)
+        tag, ld_id = Signal(16), Signal(4)
+        wait = Signal(range(self.MAX_WAIT + 2))
+        req_fire, rwd_fire = req.valid & req.ready, rwd.valid & rwd.ready
+        ndr_fire, drs_fire = ndr.valid & ndr.ready, drs.valid & drs.ready
+        op = req.payload.opcode
+        is_read = (op == cxl.M2SReqOpcode.MEM_RD) | (op == cxl.M2SReqOpcode.MEM_RD_DATA)
+        owed = Mux(is_read, self.DRS, Mux(op == cxl.M2SReqOpcode.MEM_SPEC_RD, self.NONE, self.NDR))
+        m.d.comb += Assert(~(req_fire & rwd_fire))
+        m.d.comb += Assert(~(ndr_fire & drs_fire))
+        # None invented: a response answers the one message owed it, with its tag.
+        for fire, k, p in ((ndr_fire, self.NDR, ndr.payload), (drs_fire, self.DRS, drs.payload)):
+            with m.If(fire):
+                m.d.comb += Assert(pend & (kind == k) & (p.tag == tag) & (p.ld_id == ld_id))
+                m.d.sync += pend.eq(0)
+        m.d.comb += Assert(~ndr.valid | (ndr.payload.opcode == cxl.S2MNDROpcode.CMP))
+        # Only a read touches its entry, and once.
+        with m.If(touch.valid & touch.ready):
+            m.d.comb += Assert(pend & (kind != self.NDR) & ~touched)
+            m.d.sync += touched.eq(1)
+        # Bounded response: the owed response comes within MAX_WAIT cycles not stalled
+        # by the touch stream.
+        owing = pend & (kind != self.NONE)
+        with m.If(owing & ~ndr.valid & ~drs.valid & ~(touch.valid & ~touch.ready)):
+            m.d.sync += wait.eq(wait + 1)
+        m.d.comb += Assert(wait <= self.MAX_WAIT)
+        # None lost: a new message is taken only once the last one is answered.
+        with m.If(req_fire | rwd_fire):
+            m.d.comb += Assert(~owing)
+            m.d.sync += [
+                pend.eq(1),
+                touched.eq(0),
+                wait.eq(0),
+                kind.eq(Mux(rwd_fire, self.NDR, owed)),
+                tag.eq(Mux(rwd_fire, rwd.payload.tag, req.payload.tag)),
+                ld_id.eq(Mux(rwd_fire, rwd.payload.ld_id, req.payload.ld_id)),
+            ]
+        # Stream rule on every output: a stalled beat stays, unchanged.
+        for name, s in (("ndr", ndr), ("drs", drs), ("touch", touch)):
+            stalled = past(s.valid & ~s.ready, f"{name}_stall")
+            payload = Value.cast(s.payload)
+            held = past(payload, f"{name}_payload")
+            with m.If(past.valid & stalled):
+                m.d.comb += Assert(s.valid & (payload == held))
+        return m
+
+
+class HdmHarness(Elaboratable):
+    """The RTL decoder equals a reference written here with ``//`` and ``%`` from the
+    decoder parameters of :mod:`kvcxl.firmware.cxl.hdm` (the ones the emulator's
+    ``HdmDecoderSet.translate`` uses), over every address and every legal programming."""
+
+    def __init__(self, defect: str | None = None):
+        self.dut = HdmDecode(defect=defect)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dut = dut = self.dut
+        for r in (dut.hpa, dut.commit, dut.base, dut.size, dut.ig, dut.iw, dut.pos):
+            m.d.comb += r.eq(AnyConst(len(r)))
+        # The programming HdmDecoderSet.program accepts.
+        m.d.comb += [
+            Assume(dut.ig < len(hdm.GRANULARITIES)),
+            Assume(dut.iw < len(hdm.WAYS)),
+            Assume(dut.size != 0),
+            Assume(dut.base + dut.size <= (1 << (HPA_BITS - hdm.GRANULE_SHIFT))),
+        ]
+        base = dut.base * hdm.GRANULE
+        end = (dut.base + dut.size) * hdm.GRANULE
+        off = Signal(HPA_BITS)
+        m.d.comb += off.eq(dut.hpa - base)
+        way, dpa = Signal(hdm.POSITION_BITS), Signal(HPA_BITS)
+        for ig, gran in enumerate(hdm.GRANULARITIES):
+            for iw, ways in enumerate(hdm.WAYS):
+                with m.If((dut.ig == ig) & (dut.iw == iw)):
+                    m.d.comb += [
+                        Assume(dut.pos < ways),
+                        Assume(dut.size % ways == 0),
+                        way.eq((off // gran) % ways),
+                        dpa.eq((off // (gran * ways)) * gran + off % gran),
+                    ]
+        hit = dut.commit & (dut.hpa >= base) & (dut.hpa < end) & (way == dut.pos)
+        m.d.comb += Assert(dut.hit == hit)
+        with m.If(hit):
+            m.d.comb += Assert(dut.dpa == dpa)
+        return m
+
+
 def _no_reset(m: Module) -> None:
     # Registers start from their init values; a free reset input would restart the DUT
     # mid-pass behind the checker's back.
@@ -245,22 +405,27 @@ def _no_reset(m: Module) -> None:
 
 
 def _harness(check: str, defect: str | None):
+    if check not in CHECKS:
+        raise ValueError(f"check = {check!r}: must be one of {CHECKS}")
+    if defect is not None and DEFECTS.get(defect) != check:
+        raise ValueError(
+            f"defect = {defect!r}: the {check} check takes "
+            f"{[d for d, c in DEFECTS.items() if c == check]}"
+        )
     if check == "eviction":
         h = EvictionHarness(defect=defect)
-        params = {
-            "entries": h.entries,
-            "lanes": h.lanes,
-            "batch": h.batch,
-            "q_bits": h.q_bits,
-            "defect": defect,
-        }
-        return h, params, 14
-    if check == "scoring":
-        if defect:
-            raise ValueError("defects are planted in the eviction engine only")
-        h = ScoringHarness()
-        return h, {"entries": h.entries, "lanes": h.lanes}, 12
-    raise ValueError(f"check = {check!r}: must be one of {CHECKS}")
+        params = {"entries": h.entries, "lanes": h.lanes, "batch": h.batch, "q_bits": h.q_bits}
+        depth = 14
+    elif check == "scoring":
+        h = ScoringHarness(defect=defect)
+        params, depth = {"entries": h.entries, "lanes": h.lanes}, 12
+    elif check == "frontend":
+        h = FrontEndHarness(defect=defect)
+        params, depth = {"lines": h.lines}, 10
+    else:
+        h = HdmHarness(defect=defect)
+        params, depth = {"hpa_bits": HPA_BITS}, 1
+    return h, {**params, "defect": defect}, depth
 
 
 def run(

@@ -5,10 +5,8 @@ valid/ready streams; every payload layout is built from the one message table in
 :mod:`kvcxl.firmware.cxl.mem` (``field_widths``), so the RTL, the emulator and the
 testbench share the field names, order and widths.
 
-One HDM decoder (CXL 2.0 §8.2.5.12) translates HPA → DPA with the emulator's rule
-(:mod:`kvcxl.emu.cxl.hdm`): ``way = (o >> (8+ig)) mod 2^iw``; if ``way == position``,
-``dpa = (o >> (8+ig+iw)) << (8+ig) | o mod 2^(8+ig)``, with ``o = hpa − base``.
-Base and size are programmed in 256 MiB units, as the registers hold them.
+One HDM decoder (:class:`kvcxl.rtl.hdm.HdmDecode`, the emulator's rule) translates
+HPA → DPA; a line decodes when the decoder hits and its DPA falls inside the line store.
 
 Behaviour (one message at a time, in arrival order; RwD before Req when both wait):
 
@@ -21,19 +19,27 @@ Behaviour (one message at a time, in arrival order; RwD before Req when both wai
 * MemWr / MemWrPtl: the enabled bytes are written and the line's poison bit takes
   the message's; NDR Cmp.  A write that does not decode completes without effect.
 * Every response echoes ``tag`` and ``ld_id``; ``dev_load`` is Light.
+
+``defect`` plants a bug for the formal check (``kvcxl rtl formal --check frontend``)
+to catch: ``"drop_on_stall"`` withdraws an NDR its receiver stalls (the completion is
+lost), ``"duplicate_response"`` answers a read twice (DRS, then NDR),
+``"mis_interleave"`` is the decoder's (:mod:`kvcxl.rtl.hdm`).
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from kvcxl.firmware.cxl import hdm
 from kvcxl.firmware.cxl import mem as cxl
 
-HDM_UNIT_SHIFT = 28  # base/size registers count 256 MiB
+from .hdm import UNIT_BITS, HdmDecode
+
 LINE_SHIFT = cxl.LINE_SHIFT
+DEFECTS = (None, "drop_on_stall", "duplicate_response", "mis_interleave")
 
 
 def message_layout(cls: cxl.MessageClass) -> data.StructLayout:
@@ -42,14 +48,24 @@ def message_layout(cls: cxl.MessageClass) -> data.StructLayout:
 
 
 class CxlMemFrontEnd(wiring.Component):
-    def __init__(self, lines: int = 64, entry_shift: int = 13, entries: int = 1024):
+    def __init__(
+        self,
+        lines: int = 64,
+        entry_shift: int = 13,
+        entries: int = 1024,
+        *,
+        defect: str | None = None,
+    ):
+        if defect not in DEFECTS:
+            raise ValueError(f"defect = {defect!r}: must be one of {DEFECTS}")
+        self.defect = defect
+        self.hdm_defect = defect if defect == "mis_interleave" else None
         if lines < 1 or lines & (lines - 1):
             raise ValueError(f"lines = {lines}: must be a power of two ≥ 1")
         if entry_shift < LINE_SHIFT:
             raise ValueError(f"entry_shift = {entry_shift}: an entry is at least one line (6)")
         self.lines, self.entry_shift, self.entries = lines, entry_shift, entries
         self.index_bits = max((entries - 1).bit_length(), 1)
-        hpa_units = cxl.ADDR_BITS + LINE_SHIFT - HDM_UNIT_SHIFT
         super().__init__(
             {
                 "req": In(stream.Signature(message_layout(cxl.M2S_REQ))),
@@ -59,11 +75,11 @@ class CxlMemFrontEnd(wiring.Component):
                 "touch": Out(stream.Signature(unsigned(self.index_bits))),
                 # HDM decoder registers
                 "hdm_commit": In(1),
-                "hdm_base": In(hpa_units),
-                "hdm_size": In(hpa_units),
-                "hdm_ig": In(3),  # granularity 256 B << ig
-                "hdm_iw": In(3),  # ways 1 << iw
-                "hdm_pos": In(4),
+                "hdm_base": In(UNIT_BITS),  # 256 MiB units
+                "hdm_size": In(UNIT_BITS),
+                "hdm_ig": In(hdm.IG_BITS),  # granularity 256 B << ig
+                "hdm_iw": In(hdm.IW_BITS),  # ways 1 << iw
+                "hdm_pos": In(hdm.POSITION_BITS),
             }
         )
 
@@ -85,30 +101,19 @@ class CxlMemFrontEnd(wiring.Component):
         wdata = Signal(lw)
 
         # HPA → DPA through the one decoder.
-        hpa = Signal(cxl.ADDR_BITS + LINE_SHIFT)
-        m.d.comb += hpa.eq(line << LINE_SHIFT)
-        base = Signal.like(hpa)
-        limit = Signal(len(hpa) + 1)
+        m.submodules.hdm = dec = HdmDecode(defect=self.hdm_defect)
         m.d.comb += [
-            base.eq(self.hdm_base << HDM_UNIT_SHIFT),
-            limit.eq(base + (self.hdm_size << HDM_UNIT_SHIFT)),
+            dec.hpa.eq(line << LINE_SHIFT),
+            dec.commit.eq(self.hdm_commit),
+            dec.base.eq(self.hdm_base),
+            dec.size.eq(self.hdm_size),
+            dec.ig.eq(self.hdm_ig),
+            dec.iw.eq(self.hdm_iw),
+            dec.pos.eq(self.hdm_pos),
         ]
-        off = Signal.like(hpa)
-        m.d.comb += off.eq(hpa - base)
-        g = Signal(range(8 + 6 + 1))  # log2 granularity
-        m.d.comb += g.eq(8 + self.hdm_ig)
-        way = Signal(4)
-        m.d.comb += way.eq((off >> g) & ((Const(1, 5) << self.hdm_iw) - 1))
-        dpa = Signal.like(hpa)
-        m.d.comb += dpa.eq((((off >> g) >> self.hdm_iw) << g) | (off & ((Const(1, 16) << g) - 1)))
+        dpa = dec.dpa
         hit = Signal()
-        m.d.comb += hit.eq(
-            self.hdm_commit
-            & (hpa >= base)
-            & (hpa < limit)
-            & (way == self.hdm_pos)
-            & ((dpa >> LINE_SHIFT) < self.lines)
-        )
+        m.d.comb += hit.eq(dec.hit & ((dpa >> LINE_SHIFT) < self.lines))
         slot = (dpa >> LINE_SHIFT)[: max((self.lines - 1).bit_length(), 1)]
         m.d.comb += [rp.addr.eq(slot), prp.addr.eq(slot), wp.addr.eq(slot), pwp.addr.eq(slot)]
 
@@ -192,9 +197,11 @@ class CxlMemFrontEnd(wiring.Component):
                     drs_p.data.eq(Mux(hit_r, rp.data, 0)),
                 ]
                 with m.If(drs.ready):
-                    m.next = "IDLE"
+                    # Planted defect: the read is answered again, with an NDR.
+                    m.next = "NDR" if self.defect == "duplicate_response" else "IDLE"
             with m.State("NDR"):
                 m.d.comb += ndr.valid.eq(1)
-                with m.If(ndr.ready):
+                # Planted defect: the completion is withdrawn when NDR stalls.
+                with m.If(ndr.ready | (self.defect == "drop_on_stall")):
                     m.next = "IDLE"
         return m

@@ -25,10 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GRANULE = 256 << 20
-"""Base and size registers count in 256 MiB units (bits 31:28 and up)."""
-WAYS = (1, 2, 4, 8, 16)
-GRANULARITIES = tuple(256 << i for i in range(7))  # 256 B … 16 KiB
+# The register encodings, shared with the RTL front end.
+from kvcxl.firmware.cxl.hdm import GRANULARITIES, GRANULE, WAYS
 
 
 def encode_ways(ways: int) -> int:

@@ -1,0 +1,74 @@
+"""HdmDecode: one HDM decoder (CXL 2.0 §8.2.5.12), HPA → DPA, combinational.
+
+The emulator's rule (:mod:`kvcxl.emu.cxl.hdm`) with ``g = 8 + ig`` (log2 of the
+granularity) and ``o = hpa − base``::
+
+    way = (o >> g) mod 2^iw
+    dpa = (o >> (g + iw)) << g | o mod 2^g        -- this device's, if way == position
+
+``hit`` is set when the decoder is committed, ``base ≤ hpa < base + size`` and
+``way == position``.  Base and size are programmed in 256 MiB units, as the
+registers hold them; the encodings come from :mod:`kvcxl.firmware.cxl.hdm`.
+
+``defect="mis_interleave"`` plants a bug for the formal check to catch: the way is
+taken one bit too high (``o >> (g + 1)``), as if the granularity were doubled.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Const, Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from kvcxl.firmware.cxl import hdm
+from kvcxl.firmware.cxl import mem as cxl
+
+HPA_BITS = cxl.ADDR_BITS + cxl.LINE_SHIFT
+UNIT_BITS = HPA_BITS - hdm.GRANULE_SHIFT  # base and size register widths
+DEFECTS = (None, "mis_interleave")
+
+
+class HdmDecode(wiring.Component):
+    """HPA → (hit, DPA) of one decoder; the registers are plain inputs."""
+
+    def __init__(self, *, defect: str | None = None):
+        if defect not in DEFECTS:
+            raise ValueError(f"defect = {defect!r}: must be one of {DEFECTS}")
+        self.defect = defect
+        super().__init__(
+            {
+                "hpa": In(HPA_BITS),
+                "commit": In(1),
+                "base": In(UNIT_BITS),  # 256 MiB units
+                "size": In(UNIT_BITS),
+                "ig": In(hdm.IG_BITS),  # granularity 256 B << ig
+                "iw": In(hdm.IW_BITS),  # ways 1 << iw
+                "pos": In(hdm.POSITION_BITS),
+                "hit": Out(1),
+                "dpa": Out(HPA_BITS),
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        base = Signal(HPA_BITS)
+        limit = Signal(HPA_BITS + 1)
+        m.d.comb += [
+            base.eq(self.base << hdm.GRANULE_SHIFT),
+            limit.eq(base + (self.size << hdm.GRANULE_SHIFT)),
+        ]
+        off = Signal(HPA_BITS)
+        m.d.comb += off.eq(self.hpa - base)
+        g = Signal(range(hdm.GRANULARITY_SHIFT + len(hdm.GRANULARITIES)))  # log2 granularity
+        m.d.comb += g.eq(hdm.GRANULARITY_SHIFT + self.ig)
+        way_shift = g + 1 if self.defect == "mis_interleave" else g
+        way = Signal(hdm.POSITION_BITS)
+        m.d.comb += way.eq((off >> way_shift) & ((Const(1, hdm.POSITION_BITS + 1) << self.iw) - 1))
+        low = (Const(1, HPA_BITS) << g) - 1
+        m.d.comb += [
+            self.dpa.eq((((off >> g) >> self.iw) << g) | (off & low)),
+            self.hit.eq(
+                self.commit & (self.hpa >= base) & (self.hpa < limit) & (way == self.pos)
+            ),
+        ]
+        return m

@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from .formal_checks import CHECKS, DEFECTS
+
 DESIGNS = ("core", "scoring", "eviction", "top")
 
 
@@ -108,16 +110,29 @@ def register(sub: argparse._SubParsersAction) -> None:
         "formal",
         help="bounded model checks with yowasp-sby",
         description=(
-            "Bounded proofs at reduced widths: every victim eligible and of maximal "
-            "priority, pinned never chosen, no victim twice, victims in order, no stream "
-            "beat lost or duplicated under back-pressure. --defect plants the tie-break "
-            "bug to show the proof catches it (that run is expected to FAIL)."
+            "Bounded proofs at reduced widths. eviction: every victim eligible and of "
+            "maximal priority, no victim twice, victims in order, k free between passes. "
+            "scoring: no beat lost or duplicated under back-pressure, eligible = resident "
+            "and not pinned. frontend: every accepted CXL.mem message answered exactly "
+            "once with its tag, none invented, responses held under back-pressure. hdm: "
+            "the RTL's HPA to DPA decode equals a reference built from the emulator's "
+            "decoder parameters for every address and legal programming. --defect plants "
+            "a bug to show that its check catches it (that run is expected to FAIL)."
         ),
+        epilog="Example: kvcxl rtl formal --defect drop_on_stall",
     )
-    f.add_argument("--check", choices=("all", "eviction", "scoring"), default="all")
+    f.add_argument("--check", choices=("all", *CHECKS), default="all")
     f.add_argument("--depth", type=positive, help="BMC depth in cycles (default per check)")
     f.add_argument(
-        "--defect", action="store_true", help="plant the tie-break defect in the eviction engine"
+        "--defect",
+        nargs="?",
+        const="tie_off_by_one",
+        choices=tuple(DEFECTS),
+        help=(
+            "plant a defect and run only the check that must catch it: "
+            + ", ".join(f"{d} ({c})" for d, c in DEFECTS.items())
+            + "; without a name, tie_off_by_one"
+        ),
     )
     f.add_argument("--json", dest="json_out", help="write the results to this JSON file")
     f.set_defaults(func=_formal)
@@ -203,16 +218,22 @@ def _verilog(args) -> int:
 
 
 def _formal(args) -> int:
-    from .formal import CHECKS, run
+    from .formal import run
 
     checks = CHECKS if args.check == "all" else (args.check,)
-    if args.defect and "eviction" not in checks:
-        raise ValueError("--defect applies to the eviction check")
+    if args.defect:
+        owner = DEFECTS[args.defect]
+        if args.check not in ("all", owner):
+            raise ValueError(
+                f"--defect {args.defect} is caught by the {owner} check, not --check {args.check}"
+            )
+        checks = (owner,)
     results = []
     for c in checks:
-        defect = "tie_off_by_one" if args.defect and c == "eviction" else None
-        print(f"formal {c}{' (defect planted)' if defect else ''} ...", flush=True)
-        r = run(c, depth=args.depth, defect=defect)
+        print(
+            f"formal {c}{f' (defect {args.defect} planted)' if args.defect else ''} ...", flush=True
+        )
+        r = run(c, depth=args.depth, defect=args.defect)
         print(f"  {r.status} at depth {r.depth} in {r.seconds:.1f} s", flush=True)
         if r.status not in ("PASS", "FAIL"):
             print(r.log_tail, file=sys.stderr)

@@ -1,23 +1,40 @@
 """Bounded model checks of the engines with SymbiYosys (yowasp-sby), at reduced widths.
 
-Checks (each a harness around the real engine, inputs free every cycle):
+Checks (each a harness around the real engine, inputs free every cycle; the list and
+the defect each must catch are in :mod:`kvcxl.rtl.formal_checks`):
 
 ``eviction``
     over any input stream of priorities and eligibility flags, in sweep order, for an
-    arbitrary watched entry ``w``: a victim is always eligible (a pinned or
-    non-resident entry is never chosen); ``w`` is chosen at most once per pass; its
-    reported priority is its input priority; victims come out in strictly
-    decreasing (priority, −index) order; if ``w`` is eligible and not chosen, the
-    pass chose ``k`` victims and every one ranks before ``w`` (maximality); the
-    victim stream holds valid and payload while back-pressured.
+    arbitrary watched entry ``w`` and any ``k`` ≤ batch (free to change between passes,
+    fixed within one): a victim is always eligible (a pinned or non-resident entry is
+    never chosen); ``w`` is chosen at most once per pass; its reported priority is its
+    input priority; victims come out in strictly decreasing (priority, −index) order;
+    if ``w`` is eligible and not chosen, the pass chose ``k`` victims and every one
+    ranks before ``w`` (maximality); the victim stream holds valid and payload while
+    back-pressured.
 ``scoring``
-    under arbitrary back-pressure and input gaps, no beat is lost or duplicated:
-    occupancy = accepted − emitted ∈ {0, 1, 2}, output addresses follow the sweep
-    order one by one, and ``out`` holds valid and its control fields (address, last,
-    idle counters, eligibility) while back-pressured.
+    under arbitrary back-pressure, input gaps and host record writes, no beat is lost
+    or duplicated: occupancy = accepted − emitted ≤ DEPTH, output addresses follow the
+    sweep order one by one, ``out`` holds valid and its control fields (address, last,
+    idle counters, eligibility) while back-pressured, and every beat's ``eligible`` is
+    ``resident ∧ ¬pinned`` of the record the host last wrote there.
+``frontend``
+    the CXL.mem front end under free M2S Req/RwD traffic and free back-pressure on
+    NDR, DRS and touch: every accepted message is owed one response (DRS for MemRd /
+    MemRdData, none for MemSpecRd, NDR otherwise), the response carries its tag and
+    LD-ID and comes before the next message is taken (so in order, none lost), none
+    is sent that was not owed (none duplicated or invented), only a read touches its
+    entry and at most once, each output holds valid and payload while stalled, and a
+    response comes within two cycles not stalled by ``touch``.
+``hdm``
+    the RTL's HPA → DPA decode (:class:`kvcxl.rtl.hdm.HdmDecode`) against a reference
+    written with ``//`` and ``%`` from the decoder parameters of
+    :mod:`kvcxl.firmware.cxl.hdm`, for every 52-bit address and every programming
+    ``HdmDecoderSet.program`` accepts: hit equal, and DPA equal where it hits.
 
-The widths are reduced (3-bit priorities, a handful of entries) so that proofs finish
-in seconds; the arithmetic itself is checked bit-exactly in simulation instead.
+The widths are reduced (3-bit priorities, a handful of entries, two lines) so that
+proofs finish in tens of seconds; the arithmetic itself is checked bit-exactly in
+simulation instead.
 """
 
 from __future__ import annotations
@@ -48,19 +65,10 @@ from kvcxl.firmware.cxl import mem as cxl
 
 from . import toolchain
 from .eviction import EvictionEngine
+from .formal_checks import CHECKS, DEFECTS
 from .frontend import CxlMemFrontEnd
 from .hdm import HPA_BITS, HdmDecode
 from .scoring import DEPTH, ScoringEngine
-
-CHECKS = ("eviction", "scoring", "frontend", "hdm")
-DEFECTS = {
-    # planted defect: the check that must catch it
-    "tie_off_by_one": "eviction",
-    "ignore_pinned": "scoring",
-    "drop_on_stall": "frontend",
-    "duplicate_response": "frontend",
-    "mis_interleave": "hdm",
-}
 
 
 @dataclass

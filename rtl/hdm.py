@@ -67,8 +67,6 @@ class HdmDecode(wiring.Component):
         low = (Const(1, HPA_BITS) << g) - 1
         m.d.comb += [
             self.dpa.eq((((off >> g) >> self.iw) << g) | (off & low)),
-            self.hit.eq(
-                self.commit & (self.hpa >= base) & (self.hpa < limit) & (way == self.pos)
-            ),
+            self.hit.eq(self.commit & (self.hpa >= base) & (self.hpa < limit) & (way == self.pos)),
         ]
         return m

@@ -59,9 +59,7 @@ class ScoringEngine(wiring.Component):
         (``eligible = resident``, a pinned entry becomes a candidate).
     """
 
-    def __init__(
-        self, entries: int, lanes: int = 1, decay_init=None, *, defect: str | None = None
-    ):
+    def __init__(self, entries: int, lanes: int = 1, decay_init=None, *, defect: str | None = None):
         if defect not in DEFECTS:
             raise ValueError(f"defect = {defect!r}: must be one of {DEFECTS}")
         self.defect = defect

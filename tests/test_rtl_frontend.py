@@ -179,3 +179,15 @@ def test_layouts_come_from_the_shared_message_table():
         assert lay.size == cls.bits
         for name, (lsb, width) in cls.offsets().items():
             assert lay[name].offset == lsb and lay[name].width == width
+
+
+def test_ip_boundary_table_in_the_docs_is_the_rtl():
+    """docs/rtl.md's CXL IP boundary table is generated from the front end's ports."""
+    from pathlib import Path
+
+    from kvcxl.rtl.boundary import markdown_table
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "rtl.md"
+    table = markdown_table()
+    assert "`rwd__payload[655:144]` | 512 | M2S_RWD | data" in table
+    assert table in doc.read_text()

@@ -26,7 +26,13 @@ def _cases(seed: int) -> list[tuple[dict, list[int]]]:
             for pos in range(ways):
                 size = ways * rng.randrange(1, 4) * GRANULE
                 base = rng.randrange(0, (1 << HPA_BITS) - size + 1, GRANULE)
-                prog = {"base": base, "size": size, "ways": ways, "granularity": gran, "position": pos}
+                prog = {
+                    "base": base,
+                    "size": size,
+                    "ways": ways,
+                    "granularity": gran,
+                    "position": pos,
+                }
                 hpas = [base - 1, base, base + size - 1, base + size]
                 for _ in range(6):  # both sides of a granule edge, inside the decoder
                     edge = base + rng.randrange(1, size // gran) * gran

@@ -56,3 +56,20 @@ def test_bad_target_is_refused():
 
     with pytest.raises(ValueError, match="target"):
         run(SynthConfig(target="virtex"))
+
+
+def test_bench_synthesises_each_lane_count_on_the_85f():
+    """The quick `kvcxl bench` run: 1 and 2 lanes on the ECP5-85F (the full run adds 4, 8
+    and 16; docs/rtl.md has its figures)."""
+    from kvcxl.rtl.bench import LANES_QUICK, benches
+
+    r = benches()["rtl_synth_per_lanes"](True)
+    assert r["evidence"] == "Measured" and list(r["lanes"]) == [str(n) for n in LANES_QUICK]
+    for n in LANES_QUICK:
+        f = r["lanes"][str(n)]
+        # Three products per lane (α·w, (1−α)·score, priority), each in one 18×18 DSP.
+        assert f["dsps"] == 3 * n, f
+        assert f["dsps_available"] == 156  # the 85F's MULT18X18D count: the right device
+        assert 1 < f["fmax_mhz"] < 500
+        assert abs(f["entry_updates_per_s"] - n * f["fmax_mhz"] * 1e6) < 1e4 * n
+    assert r["lanes"]["2"]["ffs"] > r["lanes"]["1"]["ffs"]

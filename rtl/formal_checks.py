@@ -11,6 +11,7 @@ DEFECTS = {
     # planted defect: the check that must catch it
     "tie_off_by_one": "eviction",
     "ignore_pinned": "scoring",
+    "lose_request": "frontend",
     "drop_on_stall": "frontend",
     "duplicate_response": "frontend",
     "mis_interleave": "hdm",

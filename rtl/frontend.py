@@ -21,7 +21,8 @@ Behaviour (one message at a time, in arrival order; RwD before Req when both wai
 * Every response echoes ``tag`` and ``ld_id``; ``dev_load`` is Light.
 
 ``defect`` plants a bug for the formal check (``kvcxl rtl formal --check frontend``)
-to catch: ``"drop_on_stall"`` withdraws an NDR its receiver stalls (the completion is
+to catch: ``"lose_request"`` takes a Req while busy with another message (instead of
+holding ``req.ready`` low), so that request is never answered; ``"drop_on_stall"`` withdraws an NDR its receiver stalls (the completion is
 lost), ``"duplicate_response"`` answers a read twice (DRS, then NDR),
 ``"mis_interleave"`` is the decoder's (:mod:`kvcxl.rtl.hdm`).
 """
@@ -39,7 +40,7 @@ from kvcxl.firmware.cxl import mem as cxl
 from .hdm import UNIT_BITS, HdmDecode
 
 LINE_SHIFT = cxl.LINE_SHIFT
-DEFECTS = (None, "drop_on_stall", "duplicate_response", "mis_interleave")
+DEFECTS = (None, "lose_request", "drop_on_stall", "duplicate_response", "mis_interleave")
 
 
 def message_layout(cls: cxl.MessageClass) -> data.StructLayout:
@@ -164,6 +165,8 @@ class CxlMemFrontEnd(wiring.Component):
                         ]
                         m.next = "DECODE"
             with m.State("DECODE"):
+                if self.defect == "lose_request":  # Planted defect: busy yet takes a request.
+                    m.d.comb += self.req.ready.eq(1)
                 # The line store's read ports see the decoded slot this cycle.
                 m.d.sync += hit_r.eq(hit)
                 with m.If(is_wr):

@@ -22,9 +22,10 @@ Behaviour (one message at a time, in arrival order; RwD before Req when both wai
 
 ``defect`` plants a bug for the formal check (``kvcxl rtl formal --check frontend``)
 to catch: ``"lose_request"`` takes a Req while busy with another message (instead of
-holding ``req.ready`` low), so that request is never answered; ``"drop_on_stall"`` withdraws an NDR its receiver stalls (the completion is
-lost), ``"duplicate_response"`` answers a read twice (DRS, then NDR),
-``"mis_interleave"`` is the decoder's (:mod:`kvcxl.rtl.hdm`).
+holding ``req.ready`` low), so that request is never answered; ``"drop_on_stall"``
+withdraws an NDR its receiver stalls (the completion is lost); ``"duplicate_response"``
+answers a read twice (DRS, then NDR); ``"mis_interleave"`` is the decoder's
+(:mod:`kvcxl.rtl.hdm`).
 """
 
 from __future__ import annotations

@@ -27,10 +27,26 @@ def record_layout(q_bits: int = Q_BITS, idle_bits: int = IDLE_BITS) -> data.Stru
 
 
 def update_layout(lanes: int, q_bits: int = Q_BITS) -> data.StructLayout:
-    """One sweep beat: the step's weight and read flag of ``lanes`` consecutive entries."""
+    """One sweep beat: the step's weight and read flag of ``lanes`` consecutive entries.
+
+    ``hold`` makes the beat an evaluation: the priority of each entry as it stands within
+    the step (score as stored, idle 0 if touched so far, else as stored), nothing written
+    back: the eviction pass between two step boundaries."""
     return data.StructLayout(
-        {"weight": data.ArrayLayout(unsigned(q_bits), lanes), "read": unsigned(lanes)}
+        {
+            "weight": data.ArrayLayout(unsigned(q_bits), lanes),
+            "read": unsigned(lanes),
+            "hold": unsigned(1),
+        }
     )
+
+
+def step_layout() -> data.StructLayout:
+    """A beat on the top's ``step`` stream: which sweep of the weight buffer to run.
+
+    ``hold``: an evaluation sweep (see :func:`update_layout`) for a mid-step eviction pass;
+    ``keep``: leave the weight buffer as it is (the step's reads are still to be applied)."""
+    return data.StructLayout({"hold": unsigned(1), "keep": unsigned(1)})
 
 
 def scored_layout(q_bits: int = Q_BITS, idle_bits: int = IDLE_BITS) -> data.StructLayout:

@@ -9,7 +9,8 @@ reads the entries' records from on-chip memory, applies
     score' = (α·w + (65536 − α)·score + 32768) >> 16
     idle'  = 0 if read and w ≥ touch_threshold else min(idle + 1, 65535)
 
-writes them back, looks the recency decay up in a 256-entry table (written through
+writes them back (not for a ``hold`` beat: an evaluation within the step, where the score
+stays as stored and idle is 0 if touched, else as stored), looks the recency decay up in a 256-entry table (written through
 ``table_w``; its contents come from :func:`kvcxl.firmware.fixedpoint.decay_table`)
 and emits
 
@@ -134,20 +135,24 @@ class ScoringEngine(wiring.Component):
             ]
         new = Signal(word)  # stage 1b's record: the write-back (and the bypass)
         rec1 = Signal(word)
+        hold1b = Signal()  # stage 1b's beat is an evaluation: no write-back
         if self.groups == 1:
             # The one word was read before the previous beat's write-back: take it from 1b.
-            m.d.comb += rec1.eq(Mux(v1b, new, rp.data))
+            m.d.comb += rec1.eq(Mux(v1b & ~hold1b, new, rp.data))
         else:
             m.d.comb += rec1.eq(rp.data)
         addr1b = Signal(self.addr_bits)
         last1b = Signal()
         prod_w, prod_s, meta1b = [], [], Signal(word)
+        # α = 0 leaves the score exactly as stored: (65536·score + 32768) >> 16 = score.
+        alpha = Signal.like(self.alpha)
+        m.d.comb += alpha.eq(Mux(upd1.hold, 0, self.alpha))
         for i in range(lanes):
             rec = rec1[i]
             w = upd1.weight[i]
             touched = upd1.read[i] & (w >= self.touch)
-            pw_expr = self.alpha * w
-            ps_expr = (q_one - self.alpha) * rec.score
+            pw_expr = alpha * w
+            ps_expr = (q_one - alpha) * rec.score
             pw, ps = Signal(pw_expr.shape()), Signal(ps_expr.shape())
             prod_w.append(pw)
             prod_s.append(ps)
@@ -156,13 +161,19 @@ class ScoringEngine(wiring.Component):
                     pw.eq(pw_expr),
                     ps.eq(ps_expr),
                     meta1b[i].idle.eq(
-                        _sel(touched, 0, _sel(rec.idle == fx.IDLE_MAX, fx.IDLE_MAX, rec.idle + 1))
+                        _sel(
+                            touched,
+                            0,
+                            _sel(
+                                upd1.hold | (rec.idle == fx.IDLE_MAX), rec.idle, rec.idle + 1
+                            ),
+                        )
                     ),
                     meta1b[i].pinned.eq(rec.pinned),
                     meta1b[i].resident.eq(rec.resident),
                 ]
         with m.If(advance):
-            m.d.sync += [v1b.eq(v1), addr1b.eq(addr1), last1b.eq(last1)]
+            m.d.sync += [v1b.eq(v1), addr1b.eq(addr1), last1b.eq(last1), hold1b.eq(upd1.hold)]
 
         # Stage 1b: the new score, the write-back, the table reads.
         for i in range(lanes):
@@ -179,7 +190,7 @@ class ScoringEngine(wiring.Component):
                 tables[i].en.eq(advance),
             ]
         # Host record writes take the write port when the sweep does not need it.
-        sweep_write = v1b & advance
+        sweep_write = v1b & advance & ~hold1b
         m.d.comb += self.rec_w.ready.eq(~sweep_write)
         with m.If(sweep_write):
             m.d.comb += [wp.en.eq(1), wp.addr.eq(addr1b), wp.data.eq(new)]

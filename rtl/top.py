@@ -47,11 +47,12 @@ class PolicyEngine(wiring.Component):
         max_depth: int = 2,
         decay_init=None,
         rope_init=None,
+        defect: str | None = None,
     ):
 
         self.entries = layers * heads * blocks
         self.lanes = lanes
-        self.core = PolicyCore(self.entries, lanes, batch, decay_init=decay_init)
+        self.core = PolicyCore(self.entries, lanes, batch, decay_init=decay_init, defect=defect)
         self.fe = CxlMemFrontEnd(lines, entry_shift, self.entries)
         self.pf = PrefetchEngine(layers, heads, blocks, max_window, max_depth, rope_init)
         self.index_bits = self.core.index_bits
@@ -71,7 +72,7 @@ class PolicyEngine(wiring.Component):
                         )
                     )
                 ),
-                "step": In(stream.Signature(unsigned(1))),
+                "step": In(stream.Signature(L.step_layout())),
                 "victim": core_sig["victim"],
                 "scored": core_sig["scored"],
                 "rec_w": core_sig["rec_w"],
@@ -161,10 +162,15 @@ class PolicyEngine(wiring.Component):
                         Mux(from_report & (wt > word_r.weight[i]), wt, word_r.weight[i])
                     ),
                 ]
+        hold, keep = Signal(), Signal()  # the sweep's kind, from its step beat
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.step.valid):
-                    m.d.sync += g.eq(0)
+                    m.d.sync += [
+                        g.eq(0),
+                        hold.eq(self.step.payload.hold),
+                        keep.eq(self.step.payload.keep),
+                    ]
                     m.next = "SWEEP_READ"
                 with m.Elif(self.report.valid):
                     m.d.comb += self.report.ready.eq(1)
@@ -203,9 +209,10 @@ class PolicyEngine(wiring.Component):
                     wrp.en.eq(0),
                     core.upd.valid.eq(1),
                     core.upd.payload.eq(word_r),
+                    core.upd.payload.hold.eq(hold),
                 ]
                 with m.If(core.upd.ready):
-                    m.d.comb += [wwp.en.eq(1), wwp.addr.eq(g), wwp.data.eq(0)]
+                    m.d.comb += [wwp.en.eq(~keep), wwp.addr.eq(g), wwp.data.eq(0)]
                     with m.If(g == groups - 1):
                         m.d.comb += self.step.ready.eq(1)
                         m.next = "IDLE"

@@ -179,6 +179,14 @@ class FirmwareSession:
         self.config = config
         self.cache.pinned_capacity = int(config.pinned_fraction * self.cache.capacity)
 
+    def use_policy(self, policy: Policy) -> None:
+        """Decide with ``policy``, an object over this session's table (e.g. one whose
+        scores and victims come from hardware), in place of the named one; before any event."""
+        if policy.table is not self.table:
+            raise ValueError("the policy must be built over the session's entry table")
+        self.policy = self.cache.policy = policy
+        self.cache.pinned_capacity = int(policy.config.pinned_fraction * self.cache.capacity)
+
     def read(self, step: int, ids: ArrayLike, weights: ArrayLike) -> tuple[NDArray, Decisions]:
         """One batch of reads; returns the hit mask (resident at the batch's start) and the
         decisions (misses admitted, victims)."""

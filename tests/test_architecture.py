@@ -67,7 +67,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "firmware": ("firmware",),
     "emu": ("emu", "firmware"),
     "rtl": ("rtl", "firmware"),
-    "tb": ("tb", "rtl", "firmware"),
+    "tb": ("tb", "rtl", "emu", "firmware"),
     "qemu": ("qemu", "emu", "firmware"),
 }
 

@@ -30,6 +30,7 @@ from numpy.typing import NDArray
 from ...firmware.config import PolicyConfig
 from ...firmware.formulas import TIER_CXL, TIER_HBM, TIER_NVME
 from ...firmware.policies import POLICIES
+from ...firmware.policies.base import Policy
 from ...firmware.policies.belady import Future
 from ...firmware.session import Decisions, FirmwareSession
 from ...firmware.table import EntryTable, unique_ids
@@ -158,10 +159,15 @@ def simulate(
     opts: SimOptions,
     *,
     progress: Callable[[int], None] | None = None,
+    policy: Callable[[PolicyConfig, EntryTable], Policy] | None = None,
 ) -> dict[str, Any]:
     """Replay ``stream`` under ``opts``; returns the metrics of docs/simulator.md, "Timing model
-    and metrics" (Simulated).  ``opts.engine`` picks the engine (the result says which)."""
-    return _Replay(stream, opts).run(progress)
+    and metrics" (Simulated).  ``opts.engine`` picks the engine (the result says which).
+    ``policy`` builds the policy object in place of ``opts.policy``'s (e.g. one whose
+    decisions come from the RTL); it needs the numpy engine."""
+    if policy is not None and pick_engine(opts) != "numpy":
+        raise ValueError("a policy object needs the numpy engine (engine='numpy')")
+    return _Replay(stream, opts, policy).run(progress)
 
 
 def pick_engine(opts: SimOptions) -> str:
@@ -204,7 +210,12 @@ class _StepBooks:
 class _Replay:
     """One replay: the firmware session decides, the tiers move bytes, the books count."""
 
-    def __init__(self, stream: ReadStream, opts: SimOptions) -> None:
+    def __init__(
+        self,
+        stream: ReadStream,
+        opts: SimOptions,
+        policy: Callable[[PolicyConfig, EntryTable], Policy] | None = None,
+    ) -> None:
         self.stream, self.opts = stream, opts
         shape = stream.shape
         self.eb = eb = shape.entry_bytes
@@ -241,6 +252,8 @@ class _Replay:
             ordered_victims=opts.record_victims,
             victim_priority=opts.record_victims,
         )
+        if policy is not None:
+            fw.use_policy(policy(fw.config, fw.table))
         fw.ensure(n_total)
         for ctx, parent, blocks in stream.prefixes:
             fw.share_prefix(ctx, parent, blocks)

@@ -1,0 +1,262 @@
+// The host side of the Verilated PolicyEngine: drives its valid/ready streams cycle by cycle.
+//
+// Built into a shared library by kvcxl.rtl.verilated (which generates harness_layout.h, the
+// bit offsets of every payload field, from rtl/layouts.py) and called through ctypes. Every
+// call runs the clock until its streams have moved their beats, whatever the pipeline's
+// latency: a beat moves on a rising edge where valid and ready are both high. (Verilator
+// spells the Verilog port `victim__ready` as the member `victim___05Fready`.)
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+
+#include "Vpolicy_engine.h"
+#include "harness_layout.h"
+#include "verilated.h"
+
+namespace {
+
+constexpr uint64_t kTimeout = 1u << 24;  // cycles a call may wait for a handshake
+constexpr int kWords = 32;               // payload buffer (the widest port here is < 1024 bits)
+
+inline void setb(uint32_t* w, int off, int width, uint64_t v) {
+    for (int done = 0; done < width;) {
+        int i = off + done, sh = i & 31, take = std::min(32 - sh, width - done);
+        uint32_t mask = (take == 32 ? 0xffffffffu : ((1u << take) - 1)) << sh;
+        w[i >> 5] = (w[i >> 5] & ~mask) | ((uint32_t(v >> done) << sh) & mask);
+        done += take;
+    }
+}
+
+inline uint64_t getb(const uint32_t* w, int off, int width) {
+    uint64_t v = 0;
+    for (int done = 0; done < width;) {
+        int i = off + done, sh = i & 31, take = std::min(32 - sh, width - done);
+        uint64_t part = (w[i >> 5] >> sh) & (take == 32 ? 0xffffffffull : ((1ull << take) - 1));
+        v |= part << done;
+        done += take;
+    }
+    return v;
+}
+
+template <typename T>
+inline void put(T& port, const uint32_t* b) {
+    port = static_cast<T>(uint64_t(b[0]) | (uint64_t(b[1]) << 32));
+}
+template <std::size_t N>
+inline void put(VlWide<N>& port, const uint32_t* b) {
+    for (std::size_t i = 0; i < N; ++i) port[i] = b[i];
+}
+template <typename T>
+inline void get(const T& port, uint32_t* b) {
+    uint64_t v = port;
+    b[0] = uint32_t(v);
+    b[1] = uint32_t(v >> 32);
+}
+template <std::size_t N>
+inline void get(const VlWide<N>& port, uint32_t* b) {
+    for (std::size_t i = 0; i < N; ++i) b[i] = port[i];
+}
+
+struct Harness {
+    VerilatedContext ctx;
+    Vpolicy_engine* top;
+    uint64_t cycles = 0;
+    double seconds = 0.0;  // wall time spent clocking the model
+    Harness() : top(new Vpolicy_engine(&ctx)) {}
+    ~Harness() {
+        top->final();
+        delete top;
+    }
+    // Inputs are set; let the combinational outputs settle (ready/valid are then sampled).
+    void settle() { top->eval(); }
+    void edge() {
+        top->clk = 1;
+        top->eval();
+        top->clk = 0;
+        top->eval();
+        ++cycles;
+    }
+};
+
+struct Timer {
+    Harness* h;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    explicit Timer(Harness* h_) : h(h_) {}
+    ~Timer() {
+        h->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+};
+
+}  // namespace
+
+extern "C" {
+
+void* kv_new() { return new Harness(); }
+
+void kv_free(void* p) { delete static_cast<Harness*>(p); }
+
+uint64_t kv_cycles(void* p) { return static_cast<Harness*>(p)->cycles; }
+
+double kv_seconds(void* p) { return static_cast<Harness*>(p)->seconds; }
+
+// Reset, then the policy parameters (level inputs); every output stream is always taken.
+void kv_reset(void* p, uint32_t alpha, uint32_t touch, uint32_t shift) {
+    auto* h = static_cast<Harness*>(p);
+    Timer t(h);
+    auto* top = h->top;
+    top->clk = 0;
+    top->rst = 1;
+    top->alpha = alpha;
+    top->touch = touch;
+    top->shift = shift;
+    top->k = 0;
+    top->victim___05Fready = 1;
+    top->ndr___05Fready = 1;
+    top->drs___05Fready = 1;
+    top->pf_cand___05Fready = 1;
+    for (int i = 0; i < 4; ++i) {
+        h->settle();
+        h->edge();
+    }
+    top->rst = 0;
+    h->settle();
+}
+
+// The decay table through table_w (256 Q0.16 values). Returns 0, or -1 on a timeout.
+int kv_table(void* p, int n, const uint32_t* vals) {
+    auto* h = static_cast<Harness*>(p);
+    Timer t(h);
+    auto* top = h->top;
+    uint32_t b[kWords];
+    for (int i = 0; i < n; ++i) {
+        std::memset(b, 0, sizeof b);
+        setb(b, TBL_ADDR_OFF, TBL_ADDR_W, uint64_t(i));
+        setb(b, TBL_DATA_OFF, TBL_DATA_W, vals[i]);
+        put(top->table_w___05Fpayload, b);
+        top->table_w___05Fvalid = 1;
+        uint64_t waited = 0;
+        for (;;) {
+            h->settle();
+            bool go = top->table_w___05Fready;
+            h->edge();
+            if (go) break;
+            if (++waited > kTimeout) return -1;
+        }
+    }
+    top->table_w___05Fvalid = 0;
+    h->settle();
+    return 0;
+}
+
+// Weight reports {index, weight} on `report`, in order. Returns 0, or -1 on a timeout.
+int kv_report(void* p, int n, const uint32_t* idx, const uint32_t* w) {
+    auto* h = static_cast<Harness*>(p);
+    Timer t(h);
+    auto* top = h->top;
+    uint32_t b[kWords];
+    for (int i = 0; i < n; ++i) {
+        std::memset(b, 0, sizeof b);
+        setb(b, REP_INDEX_OFF, REP_INDEX_W, idx[i]);
+        setb(b, REP_WEIGHT_OFF, REP_WEIGHT_W, w[i]);
+        put(top->report___05Fpayload, b);
+        top->report___05Fvalid = 1;
+        uint64_t waited = 0;
+        for (;;) {
+            h->settle();
+            bool go = top->report___05Fready;
+            h->edge();
+            if (go) break;
+            if (++waited > kTimeout) return -1;
+        }
+    }
+    top->report___05Fvalid = 0;
+    h->settle();
+    return 0;
+}
+
+// Host record writes on rec_w: `n` words at `addr`, each of LANES records (arrays n·LANES).
+int kv_records(void* p, int n, const uint32_t* addr, const uint32_t* score, const uint32_t* idle,
+               const uint8_t* pinned, const uint8_t* resident) {
+    auto* h = static_cast<Harness*>(p);
+    Timer t(h);
+    auto* top = h->top;
+    uint32_t b[kWords];
+    for (int i = 0; i < n; ++i) {
+        std::memset(b, 0, sizeof b);
+        setb(b, REC_ADDR_OFF, REC_ADDR_W, addr[i]);
+        for (int l = 0; l < LANES; ++l) {
+            int e = i * LANES + l;
+            setb(b, REC_SCORE_OFF[l], REC_SCORE_W, score[e]);
+            setb(b, REC_IDLE_OFF[l], REC_IDLE_W, idle[e]);
+            setb(b, REC_PINNED_OFF[l], 1, pinned[e]);
+            setb(b, REC_RESIDENT_OFF[l], 1, resident[e]);
+        }
+        put(top->rec_w___05Fpayload, b);
+        top->rec_w___05Fvalid = 1;
+        uint64_t waited = 0;
+        for (;;) {
+            h->settle();
+            bool go = top->rec_w___05Fready;
+            h->edge();
+            if (go) break;
+            if (++waited > kTimeout) return -1;
+        }
+    }
+    top->rec_w___05Fvalid = 0;
+    h->settle();
+    return 0;
+}
+
+// One sweep of the weight buffer (a beat on `step` with hold/keep) and its eviction pass of
+// `k` victims. Victims (index, priority) go to vidx/vprio (at most vmax); every entry's
+// scored tap (score, idle, priority, eligible) to the tap arrays, indexed by entry.
+// Returns the number of victims (0 for an `empty` pass), or -1 on a timeout.
+int kv_sweep(void* p, int hold, int keep, int k, int32_t* vidx, uint32_t* vprio, int vmax,
+             uint32_t* tap_score, uint32_t* tap_idle, uint32_t* tap_prio, uint8_t* tap_elig) {
+    auto* h = static_cast<Harness*>(p);
+    Timer t(h);
+    auto* top = h->top;
+    uint32_t b[kWords];
+    std::memset(b, 0, sizeof b);
+    setb(b, STEP_HOLD_OFF, 1, uint64_t(hold));
+    setb(b, STEP_KEEP_OFF, 1, uint64_t(keep));
+    put(top->step___05Fpayload, b);
+    top->k = k;
+    top->step___05Fvalid = 1;
+    top->victim___05Fready = 1;
+    int nv = 0;
+    bool stepped = false, done = false;
+    uint64_t waited = 0;
+    while (!done) {
+        h->settle();
+        if (top->step___05Fvalid && top->step___05Fready) stepped = true;
+        if (top->scored___05Fvalid) {
+            get(top->scored___05Fpayload, b);
+            uint32_t base = uint32_t(getb(b, TAP_ADDR_OFF, TAP_ADDR_W)) * LANES;
+            for (int l = 0; l < LANES; ++l) {
+                tap_score[base + l] = uint32_t(getb(b, TAP_SCORE_OFF[l], TAP_SCORE_W));
+                tap_idle[base + l] = uint32_t(getb(b, TAP_IDLE_OFF[l], TAP_IDLE_W));
+                tap_prio[base + l] = uint32_t(getb(b, TAP_PRIO_OFF[l], TAP_PRIO_W));
+                tap_elig[base + l] = uint8_t(getb(b, TAP_ELIG_OFF[l], 1));
+            }
+        }
+        if (top->victim___05Fvalid) {
+            get(top->victim___05Fpayload, b);
+            if (!getb(b, VIC_EMPTY_OFF, 1) && nv < vmax) {
+                vidx[nv] = int32_t(getb(b, VIC_INDEX_OFF, VIC_INDEX_W));
+                vprio[nv] = uint32_t(getb(b, VIC_PRIO_OFF, VIC_PRIO_W));
+                ++nv;
+            }
+            done = getb(b, VIC_LAST_OFF, 1) != 0;
+        }
+        h->edge();
+        if (stepped) top->step___05Fvalid = 0;
+        if (++waited > kTimeout) return -1;
+    }
+    // The last victim leaves only after the sweep's final beat was scored.
+    return stepped ? nv : -1;
+}
+
+}  // extern "C"

@@ -55,7 +55,8 @@ def run_stream(
     wall = time.perf_counter() - t0
     pol = made[0]
     victims = victims_table(stream, res.pop("_victims"))
-    cycles, sim_s = engine.cycles, engine.seconds
+    cycles, sim_s, cpu_s = engine.cycles, engine.seconds, engine.cpu_seconds
+    upd = pol.stats["entry_updates"]
     res.pop("per_step", None)
     res.update(
         engine="verilator",
@@ -70,10 +71,14 @@ def run_stream(
             **pol.stats,
             "cycles": cycles,
             "model_s": round(sim_s, 4),
+            "model_cpu_s": round(cpu_s, 4),
             "wall_s": round(wall, 3),
             "build_s": round(engine.build_s, 2),
+            # per wall second in the model, and per CPU second (the machine may be shared)
             "cycles_per_s": round(cycles / sim_s, 1) if sim_s else None,
-            "entry_updates_per_s": round(pol.stats["entry_updates"] / sim_s, 1) if sim_s else None,
+            "cycles_per_cpu_s": round(cycles / cpu_s, 1) if cpu_s else None,
+            "entry_updates_per_s": round(upd / sim_s, 1) if sim_s else None,
+            "entry_updates_per_cpu_s": round(upd / cpu_s, 1) if cpu_s else None,
         },
         victims=victims,
     )

@@ -9,10 +9,10 @@ reads the entries' records from on-chip memory, applies
     score' = (α·w + (65536 − α)·score + 32768) >> 16
     idle'  = 0 if read and w ≥ touch_threshold else min(idle + 1, 65535)
 
-writes them back (not for a ``hold`` beat: an evaluation within the step, where the score
-stays as stored and idle is 0 if touched, else as stored), looks the recency decay up in a 256-entry table (written through
-``table_w``; its contents come from :func:`kvcxl.firmware.fixedpoint.decay_table`)
-and emits
+writes them back (not for a ``hold`` beat: an evaluation within the step, where the
+score stays as stored and idle is 0 if touched, else as stored), looks the recency decay
+up in a 256-entry table (written through ``table_w``; its contents come from
+:func:`kvcxl.firmware.fixedpoint.decay_table`) and emits
 
     priority = ((65535 − score') · DECAY[min(idle' >> shift, 255)] + 32768) >> 16
 
@@ -164,9 +164,7 @@ class ScoringEngine(wiring.Component):
                         _sel(
                             touched,
                             0,
-                            _sel(
-                                upd1.hold | (rec.idle == fx.IDLE_MAX), rec.idle, rec.idle + 1
-                            ),
+                            _sel(upd1.hold | (rec.idle == fx.IDLE_MAX), rec.idle, rec.idle + 1),
                         )
                     ),
                     meta1b[i].pinned.eq(rec.pinned),

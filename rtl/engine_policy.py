@@ -262,4 +262,3 @@ class EnginePolicy(Policy):
     def _rtl_prio(self, e: int, taps: dict[int, Pass]) -> str:
         p = taps.get(e // self.size)
         return "not swept" if p is None else str(int(p.tap_priority[e % self.size]))
-

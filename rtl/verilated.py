@@ -171,9 +171,8 @@ def build(shape: EngineShape, *, quiet: bool = True) -> tuple[Path, float]:
     r = subprocess.run(cmd, cwd=tmp, env=toolchain.tool_env(), capture_output=True, text=True)
     built = tmp / "obj_dir" / lib.name
     if r.returncode or not built.exists():
-        raise toolchain.ToolError(
-            f"Verilator build of the trace harness failed: {toolchain.one_line(r.stderr or r.stdout)}"
-        )
+        why = toolchain.one_line(r.stderr or r.stdout)
+        raise toolchain.ToolError(f"Verilator build of the trace harness failed: {why}")
     bdir.mkdir(parents=True, exist_ok=True)
     os.replace(built, lib)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -295,6 +294,4 @@ class VerilatedEngine:
             ),
             "a sweep",
         )
-        return Pass(
-            self._vidx[:n].astype(np.int64), self._vprio[:n].copy(), *(x.copy() for x in t)
-        )
+        return Pass(self._vidx[:n].astype(np.int64), self._vprio[:n].copy(), *(x.copy() for x in t))

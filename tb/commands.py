@@ -100,14 +100,18 @@ def _sim(args: argparse.Namespace) -> int:
     import sys
 
     from kvcxl.emu.sim.commands import _dump_victims
+    from kvcxl.emu.sizes import parse_size
     from kvcxl.emu.trace import Trace
     from kvcxl.emu.workloads.stream import from_trace
+    from kvcxl.rtl import toolchain
     from kvcxl.rtl.verilated import EngineShape
 
     from .trace_sim import run_stream
 
     if args.entries % args.lanes:
         raise ValueError(f"--entries {args.entries} must be a multiple of --lanes {args.lanes}")
+    parse_size(args.budget, 1)  # refuse a malformed budget before any work
+    toolchain.require("verilator")
     stream = from_trace(Trace.load(args.trace))
     shape = EngineShape(
         args.entries, args.lanes, args.batch, "tie_off_by_one" if args.defect else None

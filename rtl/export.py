@@ -15,7 +15,7 @@ def default_decay(config: PolicyConfig | None = None) -> list[int]:
 
 
 def build(design: str, **params):
-    """The Amaranth component ``design``: core, scoring, eviction, prefetch or top."""
+    """The Amaranth component ``design``: core, scoring, eviction, prefetch, frontend or top."""
     # lazy: amaranth is the optional 'hdl' extra; kvcxl.tb.runner imports this module at top
     # and `kvcxl bench` imports that (via kvcxl.tb.bench) without it
     from .core import PolicyCore
@@ -49,7 +49,13 @@ def build(design: str, **params):
         from .top import PolicyEngine  # lazy: amaranth (as above)
 
         return PolicyEngine(**params)
-    raise ValueError(f"design = {design!r}: must be core, scoring, eviction, prefetch or top")
+    if design == "frontend":
+        from .frontend import CxlMemFrontEnd  # lazy: amaranth (as above)
+
+        return CxlMemFrontEnd(**params)
+    raise ValueError(
+        f"design = {design!r}: must be core, scoring, eviction, prefetch, frontend or top"
+    )
 
 
 def to_verilog(component, name: str) -> str:

@@ -3,14 +3,15 @@
 Random M2S Req / RwD messages (packed with kvcxl.firmware.cxl.mem.pack, so the RTL's
 layouts are checked against the shared table) through Amaranth's simulator, with
 random back-pressure on every response stream; expected responses come from
-kvcxl.emu.cxl.hdm.HdmDecoderSet translation and a dictionary line store.
+kvcxl.emu.cxl.hdm.HdmDecoderSet translation and a dictionary line store
+(kvcxl.tb.frontend_model, which the cocotb test on Verilator and Icarus shares).
 """
 
 from __future__ import annotations
 
-import random
-
 import pytest
+
+from kvcxl.firmware.cxl import mem as cxl
 
 pytestmark = pytest.mark.hdl
 
@@ -21,89 +22,21 @@ ENTRY_SHIFT = 8  # 256 B entries: 4 lines each
 def _run(seed: int, ways: int, granularity: int, position: int, n_msgs: int) -> dict:
     from amaranth.sim import Simulator
 
-    from kvcxl.emu.cxl import hdm
-    from kvcxl.firmware.cxl import mem as cxl
     from kvcxl.rtl.frontend import CxlMemFrontEnd
+    from kvcxl.tb.frontend_model import FrontEndModel, ends_without_response, response
 
-    rng = random.Random(seed)
-    base = 4 << 30
-    size = hdm.GRANULE * ways
-    dec = hdm.HdmDecoderSet(dpa_capacity=hdm.GRANULE, count=1)
-    dec.program(0, base=base, size=size, ways=ways, granularity=granularity, position=position)
-    dec.commit(0)
-
+    model = FrontEndModel(seed, ways, granularity, position, LINES, ENTRY_SHIFT)
+    rng, counts = model.rng, model.counts
     dut = CxlMemFrontEnd(lines=LINES, entry_shift=ENTRY_SHIFT, entries=64)
-    store: dict[int, tuple[int, int]] = {}
-    counts = {"reads": 0, "nxm": 0, "writes": 0, "touches": 0, "stalls": 0, "spec": 0, "inv": 0}
-
-    def rand_hpa() -> int:
-        r = rng.random()
-        if r < 0.8:  # near the base, where lines decode into the small store
-            off = rng.randrange(0, LINES * 64 * ways + 2 * granularity * ways) & ~63
-            return base + off
-        if r < 0.9:
-            return (base - 64 * rng.randrange(1, 100)) & ~63
-        return base + size + 64 * rng.randrange(0, 100)
-
-    def expect(msg):
-        """The responses the contract asks for: list of ('touch'|'ndr'|'drs', fields)."""
-        dpa = dec.translate(msg.addr << 6)
-        hit = dpa is not None and (dpa >> 6) < LINES
-        if isinstance(msg, cxl.M2SRwD):
-            counts["writes"] += 1
-            if hit:
-                old, _ = store.get(dpa >> 6, (0, 0))
-                mask = sum(0xFF << (8 * i) for i in range(64) if msg.byte_enable >> i & 1)
-                new = int.from_bytes(msg.data, "little")
-                store[dpa >> 6] = ((old & ~mask) | (new & mask), msg.poison)
-            return [("ndr", (int(cxl.S2MNDROpcode.CMP), msg.tag))]
-        op = msg.opcode
-        if op == cxl.M2SReqOpcode.MEM_INV:
-            counts["inv"] += 1
-            return [("ndr", (int(cxl.S2MNDROpcode.CMP), msg.tag))]
-        out = [("touch", dpa >> ENTRY_SHIFT)] if hit else []
-        if op == cxl.M2SReqOpcode.MEM_SPEC_RD:
-            counts["spec"] += 1
-            return out
-        counts["reads"] += 1
-        if hit:
-            data, poison = store.get(dpa >> 6, (0, 0))
-            return [*out, ("drs", (int(cxl.S2MDRSOpcode.MEM_DATA), msg.tag, poison, data))]
-        counts["nxm"] += 1
-        return [("drs", (int(cxl.S2MDRSOpcode.MEM_DATA_NXM), msg.tag, 1, 0))]
-
-    msgs = []
-    for i in range(n_msgs):
-        tag = rng.randrange(1 << 16)
-        addr = rand_hpa() >> 6
-        if rng.random() < 0.45:
-            full = rng.random() < 0.5
-            msgs.append(
-                cxl.M2SRwD(
-                    opcode=cxl.M2SRwDOpcode.MEM_WR if full else cxl.M2SRwDOpcode.MEM_WR_PTL,
-                    tag=tag,
-                    addr=addr,
-                    data=rng.randbytes(64),
-                    byte_enable=cxl.ALL_BYTES if full else rng.getrandbits(64),
-                    poison=int(rng.random() < 0.1),
-                    ld_id=i % 16,
-                )
-            )
-        else:
-            op = rng.choice(list(cxl.M2SReqOpcode))
-            msgs.append(cxl.M2SReq(opcode=op, tag=tag, addr=addr, ld_id=i % 16))
+    msgs = model.messages(n_msgs)
     got: list = []
     want: list = []
 
     async def bench(ctx):
-        ctx.set(dut.hdm_commit, 1)
-        ctx.set(dut.hdm_base, base >> 28)
-        ctx.set(dut.hdm_size, size >> 28)
-        ctx.set(dut.hdm_ig, hdm.encode_granularity(granularity))
-        ctx.set(dut.hdm_iw, hdm.encode_ways(ways))
-        ctx.set(dut.hdm_pos, position)
+        for name, value in model.registers().items():
+            ctx.set(getattr(dut, name), value)
         for msg in msgs:
-            want.extend(expect(msg))
+            want.extend(model.expect(msg))
             port = dut.rwd if isinstance(msg, cxl.M2SRwD) else dut.req
             ctx.set(port.payload.as_value(), cxl.pack(msg))
             ctx.set(port.valid, 1)
@@ -121,25 +54,9 @@ def _run(seed: int, ways: int, granularity: int, position: int, n_msgs: int) -> 
                             counts["touches"] += 1
                             got.append(("touch", ctx.get(s.payload)))
                         else:
-                            p = cxl.unpack(
-                                cxl.S2M_NDR if name == "ndr" else cxl.S2M_DRS,
-                                ctx.get(s.payload.as_value()),
-                            )
-                            if name == "ndr":
-                                got.append(("ndr", (p.opcode, p.tag)))
-                            else:
-                                got.append(
-                                    (
-                                        "drs",
-                                        (
-                                            p.opcode,
-                                            p.tag,
-                                            p.poison,
-                                            int.from_bytes(p.data, "little"),
-                                        ),
-                                    )
-                                )
-                            assert p.ld_id == msg.ld_id
+                            r, ld_id = response(name, ctx.get(s.payload.as_value()))
+                            got.append(r)
+                            assert ld_id == msg.ld_id
                             done = True
                 await ctx.tick()
                 if accepted:
@@ -147,7 +64,7 @@ def _run(seed: int, ways: int, granularity: int, position: int, n_msgs: int) -> 
                 if done:
                     break
             else:
-                if not (isinstance(msg, cxl.M2SReq) and msg.opcode == cxl.M2SReqOpcode.MEM_SPEC_RD):
+                if not ends_without_response(msg):
                     raise AssertionError(f"no response to {msg}")
             ctx.set(port.valid, 0)
 

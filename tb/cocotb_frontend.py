@@ -21,29 +21,6 @@ from kvcxl.tb.frontend_model import FrontEndModel, ends_without_response, respon
 OUTPUTS = ("ndr", "drs", "touch")
 
 
-CHECKED = ("opcode", "tag", "ld_id", "poison", "data")  # the response fields compared
-
-
-def _bits(value, port: str, model: FrontEndModel) -> int:
-    """A payload as an integer.  On Icarus the responses' constant fields (meta field, meta
-    value, DevLoad: combinational blocks without a changing input) stay X; they are not
-    compared, so X there reads as 0, but an X in a compared field counts as a mismatch."""
-    if value.is_resolvable:
-        return int(value)
-    s = str(value)  # most significant bit first
-    if port != "touch":
-        cls = cxl.S2M_NDR if port == "ndr" else cxl.S2M_DRS
-        offs = cls.offsets()
-        for i, c in enumerate(s):
-            b = len(s) - 1 - i
-            if c not in "01" and any(
-                lsb <= b < lsb + w for n, (lsb, w) in offs.items() if n in CHECKED
-            ):
-                model.counts["x_in_checked"] = model.counts.get("x_in_checked", 0) + 1
-        model.counts["x_unchecked"] = model.counts.get("x_unchecked", 0) + 1
-    return int("".join(c if c in "01" else "0" for c in s), 2)
-
-
 async def _one_setup(dut, model: FrontEndModel, n_msgs: int, cycles: list[int]) -> list:
     """Send ``n_msgs`` messages; returns the mismatches (expected, got) found."""
     rng = model.rng
@@ -70,7 +47,7 @@ async def _one_setup(dut, model: FrontEndModel, n_msgs: int, cycles: list[int]) 
                 if not int(getattr(dut, f"{o}__ready").value):
                     model.counts["stalls"] += 1
                     continue
-                bits = _bits(getattr(dut, f"{o}__payload").value, o, model)
+                bits = int(getattr(dut, f"{o}__payload").value)
                 if o == "touch":
                     model.counts["touches"] += 1
                     got.append(("touch", bits))
@@ -106,17 +83,6 @@ async def front_end_matches_hdm_and_line_store(dut):
     await FallingEdge(dut.clk)
     await FallingEdge(dut.clk)
     dut.rst.value = 0
-    # One MemInv before the test: Icarus evaluates a combinational block only when an input
-    # of it changes, and the front end's ready outputs depend on its state alone, which
-    # reset leaves as it was; this moves the state (the front end takes a beat in IDLE).
-    dut.req__payload.value = cxl.pack(cxl.M2SReq(opcode=cxl.M2SReqOpcode.MEM_INV, tag=0, addr=0))
-    dut.req__valid.value = 1
-    for o in OUTPUTS:
-        getattr(dut, f"{o}__ready").value = 1
-    await FallingEdge(dut.clk)
-    dut.req__valid.value = 0
-    for _ in range(6):
-        await FallingEdge(dut.clk)
     cycles, bad, counts, store = [0], [], {}, {}
     for i, (ways, granularity, position) in enumerate(cfg["setups"]):
         # One device reprogrammed: its line store carries over from setup to setup.
@@ -129,7 +95,7 @@ async def front_end_matches_hdm_and_line_store(dut):
     res = {
         "simulator": cocotb.SIM_NAME,
         "messages": cfg["messages"] * len(cfg["setups"]),
-        "mismatches": len(bad) + counts.get("x_in_checked", 0),
+        "mismatches": len(bad),
         "examples": [repr(b)[:300] for b in bad[:3]],
         "cycles": cycles[0],
         **counts,

@@ -72,3 +72,14 @@ def test_front_end_on_both_simulators(sim):
     assert r["mismatches"] == 0 and r["messages"] == 450
     for key in ("reads", "nxm", "writes", "touches", "stalls", "spec", "inv"):
         assert r[key] > 0, f"{key} never exercised: {r}"
+
+
+@pytest.mark.parametrize("sim", ["verilator", "icarus"])
+def test_prefetch_on_both_simulators(sim):
+    """The PrefetchEngine's Verilog on Verilator and Icarus: 6 random touches under each of five
+    parameter sets, every candidate list against kvcxl.firmware.prefetch (int mode)."""
+    from kvcxl.tb.runner import run_prefetch
+
+    r = run_prefetch(sim, touches=6, seed=_seed())
+    print(f"{sim}: {r['touches']} touches, {r['cycles']} cycles, {r['run_s']} s")
+    assert r["mismatches"] == 0 and r["touches"] == 30 and r["cand_stalls"] > 0

@@ -199,6 +199,14 @@ def icarus_start(verilog: str) -> str:
     return _CONSTANT.sub(lambda m: f"initial\n{m[1]}{m[2]} = {m[3]};", v)
 
 
+def run_top(sim: str = "verilator", *, steps: int = 12, seed: int | None = None) -> dict:
+    """The PolicyEngine top on ``sim`` (``tb/cocotb_top.py``): ``steps`` steps of reports,
+    CXL.mem reads, an evaluation and an update sweep and a prefetch, against the firmware."""
+    from .top_model import params
+
+    return _unit(sim, "top", params(), "policy_engine", {"steps": steps}, seed)
+
+
 def _unit(sim: str, design: str, params: dict, top: str, cfg: dict, seed: int | None) -> dict:
     """Build ``design`` alone and run its cocotb module ``kvcxl.tb.cocotb_<design>``."""
     if sim not in SIMULATORS:

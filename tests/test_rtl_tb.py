@@ -83,3 +83,16 @@ def test_prefetch_on_both_simulators(sim):
     r = run_prefetch(sim, touches=6, seed=_seed())
     print(f"{sim}: {r['touches']} touches, {r['cycles']} cycles, {r['run_s']} s")
     assert r["mismatches"] == 0 and r["touches"] == 30 and r["cand_stalls"] > 0
+
+
+@pytest.mark.parametrize("sim", ["verilator", "icarus"])
+def test_top_on_both_simulators(sim):
+    """The PolicyEngine top's Verilog on Verilator and Icarus: 12 steps of weight reports and
+    CXL.mem reads, an evaluation sweep (hold, keep) and an update sweep per step, and a
+    prefetch request, every victim list and prefetch list against kvcxl.firmware."""
+    from kvcxl.tb.runner import run_top
+
+    r = run_top(sim, steps=12, seed=_seed())
+    print(f"{sim}: {r['steps']} steps, {r['victims']} victims, {r['run_s']} s")
+    assert r["mismatches"] == 0 and r["steps"] == 12 and r["evaluations"] == 12
+    assert r["victims"] > 0 and r["cxl_reads"] > 0 and r["reports"] > 0

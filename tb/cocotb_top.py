@@ -104,13 +104,17 @@ async def top_matches_firmware_int_mode(dut):
     await FallingEdge(dut.clk)
     dut.rst.value = 0
     table = fx.decay_table(pc.beta, pc.decay_shift)
-    score = np.zeros(N, dtype=np.int64)
-    idle = np.array([rng.choice([0, 100, 3000, fx.IDLE_MAX]) for _ in range(N)])
+    # Scores of every size (not only 0), so that the evaluation sweep's "score as stored"
+    # decides victims: with all scores 0 an evaluation that updated them would go unseen.
+    score = np.array(
+        [rng.choice([0, 7, 30000, fx.Q_MAX, rng.randrange(fx.Q_ONE)]) for _ in range(N)]
+    )
+    idle = np.array([rng.choice([0, 1, 3, 100, 3000, fx.IDLE_MAX]) for _ in range(N)])
     pinned = np.array([rng.random() < 0.2 for _ in range(N)])
     for g in range(N // LANES):
         recs = [
-            {"score": 0, "idle": int(idle[g * LANES + i]), "pinned": int(pinned[g * LANES + i]),
-             "resident": 1}
+            {"score": int(score[g * LANES + i]), "idle": int(idle[g * LANES + i]),
+             "pinned": int(pinned[g * LANES + i]), "resident": 1}
             for i in range(LANES)
         ]  # fmt: skip
         await _put(dut, "rec_w", L.pack(ports["rec_w"], {"addr": g, "data": recs}))

@@ -83,6 +83,8 @@ async def front_end_matches_hdm_and_line_store(dut):
     await FallingEdge(dut.clk)
     await FallingEdge(dut.clk)
     dut.rst.value = 0
+    for _ in range(10):  # let every combinational block settle before the first message
+        await FallingEdge(dut.clk)
     cycles, bad, counts, store = [0], [], {}, {}
     for i, (ways, granularity, position) in enumerate(cfg["setups"]):
         # One device reprogrammed: its line store carries over from setup to setup.

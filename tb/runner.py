@@ -183,20 +183,31 @@ def run_prefetch(sim: str = "verilator", *, touches: int = 6, seed: int | None =
     return _unit(sim, "prefetch", params, "prefetch_engine", {"touches": touches}, seed)
 
 
-# Two constructs of the generated Verilog that Icarus never runs, so their outputs stay X:
-# the combinational blocks wait on a trigger register that only its declaration sets
-# (`reg \$auto$verilog_backend... = 0;`), and in cocotb's -g2012 mode a declaration's value
-# is no event, so a block whose inputs never change (a ready that depends only on a state
-# reset leaves as it was) never runs; and `always @* x = <constant>;` has nothing to wait
-# on. The trigger is set at time 0 instead (an event) and the constants become initial.
+# The generated Verilog's combinational blocks wait on a trigger register that only its
+# declaration sets (`reg \$auto$verilog_backend... = 0;`), and in cocotb's -g2012 mode
+# Icarus takes a declaration's value without an event; so a block whose inputs keep their
+# declared values (a ready that depends only on a state reset leaves as it was, a copy of a
+# register still at its initial value) or has no inputs at all (`always @* x = <constant>;`)
+# never runs and its outputs stay X. The trigger is set at time 0 instead (an event), and
+# every one-statement block also waits on it, so that each block runs once at the start.
 _TRIGGER = re.compile(r"reg (\\\$auto\$verilog_backend\S+ ) = 0;")
-_CONSTANT = re.compile(r"always @\*\n(\s+)([^\n=;]+) = (\d+'h[0-9a-fA-F]+);")
+_ONE_STATEMENT = re.compile(r"always @\*\n(\s+)([^\n;]+;)")
 
 
 def icarus_start(verilog: str) -> str:
-    """``verilog`` with the two constructs Icarus never runs rewritten (see above)."""
-    v = _TRIGGER.sub(lambda m: f"reg {m[1]};\n  initial #0 {m[1]} = 1'h0;", verilog)
-    return _CONSTANT.sub(lambda m: f"initial\n{m[1]}{m[2]} = {m[3]};", v)
+    """``verilog`` with every combinational block run once at time 0 on Icarus (see above)."""
+    return "".join(_icarus_module(m) for m in re.split(r"(?=^module )", verilog, flags=re.M))
+
+
+def _icarus_module(text: str) -> str:
+    m = _TRIGGER.search(text)
+    if m is None:
+        return text
+    trigger = m[1]
+    v = _TRIGGER.sub(lambda m: f"reg {m[1]};\n  initial #0 {m[1]} = 1'h0;", text)
+    return _ONE_STATEMENT.sub(
+        lambda m: f"always @* begin\n{m[1]}if ({trigger}) begin end\n{m[1]}{m[2]}\n  end", v
+    )
 
 
 def run_top(sim: str = "verilator", *, steps: int = 12, seed: int | None = None) -> dict:

@@ -40,7 +40,13 @@ from pathlib import Path
 
 import numpy as np
 
-from kvcxl.emu.device.device import MAX_CONTEXTS, MAX_INDEX_CELLS, Type3Device, index_extents
+from kvcxl.emu.device.device import (
+    MAX_CONTEXTS,
+    MAX_INDEX_CELLS,
+    RequestError,
+    Type3Device,
+    index_extents,
+)
 from kvcxl.emu.device.service import Client
 from kvcxl.firmware import fixedpoint as fx
 from kvcxl.firmware.config import PolicyConfig
@@ -302,13 +308,12 @@ class FirmwareService:
             self.device = self._dev(self._new_device, n, eb, cap, bt)
             self.fw = self.device.fw  # read for the statistics; only the device drives it
         else:
-            try:
-                self.fw = FirmwareSession(
-                    self.policy_name, cap, self.config, mode=self.mode,
-                    table=EntryTable(block_tokens=bt, capacity=max(n, 16)), audit=True,
-                )  # fmt: skip
-            except (ValueError, TypeError) as exc:
-                raise RingError(L.RC_INVALID_INPUT, str(exc)) from None
+            # The guest's fields are checked above; a refusal from here would be a bug
+            # (Internal Error, counted), not the guest's Invalid Input.
+            self.fw = FirmwareSession(
+                self.policy_name, cap, self.config, mode=self.mode,
+                table=EntryTable(block_tokens=bt, capacity=max(n, 16)), audit=True,
+            )  # fmt: skip
             self.fw.ensure(n)
         self.n_entries, self.entry_bytes, self.window_base = n, eb, base
         self.accessed = np.zeros(n, dtype=np.int64)
@@ -327,12 +332,12 @@ class FirmwareService:
         )  # fmt: skip
 
     def _dev(self, fn, *args, **kw):
-        """One call into the device: its refusal (ValueError) is the ring's INVALID_INPUT,
-        any other failure its INTERNAL error; both are logged and counted by ``_serve``
-        and in ``device_errors``."""
+        """One call into the device: its refusal (RequestError) is the ring's INVALID_INPUT,
+        any other failure (a plain ValueError included) its INTERNAL error; both are logged
+        and counted by ``_serve`` and in ``device_errors``."""
         try:
             return fn(*args, **kw)
-        except ValueError as exc:
+        except RequestError as exc:
             self.device_errors += 1
             raise RingError(L.RC_INVALID_INPUT, f"device: {exc}") from None
         except Exception:

@@ -70,6 +70,52 @@ def test_fuzz_counts_a_handler_bug_as_a_crash(monkeypatch):
     assert f.outcomes == {"crash:internal_error": 1}
 
 
+def test_a_device_bug_behind_a_return_code_is_counted(monkeypatch):
+    """A plain ValueError from device code is a bug: Internal Error, counted by the device
+    and failing the fuzzer; only the device's named refusal (RequestError) is Invalid Input."""
+    import numpy as np
+
+    from kvcxl.emu.device.device import Type3Device
+    from kvcxl.firmware.cxl import mailbox as mb
+
+    f = fuzz.Fuzzer(0)
+    report = mb.COMMANDS[mb.Opcode.VENDOR_ATTENTION_REPORT].request
+    out_of_range = report.fixed.pack(0, 1) + np.array([(10**6, 0.5)], report.records).tobytes()
+    f.run_case(0x02, mb.request(mb.Opcode.VENDOR_ATTENTION_REPORT, out_of_range, 3), 3)
+    assert f.outcomes == {"cci:INVALID_INPUT": 1}
+    assert f.engine.device.counters["internal_errors"] == 0
+
+    def buggy(self, step, ids, weights):
+        raise ValueError("operands could not be broadcast together")
+
+    monkeypatch.setattr(Type3Device, "report_decisions", buggy)
+    valid = report.fixed.pack(0, 1) + np.array([(1, 0.5)], report.records).tobytes()
+    f.run_case(0x02, mb.request(mb.Opcode.VENDOR_ATTENTION_REPORT, valid, 4), 4)
+    assert f.outcomes["crash:internal_error"] == 1
+    assert f.engine.device.counters["internal_errors"] == 1
+    r = fuzz.run(300, seed=1, hypothesis_fraction=0)
+    assert r["device_internal_errors"] > 0 and r["crashes"] > 0
+
+
+def test_an_hdm_frame_is_refused_by_name_and_a_decoder_bug_is_counted(monkeypatch):
+    from kvcxl.emu.cxl.hdm import HdmDecoderSet
+    from kvcxl.emu.device.service import HDM
+
+    engine = fuzz.make_engine(0)
+    for req in ({"op": "commit"}, {"op": "program", "index": 1}, {"op": "commit", "index": "0"},
+                {"op": "uncommit", "index": 0, "base": 0}):  # fmt: skip
+        kind, body = engine.handle(HDM, json.dumps(req).encode())
+        assert kind == HDM and json.loads(body)["reason"] == "bad_field", req
+    assert engine.device.counters["internal_errors"] == 0
+
+    def buggy(self, index):
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(HdmDecoderSet, "commit", buggy)
+    kind, body = engine.handle(HDM, json.dumps({"op": "commit", "index": 1}).encode())
+    assert body.startswith(b"internal:") and engine.device.counters["internal_errors"] == 1
+
+
 def _cli(*args: str) -> int:
     return subprocess.run([sys.executable, "-m", "kvcxl.emu.cli", *args], check=False).returncode
 

@@ -3,6 +3,10 @@
 :meth:`Mailbox.execute` takes one encoded request (see :mod:`kvcxl.firmware.cxl.mailbox`
 for the framing, opcodes and return codes) and always returns one encoded
 response — for malformed input the spec's return code, never an exception.
+A handler answers Invalid Input only for what the device refuses by name
+(:class:`MailboxError`, :class:`~kvcxl.emu.device.device.RequestError`,
+:class:`~kvcxl.firmware.config.ConfigError`); any other exception is a bug, answered
+Internal Error and counted in the device's ``internal_errors``.
 Payload layouts follow CXL 2.0 §8.2.9 and match QEMU's ``hw/cxl`` and Linux's
 ``drivers/cxl`` structures; vendor commands are documented in docs/device.md.
 """
@@ -21,7 +25,7 @@ from kvcxl.firmware.cxl import mailbox as mb
 from kvcxl.firmware.cxl.mailbox import CciMessage, FramingError, Opcode
 from kvcxl.firmware.cxl.mailbox import ReturnCode as RC
 
-from .device import Type3Device
+from .device import RequestError, Type3Device
 from .media import MediaError
 
 CAPACITY_UNIT = 256 << 20  # Identify Memory Device reports capacities in 256 MiB units
@@ -264,13 +268,13 @@ class Mailbox:
             raise MailboxError(RC.INVALID_PAYLOAD_LENGTH, "Set Policy Parameter needs a JSON body")
         try:
             changes = json.loads(p.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, json.JSONDecodeError):
             raise MailboxError(RC.INVALID_INPUT, "payload is not a UTF-8 JSON object") from None
         if not isinstance(changes, dict) or not changes:
             raise MailboxError(RC.INVALID_INPUT, "payload must be a non-empty JSON object")
         try:
             new = self.dev.config.with_(**changes)
-        except (ConfigError, TypeError, ValueError) as exc:
+        except ConfigError as exc:
             raise MailboxError(RC.INVALID_INPUT, str(exc)) from None
         self.dev.set_config(new)
         return b""
@@ -281,7 +285,7 @@ class Mailbox:
         ids, w = rec["entry"].astype(np.int64), rec["weight"].astype(np.float64)
         try:
             hit = self.dev.report(step, ids, w)
-        except ValueError as exc:
+        except RequestError as exc:
             raise MailboxError(RC.INVALID_INPUT, str(exc)) from None
         head = _rsp(Opcode.VENDOR_ATTENTION_REPORT).pack(int(hit.sum()))
         return head + np.packbits(hit, bitorder="little").tobytes()
@@ -315,7 +319,7 @@ class Mailbox:
         r = self._records(p, Opcode.VENDOR_DESCRIBE_ENTRIES)
         try:
             self.dev.describe(r["entry"], r["ctx"], r["layer"], r["head"], r["block"])
-        except ValueError as exc:
+        except RequestError as exc:
             raise MailboxError(RC.INVALID_INPUT, str(exc)) from None
         return b""
 
@@ -325,7 +329,7 @@ class Mailbox:
             raise MailboxError(RC.INVALID_INPUT, "context lengths must be 0 … 2^40 tokens")
         try:
             self.dev.set_context_tokens(r["ctx"], r["tokens"].astype(np.int64))
-        except ValueError as exc:
+        except RequestError as exc:
             raise MailboxError(RC.INVALID_INPUT, str(exc)) from None
         return b""
 
@@ -334,6 +338,6 @@ class Mailbox:
         (step, _n) = _req(Opcode.VENDOR_CREATE_ENTRIES).unpack_from(p)
         try:
             n = self.dev.create(step, r["entry"].astype(np.int64))
-        except ValueError as exc:
+        except RequestError as exc:
             raise MailboxError(RC.INVALID_INPUT, str(exc)) from None
         return _rsp(Opcode.VENDOR_CREATE_ENTRIES).pack(n)

@@ -316,7 +316,7 @@ def _fuzz(args: argparse.Namespace) -> int:
         bar.close()
     print(json.dumps({k: v for k, v in report.items() if k != "return_codes"}, indent=2))
     _write_json(args.json_out, report)
-    return 1 if report["crashes"] else 0
+    return 1 if report["crashes"] or report["device_internal_errors"] else 0
 
 
 def _fuzz_socket(args: argparse.Namespace) -> int:

@@ -28,8 +28,10 @@ use when QEMU shares the DRAM file as its media).
 Errors.  Nothing here raises on host input: an access no decoder maps is
 answered MemData-NXM (reads, poisoned) or Cmp with the data dropped (writes,
 counted as ``unmapped_writes``); bad mailbox input is answered by return codes
-(see :mod:`kvcxl.emu.device.cci`).  Constructor arguments are validated with a
-ValueError naming the bad value.
+(see :mod:`kvcxl.emu.device.cci`): the checks on a host's request raise
+:class:`RequestError`, which the mailbox and the ring answer Invalid Input; any other
+exception from here is a bug, answered Internal Error and counted (``internal_errors``).
+Constructor arguments are validated with a ValueError naming the bad value.
 """
 
 from __future__ import annotations
@@ -92,6 +94,12 @@ def index_extents(
     return grown, total
 
 
+class RequestError(ValueError):
+    """A host's request the device refuses (an id, weight, length or range out of bounds):
+    the protocol's Invalid Input.  Only this is answered so; a plain ValueError from the
+    device is a bug and is counted as one."""
+
+
 class ReadResult(NamedTuple):
     data: bytes
     poisoned: bool  # some byte lies in a poisoned line
@@ -126,8 +134,9 @@ class Type3Device:
         page_state: str | Path | None = None,
         fill_on_access: bool = False,
     ) -> None:
+        # The geometry is a host's request too (the ring's OPEN asks for it): RequestError.
         if page_bytes < LINE or page_bytes & (page_bytes - 1) or page_bytes > 1 << 21:
-            raise ValueError(
+            raise RequestError(
                 f"page_bytes = {page_bytes} must be a power of two between 64 and 2 MiB"
             )
         self.hdm = HdmDecoderSet(capacity, decoders)  # validates capacity
@@ -136,7 +145,7 @@ class Type3Device:
         self.page_shift = page_bytes.bit_length() - 1
         self.n_pages = capacity // page_bytes
         if dram_pages is not None and not 0 < dram_pages:
-            raise ValueError(f"dram_pages = {dram_pages} must be > 0 (or None: all pages)")
+            raise RequestError(f"dram_pages = {dram_pages} must be > 0 (or None: all pages)")
         self.tiering = dram_pages is not None and dram_pages < self.n_pages
         self.dram_pages = dram_pages if self.tiering else self.n_pages
         if policy not in POLICIES or not POLICIES[policy].online:
@@ -268,7 +277,7 @@ class Type3Device:
     def report(self, step: int, ids: NDArray, weights: NDArray) -> NDArray:
         """Ingest one attention batch; returns the hit mask (entry in DRAM at batch start).
 
-        Raises ValueError for ids outside the device or weights outside [0, 1].
+        Raises RequestError for ids outside the device or weights outside [0, 1].
         """
         return self.report_decisions(step, ids, weights)[0]
 
@@ -281,12 +290,12 @@ class Type3Device:
         ids = np.asarray(ids, dtype=np.int64)
         w = np.asarray(weights, dtype=np.float64)
         if ids.shape != w.shape or ids.ndim != 1:
-            raise ValueError(f"ids {ids.shape} and weights {w.shape} must be equal 1-D shapes")
+            raise RequestError(f"ids {ids.shape} and weights {w.shape} must be equal 1-D shapes")
         if ids.size and (ids.min() < 0 or ids.max() >= self.n_pages):
             bad = int(ids.min() if ids.min() < 0 else ids.max())
-            raise ValueError(f"entry {bad} is outside the device's 0 … {self.n_pages - 1}")
+            raise RequestError(f"entry {bad} is outside the device's 0 … {self.n_pages - 1}")
         if w.size and not (np.isfinite(w).all() and w.min() >= 0.0 and w.max() <= 1.0):
-            raise ValueError("attention weights must be finite and within [0, 1]")
+            raise RequestError("attention weights must be finite and within [0, 1]")
         self.fw.at(step)
         if ids.size:
             self._grow_entries(int(ids.max()))
@@ -316,12 +325,12 @@ class Type3Device:
         Context lengths grow to cover each entry's first token, as the entry table
         does when entries are appended.  With ``step``, the host is at that step first
         (a later step closes the open one before the new entries reach the policy).
-        Raises ValueError for out-of-range values (and then changes nothing).
+        Raises RequestError for out-of-range values (and then changes nothing).
         """
         cols = [np.asarray(x, dtype=np.int64) for x in (ids, ctx, layer, head, block)]
         ids, ctx, layer, head, block = np.broadcast_arrays(*cols)
         if ids.ndim != 1:
-            raise ValueError("entry descriptions must be 1-D")
+            raise RequestError("entry descriptions must be 1-D")
         limits = (
             ("entry", ids, self.n_pages - 1),
             ("context", ctx, MAX_CONTEXTS - 1),
@@ -332,10 +341,10 @@ class Type3Device:
         for name, v, hi in limits:
             if v.size and (v.min() < 0 or v.max() > hi):
                 bad = int(v.min() if v.min() < 0 else v.max())
-                raise ValueError(f"{name} {bad} is out of range 0 … {hi}")
+                raise RequestError(f"{name} {bad} is out of range 0 … {hi}")
         grown, cells = index_extents(self._extents, self._cells, ctx, layer, head, block)
         if cells > MAX_INDEX_CELLS:
-            raise ValueError(
+            raise RequestError(
                 f"these entries would make the prefetch index span {cells} layer × head × block "
                 f"cells (at most {MAX_INDEX_CELLS}, summed over contexts)"
             )
@@ -360,11 +369,11 @@ class Type3Device:
         ctx = np.asarray(ctx, dtype=np.int64)
         tokens = np.asarray(tokens, dtype=np.int64)
         if ctx.shape != tokens.shape or ctx.ndim != 1:
-            raise ValueError("contexts and lengths must be equal 1-D shapes")
+            raise RequestError("contexts and lengths must be equal 1-D shapes")
         if ctx.size and (ctx.min() < 0 or ctx.max() >= MAX_CONTEXTS):
-            raise ValueError(f"context ids must be 0 … {MAX_CONTEXTS - 1}")
+            raise RequestError(f"context ids must be 0 … {MAX_CONTEXTS - 1}")
         if tokens.size and (tokens.min() < 0 or tokens.max() > 1 << 40):
-            raise ValueError("context lengths must be 0 … 2^40 tokens")
+            raise RequestError("context lengths must be 0 … 2^40 tokens")
         if step is not None:
             self.fw.at(step)
         self.fw.lengths(ctx, tokens)
@@ -379,10 +388,10 @@ class Type3Device:
         victims with their tiers and priorities)."""
         ids = np.asarray(ids, dtype=np.int64)
         if ids.ndim != 1:
-            raise ValueError("entry ids must be 1-D")
+            raise RequestError("entry ids must be 1-D")
         if ids.size and (ids.min() < 0 or ids.max() >= self.n_pages):
             bad = int(ids.min() if ids.min() < 0 else ids.max())
-            raise ValueError(f"entry {bad} is outside the device's 0 … {self.n_pages - 1}")
+            raise RequestError(f"entry {bad} is outside the device's 0 … {self.n_pages - 1}")
         self.fw.at(step)
         if ids.size:
             self._grow_entries(int(ids.max()))
@@ -465,9 +474,11 @@ class Type3Device:
             self._demote(p)
 
     def pages_of(self, dpa: int, n: int) -> range:
-        """The DPA pages of ``[dpa, dpa + n)``; a ValueError if it is not inside the device."""
+        """The DPA pages of ``[dpa, dpa + n)``; a RequestError if it is not inside the device."""
         if n < 1 or dpa < 0 or dpa + n > self.capacity:
-            raise ValueError(f"{n} B at DPA {dpa:#x} is outside the device's {self.capacity} bytes")
+            raise RequestError(
+                f"{n} B at DPA {dpa:#x} is outside the device's {self.capacity} bytes"
+            )
         return range(dpa >> self.page_shift, ((dpa + n - 1) >> self.page_shift) + 1)
 
     def trap(self, dpa: int, n: int) -> None:
@@ -611,7 +622,7 @@ class Type3Device:
         done = t
         poisoned = unmapped = False
         if n < 0 or hpa < 0 or hpa + n > mem.HPA_LIMIT:
-            raise ValueError(f"read of {n} bytes at {hpa:#x} is outside the 52-bit HPA space")
+            raise RequestError(f"read of {n} bytes at {hpa:#x} is outside the 52-bit HPA space")
         for _h, dpa, k in self.hdm.chunks(hpa, n):
             if dpa is None:
                 parts.append(zeros(k))
@@ -640,7 +651,7 @@ class Type3Device:
         done = t
         n = len(data)
         if hpa < 0 or hpa + n > mem.HPA_LIMIT:
-            raise ValueError(f"write of {n} bytes at {hpa:#x} is outside the 52-bit HPA space")
+            raise RequestError(f"write of {n} bytes at {hpa:#x} is outside the 52-bit HPA space")
         view = memoryview(data)
         mapped = True
         for h, dpa, k in self.hdm.chunks(hpa, n):
@@ -662,7 +673,7 @@ class Type3Device:
         """Serve one M2S message; returns the S2M response (None for MemSpecRd).
 
         ``msg`` must be a validated M2S message (as :func:`mem.decode` returns);
-        an S2M message is a host error and raises ValueError.
+        an S2M message is a host error and raises RequestError.
         """
         self.counters["mem_requests"] += 1
         if isinstance(msg, mem.M2SReq):
@@ -716,7 +727,7 @@ class Type3Device:
                 self.counters["write_bytes"] += be.bit_count()
                 self._advance(t, done)
             return mem.S2MNDR(mem.S2MNDROpcode.CMP, msg.tag, ld_id=msg.ld_id)
-        raise ValueError(f"{type(msg).__name__} is a device-to-host message, not a request")
+        raise RequestError(f"{type(msg).__name__} is a device-to-host message, not a request")
 
     # --- poison (mailbox) -------------------------------------------------------------
     def inject_poison(self, dpa: int) -> None:

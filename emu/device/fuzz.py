@@ -13,7 +13,10 @@ same code path the socket service runs — and its answer is classified:
 
 A **crash** is an exception escaping the engine, an ``error:internal`` frame, a
 mailbox INTERNAL_ERROR (a handler bug caught by the safety net), a response
-that does not parse, or a response whose tag differs from the request's.
+that does not parse, or a response whose tag differs from the request's.  The
+device's own count of caught exceptions (``internal_errors``) is reported beside
+as ``device_internal_errors`` and fails the run too: a handler answers Invalid
+Input only for a refusal it names, so no bug hides behind a return code.
 
 Cases come from two generators: a fast seeded random generator (mutated valid
 messages, random bytes, boundary values) and — for ``hypothesis_fraction`` of
@@ -402,6 +405,9 @@ def run(
         "unmodified_cases": f.unmodified,
         "mutated_cases": f.cases - f.unmodified,
         "crashes": crashes,
+        # Exceptions the engine's and the mailbox's safety nets caught (each answered as an
+        # internal error): a failure like a crash, counted by the device itself.
+        "device_internal_errors": f.engine.device.counters["internal_errors"],
         "return_codes": dict(sorted(f.outcomes.items())),
         "crash_examples": f.crashes,
         "seed": seed,

@@ -149,36 +149,31 @@ class Engine:
             return {"ok": False, "reason": "bad_json", "error": "body must be a JSON object"}
         hdm = self.device.hdm
         op = req.pop("op", None)
+        # Every field is checked by name before the call: a KeyError or TypeError from the
+        # decoders is a bug (counted as internal), never a refusal.
+        need = {"program": {"index", "base", "size"}, "commit": {"index"}, "uncommit": {"index"}}
+        allowed = {"index", "base", "size", "ways", "granularity", "position", "dpa_skip", "lock"}
+        if op not in (*need, "reset", "list"):
+            return {"ok": False, "reason": "bad_op", "error": f"unknown op {op!r}"}
+        missing = need.get(op, set()) - set(req)
+        extra = set(req) - (allowed if op == "program" else need.get(op, set()))
+        if missing or extra:
+            return {"ok": False, "reason": "bad_field",
+                    "error": f"missing {sorted(missing)}, unknown {sorted(extra)}"}  # fmt: skip
+        if not all(isinstance(v, int) for v in req.values()):
+            return {"ok": False, "reason": "bad_field", "error": "fields are integers"}
         try:
             if op == "program":
-                index = req.pop("index")
-                allowed = {"base", "size", "ways", "granularity", "position", "dpa_skip", "lock"}
-                extra = set(req) - allowed
-                if extra:
-                    return {"ok": False, "reason": "bad_field", "error": f"unknown {sorted(extra)}"}
-                if not all(isinstance(v, int) for v in (index, *req.values())):
-                    return {"ok": False, "reason": "bad_field", "error": "fields are integers"}
-                hdm.program(index, **req)
+                hdm.program(req.pop("index"), **req)
             elif op == "commit":
-                hdm.commit(_int(req, "index"))
+                hdm.commit(req["index"])
             elif op == "uncommit":
-                hdm.uncommit(_int(req, "index"))
+                hdm.uncommit(req["index"])
             elif op == "reset":
                 hdm.reset()
-            elif op != "list":
-                return {"ok": False, "reason": "bad_op", "error": f"unknown op {op!r}"}
         except HdmError as exc:
             return {"ok": False, "reason": exc.reason, "error": str(exc)}
-        except (KeyError, TypeError) as exc:
-            return {"ok": False, "reason": "bad_field", "error": f"missing or bad field {exc}"}
         return {"ok": True, "decoders": hdm.describe()}
-
-
-def _int(req: dict, key: str) -> int:
-    v = req[key]
-    if not isinstance(v, int):
-        raise TypeError(key)
-    return v
 
 
 class _FrameError(Exception):

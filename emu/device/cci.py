@@ -341,3 +341,9 @@ class Mailbox:
         except RequestError as exc:
             raise MailboxError(RC.INVALID_INPUT, str(exc)) from None
         return _rsp(Opcode.VENDOR_CREATE_ENTRIES).pack(n)
+
+    def _reset(self, _: bytes) -> bytes:
+        r = self.dev.reset()
+        return _rsp(Opcode.VENDOR_RESET).pack(
+            r["migrations_completed"], r["migrations_rolled_back"], r["pages_moved"]
+        )

@@ -37,6 +37,7 @@ Constructor arguments are validated with a ValueError naming the bad value.
 from __future__ import annotations
 
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -100,6 +101,14 @@ class RequestError(ValueError):
     device is a bug and is counted as one."""
 
 
+@dataclass
+class Migration:
+    """A migration the host can see in progress (the stepwise ones: `--churn`)."""
+
+    to_dram: bool
+    recorded: bool = False  # the tier map names the new tier (the copy is then the page)
+
+
 class ReadResult(NamedTuple):
     data: bytes
     poisoned: bool  # some byte lies in a poisoned line
@@ -159,26 +168,8 @@ class Type3Device:
         self.policy_name = policy
         self.mode = mode
         self.config = config or PolicyConfig()
-        # The firmware session decides; the device moves the bytes it decides about.
-        self.fw = FirmwareSession(
-            policy, self.dram_pages, self.config, mode=mode, block_tokens=block_tokens,
-            audit=audit,
-        )  # fmt: skip
-        # Layers × heads × blocks each context's prefetch index spans (see MAX_INDEX_CELLS).
-        self._extents: dict[int, tuple[int, int, int]] = {}
-        self._cells = 0
-        if entries == "pages":
-            self._extents[0] = (1, 1, _NO_ANCHOR_BLOCK + 1)
-            self._cells = _NO_ANCHOR_BLOCK + 1
-            # Every page is an entry from the start, as in replay: idle counters of
-            # entries not read yet advance with the steps like everyone else's.
-            self.fw.table.append(np.arange(self.n_pages), 0, 0, _NO_ANCHOR_BLOCK)
-            # Context lengths start unknown (0): an entry's age in tokens is then 0, as
-            # for replay's far-from-anchor rows, and a described context starts clean.
-            self.fw.table.ctx_tokens[:] = 0
-        # With entries="host", entries come into existence when the host describes,
-        # creates or reports them (in id order), as in the simulator.
-        self.fw.ensure(self.n_pages)
+        self._block_tokens, self._audit = block_tokens, audit
+        self._new_firmware()
         self.record_victims = record_victims
         self.victims: list[tuple[int, int, float]] = []
 
@@ -241,14 +232,72 @@ class Type3Device:
                 "reported_entries",
                 "media_errors",
                 "internal_errors",
+                "resets",
+                "migrations_rolled_back",
             ),
             0,
         )
         # Media from an earlier run (a tier map file found): where each page is comes back;
         # the policy's metadata does not (it is rebuilt empty), so the tiers are realigned.
-        self.restart = self._realign() if self.tier_map.restored else None
+        self.inflight: dict[int, Migration] = {}  # page → its migration in progress
+        self.restart = None
+        if self.tier_map.restored:
+            self.restart = {
+                "tier_map": "restored",
+                "pages_moved": self._realign(),
+                "policy_metadata": "rebuilt: empty, as on a new device (scores start again)",
+            }
+
+    def reset(self) -> dict:
+        """The firmware restarts (the mailbox's Reset Firmware): a migration in progress is
+        completed when its new tier is recorded and rolled back when not; the firmware's
+        volatile state (policy metadata, entry identities, context lengths, victim log,
+        timestamp) starts again as on a new device and the pages move to where a new
+        device keeps them.  Kept: every byte, the tier map, poison, HDM decoders, traps,
+        policy parameters and the statistics."""
+        completed = rolled_back = 0
+        for p, m in list(self.inflight.items()):
+            if m.recorded:
+                self._finish(p)
+                completed += 1
+            else:
+                self._roll_back(p)
+                rolled_back += 1
+        self.victims.clear()
+        self.timestamp_offset_ns = None
+        self._new_firmware()
+        moved = self._realign()
+        self.counters["resets"] += 1
+        return {
+            "migrations_completed": completed,
+            "migrations_rolled_back": rolled_back,
+            "pages_moved": moved,
+        }
 
     # --- the firmware ---------------------------------------------------------------------
+    def _new_firmware(self) -> None:
+        """The firmware's volatile state as on a new device (also what a reset leaves)."""
+        # The firmware session decides; the device moves the bytes it decides about.
+        self.fw = FirmwareSession(
+            self.policy_name, self.dram_pages, self.config, mode=self.mode,
+            block_tokens=self._block_tokens, audit=self._audit,
+        )  # fmt: skip
+        # Layers × heads × blocks each context's prefetch index spans (see MAX_INDEX_CELLS).
+        self._extents: dict[int, tuple[int, int, int]] = {}
+        self._cells = 0
+        if self.entries == "pages":
+            self._extents[0] = (1, 1, _NO_ANCHOR_BLOCK + 1)
+            self._cells = _NO_ANCHOR_BLOCK + 1
+            # Every page is an entry from the start, as in replay: idle counters of
+            # entries not read yet advance with the steps like everyone else's.
+            self.fw.table.append(np.arange(self.n_pages), 0, 0, _NO_ANCHOR_BLOCK)
+            # Context lengths start unknown (0): an entry's age in tokens is then 0, as
+            # for replay's far-from-anchor rows, and a described context starts clean.
+            self.fw.table.ctx_tokens[:] = 0
+        # With entries="host", entries come into existence when the host describes,
+        # creates or reports them (in id order), as in the simulator.
+        self.fw.ensure(self.n_pages)
+
     @property
     def table(self) -> EntryTable:
         return self.fw.table
@@ -438,13 +487,18 @@ class Type3Device:
         self.in_dram[p] = to_dram
         if data is not None:
             src.drop(p)
-            t = self.clock_ns
-            if not src_charged:  # (a fill charged its read to the access that caused it)
-                self.queues[src_q].serve(t, self.page_bytes, record=False)
-            self.queues[dst_q].serve(t, self.page_bytes, record=False)
-            self.counters["bytes_migrated"] += self.page_bytes
+            self._charge(src_q, dst_q, src_charged)
+
+    def _charge(self, src_q: str, dst_q: str, src_charged: bool = False) -> None:
+        t = self.clock_ns
+        if not src_charged:  # (a fill charged its read to the access that caused it)
+            self.queues[src_q].serve(t, self.page_bytes, record=False)
+        self.queues[dst_q].serve(t, self.page_bytes, record=False)
+        self.counters["bytes_migrated"] += self.page_bytes
 
     def _demote(self, p: int) -> None:
+        if self.inflight:
+            self._settle(p)
         if self.in_dram[p]:
             if self.page_state is not None:
                 self.page_state.trap(p)  # before the bytes leave the shared file
@@ -452,10 +506,79 @@ class Type3Device:
             self.counters["migrations_to_nvme"] += 1
 
     def _promote(self, p: int, src_charged: bool = False) -> None:
+        if self.inflight:
+            self._settle(p)
         if not self.in_dram[p]:
             self._move(p, self.nvme, self.dram, "nvme", "dram", 1, src_charged)
             self.counters["migrations_to_dram"] += 1
             self._maybe_direct(p)
+
+    # --- migrations in steps (a reset may find one half done) -----------------------------
+    def _ends(self, to_dram: bool) -> tuple:
+        """(source store, destination store) of a migration to DRAM or to NVMe."""
+        return (self.nvme, self.dram) if to_dram else (self.dram, self.nvme)
+
+    def start_migration(self, p: int, to_dram: bool) -> bool:
+        """Begin moving page ``p`` in steps that other requests may come between: copy it
+        now (the host's writes then go to both copies), record its new tier and drop the
+        old copy in :meth:`step_migration`.  False when the page is already there."""
+        if self.inflight:
+            self._settle(p)
+        if bool(self.in_dram[p]) == to_dram:
+            return False
+        src, dst = self._ends(to_dram)
+        if not to_dram and self.page_state is not None:
+            self.page_state.trap(p)  # before the bytes leave the shared file
+        data = src.peek(p)
+        if data is not None:
+            dst.put(p, data)
+        self.inflight[p] = Migration(to_dram)
+        return True
+
+    def step_migration(self, p: int) -> bool:
+        """The next step of page ``p``'s migration: record the new tier, then (the next
+        call) drop the old copy.  True when the migration is done."""
+        m = self.inflight[p]
+        if not m.recorded:
+            self.in_dram[p] = int(m.to_dram)
+            m.recorded = True
+            return False
+        self._finish(p)
+        return True
+
+    def _mirror(self, p: int, off: int, data: bytes | memoryview) -> None:
+        """A write to a page being copied goes to the copy too (until the new tier is
+        recorded the old copy is the page; after, the copy is): neither may go stale."""
+        m = self.inflight.get(p)
+        if m is not None and not m.recorded:
+            self._ends(m.to_dram)[1].write(p, off, data)
+
+    def _finish(self, p: int) -> None:
+        m = self.inflight.pop(p)
+        src, _ = self._ends(m.to_dram)
+        src.drop(p)
+        self._charge(*(("nvme", "dram") if m.to_dram else ("dram", "nvme")))
+        self.counters["migrations_to_dram" if m.to_dram else "migrations_to_nvme"] += 1
+        if m.to_dram:
+            self._maybe_direct(p)
+
+    def _roll_back(self, p: int) -> None:
+        """Undo a migration whose new tier is not recorded: the old copy is the page (the
+        host's writes went to it), the new one is dropped."""
+        m = self.inflight.pop(p)
+        _, dst = self._ends(m.to_dram)
+        dst.drop(p)
+        self.counters["migrations_rolled_back"] += 1
+        if not m.to_dram:
+            self._maybe_direct(p)
+
+    def _settle(self, p: int) -> None:
+        """Complete page ``p``'s migration in progress, if any (before another move)."""
+        m = self.inflight.get(p)
+        if m is not None:
+            if not m.recorded:
+                self.step_migration(p)
+            self._finish(p)
 
     def _fill(self, p: int, t: float) -> float:
         """A host access arriving at ``t`` found page ``p`` on NVMe: the page comes into
@@ -502,11 +625,12 @@ class Type3Device:
             return
         ps.direct(p)
 
-    def _realign(self) -> dict:
+    def _realign(self) -> int:
         """After a restart on persistent media: the tier map is restored, the policy's
         metadata is not (it starts empty, as on a new device).  Move every page to where a
         new device keeps it (tiered: NVMe; otherwise DRAM) so that the firmware's view and
-        the bytes agree again.  Nothing is lost: each move copies before it drops."""
+        the bytes agree again.  Nothing is lost: each move copies before it drops.  Returns
+        the pages moved."""
         want = 0 if self.tiering else 1
         moved = 0
         for p in np.flatnonzero(np.frombuffer(self.in_dram, np.uint8) != want).tolist():
@@ -518,11 +642,7 @@ class Type3Device:
                     self.page_state.trap(p)  # before the bytes leave the shared file
                 self._move(p, self.dram, self.nvme, "dram", "nvme", 0)
             moved += 1
-        return {
-            "tier_map": "restored",
-            "pages_moved": moved,
-            "policy_metadata": "rebuilt: empty, as on a new device (scores start again)",
-        }
+        return moved
 
     # --- DPA access -------------------------------------------------------------------
     def _arrival(self, at: float | None) -> float:
@@ -585,6 +705,8 @@ class Type3Device:
                 self.counters["nvme_accesses"] += 1
                 self.nvme.write(p, off, data[i : i + m])
                 d = self._qn.serve(t, m)
+            if self.inflight:
+                self._mirror(p, off, data[i : i + m])
             if d > done:
                 done = d
             dpa += m

@@ -227,23 +227,39 @@ class _Handler(socketserver.BaseRequestHandler):
 class Churn(threading.Thread):
     """Moves ``pages`` to NVMe and back while hosts use the device, one move per tick, so
     that about half of them are on NVMe at any time: the stress under which a patched
-    QEMU's direct accesses must stay right and its trapped ones find NVMe pages."""
+    QEMU's direct accesses must stay right and its trapped ones find NVMe pages.  Each
+    move is three steps (copy, record the new tier, drop the old copy) with the engine's
+    lock released between them, so that any request — a write to the page, a firmware
+    reset — can arrive in the middle of a migration."""
 
     def __init__(self, engine: Engine, pages: list[int], interval_s: float = 0.0) -> None:
         super().__init__(daemon=True, name="kvcxl-churn")
         self.engine, self.pages, self.interval_s = engine, pages, interval_s
         self.halt = threading.Event()
+        self.moves = 0
+
+    def _migrate(self, p: int, to_dram: bool) -> None:
+        lock, dev = self.engine.lock, self.engine.device
+        with lock:
+            if not dev.start_migration(p, to_dram):
+                return
+        while not self.halt.is_set():
+            time.sleep(0)  # let a waiting request in between the steps
+            with lock:
+                if p not in dev.inflight or dev.inflight[p].to_dram != to_dram:
+                    return  # a reset (or another move) settled it
+                if dev.step_migration(p):
+                    self.moves += 1
+                    return
 
     def run(self) -> None:
         n = len(self.pages)
         half = max(n // 2, 1)
         i = 0
         while not self.halt.wait(self.interval_s):
-            with self.engine.lock:
-                dev = self.engine.device
-                dev.move_page(self.pages[i % n], to_dram=False)
-                if i >= half:  # the page demoted half a round ago comes back
-                    dev.move_page(self.pages[(i - half) % n], to_dram=True)
+            self._migrate(self.pages[i % n], to_dram=False)
+            if i >= half:  # the page demoted half a round ago comes back
+                self._migrate(self.pages[(i - half) % n], to_dram=True)
             i += 1
 
 

@@ -100,6 +100,7 @@ class Opcode(IntEnum):
     VENDOR_DESCRIBE_ENTRIES = 0xC005
     VENDOR_SET_CONTEXT_LENGTHS = 0xC006
     VENDOR_CREATE_ENTRIES = 0xC007
+    VENDOR_RESET = 0xC008  # CXL has no full device reset command: a vendor one
 
 
 # Command Effects Log effect bits (CXL 2.0 Table 173).
@@ -245,6 +246,10 @@ COMMANDS: dict[int, Command] = {
         Command(Opcode.VENDOR_CREATE_ENTRIES, "Create Entries", "_create_entries",
                 Payload("II", "u32 step, u32 n", ENTRY_RECORD), Payload("I", "u32 admitted"),
                 EFFECT_IMMEDIATE_DATA_CHANGE),
+        Command(Opcode.VENDOR_RESET, "Reset Firmware", "_reset", NONE,
+                Payload("III", "u32 migrations completed, u32 rolled back, u32 pages moved"),
+                EFFECT_IMMEDIATE_POLICY_CHANGE | EFFECT_IMMEDIATE_LOG_CHANGE,
+                "what it keeps and drops: docs/reliability.md"),
     )
 }  # fmt: skip
 

@@ -31,6 +31,7 @@ from typing import Any
 from kvcxl.emu.device.service import Client
 from kvcxl.firmware.cxl import mailbox as mb
 
+from . import guest_fuzz
 from . import layout as L
 from .qmp import Qmp
 from .setup import SetupError, load_host
@@ -57,6 +58,8 @@ class BootOptions:
     workdir: str | None = None
     keep: bool = False
     wait_s: float = 0.0  # the "wait" job's sleep
+    fuzz_cases: int = 500  # the "fuzz" job's mutated ring commands (qemu/guest_fuzz.py)
+    fuzz_seed: int = 0
     device_emulator: bool = True  # the ring's firmware is the device emulator (--device)
     # "kvcxl": the patched QEMU with the kvcxl device on the memory path; "stock": Debian's
     qemu: str = "kvcxl"
@@ -151,6 +154,14 @@ class Boot:
             raise ValueError(f"--device-mib {self.opts.device_mib}: use a multiple of 256 MiB")
         gt = self.opts.trace or default_trace()
         image = encode(gt, size)
+        self.fuzz_expect = None
+        if "fuzz" in self.opts.jobs:
+            if self.opts.device_emulator:
+                # The model follows the ring-only session's rules (docs/qemu.md).
+                raise ValueError("the fuzz job needs the ring-only firmware (--no-device-emulator)")
+            fuzz, self.fuzz_expect = guest_fuzz.image(
+                self.opts.fuzz_cases, self.opts.fuzz_seed, size
+            )
         # Guest memory: owner-only, whatever folder --keep's work directory is in.
         fd = os.open(self.media, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
@@ -159,6 +170,9 @@ class Boot:
             f.write(image)
             f.seek(L.XFER_H2G)
             f.write(L.pattern(L.SEED_H2G, 0, L.XFER_BYTES))
+            if self.fuzz_expect is not None:
+                f.seek(L.FUZZ_BASE)
+                f.write(fuzz)
         return gt
 
     def _start_service(self, use_plugin: bool, use_device: bool = False) -> None:
@@ -470,6 +484,15 @@ class Boot:
                 times[key] = ev[name]["t"]
                 times[key.replace("_s", "_guest_uptime_s")] = ev[name].get("uptime")
         host_check = self._host_side_check(gt)
+        fuzz = None
+        if self.fuzz_expect is not None:
+            with self._device_reader() as read:
+                results = read(*guest_fuzz.results_span(self.fuzz_expect))
+            fuzz = guest_fuzz.check(results, self.fuzz_expect)
+            seen = ev.get("fuzz", {})
+            fuzz["changed_bytes"] += seen.get("kv_guard_bad", 0)
+            fuzz["guest_wall_s"] = seen.get("fuzz_s")
+            fuzz["service_errors_counted"] = (fw or {}).get("errors")
         out = {
             "qemu": {
                 "version": self.host.qemu_version,
@@ -500,6 +523,7 @@ class Boot:
                     "datapath",
                     "replay",
                     "malformed",
+                    "fuzz",
                     "bench",
                     "device_error",
                     "poison_list",
@@ -512,6 +536,7 @@ class Boot:
             ],
             "cxl_trace": [e["line"] for e in self.events if e["event"] == "cxl_trace"],
             "host_check": host_check,
+            "guest_fuzz": fuzz,
             "firmware": fw,
             "kvcxl_device": _device_summary(device) if self.opts.qemu == "kvcxl" else None,
             "events": self.events,

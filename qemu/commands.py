@@ -12,7 +12,7 @@ import sys
 from kvcxl.emu.argtypes import nonnegative, nonnegative_float, positive, positive_float
 from kvcxl.emu.sizes import dpa_range
 
-JOBS = ("datapath", "replay", "malformed", "bench", "poison", "wait")
+JOBS = ("datapath", "replay", "malformed", "fuzz", "bench", "poison", "wait")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -178,16 +178,36 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     z = qs.add_parser(
         "fuzz",
-        help="fuzz the command ring (no QEMU needed): mutated commands, modelled return codes",
+        help="fuzz the command ring: mutated commands, modelled return codes",
         description=(
             "Sends mutated ring commands through the ring's shared memory to a ring-only "
-            "firmware service in this process; a model of the ring's rules predicts each "
-            "return code. Exit status 1 on a crash, a wrong return code or a byte changed "
-            "outside the command's own slots (docs/reliability.md)."
+            "firmware service in this process (--via process, no QEMU needed), or boots the "
+            "guest and has its agent send them from inside the guest (--via guest: through "
+            "QEMU's CXL memory path and a real doorbell); a model of the ring's rules "
+            "predicts each return code. Exit status 1 on a crash, a wrong return code or a "
+            "byte changed outside the command's own slots (docs/reliability.md)."
         ),
     )
-    z.add_argument("--cases", type=positive, default=20000, help="cases (default 20000)")
+    z.add_argument(
+        "--via",
+        choices=("process", "guest"),
+        default="process",
+        help="who writes the ring: this process, or the guest agent in a booted guest "
+        "(default process)",
+    )
+    z.add_argument(
+        "--cases",
+        type=positive,
+        default=None,
+        help="cases (default 20000; --via guest: 500, at most what the fuzz area holds)",
+    )
     z.add_argument("--seed", type=nonnegative, default=0)
+    z.add_argument(
+        "--qemu",
+        choices=("kvcxl", "stock"),
+        default="kvcxl",
+        help="--via guest: the patched QEMU (default) or Debian's",
+    )
     z.add_argument("--json", dest="json_out", help="write the report to this JSON file")
     z.set_defaults(func=_fuzz)
     p.set_defaults(func=lambda args: p.print_help() or 0)
@@ -369,11 +389,14 @@ def _fuzz(args: argparse.Namespace) -> int:
 
     from .ring_fuzz import run
 
-    with tempfile.TemporaryDirectory() as tmp:
-        media = Path(tmp) / "media.bin"
-        with open(media, "wb") as f:
-            f.truncate(64 << 20)
-        report = run(media, args.cases, seed=args.seed)
+    if args.via == "guest":
+        report = _fuzz_guest(args)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            media = Path(tmp) / "media.bin"
+            with open(media, "wb") as f:
+                f.truncate(64 << 20)
+            report = run(media, args.cases or 20000, seed=args.seed)
     print(json.dumps({k: v for k, v in report.items() if k != "examples"}, indent=2))
     for line in report["examples"]:
         print(line, file=sys.stderr)
@@ -383,6 +406,30 @@ def _fuzz(args: argparse.Namespace) -> int:
         print(f"wrote {args.json_out}")
     bad = report["crashes"] + report["wrong_return_codes"] + report["changed_bytes"]
     return 1 if bad else 0
+
+
+def _fuzz_guest(args: argparse.Namespace) -> dict:
+    """One boot whose only job is the agent's fuzz job; its report, with the boot's
+    verdict (a guest that did not power off by itself is a crash)."""
+    from . import guest_fuzz
+    from .boot import BootOptions, boot
+
+    cases = args.cases or 500
+    if cases > guest_fuzz.CASES_MAX:
+        raise ValueError(f"--cases {cases}: --via guest takes at most {guest_fuzz.CASES_MAX}")
+    opts = BootOptions(
+        jobs=("fuzz",), fuzz_cases=cases, fuzz_seed=args.seed, device_emulator=False,
+        qemu=args.qemu, on_event=_progress,
+    )  # fmt: skip
+    boot_report, _ = boot(opts)
+    report = boot_report["guest_fuzz"]
+    report["boot_ok"] = boot_ok(boot_report)
+    report["boot_wall_s"] = boot_report["wall_s"]
+    report["guest_failures"] = boot_report["guest_failures"]
+    if not report["boot_ok"]:
+        report["crashes"] += 1
+        report["examples"].append(f"the boot failed: {boot_report.get('console_tail', [])[-3:]}")
+    return report
 
 
 def _inject(args: argparse.Namespace) -> int:

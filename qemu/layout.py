@@ -31,6 +31,10 @@ XFER_BASE = 0x800000
 XFER_H2G = XFER_BASE
 XFER_G2H = XFER_BASE + 0x400000
 XFER_BYTES = 0x10000
+# The guest fuzz job's area, between the two transfer buffers: cases (host writes), then
+# one result per case (the guest writes).
+FUZZ_BASE = XFER_BASE + 0x100000
+FUZZ_SIZE = 0x300000  # up to the guest-to-host buffer
 KV_BASE = 0x1000000
 SEED_H2G = 0x48324755
 SEED_G2H = 0x47324855
@@ -142,6 +146,22 @@ TRACE_BATCH = np.dtype(
     [("step", "<u4"), ("layer", "<u2"), ("kind", "<u2"), ("count", "<u4"), ("offset", "<u4")]
 )
 
+# --- guest fuzz area (qemu/guest_fuzz.py; the agent's fuzz job) -------------------------
+FUZZ_MAGIC = 0x5A46564B  # "KVFZ"
+FUZZ_HDR_FMT = struct.Struct("<IIII48x")  # magic n_cases hdr_bytes results (offsets in area)
+# One ring command as the guest submits it: its payload (``length`` bytes at ``offset``
+# in the area) goes to the input slot, ``in_len`` to the SQE (they differ when in_len
+# is past the slot).
+FUZZ_CASE = np.dtype(
+    [("op", "<u2"), ("pad", "<u2"), ("step", "<u4"), ("count", "<u4"), ("in_len", "<u4"),
+     ("arg0", "<u8"), ("arg1", "<u8"), ("offset", "<u4"), ("length", "<u4")]
+)  # fmt: skip
+# What the guest saw: the completion's status and out_len, and the bytes it found changed
+# outside the completion and the out_len bytes of its output slot.
+FUZZ_RESULT = np.dtype(
+    [("status", "<u2"), ("done", "<u2"), ("out_len", "<u4"), ("stray", "<u4"), ("pad", "<u4")]
+)
+
 # --- TCG plugin access ring ----------------------------------------------------------
 ACC_MAGIC = 0x4343414B
 ACC_HDR_FMT = struct.Struct("<IIQQQQQ16x")  # magic capacity head tail dropped seen armed
@@ -154,7 +174,7 @@ ACC_STORE = 1 << 16
 WINDOW_BASE = 0x390000000
 WINDOW_SIZE = 4 << 30
 
-for _s in (DEV_HDR_FMT, HOST_HDR_FMT, SQE_FMT, CQE_FMT, TRACE_HDR_FMT, ACC_HDR_FMT):
+for _s in (DEV_HDR_FMT, HOST_HDR_FMT, SQE_FMT, CQE_FMT, TRACE_HDR_FMT, ACC_HDR_FMT, FUZZ_HDR_FMT):
     assert _s.size == 64, _s.format
 
 

@@ -117,20 +117,13 @@ class RingModel:
         return OK
 
 
-class RingFuzzer:
-    def __init__(self, media: str | Path, seed: int = 0, policy: str = "ema") -> None:
-        self.fw = FirmwareService(media, policy=policy)
-        self.cl = RingClient(media, heartbeat_timeout=1.0)
-        self.cl.wait_ready(timeout=5)
-        self.model = RingModel(self.fw.size)
-        self.rng = random.Random(seed)
-        self.cases = self.crashes = self.wrong = self.changed_bytes = 0
-        self.coverage: Counter[str] = Counter()
-        self.mutations: Counter[str] = Counter()
-        self.examples: list[str] = []
+class CaseMaker:
+    """Mutated ring commands, each with the return code the model predicts for it: the
+    cases of the in-process fuzzer and of the guest agent's ``fuzz`` job alike."""
 
-    def close(self) -> None:
-        self.cl.close()
+    def __init__(self, media_size: int, seed: int = 0) -> None:
+        self.model = RingModel(media_size)
+        self.rng = random.Random(seed)
 
     # --- valid commands for the model's state ------------------------------------------------
     def _valid(self) -> tuple[int, int, int, bytes, int, int]:
@@ -201,17 +194,42 @@ class RingFuzzer:
             a1 = r.choice([0, 64, 128, 100])
         return (op, step, count, payload, a0, a1, in_len), how
 
-    # --- one case -------------------------------------------------------------------------------
-    def case(self) -> None:
+    def next(self) -> tuple[tuple, str, int]:
+        """``((op, step, count, payload, arg0, arg1, in_len), mutation, expected code)``:
+        a valid command for the model's state, mutated until it differs."""
         base = self._valid()
         mutated, how = self._mutate(base)
         while mutated[:6] == base and mutated[6] == len(base[3]):
             mutated, how = self._mutate(base)  # every counted case is mutated
         op, step, count, payload, a0, a1, in_len = mutated
-        step &= 0xFFFFFFFF  # the SQE's field is 32 bits
+        step &= 0xFFFFFFFF  # the SQE's fields are 32 and 64 bits
+        count &= 0xFFFFFFFF
+        a0 &= (1 << 64) - 1
+        a1 &= (1 << 64) - 1
+        want = self.model.expect(op, step, count, in_len, payload, a0, a1)
+        return (op, step, count, payload, a0, a1, in_len), how, want
+
+
+class RingFuzzer:
+    def __init__(self, media: str | Path, seed: int = 0, policy: str = "ema") -> None:
+        self.fw = FirmwareService(media, policy=policy)
+        self.cl = RingClient(media, heartbeat_timeout=1.0)
+        self.cl.wait_ready(timeout=5)
+        self.maker = CaseMaker(self.fw.size, seed)
+        self.model = self.maker.model
+        self.cases = self.crashes = self.wrong = self.changed_bytes = 0
+        self.coverage: Counter[str] = Counter()
+        self.mutations: Counter[str] = Counter()
+        self.examples: list[str] = []
+
+    def close(self) -> None:
+        self.cl.close()
+
+    # --- one case -------------------------------------------------------------------------------
+    def case(self) -> None:
+        (op, step, count, payload, a0, a1, in_len), how, want = self.maker.next()
         self.cases += 1
         self.mutations[how] += 1
-        want = self.model.expect(op, step, count, in_len, payload, a0, a1)
         cl = self.cl
         i = cl.sq_tail
         o = L.slot_in_offset(i)

@@ -539,9 +539,12 @@ class FirmwareService:
         struct.pack_into("<Q", self.acc, 16, tail + n)
         self.plugin_records += n
         self.plugin_dropped = dropped
-        base = self.window_base if self.window_base else L.WINDOW_BASE
-        dpa = r["gpa"].astype(np.int64) - base
-        inside = (dpa >= 0) & (dpa < self.size)
+        # The window base is the guest's (OPEN): any u64, so the arithmetic is u64 (wrapping
+        # where it is masked off), never a signed conversion that a large base overflows.
+        base = np.uint64(self.window_base if self.window_base else L.WINDOW_BASE)
+        gpa = r["gpa"].astype(np.uint64)
+        inside = (gpa >= base) & (gpa - base < np.uint64(self.size))
+        dpa = np.where(inside, gpa - base, 0).astype(np.int64)
         self.plugin_outside += int(np.count_nonzero(~inside))
         store = (r["size_flags"] & L.ACC_STORE) != 0
         self.plugin_writes += int(np.count_nonzero(store & inside))

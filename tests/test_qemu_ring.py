@@ -176,6 +176,7 @@ int main(void) {
            KVCXL_RC_INVALID_PAYLOAD_LENGTH);
     for (int k = 0; k < 4; k++) printf("%016llx ", (unsigned long long)kvcxl_pattern(7, 99, k));
     printf("\n");
+    printf("%llu %llu %u\n", KVCXL_FUZZ_BASE, KVCXL_FUZZ_SIZE, KVCXL_FUZZ_MAGIC);
     return 0;
 }
 """
@@ -221,6 +222,7 @@ def test_c_header_matches_python_layout(tmp_path: Path) -> None:
     ]
     words = [int(x, 16) for x in lines[4].split()]
     assert words == list(struct.unpack("<4Q", L.pattern(7, 99, 32)))
+    assert [int(x) for x in lines[5].split()] == [L.FUZZ_BASE, L.FUZZ_SIZE, L.FUZZ_MAGIC]
 
 
 # Each ring record struct of the header and the Python dtype it must equal.
@@ -231,6 +233,8 @@ _C_RECORDS = {
     "kvcxl_victim": L.VICTIM_REC,
     "kvcxl_trace_batch": L.TRACE_BATCH,
     "kvcxl_acc_rec": L.ACC_REC,
+    "kvcxl_fuzz_case": L.FUZZ_CASE,
+    "kvcxl_fuzz_result": L.FUZZ_RESULT,
 }
 
 

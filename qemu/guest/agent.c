@@ -3,7 +3,7 @@
  * command/completion ring that lives in device memory (kvcxl_ring.h, docs/qemu.md).
  *
  *   kvcxl-agent --dax /dev/dax0.0 --base GPA [--poison DPA:LEN,...] JOB
- *   JOB = datapath | replay | malformed | bench
+ *   JOB = datapath | replay | malformed | fuzz | bench
  *
  * Every result is one line "@kvcxl {json}" on stdout.  Exit status: 0 ok, 1 a check
  * failed (bytes differ, residency disagrees), 2 usage or setup error, 3 device error
@@ -494,6 +494,83 @@ static int job_malformed(void)
     return 0;
 }
 
+/* The host's mutated ring commands (the fuzz area, qemu/guest_fuzz.py), submitted from
+ * the guest one at a time; each result (status, out_len, stray bytes) goes back to the
+ * fuzz area for the host to compare with its model.  Stray bytes: a changed byte of the
+ * submission or completion queues other than this command's completion, or of its
+ * output slot past out_len (filled with a sentinel before the command); and, once at the
+ * end, of a 64 KiB pattern at the start of KV space. */
+#define FUZZ_SENTINEL 0xa5u
+#define SEED_KV 0x4b56465au
+static int job_fuzz(void)
+{
+    struct kvcxl_fuzz_hdr fh;
+    dev_read(&fh, dev + KVCXL_FUZZ_BASE, sizeof fh);
+    const uint64_t case_end = fh.hdr_bytes + (uint64_t)fh.n_cases * sizeof(struct kvcxl_fuzz_case);
+    if (fh.magic != KVCXL_FUZZ_MAGIC || case_end > KVCXL_FUZZ_SIZE ||
+        fh.results + (uint64_t)fh.n_cases * sizeof(struct kvcxl_fuzz_result) > KVCXL_FUZZ_SIZE)
+        die(2, "agent_error", "no fuzz cases in the fuzz area");
+    const uint64_t KV_GUARD = 64 << 10;
+    uint8_t *payload = malloc(KVCXL_SLOT_IN), *sentinel = malloc(KVCXL_SLOT_OUT);
+    uint8_t *guard = malloc(KV_GUARD), *out = malloc(KVCXL_SLOT_OUT);
+    fill(guard, SEED_KV, 0, KV_GUARD);
+    dev_write(dev + KVCXL_KV_BASE, guard, KV_GUARD);
+    memset(sentinel, FUZZ_SENTINEL, KVCXL_SLOT_OUT);
+    static uint8_t q_before[KVCXL_SLOTS - KVCXL_SQ], q_after[KVCXL_SLOTS - KVCXL_SQ];
+    uint64_t stray_total = 0, internal = 0, t0 = now_ns();
+    for (uint32_t k = 0; k < fh.n_cases; k++) {
+        struct kvcxl_fuzz_case fc;
+        dev_read(&fc, dev + KVCXL_FUZZ_BASE + fh.hdr_bytes + (uint64_t)k * sizeof fc, sizeof fc);
+        if (fc.length > KVCXL_SLOT_IN || fc.offset + (uint64_t)fc.length > KVCXL_FUZZ_SIZE)
+            die(2, "agent_error", "fuzz case payload out of bounds");
+        dev_read(payload, dev + KVCXL_FUZZ_BASE + fc.offset, fc.length);
+        uint32_t i = sq_tail;
+        dev_write(slot_out(i), sentinel, KVCXL_SLOT_OUT);
+        dev_write(slot_in(i), payload, fc.length);
+        volatile struct kvcxl_sqe *e = sqe_at(i);
+        e->opcode = fc.op;
+        e->flags = 0;
+        e->cid = next_cid++;
+        e->step = fc.step;
+        e->layer = 0;
+        e->count = fc.count;
+        e->in_len = fc.in_len;
+        e->arg0 = fc.arg0;
+        e->arg1 = fc.arg1;
+        __sync_synchronize();
+        dev_read(q_before, dev + KVCXL_RING_BASE + KVCXL_SQ, sizeof q_before);
+        sq_tail = i + 1;
+        hhdr()->sq_tail = sq_tail; /* the doorbell */
+        volatile struct kvcxl_cqe *c = wait_cqe(i);
+        struct kvcxl_fuzz_result r = {c->status, 1, c->out_len, 0, 0};
+        dev_read(q_after, dev + KVCXL_RING_BASE + KVCXL_SQ, sizeof q_after);
+        const uint64_t own = KVCXL_CQ - KVCXL_SQ + (uint64_t)(i % KVCXL_DEPTH) * KVCXL_ENTRY;
+        for (uint64_t b = 0; b < sizeof q_after; b++)
+            r.stray += q_before[b] != q_after[b] && (b < own || b >= own + KVCXL_ENTRY);
+        if (r.out_len > KVCXL_SLOT_OUT) {
+            r.stray += 1;
+        } else {
+            dev_read(out, slot_out(i), KVCXL_SLOT_OUT);
+            for (uint32_t b = r.out_len; b < KVCXL_SLOT_OUT; b++)
+                r.stray += out[b] != FUZZ_SENTINEL;
+        }
+        consume(i);
+        internal += r.status == KVCXL_RC_INTERNAL;
+        stray_total += r.stray;
+        dev_write(dev + KVCXL_FUZZ_BASE + fh.results + (uint64_t)k * sizeof r, &r, sizeof r);
+    }
+    dev_read(guard, dev + KVCXL_KV_BASE, KV_GUARD);
+    uint64_t kv_bad = check(guard, SEED_KV, 0, KV_GUARD);
+    __sync_synchronize();
+    emit("fuzz",
+         "\"cases\":%u,\"internal_errors\":%llu,\"stray_bytes\":%llu,\"kv_guard_bad\":%llu,"
+         "\"fuzz_s\":%.3f",
+         fh.n_cases, (unsigned long long)internal, (unsigned long long)stray_total,
+         (unsigned long long)kv_bad, (now_ns() - t0) / 1e9);
+    call(KVCXL_OP_CLOSE, 0, 0, 0, NULL, 0, 0, 0, NULL);
+    return (internal || stray_total || kv_bad) ? 1 : 0;
+}
+
 static double memcpy_mbps(uint8_t *dst, const uint8_t *src, uint64_t bytes, int reps)
 {
     uint64_t t = now_ns();
@@ -595,7 +672,7 @@ int main(int argc, char **argv)
             die(2, "agent_error", "usage: kvcxl-agent [--dax P] [--base GPA] [--poison L] JOB");
     }
     if (!job)
-        die(2, "agent_error", "no job given (datapath, replay, malformed, bench)");
+        die(2, "agent_error", "no job given (datapath, replay, malformed, fuzz, bench)");
     dev_size = dax_size(path);
     int fd = open(path, O_RDWR);
     if (fd < 0 || dev_size == 0)
@@ -613,6 +690,8 @@ int main(int argc, char **argv)
         return job_replay();
     if (!strcmp(job, "malformed"))
         return job_malformed();
+    if (!strcmp(job, "fuzz"))
+        return job_fuzz();
     if (!strcmp(job, "bench"))
         return job_bench();
     die(2, "agent_error", "unknown job");

@@ -83,6 +83,7 @@ for j in $(echo "$JOBS" | tr ',' ' '); do
         datapath) $AGENT datapath || ev agent_failed ",\"job\":\"datapath\"";;
         replay) $AGENT replay || ev agent_failed ",\"job\":\"replay\"";;
         malformed) $AGENT malformed || ev agent_failed ",\"job\":\"malformed\"";;
+        fuzz) $AGENT fuzz || ev agent_failed ",\"job\":\"fuzz\"";;
         bench) $AGENT bench || ev agent_failed ",\"job\":\"bench\"";;
         wait) ev waiting; sleep "$(arg wait)";;
     esac

@@ -14,6 +14,8 @@
 #define KVCXL_XFER_H2G (KVCXL_XFER_BASE)            /* host writes, guest reads */
 #define KVCXL_XFER_G2H (KVCXL_XFER_BASE + 0x400000) /* guest writes, host reads */
 #define KVCXL_XFER_BYTES 0x10000ull                 /* 64 KiB each way */
+#define KVCXL_FUZZ_BASE (KVCXL_XFER_BASE + 0x100000) /* fuzz cases and results, 3 MiB */
+#define KVCXL_FUZZ_SIZE 0x300000ull
 #define KVCXL_KV_BASE 0x1000000ull                  /* KV entries from 16 MiB */
 
 /* --- ring geometry (offsets from KVCXL_RING_BASE) ----------------------------------- */
@@ -168,6 +170,35 @@ struct kvcxl_trace_batch {
     uint32_t offset; /* of its records, from KVCXL_TRACE_BASE */
 };
 
+/* --- guest fuzz area (written by the host before boot; results by the fuzz job) ------- */
+#define KVCXL_FUZZ_MAGIC 0x5a46564bu /* "KVFZ" */
+struct kvcxl_fuzz_hdr {
+    uint32_t magic;
+    uint32_t n_cases;
+    uint32_t hdr_bytes; /* the cases follow the header */
+    uint32_t results;   /* offset of the results, from KVCXL_FUZZ_BASE */
+    uint32_t reserved[12];
+};
+struct kvcxl_fuzz_case {
+    uint16_t op;
+    uint16_t pad;
+    uint32_t step;
+    uint32_t count;
+    uint32_t in_len; /* as submitted; may be past the slot */
+    uint64_t arg0;
+    uint64_t arg1;
+    uint32_t offset; /* of the payload, from KVCXL_FUZZ_BASE */
+    uint32_t length; /* payload bytes written to the input slot */
+};
+struct kvcxl_fuzz_result {
+    uint16_t status;
+    uint16_t done; /* 1 once the case completed */
+    uint32_t out_len;
+    uint32_t stray; /* bytes changed outside the completion and the out_len output bytes */
+    uint32_t pad;
+};
+
+_Static_assert(sizeof(struct kvcxl_fuzz_hdr) == 64, "fuzz hdr");
 _Static_assert(sizeof(struct kvcxl_dev_hdr) == 64, "dev hdr");
 _Static_assert(sizeof(struct kvcxl_host_hdr) == 64, "host hdr");
 _Static_assert(sizeof(struct kvcxl_sqe) == 64, "sqe");

@@ -524,6 +524,8 @@ class Boot:
                     "replay",
                     "malformed",
                     "fuzz",
+                    "widths",
+                    "widths_in_line",
                     "bench",
                     "device_error",
                     "poison_list",
@@ -555,6 +557,9 @@ class Boot:
             want = L.pattern(L.SEED_G2H, 0, L.XFER_BYTES)
             if "datapath" in self.opts.jobs:
                 out["guest_to_host_bad_bytes"] = sum(a != b for a, b in zip(got, want, strict=True))
+            if {"widths", "widths_in_line"} & set(self.opts.jobs):
+                # the device's bytes (whichever tier holds each page) hash as the guest's shadow
+                out["widths_device_fnv"] = L.fnv1a_bytes(read(L.WIDTHS_BASE, L.WIDTHS_BYTES))
             if "replay" in self.opts.jobs:
                 bad = checked = 0
                 eb = gt.entry_bytes

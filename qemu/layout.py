@@ -35,6 +35,10 @@ XFER_BYTES = 0x10000
 # one result per case (the guest writes).
 FUZZ_BASE = XFER_BASE + 0x100000
 FUZZ_SIZE = 0x300000  # up to the guest-to-host buffer
+# The guest widths job's bytes (loads and stores of every width), after the guest-to-host
+# buffer: a boot traps or churns parts of it with --trap / --churn.
+WIDTHS_BASE = XFER_G2H + 0x100000
+WIDTHS_BYTES = 0x10000
 KV_BASE = 0x1000000
 SEED_H2G = 0x48324755
 SEED_G2H = 0x47324855
@@ -191,14 +195,18 @@ def pattern(seed: int, ident: int, nbytes: int) -> bytes:
     return z.astype("<u8").tobytes()
 
 
+def fnv1a_bytes(data: bytes) -> str:
+    """The agent's hash: FNV-1a 64 over the bytes, in order."""
+    h = 1469598103934665603
+    for b in data:
+        h ^= b
+        h = (h * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
 def fnv1a_ids(ids: list[int] | NDArray) -> str:
     """The agent's victim hash: FNV-1a 64 over each id's 4 little-endian bytes, in order."""
-    h = 1469598103934665603
-    for i in ids:
-        for s in range(4):
-            h ^= (int(i) >> (8 * s)) & 0xFF
-            h = (h * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-    return f"{h:016x}"
+    return fnv1a_bytes(b"".join(int(i).to_bytes(4, "little") for i in ids))
 
 
 def sq_offset(i: int) -> int:

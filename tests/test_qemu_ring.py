@@ -176,7 +176,8 @@ int main(void) {
            KVCXL_RC_INVALID_PAYLOAD_LENGTH);
     for (int k = 0; k < 4; k++) printf("%016llx ", (unsigned long long)kvcxl_pattern(7, 99, k));
     printf("\n");
-    printf("%llu %llu %u\n", KVCXL_FUZZ_BASE, KVCXL_FUZZ_SIZE, KVCXL_FUZZ_MAGIC);
+    printf("%llu %llu %u %llu %llu\n", KVCXL_FUZZ_BASE, KVCXL_FUZZ_SIZE, KVCXL_FUZZ_MAGIC,
+           KVCXL_WIDTHS_BASE, KVCXL_WIDTHS_BYTES);
     return 0;
 }
 """
@@ -222,7 +223,13 @@ def test_c_header_matches_python_layout(tmp_path: Path) -> None:
     ]
     words = [int(x, 16) for x in lines[4].split()]
     assert words == list(struct.unpack("<4Q", L.pattern(7, 99, 32)))
-    assert [int(x) for x in lines[5].split()] == [L.FUZZ_BASE, L.FUZZ_SIZE, L.FUZZ_MAGIC]
+    assert [int(x) for x in lines[5].split()] == [
+        L.FUZZ_BASE,
+        L.FUZZ_SIZE,
+        L.FUZZ_MAGIC,
+        L.WIDTHS_BASE,
+        L.WIDTHS_BYTES,
+    ]
 
 
 # Each ring record struct of the header and the Python dtype it must equal.

@@ -3,7 +3,7 @@
  * command/completion ring that lives in device memory (kvcxl_ring.h, docs/qemu.md).
  *
  *   kvcxl-agent --dax /dev/dax0.0 --base GPA [--poison DPA:LEN,...] JOB
- *   JOB = datapath | replay | malformed | fuzz | bench
+ *   JOB = datapath | replay | malformed | fuzz | widths | widths_in_line | bench
  *
  * Every result is one line "@kvcxl {json}" on stdout.  Exit status: 0 ok, 1 a check
  * failed (bytes differ, residency disagrees), 2 usage or setup error, 3 device error
@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <emmintrin.h>
 
 #include "kvcxl_ring.h"
 
@@ -571,6 +572,125 @@ static int job_fuzz(void)
     return (internal || stray_total || kv_bad) ? 1 : 0;
 }
 
+/* Loads and stores of every width the guest's CPU makes (1, 2, 4, 8 bytes; 16: one SSE
+ * access; 64: a line as four SSE accesses, TCG having no wider one) at random offsets of
+ * the widths area, aligned or not, a third of them straddling a page boundary
+ * (where the host's --trap and --churn ranges meet direct pages).  Every load is compared
+ * with a shadow copy in guest RAM; the shadow's FNV-1a hash is reported for the host to
+ * compare with the device's bytes.  widths_in_line: the same, no access crossing a 64-byte
+ * line (the unit of a CXL.mem request). */
+#define WIDTH_OPS 40000
+static uint64_t xorshift(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+static void width_store(volatile uint8_t *p, const uint8_t *v, unsigned w)
+{
+    switch (w) {
+    case 1: *p = v[0]; break;
+    case 2: { uint16_t x; memcpy(&x, v, 2); *(volatile uint16_t *)p = x; } break;
+    case 4: { uint32_t x; memcpy(&x, v, 4); *(volatile uint32_t *)p = x; } break;
+    case 8: { uint64_t x; memcpy(&x, v, 8); *(volatile uint64_t *)p = x; } break;
+    default:
+        for (unsigned k = 0; k < w; k += 16)
+            _mm_storeu_si128((__m128i *)(p + k), _mm_loadu_si128((const __m128i *)(v + k)));
+    }
+}
+static void width_load(const volatile uint8_t *p, uint8_t *v, unsigned w)
+{
+    switch (w) {
+    case 1: v[0] = *p; break;
+    case 2: { uint16_t x = *(const volatile uint16_t *)p; memcpy(v, &x, 2); } break;
+    case 4: { uint32_t x = *(const volatile uint32_t *)p; memcpy(v, &x, 4); } break;
+    case 8: { uint64_t x = *(const volatile uint64_t *)p; memcpy(v, &x, 8); } break;
+    default:
+        for (unsigned k = 0; k < w; k += 16)
+            _mm_storeu_si128((__m128i *)(v + k), _mm_loadu_si128((const __m128i *)(p + k)));
+    }
+}
+static int job_widths(int in_line)
+{
+    static const unsigned widths[6] = {1, 2, 4, 8, 16, 64};
+    const uint64_t N = KVCXL_WIDTHS_BYTES;
+    volatile uint8_t *region = dev + KVCXL_WIDTHS_BASE;
+    uint8_t *shadow = malloc(N);
+    dev_read(shadow, (const uint8_t *)region, N);
+    uint64_t seed = 0x9e3779b97f4a7c15ull, loads = 0, stores = 0, bad = 0, straddles = 0;
+    uint64_t per_width[6] = {0}, bad_by_width[6] = {0}, first_bad_off[6] = {0};
+    uint64_t first_bad_op[6] = {0};
+    uint8_t v[64], got[64];
+    uint64_t t0 = now_ns();
+    for (uint64_t i = 0; i < WIDTH_OPS; i++) {
+        uint64_t r = xorshift(&seed);
+        unsigned wi = r % 6, w = widths[wi];
+        uint64_t off;
+        if ((r >> 8) % 3 == 0) { /* across a page boundary */
+            uint64_t page = 1 + (r >> 16) % (N / 4096 - 1);
+            off = page * 4096 - 1 - (r >> 32) % w;
+            if (w == 1)
+                off = page * 4096 - (r >> 32) % 2;
+        } else {
+            off = (r >> 16) % (N - w + 1);
+        }
+        if (in_line && off / 64 != (off + w - 1) / 64) /* keep it inside its 64-byte line */
+            off = w == 64 ? off & ~63ull : (off & ~63ull) + (off & 63) % (64 - w + 1);
+        straddles += off / 4096 != (off + w - 1) / 4096;
+        per_width[wi]++;
+        if ((r >> 40) & 1) {
+            for (unsigned k = 0; k < w; k++)
+                v[k] = (uint8_t)(xorshift(&seed) >> 24);
+            width_store(region + off, v, w);
+            memcpy(shadow + off, v, w);
+            stores++;
+        } else {
+            width_load(region + off, got, w);
+            uint64_t b = 0;
+            for (unsigned k = 0; k < w; k++)
+                b += got[k] != shadow[off + k];
+            if (b && !bad_by_width[wi]) { /* the first wrong load of each width */
+                first_bad_off[wi] = off;
+                first_bad_op[wi] = i;
+            }
+            bad_by_width[wi] += b;
+            bad += b;
+            loads++;
+        }
+    }
+    /* a final sweep: every byte as the guest last wrote it */
+    uint8_t *sweep = malloc(N);
+    dev_read(sweep, (const uint8_t *)region, N);
+    for (uint64_t k = 0; k < N; k++)
+        bad += sweep[k] != shadow[k];
+    uint64_t h = 1469598103934665603ull;
+    for (uint64_t k = 0; k < N; k++) {
+        h ^= shadow[k];
+        h *= 1099511628211ull;
+    }
+    __sync_synchronize();
+    for (unsigned wi = 0; wi < 6; wi++)
+        if (bad_by_width[wi])
+            emit("widths_bad", "\"in_line\":%d,\"width\":%u,\"bad_bytes\":%llu,\"first_offset\":%llu,"
+                 "\"first_op\":%llu", in_line, widths[wi], (unsigned long long)bad_by_width[wi],
+                 (unsigned long long)first_bad_off[wi], (unsigned long long)first_bad_op[wi]);
+    emit(in_line ? "widths_in_line" : "widths",
+         "\"ops\":%llu,\"loads\":%llu,\"stores\":%llu,\"straddling\":%llu,\"bad_bytes\":%llu,"
+         "\"w1\":%llu,\"w2\":%llu,\"w4\":%llu,\"w8\":%llu,\"w16\":%llu,\"w64\":%llu,"
+         "\"region\":\"0x%llx\",\"bytes\":%llu,\"shadow_fnv\":\"%016llx\",\"widths_s\":%.3f",
+         (unsigned long long)WIDTH_OPS, (unsigned long long)loads, (unsigned long long)stores,
+         (unsigned long long)straddles, (unsigned long long)bad,
+         (unsigned long long)per_width[0], (unsigned long long)per_width[1],
+         (unsigned long long)per_width[2], (unsigned long long)per_width[3],
+         (unsigned long long)per_width[4], (unsigned long long)per_width[5],
+         (unsigned long long)KVCXL_WIDTHS_BASE, (unsigned long long)N, (unsigned long long)h,
+         (now_ns() - t0) / 1e9);
+    free(shadow);
+    free(sweep);
+    return bad ? 1 : 0;
+}
+
 static double memcpy_mbps(uint8_t *dst, const uint8_t *src, uint64_t bytes, int reps)
 {
     uint64_t t = now_ns();
@@ -672,7 +792,7 @@ int main(int argc, char **argv)
             die(2, "agent_error", "usage: kvcxl-agent [--dax P] [--base GPA] [--poison L] JOB");
     }
     if (!job)
-        die(2, "agent_error", "no job given (datapath, replay, malformed, fuzz, bench)");
+        die(2, "agent_error", "no job given (datapath, replay, malformed, fuzz, widths, bench)");
     dev_size = dax_size(path);
     int fd = open(path, O_RDWR);
     if (fd < 0 || dev_size == 0)
@@ -684,6 +804,10 @@ int main(int argc, char **argv)
          (unsigned long long)dev_size, n_poison);
     if (!strcmp(job, "datapath"))
         return job_datapath();
+    if (!strcmp(job, "widths"))
+        return job_widths(0);
+    if (!strcmp(job, "widths_in_line"))
+        return job_widths(1);
     ring_wait_ready();
     wait_tracing();
     if (!strcmp(job, "replay"))

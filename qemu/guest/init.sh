@@ -84,6 +84,8 @@ for j in $(echo "$JOBS" | tr ',' ' '); do
         replay) $AGENT replay || ev agent_failed ",\"job\":\"replay\"";;
         malformed) $AGENT malformed || ev agent_failed ",\"job\":\"malformed\"";;
         fuzz) $AGENT fuzz || ev agent_failed ",\"job\":\"fuzz\"";;
+        widths) $AGENT widths || ev agent_failed ",\"job\":\"widths\"";;
+        widths_in_line) $AGENT widths_in_line || ev agent_failed ",\"job\":\"widths_in_line\"";;
         bench) $AGENT bench || ev agent_failed ",\"job\":\"bench\"";;
         wait) ev waiting; sleep "$(arg wait)";;
     esac

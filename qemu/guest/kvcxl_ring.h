@@ -16,6 +16,8 @@
 #define KVCXL_XFER_BYTES 0x10000ull                 /* 64 KiB each way */
 #define KVCXL_FUZZ_BASE (KVCXL_XFER_BASE + 0x100000) /* fuzz cases and results, 3 MiB */
 #define KVCXL_FUZZ_SIZE 0x300000ull
+#define KVCXL_WIDTHS_BASE (KVCXL_XFER_G2H + 0x100000) /* the widths job's 64 KiB */
+#define KVCXL_WIDTHS_BYTES 0x10000ull
 #define KVCXL_KV_BASE 0x1000000ull                  /* KV entries from 16 MiB */
 
 /* --- ring geometry (offsets from KVCXL_RING_BASE) ----------------------------------- */

@@ -12,7 +12,10 @@ import sys
 from kvcxl.emu.argtypes import nonnegative, nonnegative_float, positive, positive_float
 from kvcxl.emu.sizes import dpa_range
 
-JOBS = ("datapath", "replay", "malformed", "fuzz", "widths", "widths_in_line", "bench", "poison", "wait")
+JOBS = (
+    "datapath", "replay", "malformed", "fuzz", "widths", "widths_in_line", "bench", "poison",
+    "wait",
+)  # fmt: skip
 
 
 def register(sub: argparse._SubParsersAction) -> None:

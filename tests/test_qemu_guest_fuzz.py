@@ -99,7 +99,8 @@ def test_the_guest_agent_fuzzes_the_ring_from_inside_the_guest() -> None:
     from kvcxl.qemu.boot import BootOptions, boot
     from kvcxl.qemu.commands import boot_ok
 
-    report, _ = boot(BootOptions(jobs=("fuzz",), fuzz_cases=300, device_emulator=False))
+    opts = BootOptions(jobs=("fuzz",), fuzz_cases=300, device_emulator=False, qemu="stock")
+    report, _ = boot(opts)
     assert boot_ok(report), report.get("console_tail")
     r = report["guest_fuzz"]
     assert r["completed"] == 300, r

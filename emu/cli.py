@@ -30,6 +30,7 @@ from .errors import UserError
 # Order here is the order in `kvcxl --help`.
 COMMAND_MODULES: tuple[str, ...] = (
     "kvcxl.emu.sim.commands",  # simulate, sizing, demo, trace export
+    "kvcxl.emu.experiments.commands",  # experiment (the validation programme)
     "kvcxl.firmware.commands",  # policy config show/check
     "kvcxl.emu.device.commands",  # device serve / soak / fuzz
     "kvcxl.rtl.commands",  # rtl verilog / formal / synth
@@ -67,7 +68,7 @@ OUTPUT_FILES: dict[str, str] = {
     "dump_victims": "--dump-victims",
     "output": "--output",
 }
-OUTPUT_DIRS: dict[str, str] = {"out": "--out"}
+OUTPUT_DIRS: dict[str, str] = {"out": "--out", "plot_dir": "--plot"}
 
 INTERNAL_ERROR = 70  # EX_SOFTWARE: only the last-resort handler returns it
 REPORT_TO = (

@@ -11,6 +11,10 @@ its context has been — and recomputes each policy's priority from them by the
 documented formulas of docs/policy.md (the formula functions themselves are the
 firmware's one definition; the state they are applied to is this history's own).
 
+``ema-position`` keeps one EMA per block position (firmware/policies/ema_position.py): its
+EMA quantities (score, pending weight, idle base) are indexed by position instead of by
+entry, born with the position's first entry and never forgotten.
+
 EMA scores are kept lazily: the score as of some completed step plus the weight
 pending in the current step, brought forward on demand through zero-weight steps
 (a closed form in float mode, the Q0.16 recurrence in integer mode), so nothing
@@ -25,6 +29,7 @@ from numpy.typing import NDArray
 from . import fixedpoint as fx
 from .config import PolicyConfig
 from .formulas import eviction_priority
+from .policies.ema_position import Positions
 from .table import EntryTable, grow, unique_ids
 
 _TIME_SPAN = 1 << 40  # LFU's documented order: read count, then last read time
@@ -58,6 +63,8 @@ class EntryHistory:
         self.pend_w = z(np.int64 if int_mode else np.float64)  # largest weight in pend_k
         self.pend_k = z(np.int64, -1)
         self.pinned = z(np.bool_, False)
+        # ema-position: EMA columns are indexed by position (None: by entry)
+        self.positions = Positions() if self.name == "ema-position" else None
         self.known = z(np.bool_, False)  # existed before (the table's entries at the start)
         if int_mode:
             self.alpha_q = fx.alpha_to_q16(self.config.alpha)
@@ -89,13 +96,26 @@ class EntryHistory:
 
     def _fresh(self, ids: NDArray) -> None:
         """Classic (non-persistent) state starts afresh."""
-        for c in ("reads", "weight_sum", "score", "pend_w", "last_read"):
+        for c in ("reads", "weight_sum", "last_read"):
             getattr(self, c)[ids] = 0
         self.log_crf[ids] = -np.inf
         self.crf_time[ids] = 0
+        if self.positions is None:
+            self._fresh_ema(ids)
+
+    def _fresh_ema(self, ids: NDArray) -> None:
+        self.score[ids] = 0
+        self.pend_w[ids] = 0
         self.score_k[ids] = self.k
         self.pend_k[ids] = -1
         self.idle_base[ids] = self.k
+
+    def _ema_index(self, ids: NDArray) -> NDArray:
+        """Where the EMA quantities of ``ids`` live: the entries, or their positions."""
+        if self.positions is None:
+            return ids
+        self.ensure(self.positions.update(self.table))
+        return self.positions(ids)
 
     def on_admit(self, ids: NDArray, time: int) -> None:
         ids = np.asarray(ids, dtype=np.int64)
@@ -104,6 +124,10 @@ class EntryHistory:
         self.ensure(int(ids.max()) + 1)
         born = ids[~self.known[ids]]  # created now: score 0 and idle 0 from this step
         self._fresh(born)
+        if self.positions is not None and born.size:  # a position is born with its first entry
+            seen = len(self.positions.of)
+            p = self._ema_index(born)
+            self._fresh_ema(np.unique(p[p >= seen]))
         self.known[born] = True
         if not self.config.persistent_metadata:
             self._fresh(ids)
@@ -136,8 +160,9 @@ class EntryHistory:
         u = unique_ids(ids)
         self.log_crf[u] = np.logaddexp2(self.log_crf[u] - lam * (time - self.crf_time[u]), 0.0)
         self.crf_time[u] = time
-        if self.name != "ema":
+        if self.name not in ("ema", "ema-position"):
             return
+        ids = self._ema_index(ids)
         if self.mode == "int":
             wq = np.asarray(fx.to_q16(w), dtype=np.int64)
             touch = wq >= self.touch_q
@@ -203,7 +228,7 @@ class EntryHistory:
 
     def _anchor(self, ids: NDArray) -> NDArray:
         first = self.table.block[ids].astype(np.int64) * self.table.block_tokens
-        if self.name == "ema":
+        if self.name in ("ema", "ema-position", "lru-anchor"):
             return first < self.config.anchor_zone_size
         if self.name in ("sink-window", "h2o"):
             return first < self.config.param("sink_tokens")
@@ -222,7 +247,11 @@ class EntryHistory:
                     )
                 )
             return np.asarray(eviction_priority(self.score[ids], self.idle(ids), cfg.beta))
-        if name == "lru":
+        if name == "ema-position":
+            p = self._ema_index(ids)
+            self._settle(p)
+            return np.asarray(eviction_priority(self.score[p], self.idle(p), cfg.beta))
+        if name in ("lru", "lru-anchor"):
             return -self.last_use[ids]
         if name == "fifo":
             return -self.admitted[ids]

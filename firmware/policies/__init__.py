@@ -5,7 +5,7 @@ Adding a policy is adding a file here and importing it below.  ``belady.py`` hol
 libCacheSim's Belady).
 """
 
-from . import belady, ema, fifo, h2o, lfu, lrfu, lru, random, sink_window
+from . import belady, ema, ema_position, fifo, h2o, lfu, lrfu, lru, lru_anchor, random, sink_window
 from .base import POLICIES, Policy, Tick, make_policy, register
 from .belady import BeladyNoBypassPolicy, BeladyPolicy
 
@@ -17,11 +17,13 @@ __all__ = [
     "Tick",
     "belady",
     "ema",
+    "ema_position",
     "fifo",
     "h2o",
     "lfu",
     "lrfu",
     "lru",
+    "lru_anchor",
     "make_policy",
     "random",
     "register",

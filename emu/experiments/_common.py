@@ -35,8 +35,8 @@ SCALES: dict[str, dict[str, Any]] = {
     "tiny": {"preset": "ci", "context_tokens": 512, "steps": 24, "warmup": 4,
              "workloads": ("multi-turn", "uniform")},
     "ci": {"preset": "ci", "steps": 200, "warmup": 20, "workloads": ALL_WORKLOADS},
-    "mid": {"preset": "s1", "layers": 16, "context_tokens": 32768, "steps": 500,
-            "warmup": 50, "workloads": ALL_WORKLOADS},
+    "mid": {"preset": "s1", "layers": 8, "context_tokens": 16384, "steps": 300,
+            "warmup": 30, "read": "topk:32", "workloads": ALL_WORKLOADS},
 }  # fmt: skip
 _SHAPE_KEYS = ("layers", "q_heads", "kv_heads", "d_head", "block_tokens", "context_tokens")
 
@@ -47,7 +47,7 @@ def base_cases(scale: str, **extra: Any) -> list[dict[str, Any]]:
         raise ValueError(f"scale {scale!r}: must be one of {', '.join(SCALES)}")
     s = SCALES[scale]
     fixed = {k: v for k, v in s.items() if k != "workloads"}
-    return [{"workload": w, "scale": scale, **fixed, "read": READ, **extra} for w in s["workloads"]]
+    return [{"workload": w, "scale": scale, "read": READ, **fixed, **extra} for w in s["workloads"]]
 
 
 def shape_of(case: dict[str, Any]) -> ModelShape:

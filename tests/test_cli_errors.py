@@ -43,6 +43,7 @@ BASE: dict[str, list[str]] = {
     "qemu inject": ["poison", "--qmp", "q.sock", "--dpa", "0"],
     "quality": ["--trace", "t.npz"],
     "calibrate": ["--trace", "t.npz"],
+    "experiment": ["ladder"],
 }
 
 # Each range-checking option type: the values it must refuse, and what its message accepts.
@@ -249,6 +250,9 @@ OUTPUT_ROWS = [
     (["quality", "--trace", "t.npz", "--plot", UNWRITABLE], "--plot"),
     (["calibrate", "--trace", "t.npz", "--out", UNWRITABLE], "--out"),
     (["bench", "--json", UNWRITABLE], "--json"),
+    (["experiment", "ladder", "--json", UNWRITABLE], "--json"),
+    (["experiment", "ladder", "--out", UNWRITABLE], "--out"),
+    (["experiment", "ladder", "--plot", UNWRITABLE], "--plot"),
 ]
 
 
@@ -301,6 +305,8 @@ VALUE_ROWS = [
     (["simulate", "--budget", "150%"], ["150%", "[0, 100]"]),
     (["simulate", "--read", "bad"], ["bad", "dense"]),
     (["simulate", "--preset", "nope"], ["nope", "choose from"]),
+    (["experiment", "nope"], ["nope", "choose from"]),
+    (["experiment"], ["name an experiment", "ladder"]),
     (["simulate", "--workload-param", "nope=1"], ["nope", "known"]),
     (["simulate", "--attention-param", "nope=1"], ["nope", "known"]),
     (["sizing", "--hbm", "abc"], ["abc", "use bytes"]),

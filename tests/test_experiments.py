@@ -25,11 +25,11 @@ NAMES = ["aggregation", "hot-set", "ladder", "workloads"]
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("exp")
-    return runner.run(list(EXPERIMENTS), "tiny", SEEDS, out, backend="serial")
+    return runner.run(NAMES, "tiny", SEEDS, out, backend="serial")
 
 
 def test_every_module_defines_one_experiment():
-    assert sorted(EXPERIMENTS)[: len(NAMES)] == NAMES or set(NAMES) <= set(EXPERIMENTS)
+    assert set(NAMES) <= set(EXPERIMENTS)
     for name, exp in EXPERIMENTS.items():
         assert isinstance(exp, Experiment) and exp.name == name
         assert exp.question and exp.claim
@@ -175,7 +175,8 @@ def test_cli_lists_runs_and_refuses(tmp_path, capsys):
         assert name in listed
     out, js, img = tmp_path / "o", tmp_path / "r.json", tmp_path / "img"
     argv = ["experiment", "ladder", "--scale", "tiny", "--seeds", "2", "--no-progress",
-            "--out", str(out), "--json", str(js), "--plot", str(img), "--backend", "serial"]  # fmt: skip
+            "--out", str(out), "--json", str(js), "--plot", str(img),
+            "--backend", "serial"]  # fmt: skip
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
     assert "### ladder" in text and "Verdict:" in text

@@ -12,10 +12,10 @@ from kvcxl.emu.sim.simulator import SimOptions, simulate
 from kvcxl.emu.workloads import make_workload
 from kvcxl.emu.workloads.stream import compile_workload
 from kvcxl.firmware.config import PolicyConfig
+from kvcxl.firmware.policies.base import Tick
 from kvcxl.firmware.policies.ema_position import EmaPositionPolicy
 from kvcxl.firmware.policies.lru_anchor import LruAnchorPolicy
 from kvcxl.firmware.table import EntryTable
-from kvcxl.firmware.policies.base import Tick
 
 
 @pytest.fixture(scope="module")

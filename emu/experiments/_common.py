@@ -148,6 +148,11 @@ def arm_table(
     return "\n".join(lines)
 
 
+def titled(workload: str, rows: Sequence[dict[str, Any]], table: str) -> str:
+    """A workload's table under its name and what it was run with."""
+    return f"**{workload}** — {seeds_note(rows)}\n\n{table}"
+
+
 def seeds_note(rows: Sequence[dict[str, Any]]) -> str:
     seeds = sorted({r["seed"] for r in rows})
     case = rows[0]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import arm_table, base_cases, by_workload, column, prefixed, replay, seeds_note
+from ._common import arm_table, base_cases, by_workload, column, prefixed, replay, titled
 from ._common import stream as case_stream
 from .base import Experiment
 from .stats import excludes_zero, fmt_ci, paired_gain
@@ -35,7 +35,7 @@ class Aggregation(Experiment):
         arms = [("mean", "mean-aggregation", None), ("max", "max-aggregation", "mean")]
         tables, wins, losses, lines = [], 0, 0, []
         for wl, rs in by_workload(rows).items():
-            tables.append(f"**{wl}** — {seeds_note(rs)}\n\n" + arm_table(rs, arms, "max − mean (pts)"))
+            tables.append(titled(wl, rs, arm_table(rs, arms, "max − mean (pts)")))
             g = paired_gain(column(rs, "max", "hit_rate"), column(rs, "mean", "hit_rate"))
             if excludes_zero(g):
                 wins += g["lo"] > 0

@@ -66,7 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     p.add_argument("--json", dest="json_out", metavar="FILE", help="write the reports as JSON")
     p.add_argument("--plot", dest="plot_dir", metavar="DIR", help="write the plots (PNG) here")
-    p.add_argument("--jobs", type=positive, default=None, help="parallel processes (default: cores)")
+    p.add_argument(
+        "--jobs", type=positive, default=None, help="parallel processes (default: cores)"
+    )
     p.add_argument(
         "--backend", choices=("process", "serial", "dask"), default="process",
         help="where runs go: local processes, in-process, or a Dask cluster",
@@ -141,7 +143,8 @@ def _experiment(args: argparse.Namespace) -> int:
           f"wall ({backend}); runs in {args.out}")  # fmt: skip
     if args.json_out:
         doc = {"evidence": "Simulated", "scale": args.scale, "seeds": args.seeds,
-               "fingerprints": {n: runner.fingerprint(n) for n in names}, "wall_s": wall, "backend": backend,
+               "fingerprints": {n: runner.fingerprint(n) for n in names}, "wall_s": wall,
+               "backend": backend,
                "experiments": reports}  # fmt: skip
         Path(args.json_out).write_text(json.dumps(doc, indent=1))
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import base_cases, by_workload, column, prefixed, replay, seeds_note
+from ._common import base_cases, by_workload, column, prefixed, replay, titled
 from ._common import stream as case_stream
 from .base import Experiment
 from .stats import fmt_ci, summary
@@ -40,9 +40,10 @@ class HotSet(Experiment):
             for p in POLICIES:
                 cells = [fmt_ci(summary(column(rs, f"{p}@{s}", "hit_rate")), 100) for s in SIZES]
                 lines.append(f"| {p} | " + " | ".join(cells) + " |")
-            tables.append(f"**{wl}** — {seeds_note(rs)}\n\n" + "\n".join(lines))
+            tables.append(titled(wl, rs, "\n".join(lines)))
             # the smallest swept size at which the EMA's CI reaches 97 %
-            ok = [s for s in SIZES if (summary(column(rs, f"ema@{s}", "hit_rate"))["hi"] or 0) * 100 >= CLAIM_HIT]
+            hi = {s: summary(column(rs, f"ema@{s}", "hit_rate"))["hi"] or 0 for s in SIZES}
+            ok = [s for s in SIZES if hi[s] * 100 >= CLAIM_HIT]
             reach.append((wl, ok[0] if ok else None))
         small = [w for w, s in reach if s is not None and float(s[:-1]) <= CLAIM_SHARE]
         never = [w for w, s in reach if s is None]

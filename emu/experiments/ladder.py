@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import arm_table, base_cases, by_workload, column, prefixed, replay, seeds_note
+from ._common import arm_table, base_cases, by_workload, column, prefixed, replay, titled
 from ._common import stream as case_stream
 from .base import Experiment
 from .stats import paired_gain
@@ -23,9 +23,7 @@ CLAIMED = {"anchor": 8.0, "ema": 7.0, "per-head": 6.0, "prefetch": 4.0}
 
 class Ladder(Experiment):
     name = "ladder"
-    question = (
-        "What does each mechanism of the policy add to the HBM hit rate, one rung at a time?"
-    )
+    question = "What does each mechanism of the policy add to the HBM hit rate, one rung at a time?"
     claim = (
         "The hit-rate ladder 72 → 80 → 87 → 93 → 97 %: +8 pts anchor pinning, +7 EMA, "
         "+6 per-head tracking, +4 RoPE prefetch (v4.0; retracted as never ablated, §K.3.2)"
@@ -74,7 +72,7 @@ class Ladder(Experiment):
         tables, below, held, total = [], 0, 0, 0
         groups = by_workload(rows)
         for wl, rs in groups.items():
-            tables.append(f"**{wl}** — {seeds_note(rs)}\n\n" + arm_table(rs, arms, "gain over the row it adds to (pts)"))
+            tables.append(titled(wl, rs, arm_table(rs, arms, "gain over the row above it (pts)")))
             for rung, g in self.gains(rs).items():
                 total += 1
                 if g["hi"] is not None and g["hi"] * 100 < CLAIMED[rung]:
@@ -92,7 +90,8 @@ class Ladder(Experiment):
             verdict = "confirms"
         else:
             verdict = "cannot say"
-        return {"tables": tables, "verdict": verdict, "why": why, "plots": {"ladder.png": lambda p: _plot(groups, arms, p)}}
+        plots = {"ladder.png": lambda p: _plot(groups, arms, p)}
+        return {"tables": tables, "verdict": verdict, "why": why, "plots": plots}
 
 
 def _plot(groups: dict[str, list[dict[str, Any]]], arms: list, path: str) -> None:

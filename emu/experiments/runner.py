@@ -78,6 +78,15 @@ def load(path: Path) -> dict[str, dict[str, Any]]:
     return done
 
 
+def _append(path: Path) -> Any:
+    """``path`` open for appending lines, after ending a line a killed run cut short."""
+    cut = path.exists() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
+    f = path.open("a")
+    if cut:
+        f.write("\n")
+    return f
+
+
 def run_task(task: Task) -> list[dict[str, Any]]:
     """Every run of one task, as report rows ``{**case, "seed": s, **metrics}``."""
     return [{**case, "seed": seed, **get(name).run(case, seed)} for name, case, seed in task]
@@ -160,7 +169,7 @@ def run(
     fps = {n: fingerprint(n) for n in names}
     tasks, done, total = plan(names, scale, seeds, out, fps)
     tick = progress(total - sum(len(t) for t in tasks), total) if progress else None
-    files = {n: out_file(out, n, scale).open("a") for n in names}
+    files = {n: _append(out_file(out, n, scale)) for n in names}
     try:
         for task, rows in _completed(tasks, jobs or os.cpu_count() or 1, backend, address):
             for (name, case, s), row in zip(task, rows, strict=True):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import arm_table, base_cases, by_workload, column, prefixed, replay, seeds_note
+from ._common import arm_table, base_cases, by_workload, column, prefixed, replay, titled
 from ._common import stream as case_stream
 from .base import Experiment
 from .stats import fmt_ci, paired_gain
@@ -33,12 +33,16 @@ class Workloads(Experiment):
         return out
 
     def report(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        arms = [("lru", "LRU", None), ("ema-0.2", "EMA α = 0.2", "lru"),
-                ("ema-0.05", "EMA α = 0.05", "lru"), ("belady", "Belady (offline bound)", "lru")]  # fmt: skip
+        arms = [
+            ("lru", "LRU", None),
+            ("ema-0.2", "EMA α = 0.2", "lru"),
+            ("ema-0.05", "EMA α = 0.05", "lru"),
+            ("belady", "Belady (offline bound)", "lru"),
+        ]
         tables, hits, pts, lines = [], 0, 0, []
         groups = by_workload(rows)
         for wl, rs in groups.items():
-            tables.append(f"**{wl}** — {seeds_note(rs)}\n\n" + arm_table(rs, arms, "over LRU (pts)"))
+            tables.append(titled(wl, rs, arm_table(rs, arms, "over LRU (pts)")))
             best = max(("ema-0.2", "ema-0.05"), key=lambda a: sum(column(rs, a, "hit_rate")))
             g = paired_gain(column(rs, best, "hit_rate"), column(rs, "lru", "hit_rate"))
             hr = max(column(rs, best, "hit_rate"))
@@ -46,7 +50,11 @@ class Workloads(Experiment):
             pts += (g["hi"] if g["hi"] is not None else g["mean"]) * 100 >= CLAIM_PTS
             lines.append(f"{wl} {fmt_ci(g, 100, 1, sign=True)}")
         n = len(groups)
-        verdict = "confirms" if hits == n and pts == n else "contradicts" if pts == 0 else "cannot say"
+        verdict = "cannot say"
+        if hits == n and pts == n:
+            verdict = "confirms"
+        elif pts == 0:
+            verdict = "contradicts"
         why = (
             f"Best EMA over LRU (pts): {'; '.join(lines)}. +{CLAIM_PTS:.0f} pts is within the "
             f"CI on {pts} of {n} workloads; a seed reaches {CLAIM_HIT:.0f} % on {hits} of {n}."

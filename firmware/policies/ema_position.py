@@ -36,7 +36,8 @@ class Positions:
             of = self.of
             ctx = table.ctx[self.known : n].tolist()
             blk = table.block[self.known : n].tolist()
-            self.pos[self.known : n] = [of.setdefault(k, len(of)) for k in zip(ctx, blk)]
+            keys = zip(ctx, blk, strict=True)
+            self.pos[self.known : n] = [of.setdefault(k, len(of)) for k in keys]
             self.known = n
         return len(self.of)
 

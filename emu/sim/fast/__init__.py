@@ -28,11 +28,20 @@ if TYPE_CHECKING:
 
 ENGINES = ("fast", "numpy")
 # Policy (and mode) → kernel code (kernel.py: LRU, FIFO, LFU, EMA_F, EMA_I).
-POLICY_CODES = {("lru", "float"): 0, ("fifo", "float"): 1, ("lfu", "float"): 2,
-                ("ema", "float"): 3, ("ema", "int"): 4, ("random", "float"): 5,
-                ("sink-window", "float"): 6, ("h2o", "float"): 7, ("belady", "float"): 8,
-                ("belady-nobypass", "float"): 8, ("lrfu", "float"): 9,
-                ("lru-anchor", "float"): 0}  # fmt: skip  (lru-anchor: LRU, its pins from wants_pin)
+POLICY_CODES = {
+    ("lru", "float"): 0,
+    ("fifo", "float"): 1,
+    ("lfu", "float"): 2,
+    ("ema", "float"): 3,
+    ("ema", "int"): 4,
+    ("random", "float"): 5,
+    ("sink-window", "float"): 6,
+    ("h2o", "float"): 7,
+    ("belady", "float"): 8,
+    ("belady-nobypass", "float"): 8,
+    ("lrfu", "float"): 9,
+    ("lru-anchor", "float"): 0,
+}  # fmt: skip  (lru-anchor: LRU, its pins from wants_pin)
 COVERED = ", ".join(sorted({p for p, _ in POLICY_CODES}))
 _noticed: set[str] = set()
 

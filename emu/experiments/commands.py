@@ -61,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "programme asks for at least 10)"
     )  # fmt: skip
     p.add_argument(
-        "--out", type=Path, default=Path("out/experiments"), metavar="DIR",
+        "--out", default="out/experiments", metavar="DIR",
         help="where runs (JSONL, resumable) and reports (markdown) go (default out/experiments)",
     )  # fmt: skip
     p.add_argument("--json", dest="json_out", metavar="FILE", help="write the reports as JSON")
@@ -117,6 +117,7 @@ def _experiment(args: argparse.Namespace) -> int:
         return 0
     names = _names(args)
     backend = "dask" if args.scheduler else args.backend
+    args.out = Path(args.out)
     t0 = time.monotonic()
     rows = runner.run(
         names, args.scale, args.seeds, args.out, jobs=args.jobs, backend=backend,

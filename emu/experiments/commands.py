@@ -27,8 +27,9 @@ Seed policy: seed s (0 … N−1) of every case is workload seed s (numpy PCG64:
 streams on every machine); every arm and case replays the same N streams.
 
 Scales: tiny (CI: the ci shape at 512 tokens, 24 steps, two workloads), ci (the ci
-preset, 200 steps, every workload) and mid (S1's heads at 16 layers × 8 KV heads × 32 K
-tokens, 500 steps, every workload; the programme's scale).
+preset, 200 steps, top-8 reads, every workload) and mid (S1's heads — 8 KV heads, GQA
+groups of 8 — at 8 layers × 16 K tokens, 300 steps, top-32 reads, every workload; the
+programme's scale, an hour or more on two cores; docs/validation.md, "Scales").
 
 Output: each finished run is appended to OUT/NAME-SCALE.jsonl as it completes; running
 the same command again skips what is there (a killed run continues where it stopped;

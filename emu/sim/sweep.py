@@ -395,7 +395,10 @@ def results_specs(
     return {
         # The online policies and the offline optimum (bypassing Belady: the upper bound).
         "ranking": SweepSpec(
-            policies=sorted(p for p in POLICIES if p != "belady-nobypass"), **common
+            policies=sorted(
+                p for p, c in POLICIES.items() if p != "belady-nobypass" and not c.ablation
+            ),
+            **common,
         ),
         "alpha": SweepSpec(
             policies=["ema"], variants=[{"alpha": a} for a in RESULTS_ALPHAS if a != 0.2], **common

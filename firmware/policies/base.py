@@ -57,6 +57,9 @@ class Policy(ABC):
     columns: ClassVar[dict[str, tuple[type, object]]] = {}
     online: ClassVar[bool] = True  # False for policies that see the future
     may_bypass: ClassVar[bool] = False  # may evict entries of the batch just read
+    # A variant that exists for the ablation ladder (docs/validation.md), left out of the
+    # policy rankings (docs/results.md).
+    ablation: ClassVar[bool] = False
     modes: ClassVar[tuple[str, ...]] = ("float",)  # "int": also the Q0.16 contract (the RTL's)
     # This policy's own parameters (name → Param with its default); the values in use are
     # ``self.params``, taken from the configuration's policy_params (docs/policy.md).

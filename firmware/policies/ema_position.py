@@ -49,6 +49,7 @@ class Positions:
 class EmaPositionPolicy(Policy):
     name = "ema-position"
     summary = "EMA × recency per block position, shared by all heads and layers; anchors pinned"
+    ablation = True
 
     def __init__(self, config: PolicyConfig, table: EntryTable) -> None:
         super().__init__(config, table)

@@ -17,6 +17,7 @@ from .lru import LruPolicy
 class LruAnchorPolicy(LruPolicy):
     name = "lru-anchor"
     summary = "least recently used, anchor zone pinned (the ablation ladder's second rung)"
+    ablation = True
 
     def wants_pin(self, ids: NDArray) -> NDArray:
         return self.table.first_token(ids) < self.config.anchor_zone_size

@@ -152,7 +152,7 @@ class BoardSpec:
 BOARDS: dict[str, BoardSpec] = {
     "ulx3s-85f": BoardSpec(
         "amaranth_boards.ulx3s:ULX3S_85F_Platform",
-        EngineShape(entries=1024, lanes=1, batch=64),
+        EngineShape(entries=4096, lanes=1, batch=16),
         115200,
         "LFE5U-85F, 25 MHz clock; UART on the FTDI port",
     ),

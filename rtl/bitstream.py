@@ -72,10 +72,11 @@ def build(board: str, out: Path, *, seed: int = 1) -> dict:
     r = subprocess.run(
         unpack_cmd(bitfile), cwd=out, env=toolchain.tool_env(), capture_output=True, text=True
     )
-    if r.returncode or not (out / unpacked).exists() or not (out / unpacked).stat().st_size:
+    if r.returncode or not (out / unpacked).exists():
         raise toolchain.ToolError(
             f"{board}: {unpack_cmd(bitfile)[0]} cannot read {bitfile}: {toolchain.one_line(r.stderr)}"
         )
+    readback = _readback(family, out, unpacked, plat.device)
     report = json.loads((out / "report.json").read_text())
     res: dict = {
         "evidence": "Measured",
@@ -89,7 +90,8 @@ def build(board: str, out: Path, *, seed: int = 1) -> dict:
         "bitstream": str(out / bitfile),
         "bitstream_bytes": (out / bitfile).stat().st_size,
         "unpacked_by": unpack_cmd(bitfile)[0],
-        "unpacked_bytes": (out / unpacked).stat().st_size,
+        "unpacked": str(out / unpacked),
+        "readback": readback,
     }
     util = report.get("utilization", {})
     for name, cells in RESOURCE_NAMES.items():
@@ -118,3 +120,47 @@ def _ice40_ffs(log: Path) -> int:
         if "LCs used as LUT4 and DFF" in line or "LCs used as DFF only" in line:
             total += int(line.split("Info:")[-1].split()[0])
     return total
+
+
+def _blocks(text: str, starts: tuple[str, ...]) -> dict[str, list[str]]:
+    """A textual FPGA config as {block header: its lines} for headers starting with ``starts``."""
+    out: dict[str, list[str]] = {}
+    key = None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("."):
+            key = line if line.startswith(starts) else None
+            if key:
+                out[key] = []
+        elif key and line:
+            out[key].append(line)
+    return out
+
+
+def _readback(family: str, out: Path, unpacked: str, device: str) -> str:
+    """Check the unpacked bitstream against what nextpnr wrote; returns what was compared.
+
+    iCE40: every tile and RAM block of nextpnr's ``top.asc`` must come back bit for bit
+    (the unpacker adds all-zero blocks for unused RAMs).  ECP5: ecpunpack prints default
+    settings ecppack leaves out and omits fixed connections, so the texts differ by design;
+    the device must match and every tile nextpnr configured must be present.
+    """
+    got = (out / unpacked).read_text()
+    if family == "ice40":
+        starts = (".io_tile", ".logic_tile", ".ramb_tile", ".ramt_tile", ".dsp", ".ipcon")
+        starts += (".ram_data",)
+        want = _blocks((out / "top.asc").read_text(), starts)
+        back = _blocks(got, starts)
+        bad = [k for k in want if back.get(k) != want[k]]
+        if bad or not want:
+            raise toolchain.ToolError(f"iceunpack: {len(bad)} blocks differ from top.asc: {bad[:3]}")
+        return f"{len(want)} tile and RAM blocks equal to nextpnr's top.asc"
+    if f".device {device}" not in got:
+        raise toolchain.ToolError(f"ecpunpack: the bitstream is not for {device}")
+    want = _blocks((out / "top.config").read_text(), (".tile",))
+    back = _blocks(got, (".tile",))
+    empty = [k for k, v in want.items() if v and k not in back]
+    # Tiles whose only settings are defaults come back without a .tile line.
+    if len(empty) > len(want) // 50:
+        raise toolchain.ToolError(f"ecpunpack: {len(empty)} configured tiles missing: {empty[:3]}")
+    return f"device {device}; {len(want) - len(empty)} of {len(want)} configured tiles present"

@@ -160,6 +160,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", dest="json_out", help="write the figures to this JSON file")
     s.set_defaults(func=_synth)
 
+    _register_board(rs)
+
     # kvcxl.tb.commands adds `test` (the testbench) to this group: the RTL does not import it.
     p.set_defaults(func=lambda a: (p.print_help(), 0)[1], rtl_actions=rs)
 
@@ -252,4 +254,101 @@ def _synth(args) -> int:
         flush=True,
     )
     emit(run(cfg), args.json_out)
+    return 0
+
+
+def _register_board(rs: argparse._SubParsersAction) -> None:
+    """`bitstream` and `host`: the board top behind its UART link (rtl/board.py)."""
+    boards = ("ulx3s-85f", "icebreaker")  # the keys of kvcxl.rtl.board.BOARDS (no amaranth here)
+    b = rs.add_parser(
+        "bitstream",
+        help="build the board top (engine + UART host link) for a real FPGA board",
+        description=(
+            "Builds the policy core behind a UART command link for a board of amaranth-boards "
+            "(yosys, nextpnr, ecppack/icepack from YoWASP), checks that yowasp-ecpunpack or "
+            "yowasp-iceunpack reads the bitstream back, and prints LUTs, FFs, block RAMs, DSPs "
+            "and Fmax (parsed from nextpnr's report). Load it with openFPGALoader, then talk to "
+            "it with `kvcxl rtl host --port DEV`."
+        ),
+        epilog="Example: kvcxl rtl bitstream --board icebreaker -o build/icebreaker",
+    )
+    b.add_argument("--board", required=True, choices=boards, help="the FPGA board")
+    b.add_argument(
+        "-o", "--out", help="output folder (default build/bitstream/BOARD)", default=None
+    )
+    b.add_argument("--seed", type=nonnegative, default=1, help="nextpnr placement seed")
+    b.add_argument("--json", dest="json_out", help="write the figures to this JSON file")
+    b.set_defaults(func=_bitstream)
+
+    h = rs.add_parser(
+        "host",
+        help="drive a board over its serial link: load records, run passes, read victims",
+        description=(
+            "The host side of the board's UART protocol (docs/rtl.md). Asks the board its "
+            "shape, loads the decay table, the policy parameters (defaults of "
+            "kvcxl.firmware.config) and seeded random records, runs --steps passes of random "
+            "attention and reads each pass's victims; --check compares them with the "
+            "firmware's integer mode. --sim runs the same driver against the Verilated board "
+            "top through a pseudo-terminal instead of a device."
+        ),
+        epilog="Example: kvcxl rtl host --port /dev/ttyUSB0 --steps 20 --check",
+    )
+    where = h.add_mutually_exclusive_group(required=True)
+    where.add_argument("--port", help="serial device (/dev/ttyUSB0) or a pyserial URL")
+    where.add_argument(
+        "--sim",
+        action="store_true",
+        help="the Verilated board top (built once; shape from --entries/--lanes/--batch)",
+    )
+    h.add_argument("--baud", type=positive, default=115200, help="baud rate (default 115200)")
+    h.add_argument(
+        "--timeout", type=positive_float, default=2.0, help="seconds to wait for a reply"
+    )
+    h.add_argument("--steps", type=positive, default=8, help="passes to run (default 8)")
+    h.add_argument("--seed", type=nonnegative, default=1, help="seed of records and attention")
+    h.add_argument(
+        "--check", action="store_true", help="compare the victims with the firmware (exit 1)"
+    )
+    add_shape(h, 64, 1, 8)
+    h.add_argument("--json", dest="json_out", help="write the results to this JSON file")
+    h.set_defaults(func=_host)
+
+
+def _bitstream(args) -> int:
+    from .bitstream import build
+
+    out = Path(args.out or f"build/bitstream/{args.board}")
+    print(f"bitstream {args.board} in {out} ...", flush=True)
+    emit(build(args.board, out, seed=args.seed), args.json_out)
+    return 0
+
+
+def _host(args) -> int:
+    from contextlib import nullcontext
+
+    from .host import Link, open_port, run_script
+
+    if args.sim:
+        from .board import EngineShape
+        from .board_sim import serve
+
+        shape = EngineShape(args.entries, args.lanes, args.batch)
+        shape.check()
+        where = serve(shape)
+    else:
+        where = nullcontext(args.port)
+    with where as dev:
+        port = open_port(dev, args.baud, args.timeout)
+        res = run_script(Link(port), steps=args.steps, seed=args.seed, check=args.check)
+    res["evidence"] = "Simulated" if args.sim else "Measured"
+    res["port"] = "sim" if args.sim else args.port
+    emit(res, args.json_out)
+    if args.check and res["mismatches"]:
+        from .host import LinkError
+
+        first = res["first_mismatches"][0]
+        raise LinkError(
+            f"--check: {res['mismatches']} of {args.steps} passes differ from the firmware's "
+            f"integer mode (pass {first['pass']}: victims {first['got']}, want {first['want']})"
+        )
     return 0

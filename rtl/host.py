@@ -55,10 +55,8 @@ class Port(Protocol):
 
 def open_port(dev: str, baud: int = 115200, timeout: float = 2.0) -> Port:
     """A serial device, or any pyserial URL (``loop://``, ``socket://host:port``)."""
-    try:
-        import serial  # lazy: pyserial is the 'hdl' extra
-    except ImportError as exc:
-        raise LinkError("pyserial is not installed (pip install -e .[hdl])") from exc
+    import serial  # lazy: pyserial is the 'hdl' extra
+
     try:
         return serial.serial_for_url(dev, baudrate=baud, timeout=timeout)
     except (serial.SerialException, ValueError) as exc:

@@ -74,7 +74,8 @@ def build(board: str, out: Path, *, seed: int = 1) -> dict:
     )
     if r.returncode or not (out / unpacked).exists():
         raise toolchain.ToolError(
-            f"{board}: {unpack_cmd(bitfile)[0]} cannot read {bitfile}: {toolchain.one_line(r.stderr)}"
+            f"{board}: {unpack_cmd(bitfile)[0]} cannot read {bitfile}: "
+            f"{toolchain.one_line(r.stderr)}"
         )
     readback = _readback(family, out, unpacked, plat.device)
     report = json.loads((out / "report.json").read_text())
@@ -153,7 +154,9 @@ def _readback(family: str, out: Path, unpacked: str, device: str) -> str:
         back = _blocks(got, starts)
         bad = [k for k in want if back.get(k) != want[k]]
         if bad or not want:
-            raise toolchain.ToolError(f"iceunpack: {len(bad)} blocks differ from top.asc: {bad[:3]}")
+            raise toolchain.ToolError(
+                f"iceunpack: {len(bad)} blocks differ from top.asc: {bad[:3]}"
+            )
         return f"{len(want)} tile and RAM blocks equal to nextpnr's top.asc"
     if f".device {device}" not in got:
         raise toolchain.ToolError(f"ecpunpack: the bitstream is not for {device}")

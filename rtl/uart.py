@@ -25,9 +25,7 @@ class UartRx(wiring.Component):
     def __init__(self, divisor: int):
         _check_divisor(divisor)
         self.divisor = divisor
-        super().__init__(
-            {"rx": In(1, init=1), "data": Out(stream.Signature(8)), "overrun": Out(1)}
-        )
+        super().__init__({"rx": In(1, init=1), "data": Out(stream.Signature(8)), "overrun": Out(1)})
 
     def elaborate(self, platform):
         m = Module()

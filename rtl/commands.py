@@ -310,6 +310,9 @@ def _register_board(rs: argparse._SubParsersAction) -> None:
         "--check", action="store_true", help="compare the victims with the firmware (exit 1)"
     )
     add_shape(h, 64, 1, 8)
+    for a in h._actions:  # a board reports its own shape
+        if a.dest in ("entries", "lanes", "batch"):
+            a.help = f"with --sim: {a.help}"
     h.add_argument("--json", dest="json_out", help="write the results to this JSON file")
     h.set_defaults(func=_host)
 

@@ -34,6 +34,13 @@ def test_the_protocol_table_is_one_table() -> None:
             assert name is None or name in lay
     # docs/rtl.md shows the table as generated.
     assert board.markdown_table() in (ROOT / "docs" / "rtl.md").read_text()
+    # The command line offers exactly the boards of BOARDS (it lists them without amaranth).
+    from kvcxl.emu.cli import build_parser
+
+    rtl = build_parser()._subparsers._group_actions[0].choices["rtl"]
+    bit = rtl.get_default("rtl_actions").choices["bitstream"]
+    (board_opt,) = [a for a in bit._actions if a.dest == "board"]
+    assert set(board_opt.choices) == set(board.BOARDS)
 
 
 def test_a_port_that_is_not_a_board_fails_cleanly(capsys) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from amaranth.hdl import Cat, Const, Elaboratable, Module, Signal, unsigned
-from amaranth.lib import data, fifo, wiring
+from amaranth.lib import data, fifo, io, wiring
 from amaranth.lib.wiring import In, Out
 
 from . import layouts as L
@@ -300,8 +300,10 @@ class BoardDesign(Elaboratable):
         m.submodules.board = top = BoardTop(
             self.spec.shape, self.divisor, decay_init=self.decay_init
         )
-        uart = platform.request("uart", 0)
-        m.d.comb += [top.rx.eq(uart.rx.i), uart.tx.o.eq(top.tx)]
+        uart = platform.request("uart", 0, dir="-")
+        m.submodules.rx_buf = rx_buf = io.Buffer("i", uart.rx)
+        m.submodules.tx_buf = tx_buf = io.Buffer("o", uart.tx)
+        m.d.comb += [top.rx.eq(rx_buf.i), tx_buf.o.eq(top.tx)]
         return m
 
 

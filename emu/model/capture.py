@@ -43,6 +43,7 @@ class Capture:
     aggregation: str
     seconds: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    cache: Any = None  # the run's KVCache, when asked for (``keep_cache``)
 
     @property
     def steps(self) -> int:
@@ -111,8 +112,13 @@ def capture(
     stop_at_eos: int | None = None,
     chunk: int = 64,
     progress: bool = False,
+    keep_cache: bool = False,
 ) -> Capture:
-    """Greedy-decode ``steps`` tokens after ``prompt``, recording every position's attention."""
+    """Greedy-decode ``steps`` tokens after ``prompt``, recording every position's attention.
+
+    ``keep_cache`` hands back the KV cache (keys and values of every position) for runs
+    that go on from the prompt, such as the passkey task's bounded decodes.
+    """
     from tqdm import tqdm  # lazy: `kvcxl --help` imports this module (tqdm: ~20 ms)
 
     if steps < 0:
@@ -161,6 +167,7 @@ def capture(
         aggregation=aggregation,
         seconds=time.perf_counter() - t0,
         info={"prefill_seconds": round(t_prefill, 4)},
+        cache=cache if keep_cache else None,
     )
 
 

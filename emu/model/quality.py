@@ -171,6 +171,105 @@ def _block_ids(L: int, H: int) -> tuple[NDArray, NDArray]:
     return lay.ravel(), hd.ravel()
 
 
+def budget_overrides(policy: PolicySpec, budget_tokens: int) -> dict[str, Any]:
+    """The policy's parameters at this budget: its budget-derived ones (h2o: half the
+    budget is its recent window) unless the spec gives them."""
+    return {**POLICIES[policy.name].budget_params(budget_tokens), **policy.overrides}
+
+
+class BoundedCache:
+    """A KV cache of ``budget_tokens`` per KV head (on average) whose blocks a policy keeps.
+
+    Entries are blocks of ``block_tokens`` positions of one (layer, KV head) in one pool
+    of ``budget_tokens // block_tokens × layers × kv_heads`` entries, managed by the
+    policy through a :class:`FirmwareSession` (audited).  A driver walks the positions in
+    order: :meth:`open_block` at a block's first position (writes its entries, evicting
+    if over capacity, and returns the ``visible`` mask for :meth:`Llama.forward`), then
+    :meth:`observe` with the attention those positions paid (every resident entry is
+    read with its weight).  An evicted block is dropped: it is never visible again.
+    """
+
+    def __init__(
+        self,
+        policy: PolicySpec,
+        budget_tokens: int,
+        model_cfg: Any,
+        n_blocks: int,
+        *,
+        block_tokens: int = 16,
+        config: Any = None,
+    ) -> None:
+        if budget_tokens < block_tokens:
+            raise ValueError(
+                f"budget = {budget_tokens} tokens per KV head: must be at least one block "
+                f"({block_tokens} tokens)"
+            )
+        self._overrides = budget_overrides(policy, budget_tokens)
+        self.policy = policy
+        self.config = (config or PolicyConfig()).with_(**self._overrides)
+        self.L, self.H = model_cfg.layers, model_cfg.n_kv_heads
+        self.block_tokens = block_tokens
+        self.capacity = (budget_tokens // block_tokens) * self.L * self.H
+        self.fw = FirmwareSession(
+            policy.name,
+            self.capacity,
+            self.config,
+            block_tokens=block_tokens,
+            audit=True,
+            placement="fill",
+        )
+        self.fw.ensure(n_blocks * self.L * self.H)
+        self._lay, self._hd = _block_ids(self.L, self.H)
+        self._ctx = np.zeros(self.L * self.H, dtype=np.int64)
+
+    def visible(self) -> NDArray:
+        """(layers, kv_heads, blocks written) bool: the resident blocks."""
+        res = self.fw.resident()
+        return res.reshape(-1, self.L, self.H).transpose(1, 2, 0)
+
+    @property
+    def bounded(self) -> bool:
+        """The cache holds fewer blocks than have been written."""
+        return int(self.fw.resident().sum()) < self.fw.table.n
+
+    def open_block(self, p0: int) -> NDArray:
+        """Position ``p0`` starts block ``p0 // block_tokens``: write it; the visible mask."""
+        b = p0 // self.block_tokens
+        self.fw.at(p0)
+        self.fw.lengths(0, p0 + 1)
+        self.fw.write(
+            p0, self.fw.describe(self._ctx, self._lay, self._hd, np.full(self.L * self.H, b))
+        )
+        return self.visible()
+
+    def observe(self, p0: int, att: NDArray) -> None:
+        """Positions ``p0 …`` paid ``att`` ((n, layers, kv_heads, ≥ blocks)): read the resident."""
+        read = np.flatnonzero(self.fw.resident())
+        nb = self.fw.table.n // (self.L * self.H)  # entry id = block·L·H + layer·H + head
+        for i in range(att.shape[0]):
+            p = p0 + i
+            self.fw.lengths(0, p + 1)
+            w = att[i, :, :, :nb].transpose(2, 0, 1).reshape(-1)
+            self.fw.read(p, read, w[read])
+
+    def finish(self) -> Any:
+        """Close the last step; the audit (raises if it found a wrong victim)."""
+        self.fw.end_step()
+        audit = self.fw.audit
+        assert audit is not None
+        if audit.faults:  # a wrong victim, or a priority its entry's history contradicts
+            raise RuntimeError(f"eviction audit failed for {self.policy.label}: {audit.as_dict()}")
+        return audit
+
+    def used_config(self) -> dict[str, Any]:
+        """The parameters that shaped this run (overrides, the shared ones, the policy's own)."""
+        pcfg = self.config
+        return {
+            **{k: v for k, v in pcfg.to_dict().items() if k in self._overrides or k in _RELEVANT},
+            **{k: pcfg.param(k) for k in POLICIES[self.policy.name].parameters},
+        }
+
+
 def run(
     model: Any,
     tokens: Sequence[int],
@@ -208,70 +307,44 @@ def run(
         return Reference(logits, logits.argmax(-1), weights), None
     if reference is None:
         raise ValueError("a bounded run needs the reference run")
-    if budget_tokens is None or budget_tokens < block_tokens:
-        raise ValueError(
-            f"budget = {budget_tokens} tokens per KV head: must be at least one block "
-            f"({block_tokens} tokens)"
-        )
-    # A policy's budget-derived parameters (h2o: half the budget is its recent window)
-    # unless given.
-    overrides = {**POLICIES[policy.name].budget_params(budget_tokens), **policy.overrides}
-    pcfg = base.with_(**overrides)
-    budget_blocks = budget_tokens // block_tokens
-    capacity = budget_blocks * L * H
-    fw = FirmwareSession(
-        policy.name, capacity, pcfg, block_tokens=block_tokens, audit=True, placement="fill"
+    if budget_tokens is None:
+        raise ValueError("a bounded run needs a budget")
+    bc = BoundedCache(
+        policy, budget_tokens, cfg_m, nb_total, block_tokens=block_tokens, config=base
     )
-    fw.ensure(nb_total * L * H)
-    lay, hd = _block_ids(L, H)
-    ctx = np.zeros(L * H, dtype=np.int64)
     kl = np.zeros(n)
     agree = np.zeros(n, dtype=bool)
     bounded = np.zeros(n, dtype=bool)
     for b in range(nb_total):  # one step per token; a block's first token writes the block
         p0, p1 = b * block_tokens, min(n, (b + 1) * block_tokens)
-        fw.at(p0)
-        fw.lengths(0, p0 + 1)
-        fw.write(p0, fw.describe(ctx, lay, hd, np.full(L * H, b)))
-        res = fw.resident()
-        visible = res.reshape(b + 1, L, H).transpose(1, 2, 0)
+        visible = bc.open_block(p0)
         lg, att = model.forward(
             tokens[p0:p1],
             kv,
             block_tokens=block_tokens,
-            capture=pcfg.aggregation,
+            capture=bc.config.aggregation,
             visible=visible,
         )
         lp = _log_softmax(lg)
         ref = _log_softmax(reference.logits[p0:p1])
         kl[p0:p1] = np.maximum((np.exp(ref) * (ref - lp)).sum(-1), 0.0)
         agree[p0:p1] = lp.argmax(-1) == reference.top1[p0:p1]
-        bounded[p0:p1] = int(res.sum()) < fw.table.n
-        read = np.flatnonzero(res)
-        for i, p in enumerate(range(p0, p1)):
-            fw.lengths(0, p + 1)
-            fw.read(p, read, att[i].transpose(2, 0, 1).reshape(-1)[read])
+        bounded[p0:p1] = bc.bounded
+        bc.observe(p0, att)
         if tick:
             tick()
-    fw.end_step()
-    audit = fw.audit
-    assert audit is not None
-    if audit.faults:  # a wrong victim, or a priority its entry's history contradicts
-        raise RuntimeError(f"eviction audit failed for {policy.label}: {audit.as_dict()}")
+    audit = bc.finish()
     return None, BoundedResult(
         label=policy.label,
         policy=policy.name,
         budget_tokens=budget_tokens,
-        capacity_entries=capacity,
+        capacity_entries=bc.capacity,
         kl=kl,
         agree=agree,
         bounded=bounded,
-        cache=fw.cache.stats.as_dict(),
+        cache=bc.fw.cache.stats.as_dict(),
         audit=audit.as_dict(),
-        config={
-            **{k: v for k, v in pcfg.to_dict().items() if k in overrides or k in _RELEVANT},
-            **{k: pcfg.param(k) for k in POLICIES[policy.name].parameters},  # its own, as used
-        },
+        config=bc.used_config(),
     )
 
 

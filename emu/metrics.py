@@ -145,3 +145,20 @@ def audit_sentence(totals: dict[str, int]) -> str:
         f"{totals['pin_violations']} pins broken). Random and Belady keys are not history: "
         "top-k only."
     )
+
+
+def wilson_ci(successes: int, n: int) -> dict[str, Any]:
+    """A proportion with its 95 % Wilson score interval (sound at 0 and n, where t is not).
+
+    ``lo, hi = (p + z²/2n ∓ z·√(p(1−p)/n + z²/4n²)) / (1 + z²/n)`` with p = successes/n
+    and z the normal 0.975 quantile.
+    """
+    if n < 1:
+        return {"rate": None, "lo": None, "hi": None, "n": 0, "successes": 0}
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes = {successes}: must be within 0 … n = {n}")
+    p, z2 = successes / n, _Z975**2
+    mid = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = _Z975 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return {"rate": p, "lo": max(0.0, mid - half), "hi": min(1.0, mid + half), "n": n,
+            "successes": successes}  # fmt: skip

@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import positive, unit_interval
+from ..argtypes import nonnegative, positive, unit_interval
 
 QUALITY_EPILOG = """\
 policies: any firmware policy (ema, h2o, lru, sink-window, lfu, fifo, lrfu, random) or
@@ -247,3 +247,251 @@ def _calibrate(args: argparse.Namespace) -> int:
     from . import calibrate as cal
 
     return cal.main(args, _load_measured, _base_config)
+
+
+# --- kvcxl trace passkey -------------------------------------------------------------------------
+PASSKEY_EPILOG = """\
+budgets are fractions of the prompt's KV kept per KV head (one pool of whole 16-token blocks
+over every layer and head): 25%, 0.25, or 'all' (nothing evicted: equals the full cache).
+
+example (the documented run):
+  kvcxl trace passkey --prompts 20 --depths 0.25,0.5,0.9 --budgets 25%,50%,75% \\
+      --policies ema,h2o,lru,sink-window --json passkey.json --plot docs/img/passkey.png
+
+Accuracy is Measured (the real model decodes under each bounded cache); the hit rate is
+Simulated (the captured trace of the same prompt replayed through the policy).  With --json,
+each finished prompt is saved at once and a rerun with the same settings resumes there.
+"""
+
+
+def _listed(conv: Any, what: str) -> Any:
+    """An argparse type: a comma-separated list, each item through ``conv``."""
+
+    def parse(text: str) -> list[Any]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated list of {what}")
+        try:
+            return [conv(t) for t in items]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _depth(text: str) -> float:
+    try:
+        d = float(text)
+    except ValueError:
+        d = float("nan")
+    if not 0.0 <= d <= 1.0:
+        raise ValueError(f"depth {text!r} is not a fraction of the filler within [0, 1]")
+    return d
+
+
+def _digits(text: str) -> int:
+    n = positive(text)
+    if n > 18:
+        raise argparse.ArgumentTypeError(
+            f"{text} is out of range: an integer within 1 … 18 is accepted"
+        )
+    return n
+
+
+def _budget(text: str) -> float:
+    from .passkey import parse_budget_fraction
+
+    return parse_budget_fraction(text)
+
+
+def _policy(text: str) -> Any:
+    from .quality import PolicySpec
+
+    return PolicySpec.parse(text)
+
+
+def add_passkey_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``kvcxl trace passkey`` (the parser is created by the trace command)."""
+    p.description = _wrap(
+        "End-task quality on retrieval: seeded passkey prompts (filler text hiding a numeric "
+        "pass key at each depth, then the question) for SmolLM2-135M.  Each prompt is "
+        "prefilled once with the full cache; the answer is decoded greedily with the full "
+        "cache and under each policy's bounded cache at each budget, after the policy "
+        "observed the prefill's attention.  Reports accuracy (exact match of the pass key, "
+        "95 % Wilson interval over prompts) per policy × budget × depth next to the hit rate "
+        "the policy gets on the captured trace of the same prompts."
+    )
+    p.epilog = PASSKEY_EPILOG
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--prompts", type=positive, default=20, help="prompts per depth (default 20)")
+    p.add_argument(
+        "--depths",
+        type=_listed(_depth, "depths in [0, 1]"),
+        default=[0.25, 0.5, 0.9],
+        help="needle depths, fractions of the filler (default 0.25,0.5,0.9)",
+    )
+    p.add_argument(
+        "--budgets",
+        type=_listed(_budget, "budgets"),
+        default=[0.25, 0.5, 0.75],
+        help="fractions of the prompt's KV kept (default 25%%,50%%,75%%)",
+    )
+    p.add_argument(
+        "--policies",
+        type=_listed(_policy, "policies"),
+        default=None,
+        help="policies, as for `kvcxl quality` (default ema,h2o,lru,sink-window)",
+    )
+    p.add_argument(
+        "--min-tokens", type=positive, default=2000, help="prompt length, at least (default 2000)"
+    )
+    p.add_argument("--digits", type=_digits, default=5, help="pass key digits, 1 … 18 (default 5)")
+    p.add_argument("--seed", type=nonnegative, default=0, help="prompt generator seed (default 0)")
+    p.add_argument(
+        "--read-threshold",
+        type=unit_interval,
+        default=0.01,
+        help="hit-rate replay: an entry is read when its weight is at least this (default 0.01)",
+    )
+    p.add_argument("--config", metavar="FILE.toml", help="base policy configuration")
+    p.add_argument("--threads", type=positive, default=1, help="torch CPU threads (default 1)")
+    p.add_argument(
+        "--json",
+        dest="json_out",
+        metavar="FILE",
+        help="write settings, every prompt's answers and the summary (resumes from it)",
+    )
+    p.add_argument(
+        "--resume",
+        action="append",
+        metavar="FILE",
+        help="take finished prompts from an earlier run's --json (same settings; repeatable: "
+        "runs split by depth merge this way)",
+    )
+    p.add_argument(
+        "--plot", metavar="FILE.png", help="accuracy and hit rate vs. budget, a panel per depth"
+    )
+
+
+def passkey_main(args: argparse.Namespace) -> int:
+    """Handler of ``kvcxl trace passkey``."""
+    from tqdm import tqdm
+
+    from . import passkey as pk
+    from .capture import load_model
+    from .quality import PolicySpec
+
+    specs = args.policies or [PolicySpec.parse(p) for p in _PASSKEY_POLICIES]
+    config = _base_config(args.config, "max")
+    settings = {
+        "prompts": args.prompts,
+        "depths": args.depths,
+        "budgets": args.budgets,
+        "policies": [s.label for s in specs],
+        "min_tokens": args.min_tokens,
+        "digits": args.digits,
+        "seed": args.seed,
+        "read_threshold": args.read_threshold,
+        "answer_tokens": args.digits + 2,  # a space, the digits, one more: a longer number fails
+        "config": args.config,
+    }
+    done: dict[tuple[float, int], dict] = {}
+    for path in args.resume or []:
+        if not Path(path).is_file():
+            raise ValueError(f"--resume {path}: no such file (an earlier run's --json)")
+    for path in [*(args.resume or []), args.json_out]:
+        done.update(_resume(path, settings))
+    wanted = {(d, i) for d in args.depths for i in range(args.prompts)}
+    done = {k: v for k, v in done.items() if k in wanted}
+    model, tok = load_model(args.threads)
+    prompts = pk.generate(
+        tok,
+        prompts=args.prompts,
+        depths=args.depths,
+        min_tokens=args.min_tokens,
+        seed=args.seed,
+        digits=args.digits,
+    )
+    # Prompt-major over depths, so that a stopped run has as many prompts at every depth.
+    prompts.sort(key=lambda q: (q.index, args.depths.index(q.depth)))
+    todo = [q for q in prompts if (q.depth, q.index) not in done]
+    runs = len(specs) * len(args.budgets)
+    bar = tqdm(total=len(todo) * runs, desc="passkey", unit="run")
+    rows = list(done.values())
+    for q in todo:
+        rows.append(
+            pk.run_prompt(
+                model,
+                tok,
+                q,
+                specs,
+                args.budgets,
+                config=config,
+                answer_tokens=settings["answer_tokens"],
+                read_threshold=args.read_threshold,
+                tick=lambda: bar.update(1),
+            )
+        )
+        if args.json_out:
+            _write_passkey(args.json_out, settings, rows)
+    bar.close()
+    summary = pk.summarize(rows)
+    print(
+        f"{len(rows)} prompts of >= {args.min_tokens} tokens, SmolLM2-135M; accuracy Measured "
+        "(95 % Wilson CI), hit rate Simulated (mean ± 95 % t CI)"
+    )
+    print(f"{'policy':<22}{'budget':>7}{'depth':>7}{'accuracy':>10}{'95 % CI':>16}{'hit rate':>18}")
+    for s in sorted(
+        summary, key=lambda s: (s["policy"] != "full", s["policy"], s["budget"], s["depth"])
+    ):
+        hit = "" if "hit_rate" not in s else f"{s['hit_rate']:.3f} ± {s['hit_rate_ci95'] or 0:.3f}"
+        print(
+            f"{s['policy']:<22}{100 * s['budget']:>6.0f}%{s['depth']:>7.2f}"
+            f"{100 * s['accuracy']:>9.0f}%  [{100 * s['accuracy_lo']:>3.0f}, "
+            f"{100 * s['accuracy_hi']:>3.0f}] %{hit:>18}"
+        )
+    if args.json_out:
+        _write_passkey(args.json_out, settings, rows, summary)
+        print(f"wrote {args.json_out}")
+    if args.plot:
+        from .passkey import plot
+
+        plot(summary, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+_PASSKEY_POLICIES = ("ema", "h2o", "lru", "sink-window")
+_CHOICE = ("prompts", "depths")
+
+
+def _resume(path: str | None, settings: dict[str, Any]) -> dict[tuple[float, int], dict]:
+    """Finished prompts of an earlier run with the same settings, by (depth, index)."""
+    if not path or not Path(path).exists():
+        return {}
+    try:
+        old = json.loads(Path(path).read_text())
+    except json.JSONDecodeError:
+        raise ValueError(
+            f"{path}: exists and is not JSON; remove it or pick another file"
+        ) from None
+    # Depths and prompt counts only choose prompts; every other setting must be the same.
+    same = {k: v for k, v in json.loads(json.dumps(settings)).items() if k not in _CHOICE}
+    if {k: v for k, v in old.get("settings", {}).items() if k not in _CHOICE} != same:
+        raise ValueError(f"{path}: holds a run with other settings; remove it or pick another file")
+    return {(r["depth"], r["index"]): r for r in old.get("prompts", [])}
+
+
+def _write_passkey(
+    path: str, settings: dict[str, Any], rows: list[dict], summary: list[dict] | None = None
+) -> None:
+    out = {
+        "evidence": {"accuracy": "Measured", "hit_rate": "Simulated"},
+        "model": "SmolLM2-135M-Instruct",
+        "settings": settings,
+        "summary": summary,
+        "prompts": rows,
+    }
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps(out, indent=1))
+    tmp.replace(path)  # a stopped run never leaves half a file

@@ -425,6 +425,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     tc = ts.add_parser("capture", help="record a Measured trace from SmolLM2-135M (offline)")
     capture.add_arguments(tc)
     tc.set_defaults(func=capture.main)
+    model_cmds = importlib.import_module("kvcxl.emu.model.commands")  # standard library only
+    tp = ts.add_parser(
+        "passkey", help="end-task quality: passkey retrieval under each policy's bounded cache"
+    )
+    model_cmds.add_passkey_arguments(tp)
+    tp.set_defaults(func=model_cmds.passkey_main)
     fit = importlib.import_module("kvcxl.emu.model.fit")  # numpy only: always present
     tf = ts.add_parser("fit", help="fit the synthetic attention generator to captured traces")
     fit.add_arguments(tf)

@@ -74,8 +74,13 @@ def test_generator_is_seeded_long_enough_and_places_the_needle(model, short) -> 
         assert text.endswith(pk.QUESTION)
         needle = tok.decode(q.tokens[q.needle_token :])
         assert needle.lstrip().startswith(pk.NEEDLE.format(key=q.passkey)), needle[:60]
-    depth = {q.depth: q.measured_depth for q in short if q.index == 0}
-    assert depth[0.0] < 0.1 and 0.4 < depth[0.5] < 0.6 and depth[1.0] > 0.9, depth
+    first = {q.depth: q for q in short if q.index == 0}
+    # Depth 0: only the instruction comes before the needle; depth 1: only the question after.
+    assert tok.decode(first[0.0].tokens[: first[0.0].needle_token]).strip() == pk.INTRO.strip()
+    q1 = first[1.0]
+    tail = tok.decode(q1.tokens[q1.needle_token :]).strip()
+    assert tail == pk.NEEDLE.format(key=q1.passkey) + pk.QUESTION, tail
+    assert 0.4 < first[0.5].measured_depth < 0.6, first[0.5].measured_depth
     again = pk.generate(tok, prompts=3, depths=[0.5], min_tokens=300, seed=7)
     mid = [q for q in short if q.depth == 0.5]
     assert [q.tokens for q in again[:2]] == [q.tokens for q in mid]  # more prompts: same first

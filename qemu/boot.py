@@ -1,8 +1,11 @@
-"""Boot the virtual host: the firmware service, then QEMU with a CXL Type-3 device whose
-media is a shared file the service maps; collect what both sides report.
+"""Boot the virtual host: the device, then QEMU with a CXL Type-3 device whose media is
+a shared file the device maps; collect what both sides report.
 
-The firmware the guest reaches through the ring is the device emulator
-(:class:`kvcxl.emu.device.device.Type3Device`), run inside the service process
+With the patched QEMU (``qemu="kvcxl"``, the default) one process is the device: the
+memory-path device QEMU forwards to also answers the ring, on its doorbell
+(``python -m kvcxl.qemu.ring_device``).  With stock QEMU the ring is polled by the
+firmware service, whose firmware is the device emulator
+(:class:`kvcxl.emu.device.device.Type3Device`) in its process
 (``python -m kvcxl.qemu.service --device``); ``device_emulator=False`` runs the
 service's own firmware session instead (ring-only mode).
 
@@ -89,7 +92,8 @@ class Boot:
     cxl_list: Any = None
     qemu: subprocess.Popen | None = None
     service: subprocess.Popen | None = None
-    device: subprocess.Popen | None = None  # the kvcxl device service (qemu="kvcxl")
+    # the kvcxl device (qemu="kvcxl"): the same process as ``service``, which it replaces
+    device: subprocess.Popen | None = None
     t0: float = 0.0
     workdir: Path | None = None
     last_line_t: float = 0.0  # monotonic time of the last console line
@@ -138,8 +142,14 @@ class Boot:
         try:
             gt = self._prepare_media()
             if self.opts.qemu == "kvcxl":
-                self._start_device()
-            self._start_service(use_plugin, self.opts.device_emulator)
+                if not self.opts.device_emulator:
+                    raise ValueError(
+                        "--no-device-emulator needs --qemu stock: with the patched QEMU the "
+                        "device on the memory path answers the ring"
+                    )
+                self._start_device(use_plugin)
+            else:
+                self._start_service(use_plugin, self.opts.device_emulator)
             self._start_qemu(use_plugin)
             rc = self._wait()
             report.update(self._report(gt, rc, use_plugin))
@@ -198,8 +208,6 @@ class Boot:
             cmd += ["--plugin-ring", str(self.plugin_ring)]
         if use_device:
             cmd += ["--device"]
-        if self.opts.qemu == "kvcxl":
-            cmd += ["--device-socket", str(self.device_socket)]
         log = open(self.workdir / "service.log", "w")
         self.service = subprocess.Popen(
             cmd,
@@ -223,21 +231,26 @@ class Boot:
                 raise RuntimeError(f"{what} did not start within 60 s")
             time.sleep(0.02)
 
-    def _start_device(self) -> None:
-        """The kvcxl device on the memory path: its DRAM tier is the media file QEMU maps,
-        decoder 0 maps DPA to itself (QEMU decodes HPA), the page table is shared."""
+    def _start_device(self, use_plugin: bool) -> None:
+        """The kvcxl device on the memory path, which also answers the ring on its doorbell:
+        its DRAM tier is the media file QEMU maps, decoder 0 maps DPA to itself (QEMU
+        decodes HPA), the page table is shared; a guest read of a block on NVMe fetches
+        the page once, the rest goes direct."""
         if not self.host.qemu_kvcxl:
             raise SetupError("the patched QEMU is not built: run `kvcxl qemu setup`")
         cmd = [
-            sys.executable, "-m", "kvcxl.emu.cli", "device", "serve",
+            sys.executable, "-m", "kvcxl.qemu.ring_device",
             "--socket", str(self.device_socket),
-            "--capacity", f"{self.opts.device_mib}MiB",
-            "--dram-file", str(self.media),
+            "--media", str(self.media),
             "--page-state", str(self.page_state),
-            "--decoder", "0",
-            # a guest read of a block on NVMe fetches the page once; the rest goes direct
-            "--fill-on-access",
+            "--out", str(self.service_stats),
+            "--policy", self.opts.policy,
+            "--mode", self.opts.mode,
         ]  # fmt: skip
+        if self.opts.config:
+            cmd += ["--config", self.opts.config]
+        if use_plugin:
+            cmd += ["--plugin-ring", str(self.plugin_ring)]
         for dpa, length in self.opts.trap:
             cmd += ["--trap", f"{dpa:#x}:{length}"]
         for dpa, length in self.opts.churn:
@@ -245,9 +258,10 @@ class Boot:
         for key, value in self.opts.health:
             cmd += ["--health", f"{key}={value}"]
         log = open(self.workdir / "device.log", "w")
-        self.device = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd="/"
-        )
+        self.device = self.service = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd="/",
+            umask=OWNER_ONLY,
+        )  # fmt: skip
         self._await(self.device, self.device_socket, "device.log", "the kvcxl device")
         if self.opts.poison:  # into the device, before the guest probes (as a BMC would)
             with Client(self.device_socket, timeout=10) as c:
@@ -471,6 +485,11 @@ class Boot:
     # --- the report -----------------------------------------------------------------------
     def _report(self, gt: Any, rc: int, use_plugin: bool) -> dict:
         device = self.device_stats()
+        host_check = self._host_side_check(gt)  # through the device, while it runs
+        fuzz_results = None
+        if self.fuzz_expect is not None:
+            with self._device_reader() as read:
+                fuzz_results = read(*guest_fuzz.results_span(self.fuzz_expect))
         fw = self._stop_service()
         self.victims: list[list[int]] = []  # per firmware session, in order
         for sess in (fw or {}).get("sessions", []):
@@ -483,12 +502,9 @@ class Boot:
             if name in ev:
                 times[key] = ev[name]["t"]
                 times[key.replace("_s", "_guest_uptime_s")] = ev[name].get("uptime")
-        host_check = self._host_side_check(gt)
         fuzz = None
         if self.fuzz_expect is not None:
-            with self._device_reader() as read:
-                results = read(*guest_fuzz.results_span(self.fuzz_expect))
-            fuzz = guest_fuzz.check(results, self.fuzz_expect)
+            fuzz = guest_fuzz.check(fuzz_results, self.fuzz_expect)
             seen = ev.get("fuzz", {})
             fuzz["changed_bytes"] += seen.get("kv_guard_bad", 0)
             fuzz["guest_wall_s"] = seen.get("fuzz_s")

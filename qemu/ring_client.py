@@ -16,6 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kvcxl.emu.device.service import Client
+from kvcxl.firmware.cxl import mem
+
 from . import layout as L
 from .trace_image import events
 
@@ -35,7 +38,17 @@ class Completion:
 
 
 class RingClient:
-    def __init__(self, media: str | Path, heartbeat_timeout: float = 3.0) -> None:
+    """``doorbell(tail)`` writes the doorbell; default: a store into the mapped ring (what
+    the polling service sees).  :func:`mem_doorbell` makes it the CXL.mem write a patched
+    QEMU sends for the guest's store (the doorbell page is trapped)."""
+
+    def __init__(
+        self,
+        media: str | Path,
+        heartbeat_timeout: float = 3.0,
+        doorbell: Callable[[int], object] | None = None,
+    ) -> None:
+        self.doorbell = doorbell
         self.fd = os.open(media, os.O_RDWR)
         self.mm = mmap.mmap(self.fd, os.fstat(self.fd).st_size, mmap.MAP_SHARED)
         self.timeout = heartbeat_timeout
@@ -81,15 +94,22 @@ class RingClient:
         o = L.sq_offset(i)
         self.mm[o : o + L.ENTRY] = sqe
         self.sq_tail = (i + 1) & 0xFFFFFFFF
-        struct.pack_into("<I", self.mm, L.RING_BASE + L.HOST_HDR, self.sq_tail)
+        if self.doorbell is not None:
+            self.doorbell(self.sq_tail)
+        else:
+            struct.pack_into("<I", self.mm, L.RING_BASE + L.HOST_HDR, self.sq_tail)
         return i
+
+    def done(self, i: int) -> bool:
+        """Completion ``i`` is written (its sequence number, the CQE's last field, is set)."""
+        return struct.unpack_from("<I", self.mm, L.cq_offset(i) + 60)[0] == (i + 1) & 0xFFFFFFFF
 
     def wait(self, i: int, poll: Callable[[], object] | None = None) -> Completion:
         """Wait for completion ``i``; ``poll`` (the service, in-process) is run meanwhile."""
         c = L.cq_offset(i)
         hb = self._heartbeat()
         t_hb = time.monotonic()
-        while struct.unpack_from("<I", self.mm, c + 60)[0] != ((i + 1) & 0xFFFFFFFF):
+        while not self.done(i):
             if poll is not None:
                 poll()
                 continue
@@ -112,6 +132,26 @@ class RingClient:
 
     def _heartbeat(self) -> int:
         return struct.unpack_from("<Q", self.mm, L.RING_BASE + L.DEV_HDR + 24)[0]
+
+
+def mem_doorbell(device: Client) -> Callable[[int], object]:
+    """The doorbell store as the patched QEMU forwards it: a MemWrPtl of the doorbell line
+    with the byte enables of ``sq_tail``, sent to the device (decoder 0: HPA = DPA)."""
+    line = (L.RING_BASE + L.HOST_HDR) >> 6
+    off = (L.RING_BASE + L.HOST_HDR) & 63  # sq_tail is the line's first field
+
+    def ring(tail: int) -> object:
+        data = bytearray(64)
+        struct.pack_into("<I", data, off, tail)
+        return device.mem(
+            mem.M2SRwD(
+                opcode=mem.M2SRwDOpcode.MEM_WR_PTL, snp_type=mem.SnpType.NO_OP,
+                meta_field=mem.MetaField.NO_OP, meta_value=0, tag=tail & 0xFFFF, addr=line,
+                poison=0, byte_enable=0xF << off, data=bytes(data),
+            )
+        )  # fmt: skip
+
+    return ring
 
 
 def decisions(c: Completion) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -137,6 +177,7 @@ def replay(client: RingClient, gt, poll: Callable[[], object] | None = None) -> 
         raise DeviceError(f"OPEN failed with status 0x{opened.status:04x}")
     evs = events(gt)
     victims: list[int] = []
+    tiers: list[int] = []  # the tier placement chose for each victim
     resident: set[int] = set()
     hits = mismatches = 0
     for k, (kind, step, layer, rec) in enumerate(evs):
@@ -155,8 +196,12 @@ def replay(client: RingClient, gt, poll: Callable[[], object] | None = None) -> 
             for v in vic["entry"]:
                 resident.discard(int(v))
                 victims.append(int(v))
+            tiers.extend(int(t) for t in vic["tier"])
         if k + 1 == len(evs) or evs[k + 1][1] != step:
             e = client.call(L.OP_END_STEP, poll, step=step)
             if e.status:
                 raise DeviceError(f"END_STEP {step}: status 0x{e.status:04x}")
-    return {"victims": victims, "hits": hits, "residency_mismatches": mismatches}
+    return {
+        "victims": victims, "victim_tiers": tiers, "hits": hits,
+        "residency_mismatches": mismatches,
+    }  # fmt: skip

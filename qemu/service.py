@@ -47,17 +47,14 @@ from kvcxl.emu.device.device import (
     Type3Device,
     index_extents,
 )
-from kvcxl.emu.device.service import Client
 from kvcxl.firmware import fixedpoint as fx
 from kvcxl.firmware.config import PolicyConfig
-from kvcxl.firmware.formulas import TIER_CXL, TIER_NVME
 from kvcxl.firmware.session import FirmwareSession
 from kvcxl.firmware.table import EntryTable
 
 from . import layout as L
 
 HEARTBEAT_S = 0.005
-PAGE_SHIFT = 12  # the memory-path device's 4 KiB pages (`kvcxl device serve` default)
 HINTS_MAX = 64  # prefetch hints per ATTN response (touches used as sources, candidates sent)
 
 
@@ -79,7 +76,7 @@ class FirmwareService:
         plugin_ring: str | Path | None = None,
         record_victims: bool = True,
         device: bool = False,
-        device_socket: str | Path | None = None,
+        memory_device: Type3Device | None = None,
         mode: str = "float",
     ) -> None:
         self.path = Path(media)
@@ -97,13 +94,14 @@ class FirmwareService:
         self.plugin_path = Path(plugin_ring) if plugin_ring else None
         self.acc: mmap.mmap | None = None
         self.tracing = L.TRACING_ARMING if self.plugin_path else L.TRACING_NONE
-        self.use_device = device  # each session's firmware is a Type3Device
+        # (patched QEMU) the kvcxl device on the memory path, in this process: it answers
+        # the ring too (Type3Device.open_kv), and moves each victim's KV block to the tier
+        # placement chose, so the guest's next read of it goes there.
+        self.memory_device = memory_device
+        self.use_device = device or memory_device is not None  # the firmware is a device
         self.device = None  # the open session's device (with use_device)
         self.device_errors = 0
-        # (patched QEMU) the kvcxl device on the memory path: each victim's KV block is
-        # moved to the tier placement chose, so the guest's next read of it goes there
-        self.memory = Client(device_socket, timeout=30) if device_socket else None
-        self.placed = Counter()  # pages moved on the memory path, by tier
+        self.doorbells = 0  # commands served on a doorbell write, not found by polling
         self.sq_head = 0
         self.bad_tail: int | None = None  # a doorbell refused as more than a ring ahead
         self.heartbeat = 0
@@ -139,7 +137,7 @@ class FirmwareService:
         return 0 if self.fw is None else self.fw.time
 
     def _reset_state(self) -> None:
-        if self.device is not None:
+        if self.device is not None and self.device is not self.memory_device:
             self.device.close()
         self.device = None
         self.fw = None  # the firmware session of the open OPEN … CLOSE (the device's, if any)
@@ -224,6 +222,18 @@ class FirmwareService:
     def stop(self) -> None:
         self._write_dev_hdr(L.DEV_STOPPED)
 
+    def doorbell(self) -> None:
+        """The guest wrote the doorbell line (a trapped CXL.mem write reaching the device):
+        serve what it submitted before that write completes."""
+        self.doorbells += 1
+        self.poll_once()
+
+    def fault(self, why: str) -> None:
+        """The ring cannot be served: the guest's next wait sees status FAULT."""
+        self._log(why)
+        self.errors += 1
+        self._write_dev_hdr(L.DEV_FAULT)
+
     # --- commands --------------------------------------------------------------------------
     def _serve(self, i: int) -> None:
         op, _flags, cid, step, layer, count, in_len, arg0, arg1 = L.SQE_FMT.unpack_from(
@@ -304,7 +314,15 @@ class FirmwareService:
         if bt == 0:
             raise RingError(L.RC_INVALID_INPUT, "block_tokens 0")
         self._archive()
-        if self.use_device:
+        if self.memory_device is not None:
+            # The one device: its firmware session for this cache, its pages the entries'.
+            self._dev(
+                self.memory_device.open_kv, n, eb, cap, bt, L.KV_BASE,
+                policy=self.policy_name, config=self.config, mode=self.mode,
+            )  # fmt: skip
+            self.device = self.memory_device
+            self.fw = self.device.fw
+        elif self.use_device:
             self.device = self._dev(self._new_device, n, eb, cap, bt)
             self.fw = self.device.fw  # read for the statistics; only the device drives it
         else:
@@ -353,27 +371,12 @@ class FirmwareService:
             if self.record_victims and self.device is None:  # the device logs its own
                 self.victims.extend(int(v) for v in d.victims)
             self.victim_tiers.update(int(t) for t in d.tiers)
-            if self.memory is not None:
-                self._place(d.victims, d.tiers)
         hints = np.zeros(0, np.int64) if hints is None else hints
         room = (L.SLOT_OUT - 4 * d.admitted.size - vic.nbytes) // 4
         hints = hints[: max(room, 0)].astype("<u4")
         self.hints_sent += hints.size
         out = d.admitted.astype("<u4").tobytes() + vic.tobytes() + hints.tobytes()
         return out, (d.admitted.size, vic.size, hints.size)
-
-    def _place(self, entries: np.ndarray, tiers: np.ndarray) -> None:
-        """Move each victim's KV block, in the memory-path device, to its chosen tier."""
-        eb = self.entry_bytes
-        for tier, to_dram in ((TIER_NVME, False), (TIER_CXL, True)):
-            sel = entries[tiers == tier].astype(np.int64)
-            if sel.size:
-                first = (L.KV_BASE + sel * eb) >> PAGE_SHIFT
-                last = (L.KV_BASE + (sel + 1) * eb - 1) >> PAGE_SHIFT
-                pages = sorted(
-                    {p for a, b in zip(first, last, strict=True) for p in range(a, b + 1)}
-                )
-                self.placed["nvme" if not to_dram else "dram"] += self.memory.place(pages, to_dram)
 
     def op_create(self, step, layer, count, payload, arg0, arg1):
         self._need_open()
@@ -560,9 +563,19 @@ class FirmwareService:
         out = {
             "evidence": "Measured",
             "policy": self.policy_name,
-            "firmware": "device emulator" if self.use_device else "service",
+            "firmware": (
+                "memory-path device"
+                if self.memory_device is not None
+                else "device emulator"
+                if self.use_device
+                else "service"
+            ),
+            "served_on": "doorbell" if self.memory_device is not None else "poll",
+            "doorbells": self.doorbells,
             "device_errors": self.device_errors,
-            "memory_path_pages_placed": dict(self.placed),
+            "memory_path_pages_placed": (
+                dict(self.memory_device.kv_placed) if self.memory_device is not None else {}
+            ),
             "commands": dict(self.commands),
             "completions": dict(self.status_counts),
             "errors": self.errors,

@@ -396,14 +396,7 @@ def _serve(args: argparse.Namespace) -> int:
             f"({exc.strerror}); a writable file path is accepted"
         ) from None
     for spec in args.health:
-        key, _, value = spec.partition("=")
-        limit = 0xFFFF if key == "temperature" else 0xFFFFFFFF if key == "dirty_shutdowns" else 0xFF
-        if key not in dev.health or not value.isdigit() or int(value) > limit:
-            raise ValueError(
-                f"--health {spec!r}: expected FIELD=VALUE with FIELD one of "
-                f"{', '.join(dev.health)} and VALUE an integer in [0, {limit}]"
-            )
-        dev.health[key] = int(value)
+        dev.set_health(spec)
     for dpa, n in args.trap:
         dev.trap(*_inside(dev, "--trap", dpa, n))
     if args.decoder:

@@ -49,6 +49,7 @@ from kvcxl.firmware.audit import EvictionAudit
 from kvcxl.firmware.cache import PolicyCache
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.cxl import mem
+from kvcxl.firmware.formulas import TIER_CXL, TIER_NVME
 from kvcxl.firmware.policies import POLICIES
 from kvcxl.firmware.policies.base import Policy
 from kvcxl.firmware.session import Decisions, FirmwareSession
@@ -153,6 +154,9 @@ class Type3Device:
         self.page_bytes = page_bytes
         self.page_shift = page_bytes.bit_length() - 1
         self.n_pages = capacity // page_bytes
+        self.n_entries = self.n_pages  # firmware entry ids: one per page, until open_kv
+        self.kv: tuple[int, int] | None = None  # open_kv's (base DPA, entry bytes)
+        self.kv_placed = {"dram": 0, "nvme": 0}  # pages moved by open_kv's placements
         if dram_pages is not None and not 0 < dram_pages:
             raise RequestError(f"dram_pages = {dram_pages} must be > 0 (or None: all pages)")
         self.tiering = dram_pages is not None and dram_pages < self.n_pages
@@ -318,6 +322,18 @@ class Type3Device:
     def time(self) -> int:
         return self.fw.time
 
+    def set_health(self, spec: str) -> None:
+        """``FIELD=VALUE``: what Get Health Info reports for FIELD (a BMC's setting);
+        a ValueError naming the spec and what is accepted otherwise."""
+        key, _, value = spec.partition("=")
+        limit = 0xFFFF if key == "temperature" else 0xFFFFFFFF if key == "dirty_shutdowns" else 0xFF
+        if key not in self.health or not value.isdigit() or int(value) > limit:
+            raise ValueError(
+                f"--health {spec!r}: expected FIELD=VALUE with FIELD one of "
+                f"{', '.join(self.health)} and VALUE an integer in [0, {limit}]"
+            )
+        self.health[key] = int(value)
+
     def set_config(self, config: PolicyConfig) -> None:
         """Apply new policy parameters, keeping every entry's metadata and residency."""
         self.fw.set_config(config)
@@ -340,9 +356,9 @@ class Type3Device:
         w = np.asarray(weights, dtype=np.float64)
         if ids.shape != w.shape or ids.ndim != 1:
             raise RequestError(f"ids {ids.shape} and weights {w.shape} must be equal 1-D shapes")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.n_pages):
+        if ids.size and (ids.min() < 0 or ids.max() >= self.n_entries):
             bad = int(ids.min() if ids.min() < 0 else ids.max())
-            raise RequestError(f"entry {bad} is outside the device's 0 … {self.n_pages - 1}")
+            raise RequestError(f"entry {bad} is outside the device's 0 … {self.n_entries - 1}")
         if w.size and not (np.isfinite(w).all() and w.min() >= 0.0 and w.max() <= 1.0):
             raise RequestError("attention weights must be finite and within [0, 1]")
         self.fw.at(step)
@@ -381,7 +397,7 @@ class Type3Device:
         if ids.ndim != 1:
             raise RequestError("entry descriptions must be 1-D")
         limits = (
-            ("entry", ids, self.n_pages - 1),
+            ("entry", ids, self.n_entries - 1),
             ("context", ctx, MAX_CONTEXTS - 1),
             ("layer", layer, 0x7FFF),
             ("kv_head", head, 0x7FFF),
@@ -438,9 +454,9 @@ class Type3Device:
         ids = np.asarray(ids, dtype=np.int64)
         if ids.ndim != 1:
             raise RequestError("entry ids must be 1-D")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.n_pages):
+        if ids.size and (ids.min() < 0 or ids.max() >= self.n_entries):
             bad = int(ids.min() if ids.min() < 0 else ids.max())
-            raise RequestError(f"entry {bad} is outside the device's 0 … {self.n_pages - 1}")
+            raise RequestError(f"entry {bad} is outside the device's 0 … {self.n_entries - 1}")
         self.fw.at(step)
         if ids.size:
             self._grow_entries(int(ids.max()))
@@ -460,6 +476,64 @@ class Type3Device:
         reports them."""
         return self.fw.prefetch_candidates(ids, weights, limit)
 
+    def open_kv(
+        self,
+        n_entries: int,
+        entry_bytes: int,
+        capacity: int,
+        block_tokens: int,
+        base: int,
+        *,
+        policy: str | None = None,
+        config: PolicyConfig | None = None,
+        mode: str | None = None,
+    ) -> None:
+        """A host's KV cache in this device's memory: entry ``i`` is the bytes at DPA
+        ``base + i·entry_bytes``, the firmware's cache is the host's own memory (its HBM)
+        of ``capacity`` entries, and a new firmware session with host entries replaces
+        the current one.  From now on each victim's pages move, in this device, to the
+        tier placement chose (CXL DRAM or NVMe); admitted entries stay where they are
+        (the host copies them).  Raises RequestError when the entries do not fit."""
+        if n_entries < 1 or entry_bytes < 1 or capacity < 1 or block_tokens < 1:
+            raise RequestError(
+                f"entries {n_entries}, entry bytes {entry_bytes}, capacity {capacity}, "
+                f"block tokens {block_tokens}: each must be >= 1"
+            )
+        if base < 0 or base + n_entries * entry_bytes > self.capacity:
+            raise RequestError(
+                f"{n_entries} entries of {entry_bytes} B at DPA {base:#x} do not fit the "
+                f"device's {self.capacity} bytes"
+            )
+        self.policy_name = policy or self.policy_name
+        self.config = config or self.config
+        self.mode = mode or self.mode
+        self.fw = FirmwareSession(
+            self.policy_name, capacity, self.config, mode=self.mode,
+            block_tokens=block_tokens, audit=True,
+        )  # fmt: skip
+        self.fw.ensure(n_entries)
+        self.entries = "host"
+        self.n_entries = n_entries
+        self._extents, self._cells = {}, 0
+        self.kv = (base, entry_bytes)
+        self.record_victims = True
+        self.victims = []
+        self.kv_placed = {"dram": 0, "nvme": 0}
+
+    def _place_kv(self, victims: NDArray, tiers: NDArray) -> None:
+        """Each victim's pages to the tier placement chose (open_kv's cache)."""
+        base, eb = self.kv
+        for tier, to_dram in ((TIER_NVME, False), (TIER_CXL, True)):
+            sel = victims[tiers == tier].astype(np.int64)
+            if not sel.size:
+                continue
+            first = (base + sel * eb) >> self.page_shift
+            last = (base + (sel + 1) * eb - 1) >> self.page_shift
+            pages = sorted({p for a, b in zip(first, last, strict=True) for p in range(a, b + 1)})
+            for p in pages:
+                self.move_page(p, to_dram)
+            self.kv_placed["dram" if to_dram else "nvme"] += len(pages)
+
     def _apply(self, d: Decisions, time: int) -> None:
         """Move the bytes the firmware decided about: victims out of DRAM first (as they
         left during the call), then the admitted entries in."""
@@ -468,6 +542,10 @@ class Type3Device:
             self.victims.extend(
                 zip([time] * d.victims.size, d.victims.tolist(), prio.tolist(), strict=True)
             )
+        if self.kv is not None:
+            if d.victims.size:
+                self._place_kv(d.victims, d.tiers)
+            return
         if not self.tiering:
             return
         for p in d.victims.tolist():

@@ -48,7 +48,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from kvcxl.emu.cxl.hdm import HdmError
@@ -78,6 +78,16 @@ class Engine:
         self.device = device
         self.mailbox = Mailbox(device)
         self.lock = threading.Lock()
+        # DPA line -> what a host write of that line rings (a doorbell), run under the
+        # lock before the write's completion is sent: the host's next read sees its effect.
+        self.doorbells: dict[int, Callable[[], object]] = {}
+        self.rung = 0  # doorbell writes served
+
+    def doorbell(self, dpa: int, ring: Callable[[], object]) -> None:
+        """A CXL.mem write of the line at ``dpa`` calls ``ring`` before it completes; the
+        line's page is trapped, so a patched QEMU always sends that write here."""
+        self.device.trap(dpa & ~63, 64)
+        self.doorbells[dpa >> 6] = ring
 
     def handle(self, kind: int, body: bytes) -> tuple[int, bytes]:
         with self.lock:
@@ -102,6 +112,12 @@ class Engine:
             if not isinstance(msg, mem.M2SReq | mem.M2SRwD):
                 raise _FrameError(f"mem_wrong_direction: {msg.CLASS.name} is not a request")
             rsp = dev.handle(msg)
+            if self.doorbells and isinstance(msg, mem.M2SRwD):
+                dpa = dev.hdm.translate(msg.addr << 6)
+                ring = None if dpa is None else self.doorbells.get(dpa >> 6)
+                if ring is not None:
+                    self.rung += 1
+                    ring()
             return MEM, b"" if rsp is None else mem.encode(rsp)
         if kind == CCI:
             return CCI, self.mailbox.execute(body)

@@ -1,0 +1,100 @@
+"""One device: the memory-path device answers the ring on its doorbell (no QEMU).
+
+A host client speaks the guest agent's protocol; its doorbell store is sent to the
+device as the CXL.mem write a patched QEMU makes of it (the doorbell page is trapped).
+Nothing polls: the answer must be in the completion queue when that write completes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvcxl.emu.device import pagestate
+from kvcxl.emu.device.service import Client, serving
+from kvcxl.firmware.formulas import TIER_NVME
+from kvcxl.qemu import layout as L
+from kvcxl.qemu.ring_client import RingClient, mem_doorbell, replay
+from kvcxl.qemu.ring_device import Heartbeat, build
+from kvcxl.qemu.trace_image import default_trace, simulate_victims
+
+
+@pytest.fixture
+def device(tmp_path: Path):
+    media = tmp_path / "media.bin"
+    with open(media, "wb") as f:
+        f.truncate(256 << 20)
+    engine, ring = build(media, tmp_path / "page-state.bin")
+    with serving(engine, tmp_path / "d.sock"), Client(tmp_path / "d.sock") as c:
+        cl = RingClient(media, doorbell=mem_doorbell(c))
+        cl.wait_ready(timeout=1)
+        yield engine, ring, cl
+        cl.close()
+    engine.device.close()
+
+
+def test_the_doorbell_write_completes_after_the_answer(device) -> None:
+    engine, ring, cl = device
+    dev = engine.device
+    # the doorbell's page is trapped for good: a patched QEMU sends its writes here
+    assert dev.page_state.state[(L.RING_BASE + L.HOST_HDR) >> dev.page_shift] == pagestate.TRAP
+    for k in range(20):
+        i = cl.submit(L.OP_NOP, arg0=1000 + k)
+        assert cl.done(i), "the doorbell write completed before its command was answered"
+        c = cl.wait(i)
+        assert c.status == L.RC_SUCCESS and c.r[4] == 1000 + k
+    st = ring.stats()
+    assert st["served_on"] == "doorbell" and st["doorbells"] == engine.rung == 20
+    assert st["commands"]["NOP"] == 20
+
+
+def test_the_memory_path_device_is_the_rings_firmware(device) -> None:
+    """The victims the ring answers are the simulator's, decided by the memory-path
+    device's own firmware session; each victim's page moved, in that device, to the tier
+    placement chose (NVMe-placed blocks are on NVMe until the guest reads them)."""
+    engine, ring, cl = device
+    dev = engine.device
+    gt = default_trace(steps=12)
+    assert gt.entry_bytes == 4096 == dev.page_bytes  # one device page per entry
+    got = replay(cl, gt)
+    want = simulate_victims(gt)
+    assert len(want) > 100 and got["victims"] == want
+    assert got["residency_mismatches"] == 0
+    assert ring.device is dev and ring.fw is dev.fw  # one device, one firmware session
+    assert [v for _, v, _ in dev.victims] == want
+    st = ring.stats()
+    assert st["firmware"] == "memory-path device" and st["errors"] == 0
+    nvme = got["victim_tiers"].count(TIER_NVME)
+    assert st["memory_path_pages_placed"] == {"nvme": nvme, "dram": len(want) - nvme}
+    assert nvme > 0
+    # each entry's page is where its last placement put it (never placed: DRAM)
+    last = dict(zip(got["victims"], got["victim_tiers"], strict=True))
+    want_dram = np.array([last.get(e, 0) != TIER_NVME for e in range(gt.n_entries)])
+    pages = (L.KV_BASE >> dev.page_shift) + np.arange(gt.n_entries)
+    assert np.array_equal(np.frombuffer(dev.in_dram, np.uint8)[pages] == 1, want_dram)
+    # and QEMU may go direct exactly to the DRAM-tier ones
+    assert np.array_equal(dev.page_state.state[pages] == pagestate.DIRECT, want_dram)
+
+
+def test_a_missed_doorbell_is_a_fault_not_a_hang(device, monkeypatch) -> None:
+    """A submission whose doorbell never reaches the device (the guest's store went
+    straight to memory) turns the ring's status to FAULT within the bound."""
+    from kvcxl.qemu import ring_device
+
+    engine, ring, cl = device
+    monkeypatch.setattr(ring_device, "MISSED_DOORBELL_S", 0.05)
+    cl.doorbell = None  # a plain store into the ring: no CXL.mem write
+    beat = Heartbeat(engine, ring)
+    beat.start()
+    try:
+        i = cl.submit(L.OP_NOP)
+        for _ in range(200):
+            if ring.status == L.DEV_FAULT:
+                break
+            beat.halt.wait(0.01)
+    finally:
+        beat.halt.set()
+        beat.join()
+    assert ring.status == L.DEV_FAULT and not cl.done(i)
+    assert any("no doorbell" in m for m in ring.error_log)

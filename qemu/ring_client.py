@@ -163,8 +163,15 @@ def decisions(c: Completion) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return adm, vic, hints
 
 
-def replay(client: RingClient, gt, poll: Callable[[], object] | None = None) -> dict:
-    """Send a guest trace's events through the ring as the agent does; victims in order."""
+def replay(
+    client: RingClient,
+    gt,
+    poll: Callable[[], object] | None = None,
+    read: Callable[[int], object] | None = None,
+) -> dict:
+    """Send a guest trace's events through the ring as the agent does; victims in order.
+    ``read(entry)``, if given, is called where the agent reads an entry from device
+    memory: each miss before its ATTN, each admitted entry (copied in) after."""
     op_of = {L.EV_CREATE: L.OP_CREATE, L.EV_READ: L.OP_ATTN, L.EV_CTX_LEN: L.OP_CTX_LEN}
     opened = client.call(
         L.OP_OPEN,
@@ -181,6 +188,10 @@ def replay(client: RingClient, gt, poll: Callable[[], object] | None = None) -> 
     resident: set[int] = set()
     hits = mismatches = 0
     for k, (kind, step, layer, rec) in enumerate(evs):
+        if read is not None and kind == L.EV_READ:
+            for e in rec["entry"].tolist():
+                if e not in resident:
+                    read(e)
         c = client.call(
             op_of[kind], poll, step=step, layer=layer, count=rec.size, payload=rec.tobytes()
         )
@@ -193,6 +204,9 @@ def replay(client: RingClient, gt, poll: Callable[[], object] | None = None) -> 
         if kind in (L.EV_READ, L.EV_CREATE):
             adm, vic, _h = decisions(c)
             resident.update(int(x) for x in adm)
+            if read is not None:
+                for e in adm.tolist():
+                    read(e)
             for v in vic["entry"]:
                 resident.discard(int(v))
                 victims.append(int(v))

@@ -13,6 +13,7 @@ import pytest
 
 from kvcxl.emu.device import pagestate
 from kvcxl.emu.device.service import Client, serving
+from kvcxl.firmware.cxl import mem
 from kvcxl.firmware.formulas import TIER_NVME
 from kvcxl.qemu import layout as L
 from kvcxl.qemu.ring_client import RingClient, mem_doorbell, replay
@@ -75,6 +76,63 @@ def test_the_memory_path_device_is_the_rings_firmware(device) -> None:
     assert np.array_equal(np.frombuffer(dev.in_dram, np.uint8)[pages] == 1, want_dram)
     # and QEMU may go direct exactly to the DRAM-tier ones
     assert np.array_equal(dev.page_state.state[pages] == pagestate.DIRECT, want_dram)
+
+
+def _guest_reads(dev, client: Client, unreported_at: int | None = None):
+    """``read(entry)`` as the guest's loads reach the device through a patched QEMU: a
+    DIRECT page is counted in the page-state table (QEMU's fast path), any other is a
+    CXL.mem read (which fills it from NVMe).  At read number ``unreported_at`` the guest
+    also reads an entry it holds in its own memory (a read no report explains)."""
+    n, extra = [0], []
+
+    def load(e: int) -> None:
+        dpa = L.KV_BASE + e * 4096
+        p = dpa >> dev.page_shift
+        if dev.page_state.state[p] == pagestate.DIRECT:
+            dev.page_state.count[p] += 1
+        else:
+            msg = mem.M2SReq(
+                opcode=mem.M2SReqOpcode.MEM_RD, snp_type=mem.SnpType.NO_OP,
+                meta_field=mem.MetaField.NO_OP, meta_value=0, tag=0, addr=dpa >> 6,
+            )  # fmt: skip
+            assert client.mem(msg).poison == 0
+
+    def read(e: int) -> None:
+        n[0] += 1
+        load(e)
+        if n[0] == unreported_at:
+            held = np.flatnonzero(dev.cache.is_resident(np.arange(dev.n_entries)))
+            x = next(int(h) for h in held if int(h) not in dev.kv_traffic.expected)
+            extra.append(x)
+            load(x)
+
+    read.extra = extra
+    return read
+
+
+@pytest.mark.parametrize("unreported", [False, True])
+def test_the_device_learns_the_reads_from_the_traffic(device, tmp_path, unreported) -> None:
+    """Each step's end, the device maps the step's per-page access counts (direct, in the
+    page-state table, and trapped) to entries: exactly the misses and admissions the
+    guest had to read; a read no report explains is caught."""
+    engine, _ring, cl = device
+    dev = engine.device
+    gt = default_trace(steps=8)
+    with Client(tmp_path / "d.sock") as c:
+        read = _guest_reads(dev, c, 1200 if unreported else None)
+        got = replay(cl, gt, read=read)
+    assert got["victims"] == simulate_victims(gt)  # the reads change no decision
+    kt = dev.stats()["kv_traffic"]
+    assert kt["steps"] == 8 and kt["entries_expected"] > 1000
+    assert dev.counters["nvme_fills"] > 0  # some reads were trapped (NVMe pages)
+    if not unreported:
+        assert kt["disagreeing_steps"] == 0, kt["first_disagreement"]
+        assert kt["entries_read"] == kt["entries_expected"]
+        assert sum(kt["entries_read_per_step"]) == kt["entries_read"]
+    else:
+        assert kt["disagreeing_steps"] == 1, (read.extra, kt)
+        assert kt["first_disagreement"]["read_not_expected"] == read.extra
+        assert kt["entries_read"] == kt["entries_expected"] + 1
 
 
 def test_a_missed_doorbell_is_a_fault_not_a_hang(device, monkeypatch) -> None:

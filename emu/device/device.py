@@ -56,6 +56,7 @@ from kvcxl.firmware.session import Decisions, FirmwareSession
 from kvcxl.firmware.table import EntryTable
 
 from ..timing import CXL_DRAM, NVME, TierParams
+from .kvtraffic import KvTraffic
 from .media import DictStore, FileStore, MmapStore, TierMap, zeros
 from .pagestate import PageState
 from .timing import TierQueue, percentiles
@@ -157,6 +158,10 @@ class Type3Device:
         self.n_entries = self.n_pages  # firmware entry ids: one per page, until open_kv
         self.kv: tuple[int, int] | None = None  # open_kv's (base DPA, entry bytes)
         self.kv_placed = {"dram": 0, "nvme": 0}  # pages moved by open_kv's placements
+        self.kv_traffic: KvTraffic | None = None  # open_kv's reads, learned from traffic
+        # CXL.mem requests per DPA page (a patched QEMU's trapped accesses; its direct ones
+        # are counted in the page-state table)
+        self.host_accesses = np.zeros(self.n_pages, dtype=np.uint32)
         if dram_pages is not None and not 0 < dram_pages:
             raise RequestError(f"dram_pages = {dram_pages} must be > 0 (or None: all pages)")
         self.tiering = dram_pages is not None and dram_pages < self.n_pages
@@ -367,6 +372,9 @@ class Type3Device:
         time = self.fw.time
         hit, d = self.fw.read(step, ids, w)
         self._apply(d, time)
+        if self.kv_traffic is not None:  # what the host must now read from device memory
+            self.kv_traffic.expect(ids[~hit])
+            self.kv_traffic.expect(d.admitted)
         self.counters["reports"] += 1
         self.counters["reported_entries"] += int(ids.size)
         return hit, d
@@ -463,12 +471,16 @@ class Type3Device:
         time = self.fw.time - 1 if self.fw.offline else max(self.fw.time - 1, 0)
         d = self.fw.write(step, ids)
         self._apply(d, time)
+        if self.kv_traffic is not None:
+            self.kv_traffic.expect(d.admitted)  # the host copies them in
         return d
 
     def end_step(self, step: int) -> None:
         """The host closed ``step`` (the policy's step-boundary update)."""
         self.fw.at(step)
         self.fw.end_step()
+        if self.kv_traffic is not None:  # the step's reads, from the traffic itself
+            self.kv_traffic.step_end(step, self._accesses(), self._poisoned_entries())
 
     def prefetch_candidates(self, ids: NDArray, weights: NDArray, limit: int) -> NDArray:
         """Entries the firmware would fetch next after this attention batch, best first
@@ -519,6 +531,22 @@ class Type3Device:
         self.record_victims = True
         self.victims = []
         self.kv_placed = {"dram": 0, "nvme": 0}
+        self.kv_traffic = KvTraffic(base, entry_bytes, n_entries, self.page_shift, self._accesses())
+
+    def _accesses(self) -> NDArray:
+        """Host accesses per DPA page so far: trapped (here) plus direct (QEMU's counts)."""
+        acc = self.host_accesses.astype(np.int64)
+        if self.page_state is not None:
+            acc += self.page_state.count
+        return acc
+
+    def _poisoned_entries(self) -> set[int]:
+        base, eb = self.kv
+        return {
+            (line * LINE - base) // eb
+            for line in self.poison
+            if 0 <= line * LINE - base < self.n_entries * eb
+        }
 
     def _place_kv(self, victims: NDArray, tiers: NDArray) -> None:
         """Each victim's pages to the tier placement chose (open_kv's cache)."""
@@ -894,6 +922,7 @@ class Type3Device:
                 return mem.S2MDRS(
                     mem.S2MDRSOpcode.MEM_DATA_NXM, msg.tag, zeros(LINE), poison=1, ld_id=msg.ld_id
                 )
+            self.host_accesses[dpa >> self.page_shift] += 1
             data, done = self._dpa_read(dpa, LINE, t)
             poisoned = (dpa >> 6) in self.poison
             self.counters["reads"] += 1
@@ -910,6 +939,7 @@ class Type3Device:
                 self.counters["unmapped_writes"] += 1
                 self._advance(t, t)
             else:
+                self.host_accesses[dpa >> self.page_shift] += 1
                 be = msg.byte_enable
                 if be == mem.ALL_BYTES:
                     done = self._dpa_write(dpa, msg.data, t)
@@ -967,6 +997,7 @@ class Type3Device:
             "poisoned_lines": len(self.poison),
             # accesses a patched QEMU completed directly against the shared DRAM file
             "direct_accesses": self.page_state.direct_accesses() if self.page_state else 0,
+            "kv_traffic": self.kv_traffic.stats() if self.kv_traffic is not None else None,
             "cache": self.cache.stats.as_dict(),
             "audit": self.audit.as_dict() if self.audit else {},
             "tiers": {k: q.summary() for k, q in self.queues.items()},

@@ -619,6 +619,7 @@ def _device_summary(stats: dict | None) -> dict | None:
         "reads": c["reads"],
         "writes": c["writes"],
         "poisoned_reads": c["poisoned_reads"],
+        "poisoned_lines": stats["poisoned_lines"],
         "nvme_accesses": c["nvme_accesses"],  # guest accesses served from the NVMe tier
         "nvme_fills": c["nvme_fills"],  # pages a guest access fetched from NVMe into DRAM
         "migrations_to_nvme": c["migrations_to_nvme"],

@@ -78,16 +78,17 @@ class Engine:
         self.device = device
         self.mailbox = Mailbox(device)
         self.lock = threading.Lock()
-        # DPA line -> what a host write of that line rings (a doorbell), run under the
-        # lock before the write's completion is sent: the host's next read sees its effect.
-        self.doorbells: dict[int, Callable[[], object]] = {}
+        # DPA line -> (byte in the line, what a host write of that byte rings): a doorbell,
+        # run under the lock before the write's completion is sent, so the host's next
+        # read sees its effect.
+        self.doorbells: dict[int, tuple[int, Callable[[], object]]] = {}
         self.rung = 0  # doorbell writes served
 
     def doorbell(self, dpa: int, ring: Callable[[], object]) -> None:
-        """A CXL.mem write of the line at ``dpa`` calls ``ring`` before it completes; the
-        line's page is trapped, so a patched QEMU always sends that write here."""
+        """A CXL.mem write that covers the byte at ``dpa`` calls ``ring`` before it
+        completes; the page is trapped, so a patched QEMU always sends that write here."""
         self.device.trap(dpa & ~63, 64)
-        self.doorbells[dpa >> 6] = ring
+        self.doorbells[dpa >> 6] = (dpa & 63, ring)
 
     def handle(self, kind: int, body: bytes) -> tuple[int, bytes]:
         with self.lock:
@@ -114,10 +115,10 @@ class Engine:
             rsp = dev.handle(msg)
             if self.doorbells and isinstance(msg, mem.M2SRwD):
                 dpa = dev.hdm.translate(msg.addr << 6)
-                ring = None if dpa is None else self.doorbells.get(dpa >> 6)
-                if ring is not None:
+                bell = None if dpa is None else self.doorbells.get(dpa >> 6)
+                if bell is not None and msg.byte_enable >> bell[0] & 1:
                     self.rung += 1
-                    ring()
+                    bell[1]()
             return MEM, b"" if rsp is None else mem.encode(rsp)
         if kind == CCI:
             return CCI, self.mailbox.execute(body)

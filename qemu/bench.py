@@ -6,9 +6,9 @@
   host side (``kvcxl.qemu.ring_device``): the doorbell is a CXL.mem write over the
   device's socket, served before it completes (no polling).
 * ``qemu_boot`` (stock QEMU) and ``qemu_boot_kvcxl`` (the patched one), side by side: a
-  boot without the TCG plugin: boot to /init and to region ready,
-  guest-measured ring round trip (stock: the polling service; patched: the doorbell), attention records/s through the ring during the
-  replay, guest memcpy to and from CXL memory beside plain guest RAM.
+  boot without the TCG plugin: boot to /init and to region ready, guest-measured ring
+  round trip (stock: the polling service; patched: the doorbell), attention records/s
+  through the ring during the replay, guest memcpy to and from CXL memory beside plain guest RAM.
 * ``qemu_boot_plugin``: the same with the plugin streaming every CXL-window access
   (skipped with --quick, and when the plugin was not built).
 """

@@ -16,8 +16,10 @@ from kvcxl.qemu import layout as L
 from kvcxl.qemu.qemu_patch import PATCH, render_header
 
 TRAP = ((L.XFER_H2G, L.XFER_BYTES), (L.XFER_G2H, L.XFER_BYTES))
+TRAPPED_ENTRIES = range(8, 12)  # KV entries every access to which is a CXL.mem request
 HEALTH = (("life_used", 7), ("temperature", 41))
-POISON_ENTRY = 5
+POISON_ENTRY = 5  # poisoned in the device before the guest probes (over its socket)
+QMP_POISON_ENTRY = 20  # poisoned over QMP while the guest waits
 
 
 def _patch_function(name: str) -> str:
@@ -92,25 +94,46 @@ def host():
 @pytest.fixture(scope="module")
 def kvcxl_boot(host):
     """Datapath, poison and replay with the kvcxl device on the memory path; the transfer
-    buffers trapped, so every guest access to them is a CXL.mem request; health values
-    and a poisoned line set in the device before the guest probes."""
+    buffers and four KV entries trapped, so every guest access to them is a CXL.mem
+    request; health values and a poisoned line set in the device before the guest
+    probes, a second line poisoned over QMP (`kvcxl qemu inject`) while it waits, and
+    the device's clock read when the region is ready."""
+    import sys
+
+    from kvcxl.emu.device.service import Client
+    from kvcxl.firmware.cxl import mailbox as mb
     from kvcxl.qemu.boot import BootOptions, boot
     from kvcxl.qemu.trace_image import default_trace
 
     gt = default_trace(steps=16)
-    poison = L.KV_BASE + POISON_ENTRY * gt.entry_bytes
+    eb = gt.entry_bytes
+    poison = L.KV_BASE + POISON_ENTRY * eb
+    trapped = (L.KV_BASE + TRAPPED_ENTRIES[0] * eb, len(TRAPPED_ENTRIES) * eb)
+    seen: dict = {}
+
+    def hook(ev: dict, b) -> None:
+        if ev.get("event") == "region_ready":  # Linux set the time at probe: the device's?
+            with Client(b.device_socket, timeout=10) as c:
+                rsp = c.cci(mb.Opcode.GET_TIMESTAMP)
+            seen["timestamp"] = (rsp.rc, int.from_bytes(rsp.payload, "little"), time.time_ns())
+        if ev.get("event") == "waiting" and "inject" not in seen:
+            cmd = [sys.executable, "-m", "kvcxl.emu.cli", "qemu", "inject", "poison"]
+            cmd += ["--qmp", str(b.qmp_socket), "--dpa", hex(L.KV_BASE + QMP_POISON_ENTRY * eb)]
+            seen["inject"] = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
     opts = BootOptions(
-        qemu="kvcxl", jobs=("poison", "datapath", "replay"), trace=gt, plugin=False,
-        trap=TRAP, health=HEALTH, poison=((poison, 64),), timeout=400,
+        qemu="kvcxl", jobs=("wait", "poison", "datapath", "replay"), wait_s=10, trace=gt,
+        plugin=False, trap=(*TRAP, trapped), health=HEALTH, poison=((poison, 64),),
+        on_event=hook, timeout=400,
     )  # fmt: skip
     report, b = boot(opts)
-    return report, b, gt
+    return report, b, gt, seen
 
 
 @pytest.mark.slow
 @pytest.mark.qemu
 def test_region_ready_on_the_patched_qemu(kvcxl_boot) -> None:
-    r, _b, _gt = kvcxl_boot
+    r, _b, _gt, _seen = kvcxl_boot
     assert r["qemu"]["exit_code"] == 0, r["guest_failures"]
     assert "kvcxl=" in r["qemu"]["command"] and r["qemu"]["command"].startswith(
         str(_b.host.qemu_kvcxl)
@@ -123,7 +146,7 @@ def test_region_ready_on_the_patched_qemu(kvcxl_boot) -> None:
 @pytest.mark.slow
 @pytest.mark.qemu
 def test_trapped_pages_go_through_the_device_and_read_back_right(kvcxl_boot) -> None:
-    r, _b, _gt = kvcxl_boot
+    r, _b, _gt, _seen = kvcxl_boot
     dp = r["guest"]["datapath"]
     assert dp["host_to_guest_bytes"] == L.XFER_BYTES and dp["host_to_guest_bad"] == 0
     assert r["host_check"]["guest_to_host_bad_bytes"] == 0
@@ -141,7 +164,7 @@ def test_trapped_pages_go_through_the_device_and_read_back_right(kvcxl_boot) -> 
 def test_replay_victims_equal_the_simulators(kvcxl_boot) -> None:
     from kvcxl.qemu.trace_image import simulate_victims
 
-    r, b, gt = kvcxl_boot
+    r, b, gt, _seen = kvcxl_boot
     rep = r["guest"]["replay"]
     assert rep["bad_bytes"] == 0 and rep["residency_mismatches"] == 0
     want = simulate_victims(gt)
@@ -184,7 +207,7 @@ def test_a_dead_device_fails_accesses_in_bounded_time_and_nothing_hangs(host) ->
 @pytest.mark.qemu
 def test_the_guest_sees_the_devices_health(kvcxl_boot) -> None:
     """QEMU has no Get Health Info of its own: what `cxl list -H` shows is the device's."""
-    r, _b, _gt = kvcxl_boot
+    r, _b, _gt, _seen = kvcxl_boot
     memdevs = [m for part in r["cxl_list"] for m in part.get("memdevs", [])]
     health = memdevs[0]["health"]
     assert health["life_used_percent"] == dict(HEALTH)["life_used"]
@@ -194,12 +217,60 @@ def test_the_guest_sees_the_devices_health(kvcxl_boot) -> None:
 @pytest.mark.slow
 @pytest.mark.qemu
 def test_poison_in_the_device_is_what_the_guest_lists(kvcxl_boot) -> None:
-    r, _b, gt = kvcxl_boot
+    r, _b, gt, _seen = kvcxl_boot
     dpa = L.KV_BASE + POISON_ENTRY * gt.entry_bytes
     # Get Poison List reached the device: its list is what the kernel traced.
     assert f"{dpa:#x}:0x40" in r["guest"]["poison_list"]["entries"]
-    assert r["guest"]["replay"]["poisoned_entries"] == 1
+    assert r["guest"]["replay"]["poisoned_entries"] == 2
     assert [hex(dpa), hex(64)] in r["firmware"]["poison_reports"]
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_qmp_poison_reaches_the_device(kvcxl_boot) -> None:
+    """`kvcxl qemu inject poison --qmp` lands in the kvcxl device (the patched QEMU sends
+    it Inject Poison): the guest's poison list is the device's and holds it."""
+    r, _b, gt, seen = kvcxl_boot
+    assert seen["inject"].returncode == 0, seen["inject"].stderr
+    dpa = L.KV_BASE + QMP_POISON_ENTRY * gt.entry_bytes
+    assert f"{dpa:#x}:0x40" in r["guest"]["poison_list"]["entries"]
+    assert r["kvcxl_device"]["poisoned_lines"] == 2  # this one and the socket's
+    assert [hex(dpa), hex(64)] in r["firmware"]["poison_reports"]
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_the_guests_set_timestamp_reaches_the_device(kvcxl_boot) -> None:
+    """Linux sets the device's time at probe; Set Timestamp is forwarded, so the device's
+    own Get Timestamp (asked over its socket) tells the host's time."""
+    _r, _b, _gt, seen = kvcxl_boot
+    rc, device_ns, host_ns = seen["timestamp"]
+    assert rc == 0 and abs(device_ns - host_ns) < 60e9  # the guest clock under TCG drifts
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_one_device_answers_the_ring_on_its_doorbell(kvcxl_boot) -> None:
+    """The ring's firmware is the memory-path device, and every command was served on its
+    doorbell write (a trapped CXL.mem write), none found by polling."""
+    r, _b, _gt, _seen = kvcxl_boot
+    fw = r["firmware"]
+    assert fw["firmware"] == "memory-path device" and fw["served_on"] == "doorbell"
+    assert fw["doorbells"] == fw["doorbell_writes"] == sum(fw["commands"].values()) > 100
+    assert fw["errors"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_the_device_learns_the_replays_reads_from_the_traffic(kvcxl_boot) -> None:
+    """At each step's end the device maps that step's per-page access counts (direct
+    ones counted by QEMU, trapped ones by itself) to KV entries: every step they are
+    the entries the replay had to read (misses and admissions, poisoned ones aside)."""
+    r, _b, gt, _seen = kvcxl_boot
+    kt = r["firmware"]["sessions"][0]["device"]["kv_traffic"]
+    assert kt["steps"] == gt.stream.n_steps
+    assert kt["disagreeing_steps"] == 0, kt["first_disagreement"]
+    assert kt["entries_read"] == kt["entries_expected"] >= r["guest"]["replay"]["cxl_reads"]
 
 
 @pytest.mark.slow
@@ -234,7 +305,7 @@ def test_pages_moving_under_guest_load_lose_no_byte(host) -> None:
 def test_blocks_placed_on_nvme_are_fetched_from_nvme(kvcxl_boot) -> None:
     """Each victim's KV block moves, in the memory-path device, to the tier placement
     chose; the guest's later reads of NVMe-placed blocks are served from NVMe, right."""
-    r, _b, gt = kvcxl_boot
+    r, _b, gt, _seen = kvcxl_boot
     rep = r["guest"]["replay"]
     assert gt.entry_bytes == 4096  # one device page per entry
     placed = r["firmware"]["memory_path_pages_placed"]

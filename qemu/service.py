@@ -641,11 +641,6 @@ def main(argv: list[str] | None = None) -> int:
         "firmware session, ring-only mode)",
     )
     ap.add_argument(
-        "--device-socket",
-        help="(patched QEMU) the kvcxl device on the memory path: victims' KV blocks are "
-        "moved to the tier placement chose",
-    )
-    ap.add_argument(
         "--mode",
         choices=("float", "int"),
         default="float",
@@ -660,7 +655,6 @@ def main(argv: list[str] | None = None) -> int:
         config=cfg,
         plugin_ring=args.plugin_ring,
         device=args.device,
-        device_socket=args.device_socket,
         mode=args.mode,
     )
     stopping = []

@@ -81,6 +81,10 @@ class BootOptions:
     # boot, driver probing or region set-up under TCG (QEMU's and Linux's code, not ours);
     # each retry is reported in "boot_retries".  A stall after the agent started is a result.
     retries: int = 1
+    # (tests) Called with the device's socket and a path for QEMU's end of the link before
+    # QEMU starts: it serves that path (a proxy that can misbehave as a broken device end
+    # would) and QEMU connects there instead.  Its return value is kept as Boot.link.
+    link: Callable[[Path, Path], Any] | None = None
 
 
 @dataclass
@@ -94,6 +98,7 @@ class Boot:
     service: subprocess.Popen | None = None
     # the kvcxl device (qemu="kvcxl"): the same process as ``service``, which it replaces
     device: subprocess.Popen | None = None
+    link: Any = None  # what BootOptions.link returned (tests)
     t0: float = 0.0
     workdir: Path | None = None
     last_line_t: float = 0.0  # monotonic time of the last console line
@@ -299,7 +304,11 @@ class Boot:
         kvcxl = self.opts.qemu == "kvcxl"
         t3 = f"cxl-type3,bus=root_port13,volatile-memdev=cxl-mem1,id={DEVICE_ID}"
         if kvcxl:
-            t3 += f",kvcxl={self.device_socket},kvcxl-state={self.page_state}"
+            sock = self.device_socket
+            if self.opts.link is not None:
+                sock = self.workdir / "link.sock"
+                self.link = self.opts.link(self.device_socket, sock)
+            t3 += f",kvcxl={sock},kvcxl-state={self.page_state}"
         cmd = [
             h.qemu_kvcxl if kvcxl else h.qemu,
             *(_MINIMAL_BUILD if kvcxl else []),

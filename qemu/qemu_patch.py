@@ -54,6 +54,7 @@ def render_header() -> str:
         f"#define KVCXL_FRAME_MEM 0x{service.MEM:02x}",
         f"#define KVCXL_FRAME_CCI 0x{service.CCI:02x}",
         f"#define KVCXL_FRAME_ERROR 0x{service.ERROR:02x}",
+        f"#define KVCXL_FRAME_MAX {service.MAX_FRAME}",
         "",
         "/* CXL.mem messages (kvcxl/firmware/cxl/mem.py): class byte, then the packed",
         " * fields, least significant bit first */",

@@ -1,0 +1,162 @@
+"""A broken device end of the patched QEMU's link: after the guest has started, a proxy
+between QEMU and the kvcxl device answers one CXL.mem request wrongly — a frame of
+impossible length, a frame cut short, no answer within QEMU's timeout, or a refusal
+(an ERROR frame).  The first three mark the link down at once (the guest's accesses to
+trapped pages then fail, it reports them and QEMU exits by itself); a refusal fails that
+one access and the link stays up.  Compared against: the console line the patch prints
+for each case and the guest's own read-back of the trapped buffer."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kvcxl.emu.device import service as svc
+from kvcxl.qemu import layout as L
+
+TRAP = ((L.XFER_H2G, L.XFER_BYTES), (L.XFER_G2H, L.XFER_BYTES))
+
+
+def _exact(s: socket.socket, n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        got = s.recv(n - len(buf))
+        if not got:
+            return None
+        buf += got
+    return buf
+
+
+class FaultyLink:
+    """Frames pass through both ways until ``armed``; then the next CXL.mem answer is
+    replaced by ``fault`` (once), and after a fatal one nothing more is forwarded."""
+
+    def __init__(self, fault: str) -> None:
+        self.fault = fault
+        self.armed = threading.Event()
+        self.faulted_at: float | None = None  # monotonic
+        self._keep: list[socket.socket] = []
+
+    def __call__(self, device: Path, path: Path) -> FaultyLink:
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(str(path))
+        srv.listen(4)
+        self._keep.append(srv)
+        threading.Thread(target=self._accept, args=(srv, device), daemon=True).start()
+        return self
+
+    def _accept(self, srv: socket.socket, device: Path) -> None:
+        while True:
+            try:
+                q, _ = srv.accept()
+            except OSError:
+                return
+            d = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            d.connect(str(device))
+            self._keep += [q, d]
+            threading.Thread(target=self._pump, args=(q, d), daemon=True).start()
+
+    def _pump(self, q: socket.socket, d: socket.socket) -> None:
+        try:
+            while True:
+                hdr = _exact(q, 5)
+                if hdr is None:
+                    return
+                body = _exact(q, struct.unpack_from("<I", hdr)[0] - 1)
+                d.sendall(hdr + body)
+                rh = _exact(d, 5)
+                rb = _exact(d, struct.unpack_from("<I", rh)[0] - 1)
+                if hdr[4] == svc.MEM and self.armed.is_set() and self.faulted_at is None:
+                    self.faulted_at = time.monotonic()
+                    if not self._misbehave(q, rh + rb):
+                        return  # the stream is lost: nothing more goes through
+                    continue
+                q.sendall(rh + rb)
+        except OSError:
+            return
+
+    def _misbehave(self, q: socket.socket, answer: bytes) -> bool:
+        """Send the fault instead of ``answer``; True when the link may go on."""
+        if self.fault == "oversized":
+            q.sendall(struct.pack("<IB", 0xFFFFFFF0, svc.MEM))  # and never the rest
+        elif self.fault == "truncated":
+            q.sendall(answer[: 5 + (len(answer) - 5) // 2])  # half the body, then gone
+            q.close()
+        elif self.fault == "late":
+            time.sleep(7.0)  # past QEMU's 5 s
+        elif self.fault == "refusal":
+            msg = b"refused by the link test"
+            q.sendall(struct.pack("<IB", len(msg) + 1, svc.ERROR) + msg)
+            return True
+        return False
+
+
+@pytest.fixture(scope="module")
+def host():
+    from kvcxl.qemu.setup import setup
+
+    h = setup(force=False)
+    assert h.qemu_kvcxl, "setup did not build the patched QEMU"
+    return h
+
+
+def _boot(fault: str):
+    from kvcxl.qemu.boot import BootOptions, boot
+
+    link = FaultyLink(fault)
+
+    def hook(ev: dict, b) -> None:
+        if ev.get("event") == "waiting":
+            link.armed.set()
+
+    t = time.monotonic()
+    opts = BootOptions(
+        qemu="kvcxl", jobs=("wait", "datapath"), wait_s=2, plugin=False, trap=TRAP,
+        on_event=hook, link=link, timeout=300,
+    )  # fmt: skip
+    r, b = boot(opts)
+    return r, b, link, time.monotonic() - t
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+@pytest.mark.parametrize(
+    ("fault", "says"),
+    [
+        ("oversized", "sent a frame of impossible length"),
+        ("truncated", "short response"),
+        ("late", "no response"),
+    ],
+)
+def test_a_broken_device_end_takes_the_link_down_and_nothing_hangs(host, fault, says) -> None:
+    r, b, link, wall = _boot(fault)
+    assert link.faulted_at is not None, "the guest made no CXL.mem request after waiting"
+    assert any(f"kvcxl: device link {says}" in line for line in b.console), b.console[-20:]
+    # the guest's read of the trapped buffer failed, it said so and powered off; QEMU
+    # exited by itself
+    assert r["guest"]["datapath"]["host_to_guest_bad"] > 0
+    assert r["qemu"]["exit_code"] == 0 and b.qemu.poll() is not None
+    # Bounded: the link goes down on the bad frame itself (or at the 5 s timeout when
+    # nothing comes), not after a 5 s wait for every later access.
+    done = next(e["t"] for e in r["events"] if e["event"] == "datapath")
+    assert done - (link.faulted_at - b.t0) < (20 if fault == "late" else 10), r["events"]
+    assert wall < 300
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_a_refusal_fails_one_access_and_the_link_stays_up(host) -> None:
+    r, b, link, _wall = _boot("refusal")
+    assert link.faulted_at is not None
+    assert any("kvcxl: device refused" in line for line in b.console)
+    assert not any("kvcxl: device link" in line for line in b.console)
+    dp = r["guest"]["datapath"]
+    # one access of at most 8 bytes failed; every other byte came through the device
+    assert 0 < dp["host_to_guest_bad"] <= 8
+    assert r["host_check"]["guest_to_host_bad_bytes"] == 0
+    assert r["qemu"]["exit_code"] == 0

@@ -296,9 +296,11 @@ class FirmwareService:
                 raise RingError(L.RC_INVALID_INPUT, f"{name} {bad} is out of range 0 … {hi}")
 
     def _check_step(self, step: int) -> None:
+        """Steps never go back.  Only checked here: a handler makes ``step`` the current
+        step once the firmware has accepted the command (a refused command, by the ring or
+        by the device, changes nothing, the session's step included)."""
         if self.step is not None and step < self.step:
             raise RingError(L.RC_INVALID_INPUT, f"step {step} after step {self.step}")
-        self.step = step
 
     def op_nop(self, step, layer, count, payload, arg0, arg1):
         return b"", (0, 0, 0, 0, int(arg0))
@@ -386,7 +388,7 @@ class FirmwareService:
             raise RingError(L.RC_INVALID_INPUT, f"CREATE ids must be the next dense ids {want[:1]}")
         if self.table.n + count > self.n_entries:
             raise RingError(L.RC_INVALID_INPUT, f"more than the {self.n_entries} opened entries")
-        if self.device is None:  # before _check_step: a refused command changes nothing
+        if self.device is None:  # before any change: a refused command changes nothing
             self._check_fields(
                 ("context", rec["ctx"], MAX_CONTEXTS - 1),
                 ("layer", rec["layer"], 0x7FFF),
@@ -412,6 +414,7 @@ class FirmwareService:
             self.fw.at(step)
             self.fw.describe(rec["ctx"], rec["layer"], rec["head"], rec["block"])
             d = self.fw.write(step, want)
+        self.step = step
         out, (na, nv, nh) = self._decisions(d)
         return out, (0, na, nv, nh, 0)
 
@@ -419,7 +422,7 @@ class FirmwareService:
         self._need_open()
         rec = self._records(payload, count, L.CTX_LEN_REC, L.CTX_LEN_MAX)
         ctx, tokens = rec["ctx"].astype(np.int64), rec["tokens"].astype(np.int64)
-        if self.device is None:  # before _check_step: a refused command changes nothing
+        if self.device is None:  # before any change: a refused command changes nothing
             self._check_fields(("context", ctx, MAX_CONTEXTS - 1), ("tokens", tokens, 1 << 40))
         self._check_step(step)
         if count:
@@ -428,6 +431,7 @@ class FirmwareService:
             else:
                 self.fw.at(step)
                 self.fw.lengths(ctx, tokens)
+        self.step = step
         return b"", (0, 0, 0, 0, 0)
 
     def op_attn(self, step, layer, count, payload, arg0, arg1):
@@ -446,6 +450,7 @@ class FirmwareService:
         else:
             hit, d = self.fw.read(step, ids, w)
             hints = self.fw.prefetch_candidates(ids, w, HINTS_MAX)
+        self.step = step
         out, (na, nv, nh) = self._decisions(d, hints)
         return out, (int(hit.sum()), na, nv, nh, 0)
 

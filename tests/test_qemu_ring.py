@@ -335,6 +335,32 @@ def test_device_error_is_the_rings_return_code(media: Path) -> None:
 
 
 @pytest.mark.parametrize("device", [False, True])
+def test_a_refused_command_leaves_the_step_where_it_was(media: Path, device: bool) -> None:
+    """Found by the ring fuzzer against the device emulator: a command of a later step that
+    the device refused (a weight above 1, a context id past its bound) still moved the
+    session's step on, so END_STEP of the step the firmware was in was refused after it.
+    An error completion changes nothing (docs/qemu.md, "Return codes")."""
+    svc = FirmwareService(media, device=device)
+    cl = RingClient(media)
+    cl.wait_ready(timeout=1)
+    _open(cl, svc, n=8, cap=2)
+    _create(cl, svc, list(range(8)))
+    assert _attn(cl, svc, [0, 1], [0.5, 0.25], step=3).status == L.RC_SUCCESS
+    bad_ctx = np.zeros(1, L.CTX_LEN_REC)
+    bad_ctx["ctx"] = 1 << 20  # past MAX_CONTEXTS
+    refused = [
+        cl.call(L.OP_CTX_LEN, svc.poll_once, step=9, count=1, payload=bad_ctx.tobytes()),
+        _attn(cl, svc, [0, 1], [float("nan"), 0.5], step=9),
+    ]
+    if device:  # the device takes weights within [0, 1] only
+        refused.append(_attn(cl, svc, [0, 1], [0.5, 2.0], step=9))
+    assert [c.status for c in refused] == [L.RC_INVALID_INPUT] * len(refused)
+    assert cl.call(L.OP_END_STEP, svc.poll_once, step=3).status == L.RC_SUCCESS
+    assert _attn(cl, svc, [2], [0.5], step=4).status == L.RC_SUCCESS
+    cl.close()
+
+
+@pytest.mark.parametrize("device", [False, True])
 def test_integer_mode_reaches_the_firmware(media: Path, device: bool) -> None:
     """``mode="int"``: the ring's answers are the simulator's in integer mode, which on this
     trace are not the float mode's (so the mode did reach the firmware)."""

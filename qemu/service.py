@@ -309,6 +309,8 @@ class FirmwareService:
         if len(payload) != L.OPEN_FMT.size:
             raise RingError(L.RC_INVALID_PAYLOAD_LENGTH, f"OPEN takes {L.OPEN_FMT.size} B")
         n, eb, cap, bt, base = L.OPEN_FMT.unpack(payload)
+        if n == 0 or cap == 0:
+            raise RingError(L.RC_INVALID_INPUT, f"{n} entries, capacity {cap}: each must be >= 1")
         if eb == 0 or eb % 64:
             raise RingError(L.RC_INVALID_INPUT, f"entry_bytes {eb} is not a multiple of 64")
         if L.KV_BASE + n * eb > self.size:
@@ -441,8 +443,9 @@ class FirmwareService:
         w = rec["weight"].astype(np.float64)
         if ids.size and int(ids.max()) >= self.table.n:
             raise RingError(L.RC_INVALID_INPUT, f"entry {int(ids.max())} was never created")
-        if not np.all(np.isfinite(w)) or (w.size and w.min() < 0):
-            raise RingError(L.RC_INVALID_INPUT, "attention weights must be finite and >= 0")
+        if not np.all(np.isfinite(w)) or (w.size and (w.min() < 0 or w.max() > 1)):
+            # the Attention Report's rule (the ring's ATTN shares its records and meaning)
+            raise RingError(L.RC_INVALID_INPUT, "attention weights must be finite and in [0, 1]")
         self._check_step(step)
         if self.device is not None:
             hit, d = self._dev(self.device.report_decisions, step, ids, w)

@@ -83,9 +83,12 @@ def _attn(cl, svc, ids, weights, step=0):
         ("unknown entry", L.RC_INVALID_INPUT),
         ("nan weight", L.RC_INVALID_INPUT),
         ("negative weight", L.RC_INVALID_INPUT),
+        ("weight above 1", L.RC_INVALID_INPUT),
         ("step backwards", L.RC_INVALID_INPUT),
         ("create not dense", L.RC_INVALID_INPUT),
         ("open too big", L.RC_INVALID_INPUT),
+        ("open no entries", L.RC_INVALID_INPUT),
+        ("open no capacity", L.RC_INVALID_INPUT),
         ("end_step wrong", L.RC_INVALID_INPUT),
         ("poison unaligned", L.RC_INVALID_INPUT),
     ],
@@ -98,6 +101,10 @@ def test_malformed_commands_get_error_completions(dev, what: str, code: int) -> 
         c = _attn(cl, svc, [0], [0.5])
     elif what == "open too big":
         c = cl.call(L.OP_OPEN, svc.poll_once, payload=L.OPEN_FMT.pack(1 << 30, 64, 2, 16, 0))
+    elif what == "open no entries":
+        c = cl.call(L.OP_OPEN, svc.poll_once, payload=L.OPEN_FMT.pack(0, 64, 2, 16, 0))
+    elif what == "open no capacity":
+        c = cl.call(L.OP_OPEN, svc.poll_once, payload=L.OPEN_FMT.pack(8, 64, 0, 16, 0))
     elif what == "poison unaligned":
         c = cl.call(L.OP_POISON, svc.poll_once, arg0=L.KV_BASE + 3, arg1=64)
     else:
@@ -114,6 +121,8 @@ def test_malformed_commands_get_error_completions(dev, what: str, code: int) -> 
             c = _attn(cl, svc, [0], [float("nan")], step=3)
         elif what == "negative weight":
             c = _attn(cl, svc, [0], [-0.5], step=3)
+        elif what == "weight above 1":  # the Attention Report's rule, whichever firmware
+            c = _attn(cl, svc, [0], [1.5], step=3)
         elif what == "step backwards":
             c = _attn(cl, svc, [0], [0.5], step=2)
         elif what == "create not dense":
@@ -323,7 +332,9 @@ def test_device_error_is_the_rings_return_code(media: Path) -> None:
     cl.wait_ready(timeout=1)
     _open(cl, svc, n=8, cap=2)
     _create(cl, svc, list(range(8)))
-    c = _attn(cl, svc, [0, 1], [0.5, 2.0])  # the device takes weights within [0, 1]
+    bad = np.zeros(1, L.CTX_LEN_REC)
+    bad["ctx"] = 1 << 20  # the device's bound on context ids (the device checks it)
+    c = cl.call(L.OP_CTX_LEN, svc.poll_once, count=1, payload=bad.tobytes())
     assert c.status == L.RC_INVALID_INPUT
     st = svc.stats()
     assert st["device_errors"] == 1 and st["errors"] == 1

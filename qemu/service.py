@@ -317,6 +317,10 @@ class FirmwareService:
             raise RingError(L.RC_INVALID_INPUT, f"{n} entries of {eb} B do not fit the device")
         if bt == 0:
             raise RingError(L.RC_INVALID_INPUT, "block_tokens 0")
+        new_device = None
+        if self.memory_device is None and self.use_device:
+            # Before the open session ends: a geometry the device refuses changes nothing.
+            new_device = self._dev(self._new_device, n, eb, cap, bt)
         self._archive()
         if self.memory_device is not None:
             # The one device: its firmware session for this cache, its pages the entries'.
@@ -326,8 +330,8 @@ class FirmwareService:
             )  # fmt: skip
             self.device = self.memory_device
             self.fw = self.device.fw
-        elif self.use_device:
-            self.device = self._dev(self._new_device, n, eb, cap, bt)
+        elif new_device is not None:
+            self.device = new_device
             self.fw = self.device.fw  # read for the statistics; only the device drives it
         else:
             # The guest's fields are checked above; a refusal from here would be a bug

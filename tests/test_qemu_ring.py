@@ -340,9 +340,12 @@ def test_device_error_is_the_rings_return_code(media: Path) -> None:
     assert st["device_errors"] == 1 and st["errors"] == 1
     assert any("device:" in m for m in st["error_log"])
     assert _attn(cl, svc, [0, 1], [0.5, 0.25]).status == L.RC_SUCCESS
-    # an entry size the device cannot page (not a power of two) is refused at OPEN
+    # an entry size the device cannot page (not a power of two) is refused at OPEN, and
+    # the open session goes on (found by the ring fuzzer: the refused OPEN had ended it)
     c = cl.call(L.OP_OPEN, svc.poll_once, payload=L.OPEN_FMT.pack(8, 192, 2, 16, 0))
     assert c.status == L.RC_INVALID_INPUT and svc.stats()["device_errors"] == 2
+    assert _attn(cl, svc, [2, 3], [0.5, 0.25]).status == L.RC_SUCCESS
+    assert len(svc.stats()["sessions"]) == 1
 
 
 @pytest.mark.parametrize("device", [False, True])

@@ -7,9 +7,13 @@ Each case starts from a valid command for the session's state and is **mutated**
 opcode, a count or in_len at or past its limit, a step out of order, a flipped payload bit,
 an entry id or field at or past its bound, a poison range at the media's end) until it
 differs: no unmodified case is counted.  A model of the ring's rules (docs/qemu.md, "The
-ring"; ring-only mode) predicts the return code and follows the session's state.  Counted:
-crashes (Internal Error or the service raising), wrong return codes, and bytes changed
-outside the command's own completion entry, output slot and the device header.
+ring", "Return codes") predicts the return code and follows the session's state; it is
+told which firmware answers (:data:`FIRMWARES`: the ring-only session, the device
+emulator, the patched QEMU's memory-path device, which is rung by the CXL.mem write of
+its doorbell, as QEMU forwards the guest's store) and adds that firmware's own rule where
+the docs give one.  Counted: crashes (Internal Error, the service raising, a doorbell
+write that completed before its answer), wrong return codes, and bytes changed outside
+the command's own completion entry, output slot and the device header.
 """
 
 from __future__ import annotations
@@ -23,9 +27,12 @@ from pathlib import Path
 import numpy as np
 
 from kvcxl.emu.device.device import MAX_CONTEXTS, MAX_INDEX_CELLS, index_extents
+from kvcxl.emu.device.service import MEM as MEM_FRAME
+from kvcxl.firmware.cxl import mem as cxlmem
 
 from . import layout as L
-from .ring_client import RingClient
+from . import ring_device
+from .ring_client import RingClient, mem_doorbell
 from .service import FirmwareService
 
 OK, II, IPL, UNS, INT = (
@@ -36,6 +43,23 @@ OK, II, IPL, UNS, INT = (
     L.RC_INTERNAL,
 )
 MIB = 1 << 20
+# The firmware behind the ring: the service's own session (stock QEMU,
+# --no-device-emulator), the service with one device emulator per OPEN … CLOSE (stock
+# QEMU, the default), the memory-path device of the patched QEMU (the default QEMU).
+FIRMWARES = ("ring-only", "device", "memory-device")
+
+
+def firmware_for(qemu: str, device_emulator: bool) -> str:
+    """The firmware a boot with ``--qemu`` and ``--[no-]device-emulator`` puts behind the
+    ring (ValueError for the one pair no boot runs)."""
+    if qemu == "kvcxl":
+        if not device_emulator:
+            raise ValueError("the ring-only firmware needs --qemu stock: with the patched "
+                             "QEMU the device on the memory path answers the ring")  # fmt: skip
+        return "memory-device"
+    return "device" if device_emulator else "ring-only"
+
+
 SIZES = {L.OP_CREATE: (L.CREATE_REC, L.CREATE_MAX), L.OP_ATTN: (L.ATTN_REC, L.ATTN_MAX),
          L.OP_CTX_LEN: (L.CTX_LEN_REC, L.CTX_LEN_MAX)}  # fmt: skip
 
@@ -43,8 +67,9 @@ SIZES = {L.OP_CREATE: (L.CREATE_REC, L.CREATE_MAX), L.OP_ATTN: (L.ATTN_REC, L.AT
 class RingModel:
     """The session state the ring's rules depend on, and the return code they require."""
 
-    def __init__(self, media_size: int) -> None:
+    def __init__(self, media_size: int, firmware: str = "ring-only") -> None:
         self.size = media_size
+        self.firmware = firmware
         self.opened = False
         self.n = self.created = 0
         self.bt = 16
@@ -68,9 +93,13 @@ class RingModel:
         if op == L.OP_OPEN:
             if len(payload) != L.OPEN_FMT.size:
                 return IPL
-            n, eb, _cap, bt, _base = L.OPEN_FMT.unpack(payload)
-            if eb == 0 or eb % 64 or L.KV_BASE + n * eb > self.size or bt == 0:
+            n, eb, cap, bt, _base = L.OPEN_FMT.unpack(payload)
+            if n == 0 or cap == 0 or bt == 0 or eb == 0 or eb % 64:
                 return II
+            if L.KV_BASE + n * eb > self.size:
+                return II
+            if self.firmware == "device" and (eb & (eb - 1) or eb > 2 * MIB):
+                return II  # the device emulator pages each entry: a power of two
             self.opened, self.n, self.created, self.bt, self.step = True, n, 0, bt, None
             self.extents, self.cells = {}, 0
             return OK
@@ -105,7 +134,7 @@ class RingModel:
             if count and int(rec["entry"].max()) >= self.created:
                 return II
             w = rec["weight"].astype(np.float64)
-            if count and (not all(math.isfinite(x) for x in w) or w.min() < 0):
+            if count and (not all(math.isfinite(x) for x in w) or w.min() < 0 or w.max() > 1):
                 return II
         if self.step is not None and step < self.step:
             return II
@@ -121,8 +150,8 @@ class CaseMaker:
     """Mutated ring commands, each with the return code the model predicts for it: the
     cases of the in-process fuzzer and of the guest agent's ``fuzz`` job alike."""
 
-    def __init__(self, media_size: int, seed: int = 0) -> None:
-        self.model = RingModel(media_size)
+    def __init__(self, media_size: int, seed: int = 0, firmware: str = "ring-only") -> None:
+        self.model = RingModel(media_size, firmware)
         self.rng = random.Random(seed)
 
     # --- valid commands for the model's state ------------------------------------------------
@@ -131,7 +160,8 @@ class CaseMaker:
         step = m.step or 0
         if not m.opened or r.random() < 0.03:
             n = r.choice([8, 64, 512])
-            return L.OP_OPEN, 0, 0, L.OPEN_FMT.pack(n, 64, r.choice([2, 8, 32]), 16, 0), 0, 0
+            eb = r.choice([64, 64, 4096])
+            return L.OP_OPEN, 0, 0, L.OPEN_FMT.pack(n, eb, r.choice([2, 8, 32]), 16, 0), 0, 0
         choice = r.random()
         if choice < 0.25 and m.created < m.n:
             k = min(r.randrange(1, 9), m.n - m.created)
@@ -175,6 +205,13 @@ class CaseMaker:
             i = r.randrange(len(b))
             b[i] ^= 1 << r.randrange(8)
             payload = bytes(b)
+        elif how == "field" and op == L.OP_OPEN and len(payload) == L.OPEN_FMT.size:
+            fields = list(L.OPEN_FMT.unpack(payload))  # n, entry_bytes, capacity, block_tokens
+            k = r.randrange(4)
+            fields[k] = r.choice(
+                [[0, 1 << 31], [0, 96, 65, 4 * MIB, 2 * MIB], [0, 1 << 31], [0, 1 << 31]][k]
+            )
+            payload = L.OPEN_FMT.pack(*fields)
         elif how == "field" and op in SIZES and count:
             dtype = SIZES[op][0]
             rec = np.frombuffer(payload, dtype, count=count).copy()
@@ -210,12 +247,46 @@ class CaseMaker:
         return (op, step, count, payload, a0, a1, in_len), how, want
 
 
+class _InProcessLink:
+    """The device's end of QEMU's link, without the socket: a CXL.mem request goes to
+    the engine as the frame QEMU sends (what :func:`ring_client.mem_doorbell` needs)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def mem(self, msg):
+        kind, body = self.engine.handle(MEM_FRAME, cxlmem.encode(msg))
+        if kind != MEM_FRAME:
+            raise RuntimeError(body.decode(errors="replace"))
+        return cxlmem.decode(body) if body else None
+
+
 class RingFuzzer:
-    def __init__(self, media: str | Path, seed: int = 0, policy: str = "ema") -> None:
-        self.fw = FirmwareService(media, policy=policy)
-        self.cl = RingClient(media, heartbeat_timeout=1.0)
+    """Fuzzes one firmware behind the ring on ``media``: ``firmware`` is one of
+    :data:`FIRMWARES` (the ring-only service, the service with the device emulator, or
+    the memory-path device of a patched QEMU, rung by its doorbell's CXL.mem write)."""
+
+    def __init__(
+        self, media: str | Path, seed: int = 0, policy: str = "ema", firmware: str = "ring-only"
+    ) -> None:
+        if firmware not in FIRMWARES:
+            raise ValueError(f"firmware = {firmware!r}: one of {', '.join(FIRMWARES)}")
+        self.firmware = firmware
+        self.engine = None
+        doorbell = None
+        if firmware == "memory-device":
+            self.engine, self.fw = ring_device.build(
+                media, Path(f"{media}.page-state"), policy=policy
+            )
+            doorbell = mem_doorbell(_InProcessLink(self.engine))
+        else:
+            self.fw = FirmwareService(media, policy=policy, device=firmware == "device")
+        self.last_log: str | None = None  # what the firmware logged for the current case
+        log = self.fw._log
+        self.fw._log = lambda msg: (setattr(self, "last_log", msg), log(msg))[1]
+        self.cl = RingClient(media, heartbeat_timeout=1.0, doorbell=doorbell)
         self.cl.wait_ready(timeout=5)
-        self.maker = CaseMaker(self.fw.size, seed)
+        self.maker = CaseMaker(self.fw.size, seed, firmware)
         self.model = self.maker.model
         self.cases = self.crashes = self.wrong = self.changed_bytes = 0
         self.coverage: Counter[str] = Counter()
@@ -224,6 +295,8 @@ class RingFuzzer:
 
     def close(self) -> None:
         self.cl.close()
+        if self.engine is not None:
+            self.engine.device.close()
 
     # --- one case -------------------------------------------------------------------------------
     def case(self) -> None:
@@ -239,10 +312,17 @@ class RingFuzzer:
         cl.mm[L.sq_offset(i) : L.sq_offset(i) + L.ENTRY] = sqe
         cl.cid += 1
         cl.sq_tail = (i + 1) & 0xFFFFFFFF
-        struct.pack_into("<I", cl.mm, L.RING_BASE + L.HOST_HDR, cl.sq_tail)
         before = self._snapshot()
+        self.last_log = None
         try:
-            c = cl.wait(i, self.fw.poll_once)
+            if cl.doorbell is not None:  # the memory-path device: served on the doorbell
+                cl.doorbell(cl.sq_tail)
+                if not cl.done(i):
+                    raise RuntimeError("the doorbell write completed before its answer")
+                c = cl.wait(i)
+            else:
+                struct.pack_into("<I", cl.mm, L.RING_BASE + L.HOST_HDR, cl.sq_tail)
+                c = cl.wait(i, self.fw.poll_once)
         except Exception as exc:  # the service raised out of its poll loop
             self.crashes += 1
             self._note(f"crash: op {op:#06x} ({how}): {type(exc).__name__}: {exc}")
@@ -261,12 +341,12 @@ class RingFuzzer:
         self.coverage[f"{name} -> {L.RC_NAMES.get(c.status, hex(c.status))}"] += 1
         if c.status == INT:
             self.crashes += 1
-            self._note(f"crash: {name} ({how}): {self.fw.error_log[-1:]}")
+            self._note(f"crash: {name} ({how}): {self.last_log}")
         elif c.status != want:
             self.wrong += 1
             self._note(
                 f"wrong: {name} ({how}) step {step} count {count} in_len {in_len}: got "
-                f"{L.RC_NAMES.get(c.status)}, want {L.RC_NAMES.get(want)}; {self.fw.error_log[-1:]}"
+                f"{L.RC_NAMES.get(c.status)}, want {L.RC_NAMES.get(want)}; {self.last_log}"
             )
             self._resync()
 
@@ -287,16 +367,18 @@ class RingFuzzer:
             self.examples.append(what)
 
 
-def run(media: str | Path, cases: int, *, seed: int = 0) -> dict:
-    """Fuzz a ring-only firmware service on ``media`` (a file of at least 20 MiB)."""
-    f = RingFuzzer(media, seed)
+def run(media: str | Path, cases: int, *, seed: int = 0, firmware: str = "ring-only") -> dict:
+    """Fuzz the ``firmware`` behind the ring on ``media`` (a file of at least 20 MiB;
+    a multiple of 256 MiB for the memory-path device)."""
+    f = RingFuzzer(media, seed, firmware=firmware)
     try:
         for _ in range(cases):
             f.case()
     finally:
         f.close()
     return {
-        "interface": "the command ring in device memory (ring-only mode)",
+        "interface": "the command ring in device memory",
+        "firmware": firmware,
         "cases": f.cases,
         "unmodified_cases": 0,
         "crashes": f.crashes,

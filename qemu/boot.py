@@ -34,7 +34,7 @@ from typing import Any
 from kvcxl.emu.device.service import Client
 from kvcxl.firmware.cxl import mailbox as mb
 
-from . import guest_fuzz
+from . import guest_fuzz, ring_fuzz
 from . import layout as L
 from .qmp import Qmp
 from .setup import SetupError, load_host
@@ -171,11 +171,12 @@ class Boot:
         image = encode(gt, size)
         self.fuzz_expect = None
         if "fuzz" in self.opts.jobs:
-            if self.opts.device_emulator:
-                # The model follows the ring-only session's rules (docs/qemu.md).
-                raise ValueError("the fuzz job needs the ring-only firmware (--no-device-emulator)")
+            # The model predicts the answers of the firmware this boot runs behind the ring.
             fuzz, self.fuzz_expect = guest_fuzz.image(
-                self.opts.fuzz_cases, self.opts.fuzz_seed, size
+                self.opts.fuzz_cases,
+                self.opts.fuzz_seed,
+                size,
+                ring_fuzz.firmware_for(self.opts.qemu, self.opts.device_emulator),
             )
         # Guest memory: owner-only, whatever folder --keep's work directory is in.
         fd = os.open(self.media, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

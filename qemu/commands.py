@@ -183,12 +183,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "fuzz",
         help="fuzz the command ring: mutated commands, modelled return codes",
         description=(
-            "Sends mutated ring commands through the ring's shared memory to a ring-only "
-            "firmware service in this process (--via process, no QEMU needed), or boots the "
-            "guest and has its agent send them from inside the guest (--via guest: through "
-            "QEMU's CXL memory path and a real doorbell); a model of the ring's rules "
-            "predicts each return code. Exit status 1 on a crash, a wrong return code or a "
-            "byte changed outside the command's own slots (docs/reliability.md)."
+            "Sends mutated ring commands through the ring's shared memory to the firmware "
+            "a boot runs behind the ring, in this process (--via process, no QEMU needed), "
+            "or boots the guest and has its agent send them from inside the guest (--via "
+            "guest: through QEMU's CXL memory path and a real doorbell); a model of the "
+            "ring's rules for that firmware predicts each return code. The firmware, as "
+            "for `kvcxl qemu boot`: --qemu kvcxl (default) the memory-path device, rung by "
+            "its doorbell's CXL.mem write; --qemu stock the device emulator in the firmware "
+            "service, or with --firmware ring-only the service's own session. Exit status "
+            "1 on a crash, a wrong return code or a byte changed outside the command's own "
+            "slots (docs/reliability.md)."
         ),
     )
     z.add_argument(
@@ -208,9 +212,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     z.add_argument(
         "--qemu",
         choices=("kvcxl", "stock"),
-        default="stock",
-        help="--via guest: Debian's QEMU (default: its ring is the polling ring-only "
-        "service the model follows) or the patched one",
+        default="kvcxl",
+        help="kvcxl (default): the patched QEMU, whose memory-path device answers the ring; "
+        "stock: Debian's QEMU, whose ring the polling firmware service answers",
+    )
+    z.add_argument(
+        "--firmware",
+        choices=("device", "ring-only"),
+        default="device",
+        help="device (default): the device emulator (with --qemu kvcxl, the memory-path "
+        "device); ring-only: the service's own firmware session (needs --qemu stock; "
+        "boot's --no-device-emulator)",
     )
     z.add_argument("--json", dest="json_out", help="write the report to this JSON file")
     z.set_defaults(func=_fuzz)
@@ -391,16 +403,22 @@ def _fuzz(args: argparse.Namespace) -> int:
     import tempfile
     from pathlib import Path
 
-    from .ring_fuzz import run
+    from kvcxl.emu.cli import CliError
 
+    from .ring_fuzz import firmware_for, run
+
+    try:
+        firmware = firmware_for(args.qemu, args.firmware == "device")
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     if args.via == "guest":
         report = _fuzz_guest(args)
     else:
         with tempfile.TemporaryDirectory() as tmp:
             media = Path(tmp) / "media.bin"
             with open(media, "wb") as f:
-                f.truncate(64 << 20)
-            report = run(media, args.cases or 20000, seed=args.seed)
+                f.truncate(256 << 20)  # the boot's default device size
+            report = run(media, args.cases or 20000, seed=args.seed, firmware=firmware)
     print(json.dumps({k: v for k, v in report.items() if k != "examples"}, indent=2))
     for line in report["examples"]:
         print(line, file=sys.stderr)
@@ -422,8 +440,8 @@ def _fuzz_guest(args: argparse.Namespace) -> dict:
     if cases > guest_fuzz.CASES_MAX:
         raise ValueError(f"--cases {cases}: --via guest takes at most {guest_fuzz.CASES_MAX}")
     opts = BootOptions(
-        jobs=("fuzz",), fuzz_cases=cases, fuzz_seed=args.seed, device_emulator=False,
-        qemu=args.qemu, on_event=_progress,
+        jobs=("fuzz",), fuzz_cases=cases, fuzz_seed=args.seed,
+        device_emulator=args.firmware == "device", qemu=args.qemu, on_event=_progress,
     )  # fmt: skip
     boot_report, _ = boot(opts)
     report = boot_report["guest_fuzz"]

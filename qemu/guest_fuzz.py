@@ -8,8 +8,9 @@ ring from inside the guest (guest stores through QEMU's CXL memory path, a real 
 and writes back, per case, the completion's status and ``out_len`` and the bytes it found
 changed where the command may not write (the other completions, the queues, its output
 slot past ``out_len``; a pattern in KV space once at the end).  :func:`check` compares
-them with the predictions.  The ring's firmware is the ring-only session, whose rules the
-model follows (docs/qemu.md, "The ring").
+them with the predictions.  The model follows the ring's rules (docs/qemu.md, "The ring")
+for the firmware the boot runs: the memory-path device (patched QEMU), the device emulator
+or the ring-only session (stock QEMU).
 """
 
 from __future__ import annotations
@@ -19,17 +20,22 @@ from collections import Counter
 import numpy as np
 
 from . import layout as L
-from .ring_fuzz import CaseMaker
+from .ring_fuzz import FIRMWARES, CaseMaker
 
 CASES_MAX = 2000  # what the fuzz area holds (payloads average about 750 B; checked in image)
 
 
-def image(cases: int, seed: int, media_size: int) -> tuple[bytes, dict]:
+def image(
+    cases: int, seed: int, media_size: int, firmware: str = "ring-only"
+) -> tuple[bytes, dict]:
     """The fuzz area's bytes for ``cases`` mutated commands, and the expectations
-    (``want``: return codes, ``ops``, ``mutations``) :func:`check` compares with."""
+    (``want``: return codes, ``ops``, ``mutations``) :func:`check` compares with; the
+    model predicts the answers of ``firmware`` (one of ``ring_fuzz.FIRMWARES``)."""
     if not 1 <= cases <= CASES_MAX:
         raise ValueError(f"fuzz cases = {cases}: must be 1 … {CASES_MAX}")
-    maker = CaseMaker(media_size, seed)
+    if firmware not in FIRMWARES:
+        raise ValueError(f"firmware = {firmware!r}: one of {', '.join(FIRMWARES)}")
+    maker = CaseMaker(media_size, seed, firmware)
     rows = np.zeros(cases, L.FUZZ_CASE)
     payloads = bytearray()
     hdr = L.FUZZ_HDR_FMT.size
@@ -51,7 +57,9 @@ def image(cases: int, seed: int, media_size: int) -> tuple[bytes, dict]:
     head = L.FUZZ_HDR_FMT.pack(L.FUZZ_MAGIC, cases, hdr, results)
     # The results start zeroed (done = 0): a case the guest never reached reads as not done.
     img = head + rows.tobytes() + bytes(payloads) + bytes(cases * L.FUZZ_RESULT.itemsize)
-    return img, {"want": want, "ops": ops, "mutations": how, "results": results}
+    return img, {
+        "want": want, "ops": ops, "mutations": how, "results": results, "firmware": firmware,
+    }  # fmt: skip
 
 
 def results_span(expect: dict) -> tuple[int, int]:
@@ -87,7 +95,8 @@ def check(results: bytes, expect: dict) -> dict:
                     f"{L.RC_NAMES.get(got, hex(got))}, want {L.RC_NAMES.get(want[k])}"
                 )
     return {
-        "interface": "the command ring, driven from inside the guest (ring-only firmware)",
+        "interface": "the command ring, driven from inside the guest",
+        "firmware": expect.get("firmware", "ring-only"),
         "cases": n,
         "unmodified_cases": 0,
         "completed": n - not_done,

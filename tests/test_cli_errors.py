@@ -349,6 +349,7 @@ VALUE_ROWS = [
     (["qemu", "boot", "--poison", "0x3"], ["0x3", "64-byte"]),
     (["qemu", "boot", "--trace", "t.npz", "--steps", "3"], ["--steps", "--trace"]),
     (["qemu", "inject", "poison", "--qmp", "q.sock", "--dpa", "3"], ["0x3", "64-byte"]),
+    (["qemu", "fuzz", "--firmware", "ring-only"], ["ring-only", "--qemu stock"]),
     (
         ["qemu", "inject", "poison", "--qmp", "q.sock", "--dpa", "0", "--length", "100"],
         ["100", "multiple of 64"],

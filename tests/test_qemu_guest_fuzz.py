@@ -1,9 +1,10 @@
 """The ring fuzzed from inside a guest (kvcxl.qemu.guest_fuzz and the agent's fuzz job).
 
 Fast: the fuzz area the host writes is read back case by case the way the agent reads it
-and submitted to an in-process ring-only service; every completion is the model's
-prediction, and :func:`check` counts each kind of failure when one is planted.  Slow: one
-boot whose agent sends the cases from inside the guest (about 2 min)."""
+and submitted to each firmware a boot can run behind the ring, in process; every
+completion is the model's prediction, and :func:`check` counts each kind of failure when
+one is planted.  Slow: boots whose agent sends the cases from inside the guest (Debian's
+QEMU with the ring-only service; the patched QEMU with its memory-path device)."""
 
 from __future__ import annotations
 
@@ -16,17 +17,17 @@ import pytest
 from kvcxl.qemu import guest_fuzz
 from kvcxl.qemu import layout as L
 from kvcxl.qemu.ring_client import RingClient
+from kvcxl.qemu.ring_fuzz import FIRMWARES, RingFuzzer
 from kvcxl.qemu.service import FirmwareService
 
-SIZE = 64 << 20
+SIZE = 256 << 20  # the boot's default (the memory-path device's minimum)
 
 
-def _as_the_agent(area: bytearray, media: Path) -> None:
+def _as_the_agent(area: bytearray, media: Path, firmware: str = "ring-only") -> None:
     """What the agent's fuzz job does with the area (qemu/guest/agent.c), on a media file
-    served by a ring-only service in this process; results written back into ``area``."""
-    svc = FirmwareService(media)
-    cl = RingClient(media)
-    cl.wait_ready(timeout=5)
+    whose ring ``firmware`` answers in this process; results written back into ``area``."""
+    fuzzer = RingFuzzer(media, firmware=firmware)  # its firmware, rung as a boot rings it
+    svc, cl = fuzzer.fw, fuzzer.cl
     magic, n, hdr, results = L.FUZZ_HDR_FMT.unpack_from(area)
     assert magic == L.FUZZ_MAGIC
     cases = np.frombuffer(area, L.FUZZ_CASE, count=n, offset=hdr)
@@ -40,12 +41,16 @@ def _as_the_agent(area: bytearray, media: Path) -> None:
         cl.mm[L.sq_offset(i) : L.sq_offset(i) + L.ENTRY] = sqe
         cl.cid += 1
         cl.sq_tail = (i + 1) & 0xFFFFFFFF
-        struct.pack_into("<I", cl.mm, L.RING_BASE + L.HOST_HDR, cl.sq_tail)
-        done = cl.wait(i, svc.poll_once)
+        if cl.doorbell is not None:  # the memory-path device answers on the doorbell
+            cl.doorbell(cl.sq_tail)
+            done = cl.wait(i)
+        else:
+            struct.pack_into("<I", cl.mm, L.RING_BASE + L.HOST_HDR, cl.sq_tail)
+            done = cl.wait(i, svc.poll_once)
         rec = np.array([(done.status, 1, done.out_len, 0, 0)], L.FUZZ_RESULT).tobytes()
         off = results + k * L.FUZZ_RESULT.itemsize
         area[off : off + len(rec)] = rec
-    cl.close()
+    fuzzer.close()
 
 
 def _results(area: bytearray, expect: dict) -> bytes:
@@ -60,12 +65,16 @@ def _media(tmp_path: Path) -> Path:
     return p
 
 
-def test_the_fuzz_area_carries_mutated_cases_the_model_predicts(tmp_path: Path) -> None:
-    img, expect = guest_fuzz.image(400, 3, SIZE)
+@pytest.mark.parametrize("firmware", FIRMWARES)
+def test_the_fuzz_area_carries_mutated_cases_the_model_predicts(
+    tmp_path: Path, firmware: str
+) -> None:
+    img, expect = guest_fuzz.image(400, 3, SIZE, firmware)
     assert len(img) <= L.FUZZ_SIZE and len(expect["want"]) == 400
     area = bytearray(img)
-    _as_the_agent(area, _media(tmp_path))
+    _as_the_agent(area, _media(tmp_path), firmware)
     r = guest_fuzz.check(_results(area, expect), expect)
+    assert r["firmware"] == firmware
     assert r["completed"] == 400 and r["unmodified_cases"] == 0
     assert (r["crashes"], r["wrong_return_codes"], r["changed_bytes"]) == (0, 0, 0), r
     assert len(r["coverage"]) >= 15 and set(r["mutations"]) >= {"op", "count", "flip", "field"}
@@ -107,6 +116,24 @@ def test_the_guest_agent_fuzzes_the_ring_from_inside_the_guest() -> None:
     assert (r["crashes"], r["wrong_return_codes"], r["changed_bytes"]) == (0, 0, 0), r
     assert len(r["coverage"]) >= 15, r["coverage"]
     assert report["guest"]["fuzz"]["cases"] == 300
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_the_guest_agent_fuzzes_the_one_devices_ring() -> None:
+    """The boot users run by default: the patched QEMU, whose memory-path device answers
+    the ring on its doorbell; the model predicts that device's answers."""
+    from kvcxl.qemu.boot import BootOptions, boot
+    from kvcxl.qemu.commands import boot_ok
+
+    report, _ = boot(BootOptions(jobs=("fuzz",), fuzz_cases=300, qemu="kvcxl"))
+    assert boot_ok(report), report.get("console_tail")
+    r = report["guest_fuzz"]
+    assert r["firmware"] == "memory-device" and r["completed"] == 300, r
+    assert (r["crashes"], r["wrong_return_codes"], r["changed_bytes"]) == (0, 0, 0), r
+    assert len(r["coverage"]) >= 15, r["coverage"]
+    assert report["firmware"]["firmware"] == "memory-path device"
+    assert report["firmware"]["doorbells"] >= 300
 
 
 @pytest.mark.parametrize("base", [L.WINDOW_BASE, (1 << 63) + 0x1000, (1 << 64) - 2 * SIZE])

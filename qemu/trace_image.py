@@ -109,6 +109,12 @@ def encode(gt: GuestTrace, media_bytes: int) -> bytes:
                 f"a {_NAMES[kind]} event of step {step} has {rec.size} records; the ring takes "
                 f"at most {_LIMITS[kind]} per command (use fewer lanes or shorter contexts)"
             )
+        if kind == L.EV_READ and rec.size and float(rec["weight"].max()) > 1:
+            # the ring's ATTN takes the Attention Report's weights, within [0, 1]
+            raise ValueError(
+                f"a READ event of step {step} has a weight of {float(rec['weight'].max()):g}; "
+                "the ring takes attention weights within [0, 1]"
+            )
     eb = gt.entry_bytes
     if eb % 64:
         raise ValueError(f"entry size {eb} B is not a multiple of the 64-byte line")

@@ -167,6 +167,11 @@ def test_trace_image_layout() -> None:
     assert hdr[0] == L.TRACE_MAGIC and hdr[3] == gt.n_entries and hdr[5] == gt.entry_bytes
     with pytest.raises(ValueError, match="MiB device"):
         encode(gt, 17 << 20)
+    # a weight the ring would refuse mid-boot is refused when the trace is encoded
+    reads = np.flatnonzero(gt.stream.ev_kind == 1)
+    gt.stream.w[int(gt.stream.ev_off[reads[2]])] = 1.5
+    with pytest.raises(ValueError, match=r"weight of 1\.5"):
+        encode(gt, 256 << 20)
 
 
 _C_PROBE = r"""

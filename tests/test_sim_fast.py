@@ -215,7 +215,7 @@ def test_lru_queue_pops_in_key_then_id_order(seed: int) -> None:
     keys0 = rng.integers(0, 5, n)  # the rebuild: every entry, sorted whole
     hk[:n], hi[:n], hv[:n] = keys0, rng.permutation(n), 0
     keys0 = keys0[np.argsort(hi[:n])]
-    K._sort_items(hk, hi, hv, 0, n)
+    K._sort_items(hk, hi, hv, 0, n, ver)
     ref = [(int(keys0[e]), e, 0) for e in range(n)]
     heapq.heapify(ref)
     head, size, t = 0, n, 5
@@ -227,7 +227,7 @@ def test_lru_queue_pops_in_key_then_id_order(seed: int) -> None:
             head = 0
         if batch.size > 16:  # as the replay does: sorted first
             hk[size : size + batch.size], hi[size : size + batch.size] = t, batch
-            K._sort_items(hk, hi, hv, size, size + batch.size)
+            K._sort_items(hk, hi, hv, size, size + batch.size, ver)
             batch = hi[size : size + batch.size].copy()
         for e in batch:
             ver[e] += 1  # its older item goes stale
@@ -243,6 +243,26 @@ def test_lru_queue_pops_in_key_then_id_order(seed: int) -> None:
                 break
             assert (int(hk[head]), int(hi[head])) == heapq.heappop(ref)[:2]
             head += 1
+
+
+@pytest.mark.parametrize("span", [7, 1 << 40, 1 << 62])
+def test_sort_items_orders_by_key_then_id(span: int) -> None:
+    """kernel._sort_items: (key, id) order with each item's current version, whether the
+    keys' span lets them be encoded as one integer (narrow) or not (the stable argsorts)."""
+    rng = np.random.default_rng(span % 1000)
+    n, m, lo = 300, 200, 5
+    ver = rng.integers(0, 9, n).astype(np.int64)
+    hk, hi, hv = (np.full(m + 2 * lo, -7, np.int64) for _ in range(3))
+    keys = rng.integers(-(span // 2), span // 2, m // 2, dtype=np.int64)
+    hk[lo : lo + m] = np.concatenate([keys, rng.choice(keys, m - m // 2)])  # ties
+    hi[lo : lo + m] = rng.permutation(n)[:m]
+    o = np.lexsort((hi[lo : lo + m], hk[lo : lo + m]))
+    want_k, want_i = hk[lo : lo + m][o], hi[lo : lo + m][o]
+    K._sort_items(hk, hi, hv, lo, lo + m, ver)
+    assert np.array_equal(hk[lo : lo + m], want_k)
+    assert np.array_equal(hi[lo : lo + m], want_i)
+    assert np.array_equal(hv[lo : lo + m], ver[want_i])
+    assert (hk[:lo] == -7).all() and (hk[lo + m :] == -7).all() and (hv[:lo] == -7).all()
 
 
 # --- the plan ---------------------------------------------------------------------------

@@ -183,3 +183,18 @@ def test_unordered_victims_change_no_result(stream):
         assert fast["wrong_victims"] == ordered["wrong_victims"] == 0
         for key in ("hits", "misses", "misses_cxl", "misses_nvme", "bytes_moved", "cache"):
             assert fast[key] == ordered[key], (name, key)
+
+
+def test_bytes_moved_rows_equals_bytes_moved_per_row() -> None:
+    """Tiers.bytes_moved_rows (the result's per-step bytes moved, merged in one pass) is
+    bytes_moved of each row: pinned HBM counted as HBM on both sides, zero pairs left out."""
+    from kvcxl.emu.sim.tiers import Tiers
+
+    rng = np.random.default_rng(3)
+    tiers = Tiers(4096, 10, 10)
+    moved = rng.integers(0, 3, (40, 5, 4)) * (rng.random((40, 5, 4)) < 0.4)
+    want = [tiers.bytes_moved(x) for x in moved]
+    got = tiers.bytes_moved_rows(moved)
+    assert got == want
+    assert [list(d) for d in got] == [list(d) for d in want]  # the same key order
+    assert tiers.bytes_moved_rows(moved[:0]) == []

@@ -21,7 +21,7 @@ prefetch ranks all come from :mod:`kvcxl.firmware`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -414,6 +414,10 @@ class _Replay:
         bytes_moved = tiers.bytes_moved(books.moved[books.warm :].sum(axis=0))
         stall = books.stall[m]
         pf_total, pf_useful, pf_warm = self.pf_total, self.pf_useful, self.pf_useful_warm
+        # (one call for the three: the same values as three, a third of the cost)
+        p50, p95, p99 = (
+            (float(x) for x in np.percentile(stall, [50, 95, 99])) if stall.size else (0.0,) * 3
+        )
         cs = fw.cache.stats.as_dict()
         out: dict[str, Any] = {
             "evidence": "Simulated",
@@ -432,9 +436,9 @@ class _Replay:
             "byte_miss_ratio": (reads - hits) * eb / (reads * eb) if reads else 0.0,
             "effective_latency_ns": lat_sum / reads if reads else 0.0,
             "stall_ns_per_step_mean": float(stall.mean()) if stall.size else 0.0,
-            "stall_ns_per_step_p50": float(np.percentile(stall, 50)) if stall.size else 0.0,
-            "stall_ns_per_step_p95": float(np.percentile(stall, 95)) if stall.size else 0.0,
-            "stall_ns_per_step_p99": float(np.percentile(stall, 99)) if stall.size else 0.0,
+            "stall_ns_per_step_p50": p50,
+            "stall_ns_per_step_p95": p95,
+            "stall_ns_per_step_p99": p99,
             "step_time_ns_mean": float(step_ns.mean()) if step_ns.size else 0.0,
             "tokens": tokens,
             "tokens_per_s": tokens / (step_ns.sum() * 1e-9) if step_ns.sum() > 0 else None,
@@ -462,7 +466,8 @@ class _Replay:
             "engine": self.engine,
             "persistent_metadata": cfg.persistent_metadata,
             "alpha": cfg.alpha,
-            "timing": asdict(t),
+            "timing": {f.name: getattr(t, f.name) for f in fields(t)},  # (scalars: asdict's
+            # deep copy is the same dict at ten times the cost)
             "per_step": {
                 "reads": books.reads.tolist(),
                 "hits": books.hits.tolist(),
@@ -473,7 +478,7 @@ class _Replay:
                     name: books.miss[:, code].tolist()
                     for name, code in (("cxl", TIER_CXL), ("nvme", TIER_NVME))
                 },
-                "bytes_moved": [tiers.bytes_moved(x) for x in books.moved[: books.n]],
+                "bytes_moved": tiers.bytes_moved_rows(books.moved[: books.n]),
             },
         }
         if opts.record_victims:

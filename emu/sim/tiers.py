@@ -14,6 +14,8 @@ optional compute term) is :mod:`kvcxl.emu.timing`, shared with the device emulat
 
 from __future__ import annotations
 
+from itertools import compress
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -28,6 +30,12 @@ from ...firmware.select import select_victims
 
 HOST = 4  # source of newly written KV (the GPU producing it)
 PAIR_NAMES = (*TIER_NAMES, "host")
+# The pairs bytes_moved reports, in its order: from host, HBM, CXL, NVMe to another tier.
+_PAIRS = [(a, b) for a in (HOST, TIER_HBM, TIER_CXL, TIER_NVME)
+          for b in (TIER_HBM, TIER_CXL, TIER_NVME) if a != b]  # fmt: skip
+_PAIR_FROM = [a for a, _ in _PAIRS]
+_PAIR_TO = [b for _, b in _PAIRS]
+_PAIR_KEYS = [f"{PAIR_NAMES[a]}->{PAIR_NAMES[b]}" for a, b in _PAIRS]
 
 
 class Tiers:
@@ -131,6 +139,16 @@ class Tiers:
                 if a != b and m[a][b]:
                     out[f"{PAIR_NAMES[a]}->{PAIR_NAMES[b]}"] = m[a][b] * self.entry_bytes
         return out
+
+    def bytes_moved_rows(self, moved: NDArray) -> list[dict[str, int]]:
+        """:meth:`bytes_moved` of every matrix in ``moved`` (one per read step), as
+        ``[self.bytes_moved(x) for x in moved]`` but merged and scaled in one numpy pass:
+        the per-step books of a short replay would otherwise cost more than its loop."""
+        m = np.array(moved, dtype=np.int64)  # (steps, 5, 4), a copy
+        m[:, TIER_HBM] += m[:, TIER_HBM_PINNED]
+        m[:, :, TIER_HBM] += m[:, :, TIER_HBM_PINNED]
+        vals = (m[:, _PAIR_FROM, _PAIR_TO] * self.entry_bytes).tolist()
+        return [dict(compress(zip(_PAIR_KEYS, row, strict=True), row)) for row in vals]
 
     def occupancy(self) -> dict[str, int]:
         return {

@@ -83,17 +83,16 @@ def flat_plan(stream: ReadStream, granularity: str) -> dict[str, NDArray]:
     the same order, with the same reads (tests/test_sim_fast.py compares the two), except
     that ``request`` keeps each layer as one batch: the loop serves its reads one by one
     (a layer without reads is then no batch; its tokens go to its first read)."""
-    ev = np.flatnonzero(~stream.lazy_creates)
+    keep = ~stream.lazy_creates
+    ev = np.flatnonzero(keep)
     kinds, steps = stream.ev_kind[ev], stream.ev_step[ev]
     is_read = kinds != CREATE
     sizes = (stream.ev_off[ev + 1] - stream.ev_off[ev]).astype(np.int64)
-    if ev.size == stream.n_events:  # every event replayed: its records as they are
-        lo, hi = int(stream.ev_off[0]), int(stream.ev_off[-1])
-        ids, w = stream.ids[lo:hi], stream.w[lo:hi]
-    else:
-        starts = np.repeat(stream.ev_off[ev].astype(np.int64) - np.cumsum(sizes) + sizes, sizes)
-        rec = starts + np.arange(int(sizes.sum()), dtype=np.int64)
-        ids, w = stream.ids[rec], stream.w[rec]
+    lo, hi = int(stream.ev_off[0]), int(stream.ev_off[-1])
+    ids, w = stream.ids[lo:hi], stream.w[lo:hi]
+    if ev.size != stream.n_events:  # the kept events' records, in order (a mask: one pass)
+        rec = np.repeat(keep, np.diff(stream.ev_off))
+        ids, w = ids[rec], w[rec]
     ids = ids.astype(np.int64, copy=False)
     ev_rec = np.concatenate([[0], np.cumsum(sizes)])
     first = np.ones(ev.size, dtype=bool)
@@ -157,17 +156,30 @@ def run(rep: _Replay) -> None:
     books = rep.books
     npos = max(books.n, 1)
     rs = np.asarray(books.read_steps, np.int64)
-    # Pins as the policy itself decides them, on the stream's entry table.
-    table = EntryTable(block_tokens=stream.shape.block_tokens, capacity=max(n, 16))
-    table.append(stream.e_ctx, stream.e_layer, stream.e_head, stream.e_block)
-    kwargs: dict[str, Any] = {"mode": mode} if "int" in POLICIES[opts.policy].modes else {}
-    if fw.offline:
-        kwargs["future"] = fw.policy.future  # type: ignore[attr-defined]
-    want_pin = np.asarray(make_policy(opts.policy, cfg, table, **kwargs).wants_pin(np.arange(n)))
-    # The float decay for every idle count the replay can reach (one per step boundary).
-    n_steps = int(np.count_nonzero(np.diff(plan["step"]))) + 2
-    decay_f = np.asarray(recency_decay(np.arange(n_steps, dtype=np.int64), cfg.beta), np.float64)
-    decay_q = np.asarray(fx.decay_table(cfg.beta, cfg.decay_shift), np.int64)
+    # Pins as the policy itself decides them, on the stream's entry table (a policy that
+    # keeps Policy.wants_pin pins nothing: no table to build).
+    cls = POLICIES[opts.policy]
+    if cls.wants_pin is Policy.wants_pin:
+        want_pin = np.zeros(n, np.bool_)
+    else:
+        table = EntryTable(block_tokens=stream.shape.block_tokens, capacity=max(n, 16))
+        table.append(stream.e_ctx, stream.e_layer, stream.e_head, stream.e_block)
+        kwargs: dict[str, Any] = {"mode": mode} if "int" in cls.modes else {}
+        if fw.offline:
+            kwargs["future"] = fw.policy.future  # type: ignore[attr-defined]
+        want_pin = np.asarray(
+            make_policy(opts.policy, cfg, table, **kwargs).wants_pin(np.arange(n))
+        )
+    # The float decay for every idle count the replay can reach (one per step boundary), and
+    # the Q0.16 table: the EMA's alone (no other policy reads them).
+    decay_f, decay_q = np.zeros(0, np.float64), np.zeros(0, np.int64)
+    if code == POLICY_CODES[("ema", "float")]:
+        n_steps = int(np.count_nonzero(np.diff(plan["step"]))) + 2
+        decay_f = np.asarray(
+            recency_decay(np.arange(n_steps, dtype=np.int64), cfg.beta), np.float64
+        )
+    elif code == POLICY_CODES[("ema", "int")]:
+        decay_q = np.asarray(fx.decay_table(cfg.beta, cfg.decay_shift), np.int64)
     # Weights as the stream holds them (float32, widened exactly in the loop); Q0.16 by the
     # firmware's rounding.
     w = plan["w"] if plan["w"].dtype == np.float32 else np.asarray(plan["w"], np.float64)

@@ -531,6 +531,7 @@ def replay(  # one loop over the plan: no Python call per batch
     hsize = 0
     hhead = 0  # LRU/FIFO: the queue's head (items before it are consumed)
     queue = pol == LRU or pol == FIFO
+    plain = queue or pol == LFU  # a hit's only effect: its key (the per-request fast path)
     stale = True  # the heap must be rebuilt before use
     ver = np.zeros(n, np.int64)
     dirty = np.zeros(n, np.bool_)
@@ -607,6 +608,30 @@ def replay(  # one loop over the plan: no Python call per batch
             if sb == 0 and by_age:  # FirmwareSession.lengths before the batch (never shrink)
                 for j in range(b_loff[b], b_loff[b + 1]):
                     ctx_tokens[l_ctx[j]] = max(ctx_tokens[l_ctx[j]], l_tok[j])
+            if n_sub > 1 and plain and n_res <= capacity and resident[p_ids[a]]:
+                # One read of a resident entry (LRU, FIFO, LFU): what the two calls below do
+                # for it, without them (most of a mostly-hit request replay): the write call
+                # has nothing to write, the read call one hit, on_access, and no room to make.
+                e = p_ids[a]
+                call += 2
+                stamp[e] = call
+                s_hits += 1
+                reads[pos] += 1
+                hits[pos] += 1
+                tokens[pos] += tok
+                t = time
+                if pol != FIFO:  # on_access (FIFO's key does not change)
+                    if pol == LFU:
+                        count[e] += 1
+                    last[e] = t
+                    if not stale and not dirty[e]:
+                        dirty[e] = True
+                        dirty_list[n_dirty] = e
+                        n_dirty += 1
+                time += 1
+                if n_dirty * 2 > n_list:
+                    stale = True
+                continue
             # Up to two calls per batch: a write (the batch's own, or a trace's entries written
             # just before their first read), then the reads.
             for phase in range(2):

@@ -234,7 +234,9 @@ class Llama:
             probs = torch.softmax(scores, dim=-1)
             if captured is not None:
                 blocks = torch.nn.functional.pad(probs, (0, pad)).view(H, G, n, nb, block_tokens)
-                per_head = blocks.sum(-1)  # (H, G, n, nb)
+                # A block's share of one softmax is at most 1 (the weight's contract, [0, 1]);
+                # a float32 sum over a block holding nearly all of it can land an ulp above.
+                per_head = blocks.sum(-1).clamp_(max=1.0)  # (H, G, n, nb)
                 captured[li] = per_head.amax(1) if capture == "max" else per_head.mean(1)
             att = probs @ cache.v[li, :, :end][:, None]  # (H, G, n, D)
             att = att.permute(2, 0, 1, 3).reshape(n, cfg.n_heads * D)

@@ -22,16 +22,6 @@ from kvcxl.qemu import layout as L
 TRAP = ((L.XFER_H2G, L.XFER_BYTES), (L.XFER_G2H, L.XFER_BYTES))
 
 
-def _exact(s: socket.socket, n: int) -> bytes | None:
-    buf = b""
-    while len(buf) < n:
-        got = s.recv(n - len(buf))
-        if not got:
-            return None
-        buf += got
-    return buf
-
-
 class FaultyLink:
     """Frames pass through both ways until ``armed``; then the next CXL.mem answer is
     replaced by ``fault`` (once), and after a fatal one nothing more is forwarded."""
@@ -63,29 +53,26 @@ class FaultyLink:
 
     def _pump(self, q: socket.socket, d: socket.socket) -> None:
         try:
-            while True:
-                hdr = _exact(q, 5)
-                if hdr is None:
-                    return
-                body = _exact(q, struct.unpack_from("<I", hdr)[0] - 1)
-                d.sendall(hdr + body)
-                rh = _exact(d, 5)
-                rb = _exact(d, struct.unpack_from("<I", rh)[0] - 1)
-                if hdr[4] == svc.MEM and self.armed.is_set() and self.faulted_at is None:
+            while (frame := svc.recv_frame(q)) is not None:
+                svc.send_frame(d, *frame)
+                answer = svc.recv_frame(d)
+                if frame[0] == svc.MEM and self.armed.is_set() and self.faulted_at is None:
                     self.faulted_at = time.monotonic()
-                    if not self._misbehave(q, rh + rb):
+                    if not self._misbehave(q, *answer):
                         return  # the stream is lost: nothing more goes through
                     continue
-                q.sendall(rh + rb)
+                svc.send_frame(q, *answer)
         except OSError:
             return
 
-    def _misbehave(self, q: socket.socket, answer: bytes) -> bool:
-        """Send the fault instead of ``answer``; True when the link may go on."""
+    def _misbehave(self, q: socket.socket, kind: int, body: bytes) -> bool:
+        """Send the fault instead of the answer (``kind``, ``body``); True when the link
+        may go on."""
         if self.fault == "oversized":
             q.sendall(struct.pack("<IB", 0xFFFFFFF0, svc.MEM))  # and never the rest
         elif self.fault == "truncated":
-            q.sendall(answer[: 5 + (len(answer) - 5) // 2])  # half the body, then gone
+            head = struct.pack("<IB", len(body) + 1, kind)  # the whole answer's length,
+            q.sendall(head + body[: len(body) // 2])  # half its body, then gone
             q.close()
         elif self.fault == "late":
             time.sleep(7.0)  # past QEMU's 5 s

@@ -49,6 +49,7 @@ from kvcxl.emu.device.device import (
 )
 from kvcxl.firmware import fixedpoint as fx
 from kvcxl.firmware.config import PolicyConfig
+from kvcxl.firmware.cxl import mailbox
 from kvcxl.firmware.session import FirmwareSession
 from kvcxl.firmware.table import EntryTable
 
@@ -447,8 +448,7 @@ class FirmwareService:
         w = rec["weight"].astype(np.float64)
         if ids.size and int(ids.max()) >= self.table.n:
             raise RingError(L.RC_INVALID_INPUT, f"entry {int(ids.max())} was never created")
-        if not np.all(np.isfinite(w)) or (w.size and (w.min() < 0 or w.max() > 1)):
-            # the Attention Report's rule (the ring's ATTN shares its records and meaning)
+        if not mailbox.attention_weights_valid(w):  # the ring's ATTN is an Attention Report
             raise RingError(L.RC_INVALID_INPUT, "attention weights must be finite and in [0, 1]")
         self._check_step(step)
         if self.device is not None:

@@ -48,7 +48,7 @@ from kvcxl.emu.cxl.hdm import HdmDecoderSet
 from kvcxl.firmware.audit import EvictionAudit
 from kvcxl.firmware.cache import PolicyCache
 from kvcxl.firmware.config import PolicyConfig
-from kvcxl.firmware.cxl import mem
+from kvcxl.firmware.cxl import mailbox, mem
 from kvcxl.firmware.formulas import TIER_CXL, TIER_NVME
 from kvcxl.firmware.policies import POLICIES
 from kvcxl.firmware.policies.base import Policy
@@ -364,7 +364,7 @@ class Type3Device:
         if ids.size and (ids.min() < 0 or ids.max() >= self.n_entries):
             bad = int(ids.min() if ids.min() < 0 else ids.max())
             raise RequestError(f"entry {bad} is outside the device's 0 … {self.n_entries - 1}")
-        if w.size and not (np.isfinite(w).all() and w.min() >= 0.0 and w.max() <= 1.0):
+        if not mailbox.attention_weights_valid(w):
             raise RequestError("attention weights must be finite and within [0, 1]")
         self.fw.at(step)
         if ids.size:

@@ -121,6 +121,14 @@ ATTENTION_RECORD = np.dtype([("entry", "<u4"), ("weight", "<f4")])
 Weights are f32: the model produces them in ≤ 32-bit floats and workload streams keep them
 as f32 (``ReadStream.w``), the guest agent writes them from that trace, and the firmware
 widens them to f64 on reading — f64 on the wire would double the bytes and add nothing."""
+
+
+def attention_weights_valid(w: np.ndarray) -> bool:
+    """The rule for an attention record's weights, wherever they arrive (the Attention
+    Report, the ring's ATTN, the trace area): finite and within [0, 1]."""
+    return bool(np.isfinite(w).all() and (w.size == 0 or (w.min() >= 0.0 and w.max() <= 1.0)))
+
+
 DESCRIBE_RECORD = np.dtype(
     [("entry", "<u4"), ("ctx", "<u4"), ("layer", "<u2"), ("head", "<u2"), ("block", "<u4")]
 )

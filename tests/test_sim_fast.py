@@ -323,6 +323,35 @@ def test_flat_plan_is_plan_batches(granularity: str) -> None:
             assert g[5] == lens, (name, k)
 
 
+def test_a_streams_plan_is_built_once_and_a_changed_stream_gets_its_own(monkeypatch) -> None:
+    """A sweep replays one stream many times: the fast engine flattens it once.  A stream
+    changed with dataclasses.replace is a new stream, planned afresh (its own weights and
+    reads reach the kernel, not the first stream's)."""
+    import dataclasses
+
+    built: list[str] = []
+    real = fast.flat_plan
+    monkeypatch.setattr(fast, "flat_plan", lambda s, g: built.append(g) or real(s, g))
+    stream = compile_workload(make_workload("zipf-sessions", SHAPE, seed=4), 8)
+    opts = SimOptions(policy="ema", budget_bytes=stream.kv_bytes // 4, engine="fast")
+    first = simulate(stream, opts)
+    again = simulate(stream, dataclasses.replace(opts, policy="lru"))
+    assert built == ["layer"]
+    assert again["policy"] == "lru" and simulate(stream, opts) == first
+    # The same reads with their weights shuffled: other EMA scores, other victims.
+    w = np.random.default_rng(0).permutation(stream.w)
+    other = dataclasses.replace(stream, w=w)
+    a, b = _both(other, policy="ema", budget_bytes=stream.kv_bytes // 4)
+    assert built == ["layer", "layer"]
+    va, vb = a["_victims"], b["_victims"]
+    assert_same(a, b, "weights shuffled")
+    _, v0 = _both(stream, policy="ema", budget_bytes=stream.kv_bytes // 4)
+    assert built == ["layer", "layer"]
+    assert not np.array_equal(np.concatenate([v[0] for v in va]),
+                              np.concatenate([v[0] for v in v0["_victims"]]))  # fmt: skip
+    assert len(va) == len(vb)
+
+
 # --- replays through both engines -------------------------------------------------------
 def _both(stream: Any, **kw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     out = []

@@ -9,7 +9,7 @@ import pytest
 
 from kvcxl.emu.cli import build_parser
 from kvcxl.emu.device import timing as device_timing
-from kvcxl.emu.metrics import mean_ci, t975
+from kvcxl.emu.metrics import linear_percentiles, mean_ci, t975
 from kvcxl.emu.model.calibrate import ci95
 from kvcxl.emu.sizes import parse_size
 from kvcxl.emu.timing import CXL_DRAM, HBM, NVME, TierParams, TierTiming
@@ -40,6 +40,33 @@ def test_t975_matches_the_exact_quantiles(df):
 def test_t975_refuses_no_degrees_of_freedom():
     with pytest.raises(ValueError, match="degrees of freedom"):
         t975(0)
+
+
+QS = (0, 1, 25, 33.3, 50, 66.7, 95, 99, 99.9, 100)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 10, 60, 61, 101, 1000])
+def test_linear_percentiles_are_numpys(n):
+    """Compared with np.percentile itself, bit for bit: continuous values, many ties (where
+    a neighbour difference is 0), values of mixed magnitude, and a single value."""
+    rng = np.random.default_rng(n)
+    for x in (
+        rng.random(n) * 1e5,
+        rng.integers(0, 3, n).astype(np.float64) * 123.456,
+        rng.standard_normal(n) * 10.0 ** rng.integers(-3, 9, n),
+    ):
+        ours = np.array(linear_percentiles(x, QS))
+        theirs = np.percentile(x, QS)
+        assert np.array_equal(ours.view(np.int64), theirs.view(np.int64)), (n, ours - theirs)
+
+
+@pytest.mark.parametrize(
+    ("values", "qs", "match"),
+    [([], (50,), "empty"), ([1.0, np.nan], (50,), "NaN"), ([1.0], (101,), "percentile 101")],
+)
+def test_linear_percentiles_refuse_bad_input(values, qs, match):
+    with pytest.raises(ValueError, match=match):
+        linear_percentiles(values, qs)
 
 
 @pytest.mark.parametrize("n", [2, 3, 10, 31, 32, 45, 200])

@@ -34,6 +34,7 @@ from ...firmware.policies.base import Policy
 from ...firmware.policies.belady import Future
 from ...firmware.session import Decisions, FirmwareSession
 from ...firmware.table import EntryTable, unique_ids
+from ..metrics import linear_percentiles
 from ..timing import TierTiming
 from ..workloads.stream import CREATE, ReadStream
 from . import fast
@@ -231,6 +232,9 @@ class _Replay:
         self.engine = pick_engine(opts)
         # The numpy engine's batches (the fast engine flattens the same plan itself).
         self.plan = plan_batches(stream, opts.granularity) if self.engine == "numpy" else []
+        # The fast engine keeps its own per-entry state: the session's table, cache and
+        # policy columns stay empty (their config, capacities and statistics are used).
+        n_rows = n_total if self.engine == "numpy" else 0
         cls = POLICIES.get(opts.policy)
         future = None
         if cls is not None and not cls.online:  # given the future: every read batch as replayed
@@ -245,7 +249,7 @@ class _Replay:
             self.capacity,
             opts.config,
             mode=opts.mode,
-            table=EntryTable(block_tokens=shape.block_tokens, capacity=max(n_total, 16)),
+            table=EntryTable(block_tokens=shape.block_tokens, capacity=max(n_rows, 16)),
             audit=opts.audit,
             placement=opts.placement,
             future=future,
@@ -254,18 +258,20 @@ class _Replay:
         )
         if policy is not None:
             fw.use_policy(policy(fw.config, fw.table))
-        fw.ensure(n_total)
+        fw.ensure(n_rows)
         for ctx, parent, blocks in stream.prefixes:
             fw.share_prefix(ctx, parent, blocks)
         self.tiers = Tiers(eb, cxl_cap, nvme_cap)
         self.tiers._ensure(n_total)
         self.dump: list[tuple[NDArray, NDArray, int]] = []
-        self.prefetched = np.zeros(n_total, dtype=bool)
+        self.prefetched = np.zeros(n_rows, dtype=bool)
         self.pf_total = self.pf_useful = self.pf_wasted = self.pf_useful_warm = 0
         self.lazy = bool(stream.lazy_creates.any())  # some entries are created on first read
-        self.created = np.zeros(n_total, dtype=bool)
+        self.created = np.zeros(n_rows, dtype=bool)
         self.books = _StepBooks(
-            unique_ids(stream.ev_step[stream.ev_kind != CREATE]),
+            stream.derived(
+                "read_steps", lambda: unique_ids(stream.ev_step[stream.ev_kind != CREATE])
+            ),
             opts.warmup_steps,
             self.tiers.moved.shape,
         )
@@ -414,10 +420,7 @@ class _Replay:
         bytes_moved = tiers.bytes_moved(books.moved[books.warm :].sum(axis=0))
         stall = books.stall[m]
         pf_total, pf_useful, pf_warm = self.pf_total, self.pf_useful, self.pf_useful_warm
-        # (one call for the three: the same values as three, a third of the cost)
-        p50, p95, p99 = (
-            (float(x) for x in np.percentile(stall, [50, 95, 99])) if stall.size else (0.0,) * 3
-        )
+        p50, p95, p99 = linear_percentiles(stall, (50, 95, 99)) if stall.size else (0.0,) * 3
         cs = fw.cache.stats.as_dict()
         out: dict[str, Any] = {
             "evidence": "Simulated",

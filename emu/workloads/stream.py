@@ -77,6 +77,18 @@ class ReadStream:
     # Shared prefixes: (context, parent, blocks): the context's first `blocks` blocks are the
     # parent's entries (its grid holds their ids; prefetch proposes them).
     prefixes: list[tuple[int, int, int]] = field(default_factory=list)
+    # What replays derive from the stream alone (a replay plan, per granularity), built
+    # once: a sweep replays one stream under many policies and budgets.  Not a field of the
+    # stream's value (``dataclasses.replace`` starts a new one); see :meth:`derived`.
+    _derived: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def derived(self, key: Any, build: Any) -> Any:
+        """``build()``, kept under ``key`` for the stream's life: for data that depends on
+        the stream alone.  The stream's arrays are not to be changed in place after a
+        replay (a changed stream is a new one: ``dataclasses.replace``)."""
+        if key not in self._derived:
+            self._derived[key] = build()
+        return self._derived[key]
 
     @property
     def lazy_creates(self) -> NDArray:

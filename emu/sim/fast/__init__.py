@@ -116,6 +116,15 @@ def flat_plan(stream: ReadStream, granularity: str) -> dict[str, NDArray]:
             "l_tok": stream.len_tokens[lrec].astype(np.int64)}  # fmt: skip
 
 
+def _kernel_plan(stream: ReadStream, granularity: str) -> dict[str, Any]:
+    plan: dict[str, Any] = flat_plan(stream, granularity)
+    plan["e_ctx"] = np.asarray(stream.e_ctx, np.int64)
+    plan["e_block"] = np.asarray(stream.e_block, np.int64)
+    plan["n_ctx"] = int(max(plan["e_ctx"].max(initial=0), plan["l_ctx"].max(initial=0))) + 1
+    plan["lazy"] = bool(stream.lazy_creates.any())
+    return plan
+
+
 def _future(
     plan: dict[str, NDArray], n: int, per_request: bool, offline: bool
 ) -> tuple[NDArray, NDArray]:
@@ -151,7 +160,9 @@ def run(rep: _Replay) -> None:
     cfg = fw.config
     mode = opts.mode if opts.policy == "ema" else "float"
     code = POLICY_CODES[(opts.policy, mode)]
-    plan = flat_plan(stream, opts.granularity)
+    plan = stream.derived(
+        ("fast.flat_plan", opts.granularity), lambda: _kernel_plan(stream, opts.granularity)
+    )
     n = stream.n_entries
     books = rep.books
     npos = max(books.n, 1)
@@ -194,14 +205,12 @@ def run(rep: _Replay) -> None:
     recent = policy_param(fw.policy, "recent_tokens") if opts.policy == "h2o" else 0
     lam = float(policy_param(fw.policy, "lrfu_lambda")) if opts.policy == "lrfu" else 0.0
     nxt0, rec_next = _future(plan, n, opts.granularity == "request", fw.offline)
-    e_ctx = np.asarray(stream.e_ctx, np.int64)
-    e_block = np.asarray(stream.e_block, np.int64)
-    n_ctx = int(max(e_ctx.max(initial=0), plan["l_ctx"].max(initial=0))) + 1
+    e_ctx, e_block, n_ctx = plan["e_ctx"], plan["e_block"], plan["n_ctx"]
     t = opts.timing
     tiers = rep.tiers
     out = replay(
         code, plan["read"], plan["step"], plan["off"], rs, plan["tokens"],
-        plan["ids"], w, wq, n, want_pin.astype(np.bool_), bool(stream.lazy_creates.any()),
+        plan["ids"], w, wq, n, want_pin.astype(np.bool_), plan["lazy"],
         fw.cache.capacity, fw.cache.pinned_capacity, bool(cfg.persistent_metadata),
         int(cfg.eviction_batch), float(cfg.alpha), float(cfg.touch_threshold),
         fx.alpha_to_q16(cfg.alpha), int(fx.to_q16(cfg.touch_threshold)), decay_f, decay_q,

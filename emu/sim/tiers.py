@@ -14,8 +14,6 @@ optional compute term) is :mod:`kvcxl.emu.timing`, shared with the device emulat
 
 from __future__ import annotations
 
-from itertools import compress
-
 import numpy as np
 from numpy.typing import NDArray
 
@@ -33,8 +31,8 @@ PAIR_NAMES = (*TIER_NAMES, "host")
 # The pairs bytes_moved reports, in its order: from host, HBM, CXL, NVMe to another tier.
 _PAIRS = [(a, b) for a in (HOST, TIER_HBM, TIER_CXL, TIER_NVME)
           for b in (TIER_HBM, TIER_CXL, TIER_NVME) if a != b]  # fmt: skip
-_PAIR_FROM = [a for a, _ in _PAIRS]
-_PAIR_TO = [b for _, b in _PAIRS]
+_PAIR_FROM = np.array([a for a, _ in _PAIRS])
+_PAIR_TO = np.array([b for _, b in _PAIRS])
 _PAIR_KEYS = [f"{PAIR_NAMES[a]}->{PAIR_NAMES[b]}" for a, b in _PAIRS]
 
 
@@ -147,8 +145,11 @@ class Tiers:
         m = np.array(moved, dtype=np.int64)  # (steps, 5, 4), a copy
         m[:, TIER_HBM] += m[:, TIER_HBM_PINNED]
         m[:, :, TIER_HBM] += m[:, :, TIER_HBM_PINNED]
-        vals = (m[:, _PAIR_FROM, _PAIR_TO] * self.entry_bytes).tolist()
-        return [dict(compress(zip(_PAIR_KEYS, row, strict=True), row)) for row in vals]
+        vals = m[:, _PAIR_FROM, _PAIR_TO] * self.entry_bytes
+        used = np.flatnonzero(vals.any(axis=0))  # the pairs any step moved bytes between
+        keys = [_PAIR_KEYS[k] for k in used.tolist()]
+        rows = vals[:, used].tolist()
+        return [{k: v for k, v in zip(keys, row, strict=True) if v} for row in rows]
 
     def occupancy(self) -> dict[str, int]:
         return {

@@ -599,7 +599,10 @@ def replay(  # one loop over the plan: no Python call per batch
         have_open = True
         a0, z0 = b_off[b], b_off[b + 1]
         n_sub = z0 - a0 if per_request and b_read[b] else 1
-        for sb in range(n_sub):  # request granularity: every read its own batch
+        nxt_sb = 0
+        while nxt_sb < n_sub:  # request granularity: every read its own batch
+            sb = nxt_sb
+            nxt_sb += 1
             if n_sub == 1:
                 a, z = a0, z0
             else:
@@ -609,28 +612,36 @@ def replay(  # one loop over the plan: no Python call per batch
                 for j in range(b_loff[b], b_loff[b + 1]):
                     ctx_tokens[l_ctx[j]] = max(ctx_tokens[l_ctx[j]], l_tok[j])
             if n_sub > 1 and plain and n_res <= capacity and resident[p_ids[a]]:
-                # One read of a resident entry (LRU, FIFO, LFU): what the two calls below do
-                # for it, without them (most of a mostly-hit request replay): the write call
-                # has nothing to write, the read call one hit, on_access, and no room to make.
-                e = p_ids[a]
-                call += 2
-                stamp[e] = call
-                s_hits += 1
-                reads[pos] += 1
-                hits[pos] += 1
+                # Reads of resident entries (LRU, FIFO, LFU), one after another: what the two
+                # calls below do for each, without them (most of a mostly-hit request
+                # replay): the write call has nothing to write, the read call one hit,
+                # on_access, and no room to make.  The run ends at the first non-resident.
+                j = a
+                while j < z0:
+                    e = p_ids[j]
+                    if not resident[e]:
+                        break
+                    call += 2
+                    stamp[e] = call
+                    if pol != FIFO:  # on_access (FIFO's key does not change)
+                        if pol == LFU:
+                            count[e] += 1
+                        last[e] = time
+                        if not stale and not dirty[e]:
+                            dirty[e] = True
+                            dirty_list[n_dirty] = e
+                            n_dirty += 1
+                    time += 1
+                    if n_dirty * 2 > n_list:
+                        stale = True
+                    j += 1
+                h = j - a
+                t = time - 1  # (the last hit's time, as its read call left it)
+                s_hits += h
+                reads[pos] += h
+                hits[pos] += h
                 tokens[pos] += tok
-                t = time
-                if pol != FIFO:  # on_access (FIFO's key does not change)
-                    if pol == LFU:
-                        count[e] += 1
-                    last[e] = t
-                    if not stale and not dirty[e]:
-                        dirty[e] = True
-                        dirty_list[n_dirty] = e
-                        n_dirty += 1
-                time += 1
-                if n_dirty * 2 > n_list:
-                    stale = True
+                nxt_sb = sb + h
                 continue
             # Up to two calls per batch: a write (the batch's own, or a trace's entries written
             # just before their first read), then the reads.

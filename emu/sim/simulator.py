@@ -261,12 +261,11 @@ class _Replay:
         fw.ensure(n_rows)
         for ctx, parent, blocks in stream.prefixes:
             fw.share_prefix(ctx, parent, blocks)
-        self.tiers = Tiers(eb, cxl_cap, nvme_cap)
-        self.tiers._ensure(n_total)
+        self.tiers = Tiers(eb, cxl_cap, nvme_cap, size=n_total)
         self.dump: list[tuple[NDArray, NDArray, int]] = []
         self.prefetched = np.zeros(n_rows, dtype=bool)
         self.pf_total = self.pf_useful = self.pf_wasted = self.pf_useful_warm = 0
-        self.lazy = bool(stream.lazy_creates.any())  # some entries are created on first read
+        self.lazy = stream.has_lazy_creates  # some entries are created on first read
         self.created = np.zeros(n_rows, dtype=bool)
         self.books = _StepBooks(
             stream.derived(

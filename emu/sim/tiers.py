@@ -39,11 +39,14 @@ _PAIR_KEYS = [f"{PAIR_NAMES[a]}->{PAIR_NAMES[b]}" for a, b in _PAIRS]
 class Tiers:
     """Tier of every entry, CXL/NVMe capacities, placement and the bytes-moved matrix."""
 
-    def __init__(self, entry_bytes: int, cxl_entries: int, nvme_entries: int) -> None:
+    def __init__(
+        self, entry_bytes: int, cxl_entries: int, nvme_entries: int, size: int = 16
+    ) -> None:
+        """``size``: entries to make room for up front (more are added as created)."""
         self.entry_bytes = entry_bytes
         self.cap = {TIER_CXL: int(cxl_entries), TIER_NVME: int(nvme_entries)}
-        self.tier = np.zeros(16, dtype=np.uint8)
-        self.since = np.zeros(16, dtype=np.int64)  # time the entry entered its lower tier
+        self.tier = np.zeros(max(size, 16), dtype=np.uint8)
+        self.since = np.zeros(max(size, 16), dtype=np.int64)  # when it entered its lower tier
         self.count = np.zeros(4, dtype=np.int64)  # entries per tier code
         self.moved = np.zeros((5, 4), dtype=np.int64)  # entries moved [from, to]; row 4: host
         self.n = 0
@@ -148,8 +151,14 @@ class Tiers:
         vals = m[:, _PAIR_FROM, _PAIR_TO] * self.entry_bytes
         used = np.flatnonzero(vals.any(axis=0))  # the pairs any step moved bytes between
         keys = [_PAIR_KEYS[k] for k in used.tolist()]
-        rows = vals[:, used].tolist()
-        return [{k: v for k, v in zip(keys, row, strict=True) if v} for row in rows]
+        out = []
+        for row in vals[:, used].tolist():  # (a plain loop: no comprehension frame per step)
+            d = {}
+            for k, v in zip(keys, row, strict=True):
+                if v:
+                    d[k] = v
+            out.append(d)
+        return out
 
     def occupancy(self) -> dict[str, int]:
         return {

@@ -98,6 +98,11 @@ class ReadStream:
         return (self.ev_kind == CREATE) & bool(self.create_on_first_read)
 
     @property
+    def has_lazy_creates(self) -> bool:
+        """Some entries are created on first read (a lazy CREATE event)."""
+        return self.derived("has_lazy_creates", lambda: bool(self.lazy_creates.any()))
+
+    @property
     def n_entries(self) -> int:
         return int(self.e_ctx.size)
 

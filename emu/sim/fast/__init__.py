@@ -121,7 +121,6 @@ def _kernel_plan(stream: ReadStream, granularity: str) -> dict[str, Any]:
     plan["e_ctx"] = np.asarray(stream.e_ctx, np.int64)
     plan["e_block"] = np.asarray(stream.e_block, np.int64)
     plan["n_ctx"] = int(max(plan["e_ctx"].max(initial=0), plan["l_ctx"].max(initial=0))) + 1
-    plan["lazy"] = bool(stream.lazy_creates.any())
     return plan
 
 
@@ -210,7 +209,7 @@ def run(rep: _Replay) -> None:
     tiers = rep.tiers
     out = replay(
         code, plan["read"], plan["step"], plan["off"], rs, plan["tokens"],
-        plan["ids"], w, wq, n, want_pin.astype(np.bool_), plan["lazy"],
+        plan["ids"], w, wq, n, want_pin.astype(np.bool_), stream.has_lazy_creates,
         fw.cache.capacity, fw.cache.pinned_capacity, bool(cfg.persistent_metadata),
         int(cfg.eviction_batch), float(cfg.alpha), float(cfg.touch_threshold),
         fx.alpha_to_q16(cfg.alpha), int(fx.to_q16(cfg.touch_threshold)), decay_f, decay_q,

@@ -83,16 +83,7 @@ int main(void) {
 
 
 @pytest.fixture(scope="module")
-def host():
-    from kvcxl.qemu.setup import setup
-
-    h = setup(force=False)
-    assert h.qemu_kvcxl, "setup did not build the patched QEMU"
-    return h
-
-
-@pytest.fixture(scope="module")
-def kvcxl_boot(host):
+def kvcxl_boot(patched_host):
     """Datapath, poison and replay with the kvcxl device on the memory path; the transfer
     buffers and four KV entries trapped, so every guest access to them is a CXL.mem
     request; health values and a poisoned line set in the device before the guest
@@ -173,7 +164,7 @@ def test_replay_victims_equal_the_simulators(kvcxl_boot) -> None:
 
 @pytest.mark.slow
 @pytest.mark.qemu
-def test_a_dead_device_fails_accesses_in_bounded_time_and_nothing_hangs(host) -> None:
+def test_a_dead_device_fails_accesses_in_bounded_time_and_nothing_hangs(patched_host) -> None:
     from kvcxl.qemu.boot import BootOptions, boot
 
     def hook(ev: dict, b) -> None:
@@ -275,7 +266,7 @@ def test_the_device_learns_the_replays_reads_from_the_traffic(kvcxl_boot) -> Non
 
 @pytest.mark.slow
 @pytest.mark.qemu
-def test_pages_moving_under_guest_load_lose_no_byte(host) -> None:
+def test_pages_moving_under_guest_load_lose_no_byte(patched_host) -> None:
     """The device moves the transfer buffers' pages to NVMe and back without pause while
     the guest reads one and writes the other: direct accesses that overlap a move are
     redone through the device, accesses that find a page on NVMe are served from it."""
@@ -320,7 +311,7 @@ def test_blocks_placed_on_nvme_are_fetched_from_nvme(kvcxl_boot) -> None:
 @pytest.mark.slow
 @pytest.mark.qemu
 @pytest.mark.model
-def test_a_real_smollm2_capture_replays_through_the_device(host, tmp_path) -> None:
+def test_a_real_smollm2_capture_replays_through_the_device(patched_host, tmp_path) -> None:
     """A captured SmolLM2 trace, replayed by the guest on the patched QEMU: the firmware's
     victims are the simulator's, every byte read back is right, and the blocks placed on
     NVMe are fetched from there."""

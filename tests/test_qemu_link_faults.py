@@ -83,15 +83,6 @@ class FaultyLink:
         return False
 
 
-@pytest.fixture(scope="module")
-def host():
-    from kvcxl.qemu.setup import setup
-
-    h = setup(force=False)
-    assert h.qemu_kvcxl, "setup did not build the patched QEMU"
-    return h
-
-
 def _boot(fault: str):
     from kvcxl.qemu.boot import BootOptions, boot
 
@@ -120,7 +111,9 @@ def _boot(fault: str):
         ("late", "no response"),
     ],
 )
-def test_a_broken_device_end_takes_the_link_down_and_nothing_hangs(host, fault, says) -> None:
+def test_a_broken_device_end_takes_the_link_down_and_nothing_hangs(
+    patched_host, fault, says
+) -> None:
     r, b, link, wall = _boot(fault)
     assert link.faulted_at is not None, "the guest made no CXL.mem request after waiting"
     assert any(f"kvcxl: device link {says}" in line for line in b.console), b.console[-20:]
@@ -137,7 +130,7 @@ def test_a_broken_device_end_takes_the_link_down_and_nothing_hangs(host, fault, 
 
 @pytest.mark.slow
 @pytest.mark.qemu
-def test_a_refusal_fails_one_access_and_the_link_stays_up(host) -> None:
+def test_a_refusal_fails_one_access_and_the_link_stays_up(patched_host) -> None:
     r, b, link, _wall = _boot("refusal")
     assert link.faulted_at is not None
     assert any("kvcxl: device refused" in line for line in b.console)

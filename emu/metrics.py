@@ -67,18 +67,19 @@ def linear_percentiles(values: Sequence[float] | np.ndarray, qs: Sequence[float]
     the same float64 values as ``np.percentile(values, qs)``: sorted once, then numpy's own
     interpolation (from the lower neighbour below the midpoint, from the upper one at and
     above it) in Python floats.  It skips np.percentile's ~20 Python frames, which a short
-    replay's result pays for more than for its loop (tests/test_metrics.py holds the two
-    equal bit for bit).  A NaN in the sample is refused."""
+    replay's result pays for more than for its loop (tests/test_sim_units.py holds the two
+    equal bit for bit).  A sample holding NaN has NaN percentiles, as numpy's."""
     s = np.sort(np.asarray(values, dtype=np.float64), kind="stable").tolist()
     n = len(s)
     if n == 0:
         raise ValueError("percentiles of an empty sample")
-    if s[-1] != s[-1]:  # NaN sorts last
-        raise ValueError("percentiles of a sample holding NaN")
     out = []
     for q in qs:
         if not 0 <= q <= 100:
             raise ValueError(f"percentile {q}: must be within [0, 100]")
+        if s[-1] != s[-1]:  # NaN sorts last
+            out.append(math.nan)
+            continue
         v = (n - 1) * (q / 100)
         i = min(math.floor(v), n - 1)
         g = v - i

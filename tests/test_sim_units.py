@@ -58,11 +58,14 @@ def test_linear_percentiles_are_numpys(n):
         ours = np.array(linear_percentiles(x, QS))
         theirs = np.percentile(x, QS)
         assert np.array_equal(ours.view(np.int64), theirs.view(np.int64)), (n, ours - theirs)
+    # A NaN in the sample (a seed with no stall figure): every percentile NaN, as numpy's.
+    x = np.append(rng.random(n), np.nan)
+    assert np.isnan(linear_percentiles(x, QS)).all() and np.isnan(np.percentile(x, QS)).all()
 
 
 @pytest.mark.parametrize(
     ("values", "qs", "match"),
-    [([], (50,), "empty"), ([1.0, np.nan], (50,), "NaN"), ([1.0], (101,), "percentile 101")],
+    [([], (50,), "empty"), ([1.0], (101,), "percentile 101"), ([1.0], (-1,), "percentile -1")],
 )
 def test_linear_percentiles_refuse_bad_input(values, qs, match):
     with pytest.raises(ValueError, match=match):

@@ -24,6 +24,7 @@ the layer that first reads them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +83,7 @@ class ReadStream:
     # stream's value (``dataclasses.replace`` starts a new one); see :meth:`derived`.
     _derived: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def derived(self, key: Any, build: Any) -> Any:
+    def derived(self, key: Any, build: Callable[[], Any]) -> Any:
         """``build()``, kept under ``key`` for the stream's life: for data that depends on
         the stream alone.  The stream's arrays are not to be changed in place after a
         replay (a changed stream is a new one: ``dataclasses.replace``)."""

@@ -39,11 +39,13 @@ $(ALL): pyproject.toml | $(VENV)/bin/python
 	$(BIN)/python -m pip install --quiet -e '.[all]'
 	touch $(CORE) $@
 
-# Debian packages the tests use (Icarus Verilog, make for cocotb).
+# Debian packages the tests use (Icarus Verilog; gdb, which reads a crashed QEMU's core).
+SYSTEM_DEPS := iverilog gdb
 system-deps:
-	@if ! command -v iverilog >/dev/null; then \
-	  if [ "$$(id -u)" != 0 ]; then echo "iverilog missing: run 'apt-get install iverilog' as root" >&2; exit 1; fi; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iverilog >/dev/null; \
+	@missing=""; for p in $(SYSTEM_DEPS); do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "missing:$$missing: run 'apt-get install$$missing' as root" >&2; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
 clean:

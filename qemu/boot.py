@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import shutil
 import signal
 import struct
@@ -141,7 +142,7 @@ class Boot:
             raise ValueError(f"the TCG plugin is not available: {self.host.plugin_error}")
         self.workdir = Path(
             self.opts.workdir or tempfile.mkdtemp(prefix="kvcxl-qemu-", dir=_shm_dir())
-        )
+        ).absolute()  # QEMU runs in it (its core dump lands there)
         self.workdir.mkdir(parents=True, exist_ok=True)
         report: dict[str, Any] = {"evidence": "Measured"}
         try:
@@ -349,6 +350,8 @@ class Boot:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             umask=OWNER_ONLY,  # QEMU creates the QMP socket: owner-only, as the media
+            cwd=self.workdir,
+            preexec_fn=_allow_core_dump,
         )
         if self.opts.poison and self.opts.qemu != "kvcxl":  # kvcxl: the device holds it
             self._inject_poison()
@@ -562,6 +565,7 @@ class Boot:
             "guest_failures": [
                 e for e in self.events if e["event"] in ("fail", "agent_failed", "agent_error")
             ],
+            "qemu_crash": self._crash(rc),
             "cxl_trace": [e["line"] for e in self.events if e["event"] == "cxl_trace"],
             "host_check": host_check,
             "guest_fuzz": fuzz,
@@ -572,6 +576,32 @@ class Boot:
         if "poweroff" not in ev or rc != 0:
             # The guest did not finish: keep what the console said last.
             out["console_tail"] = self.console[-40:]
+        return out
+
+    def _crash(self, rc: int) -> dict | None:
+        """QEMU ended by a signal: which one and, from its core dump, where (gdb's
+        backtraces), so that a crash seen once can be diagnosed from the report alone."""
+        if rc >= 0:
+            return None
+        out: dict[str, Any] = {"signal": signal.Signals(-rc).name, "backtrace": None}
+        core = next(iter(sorted(self.workdir.glob("core*"))), None)
+        gdb = shutil.which("gdb")
+        if core is None:
+            pattern = Path("/proc/sys/kernel/core_pattern").read_text().strip()
+            out["note"] = f"no core dump in the work directory (kernel.core_pattern: {pattern})"
+        elif gdb is None:
+            out["note"] = "a core dump was written, but gdb is not installed to read it"
+        else:
+            binary = self.qemu.args[0]
+            r = subprocess.run(
+                [gdb, "-batch", "-nx", "-ex", "bt 40", "-ex", "thread apply all bt 16",
+                 binary, str(core)],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            keep = ("#", "Thread ", "Program terminated", "Core was generated")
+            out["backtrace"] = [ln for ln in r.stdout.splitlines() if ln.startswith(keep)]
+        if core is not None and not self.opts.keep:
+            core.unlink()  # hundreds of MB (the guest's RAM), in /dev/shm by default
         return out
 
     def _host_side_check(self, gt: Any) -> dict:
@@ -636,6 +666,19 @@ def _device_summary(stats: dict | None) -> dict | None:
         "migrations_to_dram": c["migrations_to_dram"],
         "requests": stats["requests"],  # modelled latency percentiles of those requests
     }
+
+
+def failure_summary(report: dict) -> dict:
+    """The parts of a boot report that say why QEMU or the guest did not finish cleanly
+    (what a failed check should print)."""
+    keys = ("guest_failures", "qemu_crash", "console_tail")
+    return {k: report[k] for k in keys if report.get(k)}
+
+
+def _allow_core_dump() -> None:
+    """In QEMU's process before exec: a crash leaves a core dump (up to the hard limit)."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
 
 
 def _kill_group(p: subprocess.Popen) -> None:

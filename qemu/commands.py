@@ -397,6 +397,11 @@ def _summary(r: dict) -> None:
         print(f"device error: {g['device_error'].get('reason')}")
     for f in r.get("guest_failures", []):
         print(f"guest failure: {f}", file=sys.stderr)
+    crash = r.get("qemu_crash")
+    if crash:
+        print(f"QEMU crashed: {crash['signal']}", file=sys.stderr)
+        for line in crash["backtrace"] or [crash.get("note", "")]:
+            print(f"  {line}", file=sys.stderr)
 
 
 def _fuzz(args: argparse.Namespace) -> int:

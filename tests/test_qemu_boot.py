@@ -83,8 +83,10 @@ def main_boot(host, trace_file):
 
 
 def test_region_ready_and_cxl_list_shows_memdev(main_boot) -> None:
+    from kvcxl.qemu.boot import failure_summary
+
     r, _b, _gt = main_boot
-    assert r["qemu"]["exit_code"] == 0, r["guest_failures"]
+    assert r["qemu"]["exit_code"] == 0, failure_summary(r)
     assert r["qemu"]["plugin"] == "off" and r["qemu"]["plugin_note"]  # ring-only, said so
     assert r["timings"]["boot_to_init_s"] < r["timings"]["boot_to_region_ready_s"]
     assert r["region"]["size"] == hex(256 << 20)
@@ -166,7 +168,7 @@ def test_malformed_ring_commands_get_error_completions(main_boot) -> None:
 def test_cli_inject_then_service_killed_mid_run(host) -> None:
     """`kvcxl qemu inject` on a running guest; then the firmware service dies mid-replay:
     the agent reports a device error in bounded time and the guest powers off by itself."""
-    from kvcxl.qemu.boot import BootOptions
+    from kvcxl.qemu.boot import BootOptions, failure_summary
 
     dpa = L.KV_BASE + 3 * 4096
     injected: list[subprocess.CompletedProcess] = []
@@ -200,7 +202,7 @@ def test_cli_inject_then_service_killed_mid_run(host) -> None:
     killed = next(e["t"] for e in r["events"] if e["event"] == "host_killed_service")
     # The agent's heartbeat timeout is 3 s; TCG and console latency add a few seconds.
     assert err["t"] - killed < 30
-    assert r["qemu"]["exit_code"] == 0  # the guest powered off by itself
+    assert r["qemu"]["exit_code"] == 0, failure_summary(r)  # it powered off by itself
     assert "replay" not in r["guest"]
     assert b.qemu.poll() is not None and b.service.poll() is not None
     assert wall < 300

@@ -124,8 +124,10 @@ def kvcxl_boot(patched_host):
 @pytest.mark.slow
 @pytest.mark.qemu
 def test_region_ready_on_the_patched_qemu(kvcxl_boot) -> None:
+    from kvcxl.qemu.boot import failure_summary
+
     r, _b, _gt, _seen = kvcxl_boot
-    assert r["qemu"]["exit_code"] == 0, r["guest_failures"]
+    assert r["qemu"]["exit_code"] == 0, failure_summary(r)
     assert "kvcxl=" in r["qemu"]["command"] and r["qemu"]["command"].startswith(
         str(_b.host.qemu_kvcxl)
     )
@@ -192,6 +194,36 @@ def test_a_dead_device_fails_accesses_in_bounded_time_and_nothing_hangs(patched_
     assert r["qemu"]["exit_code"] == 0
     assert b.qemu.poll() is not None
     assert wall < 300
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_a_qemu_crash_is_reported_with_its_backtrace(patched_host, tmp_path) -> None:
+    """QEMU dies of SIGSEGV mid-run (sent to it here, as a crash would raise it): the
+    report names the signal and carries gdb's backtraces from the core dump, so that a
+    crash seen once (in CI, say) can be read from the failed check's message alone."""
+    import os
+    import signal
+
+    from kvcxl.qemu.boot import BootOptions, boot, failure_summary
+
+    def hook(ev: dict, b) -> None:
+        if ev.get("event") == "waiting":
+            os.kill(b.qemu.pid, signal.SIGSEGV)
+
+    r, _b = boot(
+        BootOptions(
+            qemu="kvcxl", jobs=("wait",), wait_s=60, plugin=False, on_event=hook,
+            workdir=str(tmp_path), keep=False, timeout=300,
+        )
+    )  # fmt: skip
+    crash = failure_summary(r)["qemu_crash"]
+    assert r["qemu"]["exit_code"] == -signal.SIGSEGV and crash["signal"] == "SIGSEGV"
+    bt = crash["backtrace"]
+    assert bt is not None, crash  # its note says why not (no gdb, or no core dump)
+    assert any(ln.startswith("Program terminated with signal SIGSEGV") for ln in bt), bt
+    assert any(ln.startswith("#0 ") for ln in bt) and any("qemu_main" in ln for ln in bt), bt
+    assert not list(tmp_path.glob("core*"))  # read, then removed: it holds the guest's RAM
 
 
 @pytest.mark.slow
@@ -270,7 +302,7 @@ def test_pages_moving_under_guest_load_lose_no_byte(patched_host) -> None:
     """The device moves the transfer buffers' pages to NVMe and back without pause while
     the guest reads one and writes the other: direct accesses that overlap a move are
     redone through the device, accesses that find a page on NVMe are served from it."""
-    from kvcxl.qemu.boot import BootOptions, boot
+    from kvcxl.qemu.boot import BootOptions, boot, failure_summary
 
     r, _b = boot(
         BootOptions(
@@ -281,7 +313,7 @@ def test_pages_moving_under_guest_load_lose_no_byte(patched_host) -> None:
             timeout=300,
         )
     )
-    assert r["qemu"]["exit_code"] == 0, r["guest_failures"]
+    assert r["qemu"]["exit_code"] == 0, failure_summary(r)
     dp = r["guest"]["datapath"]
     assert dp["host_to_guest_bytes"] == L.XFER_BYTES and dp["host_to_guest_bad"] == 0
     assert r["host_check"]["guest_to_host_bad_bytes"] == 0
@@ -317,7 +349,7 @@ def test_a_real_smollm2_capture_replays_through_the_device(patched_host, tmp_pat
     NVMe are fetched from there."""
     import sys
 
-    from kvcxl.qemu.boot import BootOptions, boot
+    from kvcxl.qemu.boot import BootOptions, boot, failure_summary
     from kvcxl.qemu.trace_image import load_trace, simulate_victims
 
     cap = tmp_path / "chat.npz"
@@ -325,7 +357,7 @@ def test_a_real_smollm2_capture_replays_through_the_device(patched_host, tmp_pat
     subprocess.run([*cmd, "--steps", "8", "-o", str(cap)], check=True, timeout=600)
     gt = load_trace(cap, 0.25)
     r, b = boot(BootOptions(jobs=("replay",), trace=gt, plugin=False, timeout=400))
-    assert r["qemu"]["exit_code"] == 0, r["guest_failures"]
+    assert r["qemu"]["exit_code"] == 0, failure_summary(r)
     rep = r["guest"]["replay"]
     want = simulate_victims(gt)
     assert len(want) > 1000

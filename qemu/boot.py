@@ -583,7 +583,11 @@ class Boot:
         backtraces), so that a crash seen once can be diagnosed from the report alone."""
         if rc >= 0:
             return None
-        out: dict[str, Any] = {"signal": signal.Signals(-rc).name, "backtrace": None}
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:  # a real-time signal has no name of its own
+            name = f"signal {-rc}"
+        out: dict[str, Any] = {"signal": name, "backtrace": None}
         core = next(iter(sorted(self.workdir.glob("core*"))), None)
         gdb = shutil.which("gdb")
         if core is None:
@@ -592,14 +596,15 @@ class Boot:
         elif gdb is None:
             out["note"] = "a core dump was written, but gdb is not installed to read it"
         else:
-            binary = self.qemu.args[0]
-            r = subprocess.run(
-                [gdb, "-batch", "-nx", "-ex", "bt 40", "-ex", "thread apply all bt 16",
-                 binary, str(core)],
-                capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
-            keep = ("#", "Thread ", "Program terminated", "Core was generated")
-            out["backtrace"] = [ln for ln in r.stdout.splitlines() if ln.startswith(keep)]
+            cmd = [gdb, "-batch", "-nx", "-ex", "bt 40", "-ex", "thread apply all bt 16",
+                   self.qemu.args[0], str(core)]  # fmt: skip
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            except subprocess.TimeoutExpired:
+                out["note"] = "gdb took over 300 s to read the core dump"
+            else:
+                keep = ("#", "Thread ", "Program terminated", "Core was generated")
+                out["backtrace"] = [ln for ln in r.stdout.splitlines() if ln.startswith(keep)]
         if core is not None and not self.opts.keep:
             core.unlink()  # hundreds of MB (the guest's RAM), in /dev/shm by default
         return out

@@ -400,8 +400,11 @@ def _summary(r: dict) -> None:
     crash = r.get("qemu_crash")
     if crash:
         print(f"QEMU crashed: {crash['signal']}", file=sys.stderr)
-        for line in crash["backtrace"] or [crash.get("note", "")]:
+        bt = crash["backtrace"]
+        for line in bt[:14] if bt else [crash.get("note", "")]:
             print(f"  {line}", file=sys.stderr)
+        if bt and len(bt) > 14:
+            print("  ... (every thread's backtrace: qemu_crash in --json)", file=sys.stderr)
 
 
 def _fuzz(args: argparse.Namespace) -> int:

@@ -400,10 +400,10 @@ def _summary(r: dict) -> None:
     crash = r.get("qemu_crash")
     if crash:
         print(f"QEMU crashed: {crash['signal']}", file=sys.stderr)
-        bt = crash["backtrace"]
-        for line in bt[:14] if bt else [crash.get("note", "")]:
+        bt, shown = crash["backtrace"], 14  # about the crashing thread's frames
+        for line in bt[:shown] if bt else [crash.get("note", "")]:
             print(f"  {line}", file=sys.stderr)
-        if bt and len(bt) > 14:
+        if bt and len(bt) > shown:
             print("  ... (every thread's backtrace: qemu_crash in --json)", file=sys.stderr)
 
 

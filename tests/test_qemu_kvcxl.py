@@ -217,8 +217,9 @@ def test_a_qemu_crash_is_reported_with_its_backtrace(patched_host, tmp_path) -> 
             workdir=str(tmp_path), keep=False, timeout=300,
         )
     )  # fmt: skip
-    crash = failure_summary(r)["qemu_crash"]
-    assert r["qemu"]["exit_code"] == -signal.SIGSEGV and crash["signal"] == "SIGSEGV"
+    assert r["qemu"]["exit_code"] == -signal.SIGSEGV, failure_summary(r)
+    crash = r["qemu_crash"]
+    assert crash["signal"] == "SIGSEGV", crash
     bt = crash["backtrace"]
     assert bt is not None, crash  # its note says why not (no gdb, or no core dump)
     assert any(ln.startswith("Program terminated with signal SIGSEGV") for ln in bt), bt

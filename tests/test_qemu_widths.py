@@ -22,13 +22,13 @@ CHURN = ((L.WIDTHS_BASE + (32 << 10), 32 << 10),)
 
 @pytest.fixture(scope="module")
 def widths_boot():
-    from kvcxl.qemu.boot import BootOptions, boot
+    from kvcxl.qemu.boot import BootOptions, boot, failure_summary
 
     r, _b = boot(
         BootOptions(qemu="kvcxl", jobs=("widths", "widths_in_line"), plugin=False,
                     trap=TRAP, churn=CHURN, timeout=300)
     )  # fmt: skip
-    assert r["qemu"]["exit_code"] == 0 and "widths_in_line" in r["guest"], r.get("console_tail")
+    assert r["qemu"]["exit_code"] == 0 and "widths_in_line" in r["guest"], failure_summary(r)
     return r
 
 

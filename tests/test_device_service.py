@@ -148,3 +148,25 @@ def test_random_frames_over_the_socket_never_take_the_service_down(tmp_path):
         with svc.Client(path) as c:  # still serving
             assert c.hdm("list")["ok"]
     assert answered == 2000
+
+
+def test_a_host_walking_the_churned_pages_in_order_meets_nvme_pages() -> None:
+    """The churn's moves, one per tick, against a host reading one page per tick in
+    order just ahead of where a sweep would be: it meets about half of them on NVMe in
+    every pass.  A sweep (demote page t, promote page t - n/2 at tick t) lets such a host
+    meet none: a patched QEMU's datapath boot met no NVMe page one time in six."""
+    from kvcxl.emu.device.device import Type3Device
+
+    n = 32
+    dev = Type3Device(256 << 20, dram_pages=n)
+    churn = svc.Churn(svc.Engine(dev), list(range(n)))
+    for _ in range(8 * n):  # mixed: every page drawn several times
+        churn.tick()
+    met = []
+    for t in range(100 * n):
+        churn.tick()
+        met.append(not dev.in_dram[(t + 1) % n])
+    per_pass = [sum(met[i : i + n // 2]) for i in range(0, len(met), n // 2)]
+    assert min(per_pass) > 0, per_pass
+    assert 0.4 < sum(met) / len(met) < 0.6
+    assert not dev.inflight and churn.moves == len(met) + 8 * n

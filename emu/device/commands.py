@@ -159,8 +159,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=[],
         type=dpa_range,
         metavar="DPA:LENGTH",
-        help="move these pages to NVMe and back without pause while serving (a migration "
-        "stress for a patched QEMU's direct path; repeatable)",
+        help="move these pages to NVMe and back without pause while serving, one page drawn "
+        "at random per move (a migration stress for a patched QEMU's direct path; repeatable)",
     )
     s.add_argument(
         "--trap",

@@ -185,16 +185,35 @@ def test_unordered_victims_change_no_result(stream):
             assert fast[key] == ordered[key], (name, key)
 
 
-def test_bytes_moved_rows_equals_bytes_moved_per_row() -> None:
-    """Tiers.bytes_moved_rows (the result's per-step bytes moved, merged in one pass) is
-    bytes_moved of each row: pinned HBM counted as HBM on both sides, zero pairs left out."""
+def _bytes_moved_plain(m: list[list[int]], entry_bytes: int) -> dict[str, int]:
+    """Bytes moved per pair, written from docs/simulator.md's `bytes_moved` row: pinned HBM
+    is HBM on both sides, pairs host, HBM, CXL, NVMe (from) by HBM, CXL, NVMe (to), zero
+    pairs left out."""
+    from kvcxl.emu.sim.tiers import HOST, TIER_CXL, TIER_HBM, TIER_HBM_PINNED, TIER_NVME
+
+    rows = {"host": (HOST,), "hbm": (TIER_HBM, TIER_HBM_PINNED), "cxl": (TIER_CXL,)}
+    rows["nvme"] = (TIER_NVME,)
+    out = {}
+    for a in ("host", "hbm", "cxl", "nvme"):
+        for b in ("hbm", "cxl", "nvme"):
+            n = sum(m[x][y] for x in rows[a] for y in rows[b])
+            if a != b and n:
+                out[f"{a}->{b}"] = n * entry_bytes
+    return out
+
+
+def test_bytes_moved_per_row_against_a_plain_sum() -> None:
+    """Tiers.bytes_moved_rows (the result's per-step bytes moved, merged in one pass) and
+    bytes_moved are, row by row, a plain per-pair sum: pinned HBM counted as HBM on both
+    sides, zero pairs left out, in the documented key order."""
     from kvcxl.emu.sim.tiers import Tiers
 
     rng = np.random.default_rng(3)
     tiers = Tiers(4096, 10, 10)
     moved = rng.integers(0, 3, (40, 5, 4)) * (rng.random((40, 5, 4)) < 0.4)
-    want = [tiers.bytes_moved(x) for x in moved]
+    want = [_bytes_moved_plain(x.tolist(), 4096) for x in moved]
     got = tiers.bytes_moved_rows(moved)
     assert got == want
     assert [list(d) for d in got] == [list(d) for d in want]  # the same key order
+    assert [tiers.bytes_moved(x) for x in moved] == want
     assert tiers.bytes_moved_rows(moved[:0]) == []

@@ -128,23 +128,13 @@ class Tiers:
     def bytes_moved(self, moved: NDArray | None = None) -> dict[str, int]:
         """Bytes moved per tier pair, ``"from->to"`` (pinned HBM counted as HBM), of
         ``moved`` (an entries-moved matrix like :attr:`moved`; default: everything so far)."""
-        # Python ints: this runs once per read step, where numpy's per-element indexing
-        # would cost more than the replay of a small step.
-        m = (self.moved if moved is None else moved).tolist()
-        m[TIER_HBM] = [a + b for a, b in zip(m[TIER_HBM], m[TIER_HBM_PINNED], strict=True)]
-        for row in m:
-            row[TIER_HBM] += row[TIER_HBM_PINNED]
-        out = {}
-        for a in (HOST, TIER_HBM, TIER_CXL, TIER_NVME):
-            for b in (TIER_HBM, TIER_CXL, TIER_NVME):
-                if a != b and m[a][b]:
-                    out[f"{PAIR_NAMES[a]}->{PAIR_NAMES[b]}"] = m[a][b] * self.entry_bytes
-        return out
+        return self.bytes_moved_rows([self.moved if moved is None else moved])[0]
 
     def bytes_moved_rows(self, moved: NDArray) -> list[dict[str, int]]:
-        """:meth:`bytes_moved` of every matrix in ``moved`` (one per read step), as
-        ``[self.bytes_moved(x) for x in moved]`` but merged and scaled in one numpy pass:
-        the per-step books of a short replay would otherwise cost more than its loop."""
+        """:meth:`bytes_moved` of every matrix in ``moved`` (one per read step), merged and
+        scaled in one numpy pass: the per-step books of a short replay would otherwise cost
+        more than its loop.  Pairs in the order HOST, HBM, CXL, NVMe (from) by HBM, CXL,
+        NVMe (to); a pair no bytes moved between is left out."""
         m = np.array(moved, dtype=np.int64)  # (steps, 5, 4), a copy
         m[:, TIER_HBM] += m[:, TIER_HBM_PINNED]
         m[:, :, TIER_HBM] += m[:, :, TIER_HBM_PINNED]

@@ -695,8 +695,9 @@ class Type3Device:
         return ready
 
     def move_page(self, p: int, to_dram: bool) -> None:
-        """Page ``p`` to DRAM or to NVMe, bytes and all (a migration stress, not a policy
-        decision: `kvcxl device serve --churn`)."""
+        """Page ``p`` to DRAM or to NVMe at once, bytes and all: a PLACE frame's pages, or
+        the pages of victims the firmware placed (the churn moves pages in steps instead:
+        :meth:`start_migration`)."""
         if to_dram:
             self._promote(p)
         else:

@@ -133,7 +133,21 @@ class Boot:
         return next((e for e in self.events if e.get("event") == name), None)
 
     # --- the run ------------------------------------------------------------------------
+    def _check_options(self) -> None:
+        """Options that contradict the QEMU chosen: ValueError, before anything starts."""
+        if self.opts.qemu == "kvcxl" and not self.opts.device_emulator:
+            raise ValueError(
+                "--no-device-emulator needs --qemu stock: with the patched QEMU the "
+                "device on the memory path answers the ring"
+            )
+        if self.opts.qemu != "kvcxl" and (self.opts.trap or self.opts.churn):
+            raise ValueError(
+                "--trap and --churn need --qemu kvcxl: stock QEMU serves the device's "
+                "memory itself, with no device on the memory path"
+            )
+
     def run(self) -> dict:
+        self._check_options()
         self.host = load_host()
         use_plugin = (
             self.opts.plugin if self.opts.plugin is not None else self.host.plugin_available
@@ -148,11 +162,6 @@ class Boot:
         try:
             gt = self._prepare_media()
             if self.opts.qemu == "kvcxl":
-                if not self.opts.device_emulator:
-                    raise ValueError(
-                        "--no-device-emulator needs --qemu stock: with the patched QEMU the "
-                        "device on the memory path answers the ring"
-                    )
                 self._start_device(use_plugin)
             else:
                 self._start_service(use_plugin, self.opts.device_emulator)

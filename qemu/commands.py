@@ -59,6 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "  kvcxl qemu boot --jobs replay --poison 0x1004000 --jobs poison\n"
             "  kvcxl qemu boot --jobs wait --wait 120 &   # then: kvcxl qemu inject ...\n"
             "  kvcxl qemu boot --trap 0x800000:64KiB --jobs datapath  # slow path for a buffer\n"
+            "  kvcxl qemu boot --churn 0x800000:64KiB --jobs datapath  # pages moving meanwhile\n"
             "  kvcxl qemu boot --qemu stock           # Debian's QEMU, ring only"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -156,6 +157,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DPA:LENGTH",
         help="(--qemu kvcxl) pages whose every guest access goes to the device, e.g. "
         "0x800000:64KiB (repeatable)",
+    )
+    b.add_argument(
+        "--churn",
+        action="append",
+        default=[],
+        type=dpa_range,
+        metavar="DPA:LENGTH",
+        help="(--qemu kvcxl) pages the device moves to NVMe and back without pause while the "
+        "guest runs, one page drawn at random per move, e.g. 0x800000:64KiB (repeatable)",
     )
     b.add_argument("--console", action="store_true", help="echo the guest console")
     b.add_argument("--keep", action="store_true", help="keep the work directory (media, logs)")
@@ -312,6 +322,7 @@ def _boot(args: argparse.Namespace) -> int:
         retries=args.retries,
         qemu=args.qemu,
         trap=tuple(args.trap),
+        churn=tuple(args.churn),
     )
     report, b = boot(opts)  # SetupError (not set up): one line, exit status 1
     if args.json_out:

@@ -348,6 +348,10 @@ VALUE_ROWS = [
     (["qemu", "boot", "--poison", "zz"], ["zz", "integer"]),
     (["qemu", "boot", "--poison", "0x3"], ["0x3", "64-byte"]),
     (["qemu", "boot", "--trace", "t.npz", "--steps", "3"], ["--steps", "--trace"]),
+    (["qemu", "boot", "--churn", "zz"], ["zz"]),
+    (["qemu", "boot", "--no-device-emulator"], ["--no-device-emulator", "--qemu stock"]),
+    (["qemu", "boot", "--qemu", "stock", "--churn", "0x800000:64KiB"], ["--churn", "kvcxl"]),
+    (["qemu", "boot", "--qemu", "stock", "--trap", "0x800000:64KiB"], ["--trap", "kvcxl"]),
     (["qemu", "inject", "poison", "--qmp", "q.sock", "--dpa", "3"], ["0x3", "64-byte"]),
     (["qemu", "fuzz", "--firmware", "ring-only"], ["ring-only", "--qemu stock"]),
     (

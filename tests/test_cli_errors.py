@@ -33,6 +33,7 @@ BASE: dict[str, list[str]] = {
     "trace validate": ["t.npz"],
     "trace info": ["t.npz"],
     "trace export": ["--workload", "cyclic", "-o", "x.npz"],
+    "trace import": ["synthetic", "--format", "mooncake"],
     "trace capture": ["--prompt", "chat", "-o", "x.npz"],
     "trace fit": ["t.npz"],
     "rtl sim": ["--trace", "t.npz"],

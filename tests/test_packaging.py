@@ -61,6 +61,8 @@ def test_wheel_contents(tmp_path):
         "qemu/guest/kvcxl_ring.h",
         "qemu/plugin/kvcxl_plugin.c",
         "emu/model/prompts/long-doc.json",
+        "emu/workloads/data/mooncake/conversation_trace.jsonl.xz",
+        "emu/workloads/data/mooncake/LICENSE-APACHE",
     ):
         assert f"kvcxl/{data}" in names, data
     assert any(n.endswith("entry_points.txt") for n in names)

@@ -21,6 +21,7 @@ from ..argtypes import nonnegative, nonnegative_float, positive, positive_float
 from ..metrics import audit_sentence, audit_totals
 from ..sizes import SIZE_HELP, parse_size
 from ..timing import CXL_DRAM, HBM, NVME
+from . import trace_import
 from .simulator import GRANULARITIES
 
 
@@ -371,7 +372,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     t = sub.add_parser(
         "trace",
-        help="kvcxl traces: validate, info, export (npz/CSV/oracleGeneral), capture, fit",
+        help="kvcxl traces: validate, info, export (npz/CSV/oracleGeneral), import, capture, fit",
         description="Work with kvcxl attention traces (docs/trace-format.md).",
     )
     ts = t.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
@@ -421,6 +422,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     te.add_argument("--workload-param", action="append", type=_kv, default=[], metavar="K=V")
     _add_model_options(te)
     te.set_defaults(func=_trace_export)
+    tim = ts.add_parser(
+        "import",
+        help="read a published request trace (Mooncake), print its facts, write it as a trace",
+        description=trace_import.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    trace_import.add_arguments(tim)
+    tim.add_argument("--seed", type=nonnegative, default=0, help="seed of the synthetic attention")
+    tim.add_argument("--steps", type=positive, default=200, help="steps replayed (the window)")
+    tim.add_argument("--read", default="topk:8", help="dense, topk:K or threshold:T (with -o)")
+    tim.add_argument(
+        "--workload-param", action="append", type=_kv, default=[], metavar="K=V",
+        help="itl_ms (real ms per token, default 25), token_scale (default block_tokens/512)",
+    )  # fmt: skip
+    _add_model_options(tim)
+    tim.set_defaults(func=lambda a: trace_import.main(a, _shape(a), dict(a.workload_param)))
     capture = importlib.import_module("kvcxl.emu.model.capture")  # no torch at import time
     tc = ts.add_parser("capture", help="record a Measured trace from SmolLM2-135M (offline)")
     capture.add_arguments(tc)
@@ -578,10 +595,10 @@ def _spec_from_args(args: argparse.Namespace, policies, budgets):
 def _list() -> int:
     from ...firmware.policies import POLICIES
     from ..shape import PRESETS
-    from ..workloads import WORKLOADS
+    from ..workloads import ALL_WORKLOADS
 
-    print("workloads:")
-    for name, cls in WORKLOADS.items():
+    print("workloads (the synthetic ones, then real arrivals):")
+    for name, cls in ALL_WORKLOADS.items():
         params = ", ".join(f"{k}={v}" for k, v in cls.defaults.items())
         print(f"  {name:<14} {cls.summary}  [{params}]")
     print("policies:")

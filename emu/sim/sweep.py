@@ -31,7 +31,14 @@ from ..shape import preset
 from ..sizes import parse_size
 from ..timing import TierTiming
 from ..trace import Trace
-from ..workloads import WORKLOADS, compile_workload, from_trace, make_workload, parse_read_mode
+from ..workloads import (
+    ALL_WORKLOADS,
+    WORKLOADS,
+    compile_workload,
+    from_trace,
+    make_workload,
+    parse_read_mode,
+)
 from ..workloads.attention import AttentionParams, preset_attention
 from .simulator import SimOptions, pick_engine, simulate, victims_table
 
@@ -95,8 +102,10 @@ def _config(spec: SweepSpec, variant: dict[str, Any]):
 def validate(spec: SweepSpec) -> None:
     """Refuse a bad spec before any work starts (names the bad value)."""
 
-    if not spec.trace and spec.workload not in WORKLOADS:
-        raise ValueError(f"unknown workload {spec.workload!r}; choose from: {', '.join(WORKLOADS)}")
+    if not spec.trace and spec.workload not in ALL_WORKLOADS:
+        raise ValueError(
+            f"unknown workload {spec.workload!r}; choose from: {', '.join(ALL_WORKLOADS)}"
+        )
     for p in spec.policies:
         if p not in POLICIES:
             raise ValueError(f"unknown policy {p!r}; choose from: {', '.join(sorted(POLICIES))}")

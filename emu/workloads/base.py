@@ -74,6 +74,11 @@ class Workload:
         """(context, tokens) created before step 0 (a shared system prompt)."""
         return []
 
+    def shared_tokens(self, session: int) -> int | None:
+        """Tokens a session with a ``parent`` shares from the parent's start (whole blocks);
+        None: all of the parent's tokens at that point."""
+        return None
+
     # --- shared scheduler ------------------------------------------------------------------
     def plans(self, steps: int) -> Iterator[StepPlan]:
         """``steps`` decode steps of the workload, lanes filled from :meth:`turns`."""

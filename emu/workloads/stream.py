@@ -276,14 +276,23 @@ class _Builder:
         self.grids[ctx] = g
         return g
 
-    def grow(self, ctx: int, tokens: int, step: int, parent: int | None = None) -> None:
-        """Context ``ctx`` now holds ``tokens`` tokens; create entries of its new blocks."""
+    def grow(
+        self,
+        ctx: int,
+        tokens: int,
+        step: int,
+        parent: int | None = None,
+        shared: int | None = None,
+    ) -> None:
+        """Context ``ctx`` now holds ``tokens`` tokens; create entries of its new blocks.
+        A new context with a ``parent`` starts from the parent's first ``shared`` tokens
+        (None: all of them), rounded up to whole blocks."""
         s = self.shape
         bt = s.block_tokens
         if ctx not in self.tokens:
             start = 0
             if parent is not None:
-                pt = self.tokens[parent]
+                pt = self.tokens[parent] if shared is None else min(shared, self.tokens[parent])
                 pb = -(-pt // bt)
                 g = self._grid(ctx, pb)
                 g[:, :, :pb] = self.grids[parent][:, :, :pb]
@@ -465,7 +474,8 @@ def compile_workload(
     frac = float(workload.params.get("read_fraction", 0.25))
     for plan in workload.plans(steps):
         for ctx, tokens, parent in plan.prefill:
-            b.grow(ctx, b.tokens.get(ctx, 0) + tokens, plan.step, parent)
+            shared = workload.shared_tokens(ctx) if parent is not None else None
+            b.grow(ctx, b.tokens.get(ctx, 0) + tokens, plan.step, parent, shared)
         if not plan.decode:
             b.flush(plan.step)
             continue

@@ -31,8 +31,8 @@ BASELINE = "ema"  # the seed's policy, which every margin is taken against
 BOUND = "belady"  # the offline optimum that may bypass: the upper bound of every online policy
 BUDGET = "10%"
 CAPTURES_ENV = "KVCXL_CAPTURES"
-# Mooncake's longest request at the default token scale (block_tokens / 512) is 5,981 +
-# 28 tokens (the synthetic trace; the conversation trace's 3,944 + 63): 8 K holds both.
+# Mooncake's longest request at the default token scale (block_tokens / 512) is 5,981 + 1
+# tokens (the synthetic trace; the conversation trace's 3,944 + 11): 8 K holds both.
 ARRIVAL_CONTEXT_TOKENS = {"tiny": 8192, "ci": 8192, "mid": 16384}
 
 

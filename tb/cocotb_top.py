@@ -3,8 +3,8 @@
 Each step: random weight reports and CXL.mem reads (the front end's touch marks an
 entry read), an evaluation sweep (``hold``, ``keep``: the priorities within the step,
 nothing written back), the update sweep, then a prefetch request.  Every victim list is
-compared with kvcxl.firmware's integer mode (``ema_update_q16``, ``idle_next``,
-``eviction_priority_q16``, ``select_victims``) and every prefetch list with
+compared with the firmware's integer golden step (:mod:`kvcxl.firmware.golden_step`:
+``evaluate`` within the step, ``step`` at its end) and every prefetch list with
 :mod:`kvcxl.firmware.prefetch`.  Configuration in KVCXL_TB_CONFIG (JSON: seed, steps,
 results path).
 """
@@ -21,9 +21,8 @@ from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
 
 from kvcxl.firmware import fixedpoint as fx
-from kvcxl.firmware import prefetch
+from kvcxl.firmware import golden_step, prefetch
 from kvcxl.firmware.cxl import mem as cxl
-from kvcxl.firmware.select import select_victims
 from kvcxl.rtl import layouts as L
 from kvcxl.tb.top_model import BASE, BATCH, BLOCK_TOKENS, BLOCKS, HEADS, LANES, LAYERS, N, config
 
@@ -91,9 +90,9 @@ async def top_matches_firmware_int_mode(dut):
         getattr(dut, f"{s}__valid").value = 0
     for s in ("victim", "ndr", "drs", "pf_cand"):
         getattr(dut, f"{s}__ready").value = 1
-    alpha_q, touch_q = fx.alpha_to_q16(pc.alpha), 0  # 0: a read alone resets idle
+    gp = golden_step.IntParams.from_config(pc, touch_q=0)  # 0: a read alone resets idle
     regs = {
-        "alpha": alpha_q, "touch": touch_q, "shift": pc.decay_shift, "k": BATCH, "window": 2,
+        "alpha": gp.alpha_q, "touch": gp.touch_q, "shift": gp.shift, "k": BATCH, "window": 2,
         "depth": 1, "blend_rope": fx.blend_to_q16(pc.prefetch_blend)[0], "hdm_commit": 1,
         "hdm_base": BASE >> 28, "hdm_size": 1, "hdm_ig": 0, "hdm_iw": 0, "hdm_pos": 0,
     }  # fmt: skip
@@ -103,7 +102,6 @@ async def top_matches_firmware_int_mode(dut):
     await FallingEdge(dut.clk)
     await FallingEdge(dut.clk)
     dut.rst.value = 0
-    table = fx.decay_table(pc.beta, pc.decay_shift)
     # Scores of every size (not only 0), so that the evaluation sweep's "score as stored"
     # decides victims: with all scores 0 an evaluation that updated them would go unseen.
     score = np.array(
@@ -121,7 +119,6 @@ async def top_matches_firmware_int_mode(dut):
     pf_cand = L.unpacker(ports["pf_cand"])
     bad: list[str] = []
     counts = {"steps": 0, "victims": 0, "evaluations": 0, "reports": 0, "cxl_reads": 0}
-    ids = np.flatnonzero(~pinned)
 
     def compare(what: str, got, want) -> None:
         if got != want:
@@ -143,23 +140,17 @@ async def top_matches_firmware_int_mode(dut):
                 await FallingEdge(dut.clk)
             read[e] = True
             counts["cxl_reads"] += 1
-        touched = read & (w >= touch_q)
         # Within the step: score as stored, idle 0 if touched, nothing written back.
         k = rng.randrange(0, BATCH + 1)
-        mid = np.asarray(
-            fx.eviction_priority_q16(score, np.where(touched, 0, idle), table, pc.decay_shift)
-        )
-        want = select_victims(ids, mid[ids], k).tolist()
+        mid = golden_step.evaluate(score, idle, w, read, ~pinned, k, gp)
         got = await _sweep(dut, ports, hold=1, keep=1, k=k)
-        compare(f"step {step} evaluation (k {k})", got, [(v, int(mid[v])) for v in want])
+        compare(f"step {step} evaluation (k {k})", got, mid.pairs())
         counts["evaluations"] += 1
         # The update sweep (the weight buffer was kept).
-        score = np.asarray(fx.ema_update_q16(score, w, alpha_q))
-        idle = np.asarray(fx.idle_next(idle, touched))
-        prio = np.asarray(fx.eviction_priority_q16(score, idle, table, pc.decay_shift))
-        want = select_victims(ids, prio[ids], BATCH).tolist()
+        r = golden_step.step(score, idle, w, read, ~pinned, BATCH, gp)
+        score, idle = r.score, r.idle
         got = await _sweep(dut, ports, hold=0, keep=0, k=BATCH)
-        compare(f"step {step} update", got, [(v, int(prio[v])) for v in want])
+        compare(f"step {step} update", got, r.pairs())
         counts["steps"] += 1
         counts["victims"] += len(got)
         # Prefetch from a touch, ranked with the scores just computed.

@@ -3,7 +3,8 @@
 Random M2S messages from :class:`kvcxl.tb.frontend_model.FrontEndModel`, random
 back-pressure on NDR, DRS and touch; every response and touch is compared with the
 model's (HDM decoder + line store).  Configuration in KVCXL_TB_CONFIG (JSON: seed,
-messages, lines, entry_shift, setups, results path); the figures go to the results file.
+messages, results path; the shape and the HDM setups are :mod:`kvcxl.tb.frontend_model`'s);
+the figures go to the results file.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
 
 from kvcxl.firmware.cxl import mem as cxl
-from kvcxl.tb.frontend_model import FrontEndModel, ends_without_response, response
+from kvcxl.tb.frontend_model import (
+    ENTRY_SHIFT,
+    LINES,
+    SETUPS,
+    FrontEndModel,
+    ends_without_response,
+    response,
+)
 
 OUTPUTS = ("ndr", "drs", "touch")
 
@@ -86,17 +94,17 @@ async def front_end_matches_hdm_and_line_store(dut):
     for _ in range(10):  # let every combinational block settle before the first message
         await FallingEdge(dut.clk)
     cycles, bad, counts, store = [0], [], {}, {}
-    for i, (ways, granularity, position) in enumerate(cfg["setups"]):
+    for i, (ways, granularity, position) in enumerate(SETUPS):
         # One device reprogrammed: its line store carries over from setup to setup.
         model = FrontEndModel(
-            cfg["seed"] + i, ways, granularity, position, cfg["lines"], cfg["entry_shift"], store
+            cfg["seed"] + i, ways, granularity, position, LINES, ENTRY_SHIFT, store
         )
         bad += await _one_setup(dut, model, cfg["messages"], cycles)
         for k, v in model.counts.items():
             counts[k] = counts.get(k, 0) + v
     res = {
         "simulator": cocotb.SIM_NAME,
-        "messages": cfg["messages"] * len(cfg["setups"]),
+        "messages": cfg["messages"] * len(SETUPS),
         "mismatches": len(bad),
         "examples": [repr(b)[:300] for b in bad[:3]],
         "cycles": cycles[0],

@@ -145,6 +145,10 @@ class Source(_Endpoint):
     async def send(self, beat: dict | int) -> None:
         """Queue one beat and return at the falling edge after the rising edge that took it."""
         self.put(beat)
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Return at the falling edge after every queued beat has been transferred."""
         ticket = self.queued
         while self.beats < ticket:
             await self.clock.wait()

@@ -38,6 +38,7 @@ class Design:
     formal: dict[str, tuple[str, ...]] = field(default_factory=dict)  # check -> its defects
     bench: str | None = None  # the cocotb module in tb/ (kvcxl.tb.<bench>)
     model: str | None = None  # its model in tb/ (kvcxl.tb.<model>: params() builds the DUT)
+    bench_count: tuple[str, int] = ("steps", 0)  # what `kvcxl rtl test --steps` sets; default
 
     def shape(self) -> tuple[str, ...]:
         """The command line's shape options this design takes."""
@@ -100,24 +101,24 @@ _CORE_SHAPE = {"entries": 1024, "lanes": 1, "batch": 64}
 
 _ALL = (
     Design("core", "policy_core", "scoring → eviction", _core, dict(_CORE_SHAPE), decay=True,
-           bench="cocotb_policy_core", model="policy_uvm"),
+           bench="cocotb_policy_core", model="policy_uvm", bench_count=("steps", 2000)),
     Design("eviction", "eviction_engine", "the EvictionEngine alone", _eviction,
            dict(_CORE_SHAPE), formal={"eviction": ("tie_off_by_one",)}),
     Design("scoring", "scoring_engine", "the ScoringEngine alone", _scoring,
            {"entries": 1024, "lanes": 1}, decay=True, formal={"scoring": ("ignore_pinned",)}),
     Design("prefetch", "prefetch_engine", "the PrefetchEngine alone", _prefetch,
            {"layers": 8, "heads": 2, "blocks": 16}, bench="cocotb_prefetch",
-           model="prefetch_model"),
+           model="prefetch_model", bench_count=("touches", 6)),
     Design("frontend", "cxl_mem_front_end", "the CXL.mem front end with its HDM decoder",
            _frontend, {"entries": 1024},
            formal={"frontend": ("lose_request", "drop_on_stall", "duplicate_response")},
-           bench="cocotb_frontend", model="frontend_model"),
+           bench="cocotb_frontend", model="frontend_model", bench_count=("messages", 150)),
     Design("hdm", "hdm_decode", "the HDM decoder (HPA → DPA) alone", _hdm,
            formal={"hdm": ("mis_interleave",)}),
     Design("top", "policy_engine",
            "CXL.mem front end + weight buffer + core + prefetch (--layers/--heads/--blocks)",
            _top, {"layers": 4, "heads": 2, "blocks": 8, "lanes": 1, "batch": 64}, decay=True,
-           bench="cocotb_top", model="top_model"),
+           bench="cocotb_top", model="top_model", bench_count=("steps", 12)),
 )  # fmt: skip
 
 DESIGNS: dict[str, Design] = {d.name: d for d in _ALL}

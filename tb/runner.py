@@ -157,16 +157,20 @@ def _cocotb(
     return res, xml, build_s, run_s
 
 
-def run_frontend(sim: str = "verilator", *, messages: int = 150, seed: int | None = None) -> dict:
+def run_frontend(
+    sim: str = "verilator", *, messages: int | None = None, seed: int | None = None
+) -> dict:
     """The CXL.mem front end on ``sim`` (``tb/cocotb_frontend.py``): ``messages`` random
     M2S messages per HDM setup against the emulator's decoder and a line store."""
-    return run_unit("frontend", sim, seed=seed, messages=messages)
+    return run_unit("frontend", sim, seed=seed, count=messages)
 
 
-def run_prefetch(sim: str = "verilator", *, touches: int = 6, seed: int | None = None) -> dict:
+def run_prefetch(
+    sim: str = "verilator", *, touches: int | None = None, seed: int | None = None
+) -> dict:
     """The PrefetchEngine on ``sim`` (``tb/cocotb_prefetch.py``): ``touches`` random touches
     under each parameter set of ``prefetch_model.configs`` against the firmware's ranking."""
-    return run_unit("prefetch", sim, seed=seed, touches=touches)
+    return run_unit("prefetch", sim, seed=seed, count=touches)
 
 
 # The generated Verilog's combinational blocks wait on a trigger register that only its
@@ -196,16 +200,22 @@ def _icarus_module(text: str) -> str:
     )
 
 
-def run_top(sim: str = "verilator", *, steps: int = 12, seed: int | None = None) -> dict:
+def run_top(sim: str = "verilator", *, steps: int | None = None, seed: int | None = None) -> dict:
     """The PolicyEngine top on ``sim`` (``tb/cocotb_top.py``): ``steps`` steps of reports,
     CXL.mem reads, an evaluation and an update sweep and a prefetch, against the firmware."""
-    return run_unit("top", sim, seed=seed, steps=steps)
+    return run_unit("top", sim, seed=seed, count=steps)
 
 
-def run_unit(design: str, sim: str = "verilator", *, seed: int | None = None, **cfg) -> dict:
+def run_unit(
+    design: str, sim: str = "verilator", *, seed: int | None = None, count: int | None = None
+) -> dict:
     """Build ``design`` alone with its model's ``params()`` and run its cocotb module, both
-    named by its entry in :data:`kvcxl.rtl.designs.DESIGNS`; ``cfg`` goes to the bench."""
+    named by its entry in :data:`kvcxl.rtl.designs.DESIGNS`; ``count`` is how long the bench
+    runs (its ``bench_count``: steps, messages, touches; default the registry's)."""
     d = designs.get(design)
+    name, default = d.bench_count
+    if design == "core":  # the pyuvm test: its shape and defect are run_core's options
+        return run_core(sim, steps=count or default, seed=seed)
     if d.bench is None or d.model is None:
         benched = [n for n, x in designs.DESIGNS.items() if x.bench and x.model]
         raise ValueError(f"design = {design!r} has no testbench; these do: {', '.join(benched)}")
@@ -220,7 +230,9 @@ def run_unit(design: str, sim: str = "verilator", *, seed: int | None = None, **
     src = bdir / f"{d.module}.v"
     text = to_verilog(build(design, **model.params()), d.module)
     write_if_changed(src, icarus_start(text) if sim == "icarus" else text)
-    cfg = {**cfg, "seed": seed, "results": str(bdir / f"results-{seed}.json")}
+    if count is not None and count < 1:
+        raise ValueError(f"{name} = {count}: must be ≥ 1")
+    cfg = {name: count or default, "seed": seed, "results": str(bdir / f"results-{seed}.json")}
     print(f"tb: {sim} {design} {cfg} seed={seed}", flush=True)
     res, *_ = _cocotb(sim, src, d.module, bdir, f"kvcxl.tb.{d.bench}", cfg, seed)
     return res

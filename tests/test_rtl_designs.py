@@ -18,6 +18,19 @@ def test_every_bench_and_model_the_registry_names_is_a_testbench_module() -> Non
                 assert (TB / f"{mod}.py").is_file(), f"{d.name}: tb/{mod}.py"
 
 
+@pytest.mark.hdl
+def test_every_unit_bench_has_a_model_that_shapes_its_design() -> None:
+    """tb/runner.py's run_unit builds a design with its model's params() (core's pyuvm test
+    is shaped by run_core's options instead)."""
+    import importlib
+
+    for d in designs.DESIGNS.values():
+        if d.bench and d.name != "core":
+            model = importlib.import_module(f"kvcxl.tb.{d.model}")
+            assert callable(getattr(model, "params", None)), f"tb/{d.model}.py: params()"
+            assert d.bench_count[1] >= 1, d.name
+
+
 def test_every_defect_belongs_to_one_check_of_one_design() -> None:
     owners = [(x, c) for d in designs.DESIGNS.values() for c, xs in d.formal.items() for x in xs]
     assert len(owners) == len(designs.DEFECTS) == len({x for x, _ in owners})

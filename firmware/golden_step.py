@@ -4,7 +4,7 @@ State in (each entry's Q0.16 score and idle counter), the step's weights and rea
 the new state, every entry's eviction priority and the pass's victims out:
 
     touched  = read ∧ weight ≥ touch_q
-    score'   = ema_update_q16(score, weight, α)          (an unread entry has weight 0)
+    score'   = ema_update_q16(score, weight, α)          (the caller gives an unread entry 0)
     idle'    = idle_next(idle, touched)
     priority = eviction_priority_q16(score', idle', decay table, shift)
     victims  = select_victims(eligible ids, priority, k)  (priority ↓, index ↑)

@@ -12,9 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from .formal_checks import CHECKS, DEFECTS
-
-DESIGNS = ("core", "scoring", "eviction", "top")
+from .designs import CHECKS, DEFECTS, DESIGNS, SHAPE_OPTIONS
 
 
 def positive(v: str) -> int:
@@ -93,17 +91,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("-o", "--out", default="build/rtl", help="output folder (default build/rtl)")
     v.add_argument(
         "--design",
-        choices=DESIGNS,
+        choices=tuple(DESIGNS),
         default="core",
-        help=(
-            "core = scoring → eviction (default); scoring or eviction alone; top = CXL.mem "
-            "front end + weight buffer + core + prefetch, sized by --layers/--heads/--blocks"
-        ),
+        help="; ".join(f"{d.name} = {d.summary}" for d in DESIGNS.values()) + " (default core)",
     )
-    add_shape(v, 1024, 1, 64)
-    v.add_argument("--layers", type=positive, default=4, help="top only (default 4)")
-    v.add_argument("--heads", type=positive, default=2, help="top only (default 2)")
-    v.add_argument("--blocks", type=positive, default=8, help="top only (default 8)")
+    for opt in SHAPE_OPTIONS:
+        takes = {d.name: d.defaults[opt] for d in DESIGNS.values() if opt in d.defaults}
+        v.add_argument(
+            f"--{opt}",
+            type=positive,
+            help="default per design (rtl/designs.py): "
+            + ", ".join(f"{n} {x}" for n, x in takes.items()),
+        )
     v.set_defaults(func=_verilog)
 
     f = rs.add_parser(
@@ -180,38 +179,14 @@ def emit(res, json_out: str | None) -> None:
 
 
 def _verilog(args) -> int:
-    from .export import build, default_decay, to_verilog, write_if_changed
+    from .designs import get
+    from .export import to_verilog, verilog_params, write_if_changed
 
-    if args.design != "top" and args.entries % args.lanes:
-        raise ValueError(f"--entries {args.entries} must be a multiple of --lanes {args.lanes}")
-    params = {"entries": args.entries, "lanes": args.lanes}
-    if args.design == "top":
-        entries = args.layers * args.heads * args.blocks
-        if entries % args.lanes:
-            raise ValueError(
-                f"layers·heads·blocks = {entries} must be a multiple of --lanes {args.lanes}"
-            )
-        params = {
-            "layers": args.layers,
-            "heads": args.heads,
-            "blocks": args.blocks,
-            "lanes": args.lanes,
-            "batch": args.batch,
-            "decay_init": default_decay(),
-        }
-    elif args.design in ("core", "eviction"):
-        params["batch"] = args.batch
-    if args.design in ("core", "scoring"):
-        params["decay_init"] = default_decay()
-    name = {
-        "core": "policy_core",
-        "scoring": "scoring_engine",
-        "eviction": "eviction_engine",
-        "top": "policy_engine",
-    }[args.design]
+    design = get(args.design)
+    params = verilog_params(args.design, **{k: getattr(args, k) for k in SHAPE_OPTIONS})
     out = Path(args.out)
-    path = out / f"{name}.v"
-    write_if_changed(path, to_verilog(build(args.design, **params), name))
+    path = out / f"{design.module}.v"
+    write_if_changed(path, to_verilog(design.factory(**params), design.module))
     core_file = Path(__file__).with_name("kvcxl_rtl.core")
     if core_file.exists() and args.design == "core":
         write_if_changed(out / core_file.name, core_file.read_text())

@@ -11,8 +11,6 @@ from amaranth.hdl import Module
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from kvcxl.firmware import fixedpoint as fx
-
 from . import layouts as L
 from .eviction import EvictionEngine
 from .scoring import ScoringEngine
@@ -47,7 +45,7 @@ class PolicyCore(wiring.Component):
                         }
                     )
                 ),
-                "alpha": In(L.ALPHA_BITS, init=fx.alpha_to_q16(0.2)),
+                "alpha": In(L.ALPHA_BITS, init=L.ALPHA_RESET),
                 "touch": In(L.Q_BITS),
                 "shift": In(L.SHIFT_BITS),
                 "k": In(range(batch + 1), init=batch),

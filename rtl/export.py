@@ -7,6 +7,8 @@ from pathlib import Path
 from kvcxl.firmware import fixedpoint as fx
 from kvcxl.firmware.config import PolicyConfig
 
+from .designs import check_shape, get
+
 
 def default_decay(config: PolicyConfig | None = None) -> list[int]:
     """The reset contents of the decay table: the golden model's table for the config."""
@@ -15,47 +17,19 @@ def default_decay(config: PolicyConfig | None = None) -> list[int]:
 
 
 def build(design: str, **params):
-    """The Amaranth component ``design``: core, scoring, eviction, prefetch, frontend or top."""
-    # lazy: amaranth is the optional 'hdl' extra; kvcxl.tb.runner imports this module at top
-    # and `kvcxl bench` imports that (via kvcxl.tb.bench) without it
-    from .core import PolicyCore
-    from .eviction import EvictionEngine
-    from .scoring import ScoringEngine
+    """The Amaranth component of ``design`` (a name of :data:`kvcxl.rtl.designs.DESIGNS`)."""
+    return get(design).factory(**params)
 
-    if design == "core":
-        return PolicyCore(
-            params["entries"],
-            params.get("lanes", 1),
-            params.get("batch", 8),
-            decay_init=params.get("decay_init"),
-            defect=params.get("defect"),
-        )
-    if design == "scoring":
-        return ScoringEngine(
-            params["entries"], params.get("lanes", 1), decay_init=params.get("decay_init")
-        )
-    if design == "eviction":
-        return EvictionEngine(
-            params["entries"],
-            params.get("lanes", 1),
-            params.get("batch", 8),
-            defect=params.get("defect"),
-        )
-    if design == "prefetch":
-        from .prefetch import PrefetchEngine  # lazy: amaranth (as above)
 
-        return PrefetchEngine(**params)
-    if design == "top":
-        from .top import PolicyEngine  # lazy: amaranth (as above)
-
-        return PolicyEngine(**params)
-    if design == "frontend":
-        from .frontend import CxlMemFrontEnd  # lazy: amaranth (as above)
-
-        return CxlMemFrontEnd(**params)
-    raise ValueError(
-        f"design = {design!r}: must be core, scoring, eviction, prefetch, frontend or top"
-    )
+def verilog_params(design: str, **shape) -> dict:
+    """The parameters ``kvcxl rtl verilog`` builds ``design`` with: the registry's defaults,
+    the given shape options over them, and the firmware's decay table where it takes one."""
+    d = get(design)
+    params = {**d.defaults, **{k: v for k, v in shape.items() if k in d.defaults and v is not None}}
+    check_shape(d, params)
+    if d.decay:
+        params["decay_init"] = default_decay()
+    return params
 
 
 def to_verilog(component, name: str) -> str:

@@ -1,7 +1,7 @@
 """Bounded model checks of the engines with SymbiYosys (yowasp-sby), at reduced widths.
 
 Checks (each a harness around the real engine, inputs free every cycle; the list and
-the defect each must catch are in :mod:`kvcxl.rtl.formal_checks`):
+the defect each must catch are the designs' entries in :mod:`kvcxl.rtl.designs`):
 
 ``eviction``
     over any input stream of priorities and eligibility flags, in sweep order, for an
@@ -64,8 +64,8 @@ from kvcxl.firmware.cxl import hdm
 from kvcxl.firmware.cxl import mem as cxl
 
 from . import toolchain
+from .designs import CHECKS, DEFECTS
 from .eviction import EvictionEngine
-from .formal_checks import CHECKS, DEFECTS
 from .frontend import CxlMemFrontEnd
 from .hdm import HPA_BITS, HdmDecode
 from .scoring import DEPTH, ScoringEngine
@@ -420,20 +420,36 @@ def _harness(check: str, defect: str | None):
             f"defect = {defect!r}: the {check} check takes "
             f"{[d for d, c in DEFECTS.items() if c == check]}"
         )
-    if check == "eviction":
-        h = EvictionHarness(defect=defect)
-        params = {"entries": h.entries, "lanes": h.lanes, "batch": h.batch, "q_bits": h.q_bits}
-        depth = 14
-    elif check == "scoring":
-        h = ScoringHarness(defect=defect)
-        params, depth = {"entries": h.entries, "lanes": h.lanes}, 12
-    elif check == "frontend":
-        h = FrontEndHarness(defect=defect)
-        params, depth = {"lines": h.lines}, 10
-    else:
-        h = HdmHarness(defect=defect)
-        params, depth = {"hpa_bits": HPA_BITS}, 1
-    return h, {**params, "defect": defect}, depth
+    return HARNESSES[check](defect)
+
+
+def _eviction_harness(defect: str | None):
+    h = EvictionHarness(defect=defect)
+    params = {"entries": h.entries, "lanes": h.lanes, "batch": h.batch, "q_bits": h.q_bits}
+    return h, {**params, "defect": defect}, 14
+
+
+def _scoring_harness(defect: str | None):
+    h = ScoringHarness(defect=defect)
+    return h, {"entries": h.entries, "lanes": h.lanes, "defect": defect}, 12
+
+
+def _frontend_harness(defect: str | None):
+    h = FrontEndHarness(defect=defect)
+    return h, {"lines": h.lines, "defect": defect}, 10
+
+
+def _hdm_harness(defect: str | None):
+    return HdmHarness(defect=defect), {"hpa_bits": HPA_BITS, "defect": defect}, 1
+
+
+# The harness of each check a design's registry entry names: (harness, params, default depth).
+HARNESSES = {
+    "eviction": _eviction_harness,
+    "scoring": _scoring_harness,
+    "frontend": _frontend_harness,
+    "hdm": _hdm_harness,
+}
 
 
 def run(

@@ -7,21 +7,20 @@
 
 Every command is packed with :data:`kvcxl.rtl.board.COMMANDS` and the engine's own
 layouts.  :func:`run_script` drives seeded random passes and, asked to, compares every
-pass's victims with the firmware's integer mode (:mod:`kvcxl.firmware.fixedpoint`,
-:func:`kvcxl.firmware.select.select_victims`).
+pass's victims with the firmware's integer golden step (:mod:`kvcxl.firmware.golden_step`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Protocol
 
 import numpy as np
 
 from kvcxl.firmware import fixedpoint as fx
+from kvcxl.firmware import golden_step
 from kvcxl.firmware.config import PolicyConfig
-from kvcxl.firmware.select import select_victims
 
 from . import layouts as L
 from .board import (
@@ -179,29 +178,22 @@ class Link:
 
 @dataclass
 class Golden:
-    """The firmware's integer mode over the same records: what each pass must evict."""
+    """The firmware's integer golden step over the same records: what each pass must evict."""
 
     score: np.ndarray
     idle: np.ndarray
     pinned: np.ndarray
     resident: np.ndarray
-    alpha_q: int
-    touch_q: int
-    shift: int
+    params: golden_step.IntParams
     k: int
-    table: np.ndarray = field(repr=False)
 
     def step(self, weights, read) -> list[tuple[int, int]]:
-        w = np.asarray(weights, dtype=np.int64)
-        touched = np.asarray(read, dtype=bool) & (w >= self.touch_q)
-        self.score = np.asarray(fx.ema_update_q16(self.score, w, self.alpha_q), dtype=np.int64)
-        self.idle = np.asarray(fx.idle_next(self.idle, touched), dtype=np.int64)
-        prio = np.asarray(
-            fx.eviction_priority_q16(self.score, self.idle, self.table, self.shift), np.int64
-        )
-        ids = np.flatnonzero(self.resident & ~self.pinned)
-        chosen = select_victims(ids, prio[ids], self.k)
-        return [(int(i), int(prio[i])) for i in chosen]
+        r = golden_step.step(
+            self.score, self.idle, weights, read, self.resident & ~self.pinned, self.k,
+            self.params,
+        )  # fmt: skip
+        self.score, self.idle = r.score, r.idle
+        return r.pairs()
 
 
 def run_script(
@@ -225,14 +217,12 @@ def run_script(
         idle=rng.integers(0, 300, n),
         pinned=rng.random(n) < 0.1,
         resident=rng.random(n) < 0.85,
-        alpha_q=fx.alpha_to_q16(cfg.alpha),
-        touch_q=int(fx.to_q16(cfg.touch_threshold)),
-        shift=cfg.decay_shift,
+        params=golden_step.IntParams.from_config(cfg),
         k=shape.batch,
-        table=np.asarray(fx.decay_table(cfg.beta, cfg.decay_shift), dtype=np.int64),
     )
-    link.params(gold.alpha_q, gold.touch_q, gold.shift, gold.k)
-    link.table(gold.table)
+    gp = gold.params
+    link.params(gp.alpha_q, gp.touch_q, gp.shift, gold.k)
+    link.table(gp.table)
     link.records(gold.score, gold.idle, gold.pinned, gold.resident)
     t_load = time.perf_counter() - t0
     passes, mismatches, victims = [], [], 0

@@ -11,9 +11,11 @@ from amaranth.hdl import Shape, unsigned
 from amaranth.lib import data
 
 from kvcxl.firmware import fixedpoint as fx
+from kvcxl.firmware.config import PolicyConfig
 
 Q_BITS = fx.FRAC_BITS  # scores, weights, priorities, decay values
 ALPHA_BITS = fx.FRAC_BITS + 1  # α ∈ [1, 65536]: 65536 (α = 1) needs one more bit
+ALPHA_RESET = fx.alpha_to_q16(PolicyConfig.alpha)  # the α register after reset: the default
 IDLE_BITS = fx.IDLE_BITS
 TABLE_BITS = fx.DECAY_TABLE_BITS
 SHIFT_BITS = 4  # decay_shift ∈ [0, 8] (PolicyConfig)

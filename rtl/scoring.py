@@ -80,7 +80,7 @@ class ScoringEngine(wiring.Component):
                 "out": Out(stream.Signature(L.scored_group_layout(lanes, self.addr_bits))),
                 "rec_w": In(stream.Signature(L.record_write_layout(lanes, self.addr_bits))),
                 "table_w": In(stream.Signature(L.table_write_layout())),
-                "alpha": In(L.ALPHA_BITS, init=fx.alpha_to_q16(0.2)),
+                "alpha": In(L.ALPHA_BITS, init=L.ALPHA_RESET),
                 "touch": In(L.Q_BITS),
                 "shift": In(L.SHIFT_BITS),
             }

@@ -82,6 +82,29 @@ struct Harness {
     }
 };
 
+// The handshake of an input stream, the one place it is written: its payload is set; raise
+// valid and clock until a rising edge finds ready (the beat moves on that edge). Valid stays
+// high for the caller's next beat; end_stream() drops it. False after kTimeout cycles.
+template <typename Valid, typename Ready>
+bool send_beat(Harness* h, Valid& valid, const Ready& ready) {
+    valid = 1;
+    uint64_t waited = 0;
+    for (;;) {
+        h->settle();
+        bool go = ready;
+        h->edge();
+        if (go) return true;
+        if (++waited > kTimeout) return false;
+    }
+}
+
+// After the last beat: valid low, outputs settled.
+template <typename Valid>
+void end_stream(Harness* h, Valid& valid) {
+    valid = 0;
+    h->settle();
+}
+
 inline double thread_cpu() {
     timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -147,18 +170,9 @@ int kv_table(void* p, int n, const uint32_t* vals) {
         setb(b, TBL_ADDR_OFF, TBL_ADDR_W, uint64_t(i));
         setb(b, TBL_DATA_OFF, TBL_DATA_W, vals[i]);
         put(top->table_w___05Fpayload, b);
-        top->table_w___05Fvalid = 1;
-        uint64_t waited = 0;
-        for (;;) {
-            h->settle();
-            bool go = top->table_w___05Fready;
-            h->edge();
-            if (go) break;
-            if (++waited > kTimeout) return -1;
-        }
+        if (!send_beat(h, top->table_w___05Fvalid, top->table_w___05Fready)) return -1;
     }
-    top->table_w___05Fvalid = 0;
-    h->settle();
+    end_stream(h, top->table_w___05Fvalid);
     return 0;
 }
 
@@ -173,18 +187,9 @@ int kv_report(void* p, int n, const uint32_t* idx, const uint32_t* w) {
         setb(b, REP_INDEX_OFF, REP_INDEX_W, idx[i]);
         setb(b, REP_WEIGHT_OFF, REP_WEIGHT_W, w[i]);
         put(top->report___05Fpayload, b);
-        top->report___05Fvalid = 1;
-        uint64_t waited = 0;
-        for (;;) {
-            h->settle();
-            bool go = top->report___05Fready;
-            h->edge();
-            if (go) break;
-            if (++waited > kTimeout) return -1;
-        }
+        if (!send_beat(h, top->report___05Fvalid, top->report___05Fready)) return -1;
     }
-    top->report___05Fvalid = 0;
-    h->settle();
+    end_stream(h, top->report___05Fvalid);
     return 0;
 }
 
@@ -206,18 +211,9 @@ int kv_records(void* p, int n, const uint32_t* addr, const uint32_t* score, cons
             setb(b, REC_RESIDENT_OFF[l], 1, resident[e]);
         }
         put(top->rec_w___05Fpayload, b);
-        top->rec_w___05Fvalid = 1;
-        uint64_t waited = 0;
-        for (;;) {
-            h->settle();
-            bool go = top->rec_w___05Fready;
-            h->edge();
-            if (go) break;
-            if (++waited > kTimeout) return -1;
-        }
+        if (!send_beat(h, top->rec_w___05Fvalid, top->rec_w___05Fready)) return -1;
     }
-    top->rec_w___05Fvalid = 0;
-    h->settle();
+    end_stream(h, top->rec_w___05Fvalid);
     return 0;
 }
 

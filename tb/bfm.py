@@ -1,26 +1,22 @@
-"""Pin-level bus functional model of PolicyCore: one clock loop drives and samples every stream.
+"""Pin-level bus functional model of PolicyCore: its streams through :mod:`kvcxl.tb.streams`.
 
-Each cycle, at the falling edge, the loop decides the inputs for the next rising
-edge (a beat from a queue, or a random gap; a random ``victim.ready``), then waits
-for ``ReadOnly`` and records what the rising edge will transfer (valid ∧ ready).
-Driving and sampling in the middle of the cycle behaves the same on Verilator and
-Icarus, which disagree on what a read right at the rising edge returns.
-
-Payloads are packed and unpacked with the RTL's own layouts (:mod:`kvcxl.rtl.layouts`).
+One :class:`~kvcxl.tb.streams.Clock` loop steps a Source on ``upd``, ``rec_w`` and
+``table_w``, a Sink on ``victim`` and a Monitor on the ``scored`` tap, with random gaps
+and back-pressure (:class:`Pressure`); the level inputs (α, touch, shift, k) are written
+at a falling edge between beats.  Payloads are packed and unpacked with the RTL's own
+layouts (:mod:`kvcxl.rtl.layouts`).
 """
 
 from __future__ import annotations
 
 import random
-from collections import deque
 from dataclasses import dataclass, field
 
-import cocotb
-from cocotb.clock import Clock
 from cocotb.queue import Queue
-from cocotb.triggers import Event, FallingEdge, ReadOnly, RisingEdge
+from cocotb.triggers import Event, FallingEdge
 
 from kvcxl.rtl import layouts as L
+from kvcxl.tb.streams import Clock, Monitor, Pause, Sink, Source
 
 
 @dataclass
@@ -47,6 +43,22 @@ class Counters:
     extra: dict = field(default_factory=dict)
 
 
+class _Regs:
+    """The level inputs, written at the falling edge after they were set (a Clock endpoint)."""
+
+    def __init__(self, dut) -> None:
+        self.dut, self.pending = dut, {}
+
+    def drive(self) -> None:
+        if self.pending:
+            for name, v in self.pending.items():
+                getattr(self.dut, name).value = v
+            self.pending = {}
+
+    def sample(self) -> None:
+        pass
+
+
 class PolicyCoreBfm:
     def __init__(self, dut, lanes: int, entries: int, batch: int, rng: random.Random):
         self.dut, self.lanes, self.entries, self.batch = dut, lanes, entries, batch
@@ -56,15 +68,11 @@ class PolicyCoreBfm:
         self.upd_layout = L.update_layout(lanes)
         self.rec_layout = L.record_write_layout(lanes, addr_bits)
         self.table_layout = L.table_write_layout()
-        self.unpack_scored = L.unpacker(L.scored_group_layout(lanes, addr_bits))
-        self.unpack_victim = L.unpacker(L.victim_layout(index_bits))
+        self.scored_layout = L.scored_group_layout(lanes, addr_bits)
+        self.victim_layout = L.victim_layout(index_bits)
         self.rng = rng
         self.pressure = Pressure()
-        self.count = Counters()
-        self.upd_q: deque[int] = deque()
-        self.rec_q: deque[int] = deque()
-        self.table_q: deque[int] = deque()
-        self.regs: dict[str, int] = {}
+        self.regs = _Regs(dut)
         self.idle = Event()  # set when every queued input beat has been transferred
         # Monitors subscribe here; called inline from the clock loop, in bus order.
         self.on_scored = lambda beat: None  # an unpacked scored beat
@@ -73,103 +81,53 @@ class PolicyCoreBfm:
         self._victims: list[tuple[int, int]] = []
 
     async def start(self) -> None:
-        d = self.dut
-        for sig in ("upd__valid", "rec_w__valid", "table_w__valid", "victim__ready"):
-            getattr(d, sig).value = 0
-        for sig in ("upd__payload", "rec_w__payload", "table_w__payload", "touch", "shift"):
+        d, p, rng = self.dut, self.pressure, self.rng
+        for sig in ("touch", "shift"):
             getattr(d, sig).value = 0
         d.alpha.value = 1
         d.k.value = self.batch
-        d.rst.value = 1
-        # The C clock: no Python per edge.
-        cocotb.start_soon(Clock(d.clk, 10, unit="ns", impl="gpi").start())
-        for _ in range(3):
-            await RisingEdge(d.clk)
-        d.rst.value = 0
-        cocotb.start_soon(self._loop())
+        # Endpoints in the order the old single loop drew its random numbers (seeds replay).
+        self.clock = clk = Clock(d)
+        clk.add(self.regs)
+        self.upd = Source(clk, "upd", self.upd_layout, Pause(p.upd_gap, rng))
+        self.rec = Source(clk, "rec_w", self.rec_layout, Pause(p.rec_gap, rng))
+        self.table = Source(clk, "table_w", self.table_layout)
+        self.victim = Sink(clk, "victim", self.victim_layout, Pause(p.victim_stall, rng))
+        self.victim.keep = False
+        self.victim.on_beat.append(self._on_victim)
+        self.scored = Monitor(clk, "scored", self.scored_layout)
+        self.scored.on_beat.append(lambda beat: self.on_scored(beat))
+        clk.on_cycle.append(self._check_idle)
+        clk.start_clock()
+        await clk.reset()
+        clk.start()
+
+    @property
+    def count(self) -> Counters:
+        """The bus figures so far, from the stream endpoints."""
+        return Counters(
+            cycles=self.clock.cycles,
+            upd_beats=self.upd.beats, upd_stalls=self.upd.stalls, upd_gaps=self.upd.gaps,
+            rec_beats=self.rec.beats, rec_stalls=self.rec.stalls,
+            victim_beats=self.victim.beats, victim_stalls=self.victim.stalls,
+            scored_beats=self.scored.beats, table_writes=self.table.beats,
+        )  # fmt: skip
 
     def set_regs(self, **regs: int) -> None:
-        self.regs.update(regs)
+        self.regs.pending.update(regs)
 
-    async def _loop(self) -> None:
-        d, c, p, rng = self.dut, self.count, self.pressure, self.rng
-        clk = d.clk
-        # Handles fetched once; 1-bit controls written only when they change (each VPI
-        # write costs more than the rest of the cycle's Python).
-        upd_v, upd_p, upd_r = d.upd__valid, d.upd__payload, d.upd__ready
-        rec_v, rec_p, rec_r = d.rec_w__valid, d.rec_w__payload, d.rec_w__ready
-        tab_v, tab_p = d.table_w__valid, d.table_w__payload
-        sc_v, sc_p = d.scored__valid, d.scored__payload
-        vic_v, vic_p, vic_r = d.victim__valid, d.victim__payload, d.victim__ready
-        shadow = {"upd": 0, "rec": 0, "tab": 0, "vr": 0}
-        sigs = {"upd": upd_v, "rec": rec_v, "tab": tab_v, "vr": vic_r}
+    def _on_victim(self, v: dict) -> None:
+        if not v["empty"]:
+            self._victims.append((v["index"], v["priority"]))
+        if v["last"]:
+            self.on_pass(self._victims)
+            self._victims = []
+            self.pass_done.put_nowait(True)
 
-        def put(name: str, v: int) -> None:
-            if shadow[name] != v:
-                shadow[name] = v
-                sigs[name].value = v
-
-        upd_valid = rec_valid = False
-        falling, readonly = FallingEdge(clk), ReadOnly()
-        while True:
-            await falling
-            c.cycles += 1
-            if self.regs:
-                for name, v in self.regs.items():
-                    getattr(d, name).value = v
-                self.regs = {}
-            # A beat stays on the bus until it is taken (stream rule: no retraction).
-            if not upd_valid and self.upd_q:
-                if rng.random() < p.upd_gap:
-                    c.upd_gaps += 1
-                else:
-                    upd_p.value = self.upd_q.popleft()
-                    upd_valid = True
-            put("upd", int(upd_valid))
-            if not rec_valid and self.rec_q and rng.random() >= p.rec_gap:
-                rec_p.value = self.rec_q.popleft()
-                rec_valid = True
-            put("rec", int(rec_valid))
-            table_valid = bool(self.table_q)
-            if table_valid:
-                tab_p.value = self.table_q.popleft()
-            put("tab", int(table_valid))
-            vready = rng.random() >= p.victim_stall
-            put("vr", int(vready))
-
-            await readonly
-            if upd_valid:
-                if upd_r.value:
-                    c.upd_beats += 1
-                    upd_valid = False
-                else:
-                    c.upd_stalls += 1
-            if rec_valid:
-                if rec_r.value:
-                    c.rec_beats += 1
-                    rec_valid = False
-                else:
-                    c.rec_stalls += 1
-            if table_valid:
-                c.table_writes += 1
-            if sc_v.value:
-                c.scored_beats += 1
-                self.on_scored(self.unpack_scored(int(sc_p.value)))
-            if vic_v.value:
-                if vready:
-                    c.victim_beats += 1
-                    v = self.unpack_victim(int(vic_p.value))
-                    if not v["empty"]:
-                        self._victims.append((v["index"], v["priority"]))
-                    if v["last"]:
-                        self.on_pass(self._victims)
-                        self._victims = []
-                        self.pass_done.put_nowait(True)
-                else:
-                    c.victim_stalls += 1
-            if not (upd_valid or rec_valid or self.upd_q or self.rec_q or self.table_q):
-                if not self.regs:
-                    self.idle.set()
+    def _check_idle(self) -> None:
+        if self.upd.idle.is_set() and self.rec.idle.is_set() and self.table.idle.is_set():
+            if not self.regs.pending:
+                self.idle.set()
 
     # --- input helpers used by the driver -------------------------------------------------
 
@@ -179,7 +137,7 @@ class PolicyCoreBfm:
             lo = g * n
             mask = sum(int(bool(read[lo + i])) << i for i in range(n))
             beat = {"weight": [int(w) for w in weights[lo : lo + n]], "read": mask}
-            self.upd_q.append(L.pack(self.upd_layout, beat))
+            self.upd.put(beat)
         self.idle.clear()
 
     def queue_records(self, score, idle, pinned, resident) -> None:
@@ -194,12 +152,12 @@ class PolicyCoreBfm:
                 }
                 for i in range(n)
             ]
-            self.rec_q.append(L.pack(self.rec_layout, {"addr": g, "data": recs}))
+            self.rec.put({"addr": g, "data": recs})
         self.idle.clear()
 
     def queue_table(self, table) -> None:
         for a, v in enumerate(table):
-            self.table_q.append(L.pack(self.table_layout, {"addr": a, "data": int(v)}))
+            self.table.put({"addr": a, "data": int(v)})
         self.idle.clear()
 
     async def wait_idle(self) -> None:

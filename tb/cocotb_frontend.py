@@ -1,9 +1,10 @@
 """cocotb entry point: the CXL.mem front end on Verilator or Icarus (via :mod:`kvcxl.tb.runner`).
 
-Random M2S messages from :class:`kvcxl.tb.frontend_model.FrontEndModel`, random
-back-pressure on NDR, DRS and touch; every response and touch is compared with the
-model's (HDM decoder + line store).  Configuration in KVCXL_TB_CONFIG (JSON: seed,
-messages, lines, entry_shift, setups, results path); the figures go to the results file.
+Random M2S messages from :class:`kvcxl.tb.frontend_model.FrontEndModel` through stream
+Sources, random back-pressure on NDR, DRS and touch (stream Sinks; :mod:`kvcxl.tb.streams`);
+every response and touch is compared with the model's (HDM decoder + line store).
+Configuration in KVCXL_TB_CONFIG (JSON: seed, messages, results path; the shape and the HDM
+setups are :mod:`kvcxl.tb.frontend_model`'s); the figures go to the results file.
 """
 
 from __future__ import annotations
@@ -12,94 +13,102 @@ import json
 import os
 
 import cocotb
-from cocotb.clock import Clock
-from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
 
 from kvcxl.firmware.cxl import mem as cxl
-from kvcxl.tb.frontend_model import FrontEndModel, ends_without_response, response
+from kvcxl.tb.frontend_model import (
+    ENTRY_SHIFT,
+    LINES,
+    SETUPS,
+    FrontEndModel,
+    ends_without_response,
+    response,
+)
+from kvcxl.tb.streams import Clock, Pause, Sink, Source
 
 OUTPUTS = ("ndr", "drs", "touch")
+STALL = 0.3  # probability that an output is not ready in a cycle
+ANSWER_CYCLES = 20  # a message not answered within this many cycles is a failure
 
 
-async def _one_setup(dut, model: FrontEndModel, n_msgs: int, cycles: list[int]) -> list:
+class _Bench:
+    """The front end's streams: Sources on req and rwd, Sinks on ndr, drs and touch."""
+
+    def __init__(self, dut) -> None:
+        self.clock = Clock(dut)
+        self.src = {p: Source(self.clock, p) for p in ("req", "rwd")}
+        self.sinks = {o: Sink(self.clock, o) for o in OUTPUTS}
+        self.got: list = []  # responses and touches, in transfer order
+        self.ld_ids: list[int] = []
+        for o, sink in self.sinks.items():
+            sink.keep = False
+            sink.on_beat.append(lambda bits, o=o: self._take(o, bits))
+
+    def _take(self, o: str, bits: int) -> None:
+        if o == "touch":
+            self.got.append(("touch", bits))
+        else:
+            r, ld_id = response(o, bits)
+            self.got.append(r)
+            self.ld_ids.append(ld_id)
+
+    def back_pressure(self, rng) -> None:
+        for sink in self.sinks.values():
+            sink.pause = Pause(STALL, rng)
+
+    def stalls(self) -> int:
+        return sum(s.stalls for s in self.sinks.values())
+
+
+async def _one_setup(bench: _Bench, dut, model: FrontEndModel, n_msgs: int) -> list:
     """Send ``n_msgs`` messages; returns the mismatches (expected, got) found."""
-    rng = model.rng
     for name, value in model.registers().items():
         getattr(dut, name).value = value
+    bench.back_pressure(model.rng)
+    stalls0, touches0 = bench.stalls(), bench.sinks["touch"].beats
     bad = []
     for msg in model.messages(n_msgs):
         want = model.expect(msg)
-        got = []
+        bench.got, bench.ld_ids = [], []
         port = "rwd" if isinstance(msg, cxl.M2SRwD) else "req"
-        getattr(dut, f"{port}__payload").value = cxl.pack(msg)
-        getattr(dut, f"{port}__valid").value = 1
-        done = False
-        for _ in range(20):  # until accepted and answered
-            for o in OUTPUTS:
-                getattr(dut, f"{o}__ready").value = int(rng.random() > 0.3)
-            await ReadOnly()  # what the coming rising edge transfers
-            accepted = bool(getattr(dut, f"{port}__valid").value) and bool(
-                getattr(dut, f"{port}__ready").value
-            )
-            for o in OUTPUTS:
-                if not int(getattr(dut, f"{o}__valid").value):
-                    continue
-                if not int(getattr(dut, f"{o}__ready").value):
-                    model.counts["stalls"] += 1
-                    continue
-                bits = int(getattr(dut, f"{o}__payload").value)
-                if o == "touch":
-                    model.counts["touches"] += 1
-                    got.append(("touch", bits))
-                else:
-                    r, ld_id = response(o, bits)
-                    got.append(r)
-                    if ld_id != msg.ld_id:
-                        bad.append((("ld_id", msg.ld_id), ("ld_id", ld_id)))
-                    done = True
-            await RisingEdge(dut.clk)
-            await FallingEdge(dut.clk)
-            cycles[0] += 1
-            if accepted:
-                getattr(dut, f"{port}__valid").value = 0
-            if done:
+        bench.src[port].put(cxl.pack(msg))
+        for _ in range(ANSWER_CYCLES):  # until answered (a response ends the message)
+            await bench.clock.wait()
+            if bench.ld_ids:
                 break
         else:
             if not ends_without_response(msg):
                 bad.append((want, "no response"))
-        getattr(dut, f"{port}__valid").value = 0
-        if got != want:
-            bad.append((want, got))
+        bad += [(("ld_id", msg.ld_id), ("ld_id", i)) for i in bench.ld_ids if i != msg.ld_id]
+        if bench.got != want:
+            bad.append((want, bench.got))
+    model.counts["stalls"] += bench.stalls() - stalls0
+    model.counts["touches"] += bench.sinks["touch"].beats - touches0
     return bad
 
 
 @cocotb.test()
 async def front_end_matches_hdm_and_line_store(dut):
     cfg = json.loads(os.environ["KVCXL_TB_CONFIG"])
-    cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
-    for o in ("req", "rwd"):
-        getattr(dut, f"{o}__valid").value = 0
-    dut.rst.value = 1
-    await FallingEdge(dut.clk)
-    await FallingEdge(dut.clk)
-    dut.rst.value = 0
-    for _ in range(10):  # let every combinational block settle before the first message
-        await FallingEdge(dut.clk)
-    cycles, bad, counts, store = [0], [], {}, {}
-    for i, (ways, granularity, position) in enumerate(cfg["setups"]):
+    bench = _Bench(dut)
+    bench.clock.start_clock()
+    await bench.clock.reset(cycles=2)
+    bench.clock.start()
+    await bench.clock.wait(10)  # let every combinational block settle before the first message
+    bad, counts, store = [], {}, {}
+    for i, (ways, granularity, position) in enumerate(SETUPS):
         # One device reprogrammed: its line store carries over from setup to setup.
         model = FrontEndModel(
-            cfg["seed"] + i, ways, granularity, position, cfg["lines"], cfg["entry_shift"], store
+            cfg["seed"] + i, ways, granularity, position, LINES, ENTRY_SHIFT, store
         )
-        bad += await _one_setup(dut, model, cfg["messages"], cycles)
+        bad += await _one_setup(bench, dut, model, cfg["messages"])
         for k, v in model.counts.items():
             counts[k] = counts.get(k, 0) + v
     res = {
         "simulator": cocotb.SIM_NAME,
-        "messages": cfg["messages"] * len(cfg["setups"]),
+        "messages": cfg["messages"] * len(SETUPS),
         "mismatches": len(bad),
         "examples": [repr(b)[:300] for b in bad[:3]],
-        "cycles": cycles[0],
+        "cycles": bench.clock.cycles,
         **counts,
     }
     with open(cfg["results"], "w") as f:

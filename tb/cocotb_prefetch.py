@@ -2,7 +2,8 @@
 
 The testbench is the engine's score memory (a synchronous read port always enabled, as
 the PolicyEngine's shadow score memory is: the address of one rising edge is answered
-before the next) and its host: for each parameter set of
+before the next; a clock endpoint) and its host, through stream Sources and a Sink
+(:mod:`kvcxl.tb.streams`): for each parameter set of
 :func:`kvcxl.tb.prefetch_model.configs` it writes the RoPE table and the level inputs,
 then touches random blocks and takes the candidates with random back-pressure; every
 candidate list is compared with the firmware's (``prefetch_model.expected``).
@@ -16,10 +17,7 @@ import os
 import random
 
 import cocotb
-from cocotb.clock import Clock
-from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
 
-from kvcxl.rtl import layouts as L
 from kvcxl.tb.prefetch_model import (
     BLOCKS,
     HEADS,
@@ -30,6 +28,27 @@ from kvcxl.tb.prefetch_model import (
     registers,
     sizes,
 )
+from kvcxl.tb.streams import Clock, Pause, Sink, Source
+
+STALL = 0.3  # probability that cand is not ready in a cycle
+
+
+class ScoreMemory:
+    """The engine's score memory as a clock endpoint: the address a rising edge registers is
+    answered at the next falling edge."""
+
+    def __init__(self, clock: Clock, scores) -> None:
+        self.dut, self.scores, self.addr = clock.dut, scores, None
+        self.dut.score_data.value = 0
+        clock.add(self)
+
+    def drive(self) -> None:
+        if self.addr is not None:
+            a = self.addr
+            self.dut.score_data.value = int(self.scores[a]) if a < self.scores.size else 0
+
+    def sample(self) -> None:
+        self.addr = int(self.dut.score_addr.value)
 
 
 @cocotb.test()
@@ -39,63 +58,35 @@ async def prefetch_matches_firmware_int_mode(dut):
     cfgs = configs()
     max_w, _ = sizes(cfgs)
     scores = random_scores(rng)
-    cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
-    dut.touch__valid.value = 0
-    dut.rope_w__valid.value = 0
-    dut.cand__ready.value = 0
-    dut.score_data.value = 0
-    dut.rst.value = 1
-    await FallingEdge(dut.clk)
-    await FallingEdge(dut.clk)
-    dut.rst.value = 0
-
-    async def edge():
-        """From the ReadOnly phase: cross one rising edge, answer the score read the edge
-        registered, stop at the falling edge (where inputs change)."""
-        addr = int(dut.score_addr.value)
-        await RisingEdge(dut.clk)
-        await FallingEdge(dut.clk)
-        dut.score_data.value = int(scores[addr]) if addr < scores.size else 0
-
     ports = _ports()
-    cand = L.unpacker(ports["cand"])
-    cases, bad, cycles, stalls = 0, [], 0, 0
+    clock = Clock(dut)
+    ScoreMemory(clock, scores)
+    touch = Source(clock, "touch", ports["touch"])
+    rope_w = Source(clock, "rope_w", ports["rope_w"])
+    cand = Sink(clock, "cand", ports["cand"], Pause(STALL, rng))
+    clock.start_clock()
+    await clock.reset(cycles=2)
+    clock.start()
+    cases, bad = 0, []
     for pc in cfgs:
         table, regs = registers(pc, max_w)
         for a, v in enumerate(table):
-            dut.rope_w__payload.value = L.pack(ports["rope_w"], {"addr": a, "data": v})
-            dut.rope_w__valid.value = 1
-            await ReadOnly()
-            await edge()
-            cycles += 1
-        dut.rope_w__valid.value = 0
+            rope_w.put({"addr": a, "data": v})
+        await rope_w.flush()
         for name, value in regs.items():
             getattr(dut, name).value = value
         for _ in range(cfg["touches"]):
             t = (rng.randrange(LAYERS), rng.randrange(HEADS), rng.randrange(BLOCKS))
-            dut.touch__payload.value = L.pack(
-                ports["touch"], {"layer": t[0], "head": t[1], "block": t[2]}
-            )
-            dut.touch__valid.value = 1
-            got, sent, done = [], False, False
-            for _ in range(2000):
-                dut.cand__ready.value = int(rng.random() > 0.3)
-                await ReadOnly()
-                if not sent and int(dut.touch__ready.value):
-                    sent = True
-                if int(dut.cand__valid.value):
-                    if int(dut.cand__ready.value):
-                        p = cand(int(dut.cand__payload.value))
-                        if not p["empty"]:
-                            got.append((p["id"], p["rank"]))
-                        done = bool(p["last"])
-                    else:
-                        stalls += 1
-                await edge()
-                cycles += 1
-                if sent:
-                    dut.touch__valid.value = 0
-                if done:
+            touch.put({"layer": t[0], "head": t[1], "block": t[2]})
+            got = []
+            while True:
+                p = await cand.recv(timeout=2000)
+                if p is None:
+                    bad.append(f"touch {t}: no last candidate within 2000 cycles")
+                    break
+                if not p["empty"]:
+                    got.append((p["id"], p["rank"]))
+                if p["last"]:
                     break
             want = expected(t, scores, pc)
             if got != want:
@@ -107,8 +98,8 @@ async def prefetch_matches_firmware_int_mode(dut):
         "configs": len(cfgs),
         "mismatches": len(bad),
         "examples": [b[:300] for b in bad[:3]],
-        "cycles": cycles,
-        "cand_stalls": stalls,
+        "cycles": clock.cycles,
+        "cand_stalls": cand.stalls,
     }
     with open(cfg["results"], "w") as f:
         json.dump(res, f, indent=2)

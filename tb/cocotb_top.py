@@ -1,10 +1,11 @@
 """cocotb entry point: the PolicyEngine top on Verilator or Icarus (via :mod:`kvcxl.tb.runner`).
 
-Each step: random weight reports and CXL.mem reads (the front end's touch marks an
-entry read), an evaluation sweep (``hold``, ``keep``: the priorities within the step,
+Each step, through the top's streams (:mod:`kvcxl.tb.streams`: a Source per input, an
+always-ready Sink per output): random weight reports and CXL.mem reads (the front end's
+touch marks an entry read), an evaluation sweep (``hold``, ``keep``: the priorities within the step,
 nothing written back), the update sweep, then a prefetch request.  Every victim list is
-compared with kvcxl.firmware's integer mode (``ema_update_q16``, ``idle_next``,
-``eviction_priority_q16``, ``select_victims``) and every prefetch list with
+compared with the firmware's integer golden step (:mod:`kvcxl.firmware.golden_step`:
+``evaluate`` within the step, ``step`` at its end) and every prefetch list with
 :mod:`kvcxl.firmware.prefetch`.  Configuration in KVCXL_TB_CONFIG (JSON: seed, steps,
 results path).
 """
@@ -17,14 +18,11 @@ import random
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
-from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
 
 from kvcxl.firmware import fixedpoint as fx
-from kvcxl.firmware import prefetch
+from kvcxl.firmware import golden_step, prefetch
 from kvcxl.firmware.cxl import mem as cxl
-from kvcxl.firmware.select import select_victims
-from kvcxl.rtl import layouts as L
+from kvcxl.tb.streams import Clock, Sink, Source
 from kvcxl.tb.top_model import BASE, BATCH, BLOCK_TOKENS, BLOCKS, HEADS, LANES, LAYERS, N, config
 
 
@@ -35,49 +33,29 @@ def _ports() -> dict:
     top = build()
     top._MustUse__silence = True  # built for its signature, never elaborated
     m = top.signature.members
-    names = ("report", "step", "rec_w", "victim", "pf_touch", "pf_cand")
-    return {n: m[n].signature.members["payload"].shape for n in names}
+    return {n: m[n].signature.members["payload"].shape for n in INPUTS + OUTPUTS}
 
 
-async def _put(dut, name: str, bits: int) -> None:
-    """One beat on input stream ``name`` (from a falling edge, back at a falling edge)."""
-    getattr(dut, f"{name}__payload").value = bits
-    getattr(dut, f"{name}__valid").value = 1
-    while True:
-        await ReadOnly()
-        ok = int(getattr(dut, f"{name}__ready").value)
-        await RisingEdge(dut.clk)
-        await FallingEdge(dut.clk)
-        if ok:
-            break
-    getattr(dut, f"{name}__valid").value = 0
+INPUTS = ("report", "step", "rec_w", "req", "rwd", "pf_touch", "table_w", "rope_w")
+OUTPUTS = ("victim", "ndr", "drs", "pf_cand")  # always ready
 
 
-async def _sweep(dut, ports, *, hold: int, keep: int, k: int) -> list[tuple[int, int]]:
+async def _sweep(dut, src, victim, *, hold: int, keep: int, k: int) -> list[tuple[int, int]]:
     """A step beat and its eviction pass: [(index, priority)] in victim order."""
-    victim = L.unpacker(ports["victim"])
+    stale = victim.drain()
+    if stale:
+        raise AssertionError(f"victims before the step: {stale}")
     dut.k.value = k
-    dut.step__payload.value = L.pack(ports["step"], {"hold": hold, "keep": keep})
-    dut.step__valid.value = 1
-    dut.victim__ready.value = 1
-    got, stepped = [], False
-    for _ in range(1000):
-        await ReadOnly()
-        accepted = int(dut.step__valid.value) and int(dut.step__ready.value)
-        done = False
-        if int(dut.victim__valid.value):
-            p = victim(int(dut.victim__payload.value))
-            if not p["empty"]:
-                got.append((p["index"], p["priority"]))
-            done = bool(p["last"])
-        await RisingEdge(dut.clk)
-        await FallingEdge(dut.clk)
-        if accepted:
-            stepped = True
-            dut.step__valid.value = 0
-        if done and stepped:
+    src["step"].put({"hold": hold, "keep": keep})
+    got = []
+    while True:
+        p = await victim.recv(timeout=1000)
+        if p is None:
+            raise AssertionError("the eviction pass did not end")
+        if not p["empty"]:
+            got.append((p["index"], p["priority"]))
+        if p["last"]:
             return got
-    raise AssertionError("the eviction pass did not end")
 
 
 @cocotb.test()
@@ -86,24 +64,21 @@ async def top_matches_firmware_int_mode(dut):
     rng = random.Random(cfg["seed"])
     pc = config()
     ports = _ports()
-    cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
-    for s in ("report", "step", "rec_w", "req", "rwd", "pf_touch", "table_w", "rope_w"):
-        getattr(dut, f"{s}__valid").value = 0
-    for s in ("victim", "ndr", "drs", "pf_cand"):
-        getattr(dut, f"{s}__ready").value = 1
-    alpha_q, touch_q = fx.alpha_to_q16(pc.alpha), 0  # 0: a read alone resets idle
+    clock = Clock(dut)
+    src = {n: Source(clock, n, ports[n]) for n in INPUTS}
+    out = {n: Sink(clock, n, ports[n]) for n in OUTPUTS}
+    out["ndr"].keep = out["drs"].keep = False  # the front end's answers: not this test's
+    gp = golden_step.IntParams.from_config(pc, touch_q=0)  # 0: a read alone resets idle
     regs = {
-        "alpha": alpha_q, "touch": touch_q, "shift": pc.decay_shift, "k": BATCH, "window": 2,
+        "alpha": gp.alpha_q, "touch": gp.touch_q, "shift": gp.shift, "k": BATCH, "window": 2,
         "depth": 1, "blend_rope": fx.blend_to_q16(pc.prefetch_blend)[0], "hdm_commit": 1,
         "hdm_base": BASE >> 28, "hdm_size": 1, "hdm_ig": 0, "hdm_iw": 0, "hdm_pos": 0,
     }  # fmt: skip
     for name, value in regs.items():
         getattr(dut, name).value = value
-    dut.rst.value = 1
-    await FallingEdge(dut.clk)
-    await FallingEdge(dut.clk)
-    dut.rst.value = 0
-    table = fx.decay_table(pc.beta, pc.decay_shift)
+    clock.start_clock()
+    await clock.reset(cycles=2)
+    clock.start()
     # Scores of every size (not only 0), so that the evaluation sweep's "score as stored"
     # decides victims: with all scores 0 an evaluation that updated them would go unseen.
     score = np.array(
@@ -117,11 +92,9 @@ async def top_matches_firmware_int_mode(dut):
              "pinned": int(pinned[g * LANES + i]), "resident": 1}
             for i in range(LANES)
         ]  # fmt: skip
-        await _put(dut, "rec_w", L.pack(ports["rec_w"], {"addr": g, "data": recs}))
-    pf_cand = L.unpacker(ports["pf_cand"])
+        await src["rec_w"].send({"addr": g, "data": recs})
     bad: list[str] = []
     counts = {"steps": 0, "victims": 0, "evaluations": 0, "reports": 0, "cxl_reads": 0}
-    ids = np.flatnonzero(~pinned)
 
     def compare(what: str, got, want) -> None:
         if got != want:
@@ -132,34 +105,27 @@ async def top_matches_firmware_int_mode(dut):
         read = np.zeros(N, dtype=bool)
         for _ in range(rng.randrange(0, 10)):
             e, wt = rng.randrange(N), rng.choice([0, 300, 65535, rng.randrange(65536)])
-            await _put(dut, "report", L.pack(ports["report"], {"index": e, "weight": wt}))
+            await src["report"].send({"index": e, "weight": wt})
             w[e], read[e] = max(w[e], wt), True
             counts["reports"] += 1
         for _ in range(rng.randrange(0, 4)):  # host reads through CXL.mem
             e = rng.randrange(N)
             msg = cxl.M2SReq(opcode=cxl.M2SReqOpcode.MEM_RD, tag=e, addr=(BASE >> 6) + e)
-            await _put(dut, "req", cxl.pack(msg))
-            for _ in range(10):
-                await FallingEdge(dut.clk)
+            await src["req"].send(cxl.pack(msg))
+            await clock.wait(10)
             read[e] = True
             counts["cxl_reads"] += 1
-        touched = read & (w >= touch_q)
         # Within the step: score as stored, idle 0 if touched, nothing written back.
         k = rng.randrange(0, BATCH + 1)
-        mid = np.asarray(
-            fx.eviction_priority_q16(score, np.where(touched, 0, idle), table, pc.decay_shift)
-        )
-        want = select_victims(ids, mid[ids], k).tolist()
-        got = await _sweep(dut, ports, hold=1, keep=1, k=k)
-        compare(f"step {step} evaluation (k {k})", got, [(v, int(mid[v])) for v in want])
+        mid = golden_step.evaluate(score, idle, w, read, ~pinned, k, gp)
+        got = await _sweep(dut, src, out["victim"], hold=1, keep=1, k=k)
+        compare(f"step {step} evaluation (k {k})", got, mid.pairs())
         counts["evaluations"] += 1
         # The update sweep (the weight buffer was kept).
-        score = np.asarray(fx.ema_update_q16(score, w, alpha_q))
-        idle = np.asarray(fx.idle_next(idle, touched))
-        prio = np.asarray(fx.eviction_priority_q16(score, idle, table, pc.decay_shift))
-        want = select_victims(ids, prio[ids], BATCH).tolist()
-        got = await _sweep(dut, ports, hold=0, keep=0, k=BATCH)
-        compare(f"step {step} update", got, [(v, int(prio[v])) for v in want])
+        r = golden_step.step(score, idle, w, read, ~pinned, BATCH, gp)
+        score, idle = r.score, r.idle
+        got = await _sweep(dut, src, out["victim"], hold=0, keep=0, k=BATCH)
+        compare(f"step {step} update", got, r.pairs())
         counts["steps"] += 1
         counts["victims"] += len(got)
         # Prefetch from a touch, ranked with the scores just computed.
@@ -172,16 +138,12 @@ async def top_matches_firmware_int_mode(dut):
         ranks = prefetch.rank(c.distance_blocks, score[cid], BLOCK_TOKENS, pc, mode="int")
         want_pf = prefetch.order(cid, ranks).tolist()
         touch = {"layer": t[0], "head": t[1], "block": t[2]}
-        await _put(dut, "pf_touch", L.pack(ports["pf_touch"], touch))
+        src["pf_touch"].put(touch)
         got_pf = []
-        for _ in range(200):
-            await ReadOnly()
-            p = pf_cand(int(dut.pf_cand__payload.value)) if int(dut.pf_cand__valid.value) else {}
-            await RisingEdge(dut.clk)
-            await FallingEdge(dut.clk)
-            if p and not p["empty"]:
+        while (p := await out["pf_cand"].recv(timeout=200)) is not None:
+            if not p["empty"]:
                 got_pf.append(p["id"])
-            if p and p["last"]:
+            if p["last"]:
                 break
         compare(f"step {step} prefetch {t}", got_pf, want_pf)
     res = {"simulator": cocotb.SIM_NAME, "mismatches": len(bad), "examples": bad[:3], **counts}

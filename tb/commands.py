@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from kvcxl.rtl.commands import actions, add_shape, emit, nonnegative, positive
+from kvcxl.rtl.designs import DESIGNS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +25,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     t.add_argument("--sim", choices=("verilator", "icarus"), default="verilator")
-    t.add_argument("--steps", type=positive, default=2000, help="decode steps (eviction passes)")
+    t.add_argument(
+        "--design",
+        choices=tuple(n for n, d in DESIGNS.items() if d.bench),
+        default="core",
+        help="the design whose bench runs (rtl/designs.py; default core, the pyuvm test; "
+        "the shape options and --waves/--defect are core's)",
+    )
+    t.add_argument(
+        "--steps",
+        type=positive,
+        help="how long the bench runs: "
+        + ", ".join(
+            f"{n}: {d.bench_count[0]} (default {d.bench_count[1]})"
+            for n, d in DESIGNS.items()
+            if d.bench
+        ),
+    )
     t.add_argument("--seed", type=nonnegative, help="random seed (default: fresh, printed)")
     t.add_argument("--waves", action="store_true", help="write a waveform file (VCD / FST)")
     t.add_argument("--defect", action="store_true", help="plant the tie-break defect")
@@ -80,14 +97,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _test(args: argparse.Namespace) -> int:
-    from .runner import run_core
+    from .runner import run_core, run_unit
 
+    if args.design != "core":
+        if args.defect or args.waves:
+            raise ValueError(f"--defect and --waves run the core bench, not --design {args.design}")
+        emit(run_unit(args.design, args.sim, seed=args.seed, count=args.steps), args.json_out)
+        return 0
+    n = args.steps or DESIGNS["core"].bench_count[1]
     res = run_core(
         args.sim,
         entries=args.entries,
         lanes=args.lanes,
         batch=args.batch,
-        steps=args.steps,
+        steps=n,
         seed=args.seed,
         defect="tie_off_by_one" if args.defect else None,
         waves=args.waves,

@@ -15,6 +15,13 @@ from kvcxl.firmware.cxl import mem as cxl
 
 BASE = 4 << 30
 COUNTS = ("reads", "nxm", "writes", "touches", "stalls", "spec", "inv")
+LINES, ENTRY_SHIFT, ENTRIES = 16, 8, 64  # the front end the cocotb test builds
+SETUPS = ((1, 256, 0), (2, 1024, 1), (4, 256, 3))  # HDM ways, granularity, position
+
+
+def params() -> dict:
+    """``kvcxl.rtl.export.build("frontend", **params())``: the front end the bench drives."""
+    return {"lines": LINES, "entry_shift": ENTRY_SHIFT, "entries": ENTRIES}
 
 
 class FrontEndModel:

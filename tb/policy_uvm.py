@@ -1,9 +1,8 @@
 """pyuvm environment of PolicyCore: items, sequences, driver, monitors, scoreboard.
 
-The scoreboard predicts every output with :mod:`kvcxl.firmware`'s integer mode
-(``ema_update_q16``, ``idle_next``, ``eviction_priority_q16``, ``decay_table``,
-``select_victims``) and audits every pass with :class:`EvictionAudit`; nothing of
-the contract is re-implemented here.  Corner cases are counted, not assumed.
+The scoreboard predicts every output with the firmware's integer golden step
+(:mod:`kvcxl.firmware.golden_step`) and audits every pass with :class:`EvictionAudit`;
+nothing of the contract is re-implemented here.  Corner cases are counted, not assumed.
 """
 
 from __future__ import annotations
@@ -24,8 +23,8 @@ from pyuvm import (
 )
 
 from kvcxl.firmware import fixedpoint as fx
+from kvcxl.firmware import golden_step
 from kvcxl.firmware.audit import EvictionAudit
-from kvcxl.firmware.select import select_victims
 
 # --- sequence items ---------------------------------------------------------------------
 
@@ -272,20 +271,17 @@ class Scoreboard(uvm_component):
             self._predict_step(item)
 
     def _predict_step(self, item: StepItem) -> None:
-        w = np.asarray(item.weights, dtype=np.int64)
-        touched = np.asarray(item.read, dtype=bool) & (w >= self.touch_q)
         was_sat = self.idle == fx.IDLE_MAX
-        self.score = np.asarray(fx.ema_update_q16(self.score, w, self.alpha_q), dtype=np.int64)
-        self.idle = np.asarray(fx.idle_next(self.idle, touched), dtype=np.int64)
-        prio = np.asarray(
-            fx.eviction_priority_q16(self.score, self.idle, self.table, self.shift),
-            dtype=np.int64,
-        )
         eligible = self.resident & ~self.pinned
+        params = golden_step.IntParams(self.alpha_q, self.touch_q, self.shift, self.table)
+        r = golden_step.step(
+            self.score, self.idle, item.weights, item.read, eligible, self.k, params
+        )
+        self.score, self.idle, prio = r.score, r.idle, r.priority
         ids = np.flatnonzero(eligible)
         self.expect_prio = prio
         self.expect_elig = eligible
-        self.expect_victims = select_victims(ids, prio[ids], self.k)
+        self.expect_victims = r.victims
         self.expect_ids = ids
         c = self.c
         c["steps"] += 1

@@ -36,6 +36,14 @@ def configs() -> list[PolicyConfig]:
     ]
 
 
+def params() -> dict:
+    """``kvcxl.rtl.export.build("prefetch", **params())``: sized for every config's window
+    and depth."""
+    max_w, max_d = sizes(configs())
+    return {"layers": LAYERS, "heads": HEADS, "blocks": BLOCKS, "max_window": max_w,
+            "max_depth": max_d}  # fmt: skip
+
+
 def entry_id(layer, head, block) -> NDArray:
     return (np.asarray(layer) * HEADS + np.asarray(head)) * BLOCKS + np.asarray(block)
 

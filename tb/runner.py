@@ -9,6 +9,7 @@ generated Verilog has not changed.  Returns the testbench's figures (dict).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -17,11 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-from kvcxl.rtl import toolchain
+from kvcxl.rtl import designs, toolchain
 from kvcxl.rtl.export import build, default_decay, to_verilog, write_if_changed
 
 SIMULATORS = ("verilator", "icarus")
-TOPLEVEL = "policy_core"
+TOPLEVEL = designs.get("core").module
 
 
 def build_root() -> Path:
@@ -156,31 +157,20 @@ def _cocotb(
     return res, xml, build_s, run_s
 
 
-FRONTEND = {"lines": 16, "entry_shift": 8, "entries": 64}
-FRONTEND_SETUPS = ((1, 256, 0), (2, 1024, 1), (4, 256, 3))  # HDM ways, granularity, position
-
-
-def run_frontend(sim: str = "verilator", *, messages: int = 150, seed: int | None = None) -> dict:
+def run_frontend(
+    sim: str = "verilator", *, messages: int | None = None, seed: int | None = None
+) -> dict:
     """The CXL.mem front end on ``sim`` (``tb/cocotb_frontend.py``): ``messages`` random
     M2S messages per HDM setup against the emulator's decoder and a line store."""
-    cfg = {
-        "messages": messages,
-        "lines": FRONTEND["lines"],
-        "entry_shift": FRONTEND["entry_shift"],
-        "setups": FRONTEND_SETUPS,
-    }
-    return _unit(sim, "frontend", FRONTEND, "cxl_mem_front_end", cfg, seed)
+    return run_unit("frontend", sim, seed=seed, count=messages)
 
 
-def run_prefetch(sim: str = "verilator", *, touches: int = 6, seed: int | None = None) -> dict:
+def run_prefetch(
+    sim: str = "verilator", *, touches: int | None = None, seed: int | None = None
+) -> dict:
     """The PrefetchEngine on ``sim`` (``tb/cocotb_prefetch.py``): ``touches`` random touches
     under each parameter set of ``prefetch_model.configs`` against the firmware's ranking."""
-    from .prefetch_model import BLOCKS, HEADS, LAYERS, configs, sizes
-
-    max_w, max_d = sizes(configs())
-    params = {"layers": LAYERS, "heads": HEADS, "blocks": BLOCKS, "max_window": max_w,
-              "max_depth": max_d}  # fmt: skip
-    return _unit(sim, "prefetch", params, "prefetch_engine", {"touches": touches}, seed)
+    return run_unit("prefetch", sim, seed=seed, count=touches)
 
 
 # The generated Verilog's combinational blocks wait on a trigger register that only its
@@ -210,27 +200,39 @@ def _icarus_module(text: str) -> str:
     )
 
 
-def run_top(sim: str = "verilator", *, steps: int = 12, seed: int | None = None) -> dict:
+def run_top(sim: str = "verilator", *, steps: int | None = None, seed: int | None = None) -> dict:
     """The PolicyEngine top on ``sim`` (``tb/cocotb_top.py``): ``steps`` steps of reports,
     CXL.mem reads, an evaluation and an update sweep and a prefetch, against the firmware."""
-    from .top_model import params
-
-    return _unit(sim, "top", params(), "policy_engine", {"steps": steps}, seed)
+    return run_unit("top", sim, seed=seed, count=steps)
 
 
-def _unit(sim: str, design: str, params: dict, top: str, cfg: dict, seed: int | None) -> dict:
-    """Build ``design`` alone and run its cocotb module ``kvcxl.tb.cocotb_<design>``."""
+def run_unit(
+    design: str, sim: str = "verilator", *, seed: int | None = None, count: int | None = None
+) -> dict:
+    """Build ``design`` alone with its model's ``params()`` and run its cocotb module, both
+    named by its entry in :data:`kvcxl.rtl.designs.DESIGNS`; ``count`` is how long the bench
+    runs (its ``bench_count``: steps, messages, touches; default the registry's)."""
+    d = designs.get(design)
+    name, default = d.bench_count
+    if design == "core":  # the pyuvm test: its shape and defect are run_core's options
+        return run_core(sim, steps=count or default, seed=seed)
+    if d.bench is None or d.model is None:
+        benched = [n for n, x in designs.DESIGNS.items() if x.bench and x.model]
+        raise ValueError(f"design = {design!r} has no testbench; these do: {', '.join(benched)}")
     if sim not in SIMULATORS:
         raise ValueError(f"sim = {sim!r}: must be one of {SIMULATORS}")
     toolchain.apply_env()
     toolchain.require(*(("verilator",) if sim == "verilator" else ("iverilog", "vvp")))
     if seed is None:
         seed = random.SystemRandom().randrange(1 << 31)
+    model = importlib.import_module(f"kvcxl.tb.{d.model}")
     bdir = build_root() / f"{sim}-{design}"
-    src = bdir / f"{top}.v"
-    text = to_verilog(build(design, **params), top)
+    src = bdir / f"{d.module}.v"
+    text = to_verilog(build(design, **model.params()), d.module)
     write_if_changed(src, icarus_start(text) if sim == "icarus" else text)
-    cfg = {**cfg, "seed": seed, "results": str(bdir / f"results-{seed}.json")}
+    if count is not None and count < 1:
+        raise ValueError(f"{name} = {count}: must be ≥ 1")
+    cfg = {name: count or default, "seed": seed, "results": str(bdir / f"results-{seed}.json")}
     print(f"tb: {sim} {design} {cfg} seed={seed}", flush=True)
-    res, *_ = _cocotb(sim, src, top, bdir, f"kvcxl.tb.cocotb_{design}", cfg, seed)
+    res, *_ = _cocotb(sim, src, d.module, bdir, f"kvcxl.tb.{d.bench}", cfg, seed)
     return res

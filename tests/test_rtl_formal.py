@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvcxl.rtl.formal_checks import CHECKS, DEFECTS
+from kvcxl.rtl.designs import CHECKS, DEFECTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.hdl]
 

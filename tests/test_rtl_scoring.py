@@ -1,4 +1,5 @@
-"""ScoringEngine RTL against kvcxl.firmware.fixedpoint, beat by beat, on small tables.
+"""ScoringEngine RTL against the integer golden step (kvcxl.firmware.golden_step), beat by beat,
+on small tables.
 
 The PolicyCore testbenches (Verilator, Icarus) sweep 4-word tables; here every table
 size from one word up runs under random back-pressure, so the pipeline's read-after-
@@ -18,6 +19,7 @@ def _run(entries: int, lanes: int, beats: int, seed: int) -> int:
     from amaranth.sim import Simulator
 
     from kvcxl.firmware import fixedpoint as fx
+    from kvcxl.firmware import golden_step as gs
     from kvcxl.rtl.scoring import ScoringEngine
 
     rng = random.Random(seed)
@@ -25,6 +27,7 @@ def _run(entries: int, lanes: int, beats: int, seed: int) -> int:
     dut = ScoringEngine(entries, lanes, decay_init=table)
     groups = entries // lanes
     alpha, touch, shift = fx.alpha_to_q16(0.3), fx.to_q16(0.01), 2
+    params = gs.IntParams(alpha, touch, shift, table)
     # Weights near both ends and random; about half the entries read per beat.
     weights = [
         [rng.choice([0, 1, fx.Q_MAX, rng.randrange(fx.Q_ONE)]) for _ in range(lanes)]
@@ -40,9 +43,9 @@ def _run(entries: int, lanes: int, beats: int, seed: int) -> int:
         for i in range(lanes):
             e = base + i
             w = weights[b][i]
-            score[e] = fx.ema_update_q16(score[e], w, alpha)
-            idle[e] = fx.idle_next(idle[e], reads[b][i] and w >= touch)
-            prio = fx.eviction_priority_q16(score[e], idle[e], table, shift)
+            touched = gs.touches(w, reads[b][i], touch)
+            score[e], idle[e] = gs.advance(score[e], idle[e], w, touched, alpha)
+            prio = gs.priorities(score[e], idle[e], params)
             expected.append((b % groups, int(score[e]), int(idle[e]), int(prio)))
     got = []
 

@@ -1,7 +1,7 @@
 """PolicyEngine end to end: weight reports and CXL.mem reads → step → victims and prefetch.
 
-Amaranth's simulator; the expected victims come from kvcxl.firmware's integer mode
-(ema_update_q16, idle_next, eviction_priority_q16, select_victims) and the expected
+Amaranth's simulator; the expected victims come from the firmware's integer golden step
+(kvcxl.firmware.golden_step) and the expected
 prefetch order from kvcxl.firmware.prefetch, as in the cocotb scoreboard.
 """
 
@@ -23,10 +23,9 @@ def test_policy_engine_steps_match_the_firmware():
     from amaranth.sim import Simulator
 
     from kvcxl.firmware import fixedpoint as fx
-    from kvcxl.firmware import prefetch
+    from kvcxl.firmware import golden_step, prefetch
     from kvcxl.firmware.config import PolicyConfig
     from kvcxl.firmware.cxl import mem as cxl
-    from kvcxl.firmware.select import select_victims
     from kvcxl.rtl.export import default_decay
     from kvcxl.rtl.top import PolicyEngine
 
@@ -47,8 +46,7 @@ def test_policy_engine_steps_match_the_firmware():
     rng = random.Random(11)
     # Touch threshold 0: a read alone (a CXL.mem read, a zero-weight report) resets idle,
     # so the front end's touch path changes the victims.
-    alpha_q, touch_q = fx.alpha_to_q16(cfg.alpha), 0
-    table = fx.decay_table(cfg.beta, cfg.decay_shift)
+    gp = golden_step.IntParams.from_config(cfg, touch_q=0)
     score = np.zeros(N, dtype=np.int64)
     idle = np.array([rng.choice([0, 100, 3000, fx.IDLE_MAX]) for _ in range(N)])
     pinned = np.array([rng.random() < 0.2 for _ in range(N)])
@@ -69,9 +67,9 @@ def test_policy_engine_steps_match_the_firmware():
         ctx.set(stream.valid, 0)
 
     async def bench(ctx):
-        ctx.set(dut.alpha, alpha_q)
-        ctx.set(dut.touch, touch_q)
-        ctx.set(dut.shift, cfg.decay_shift)
+        ctx.set(dut.alpha, gp.alpha_q)
+        ctx.set(dut.touch, gp.touch_q)
+        ctx.set(dut.shift, gp.shift)
         ctx.set(dut.k, BATCH)
         ctx.set(dut.window, 2)
         ctx.set(dut.depth, 1)
@@ -114,12 +112,9 @@ def test_policy_engine_steps_match_the_firmware():
                 checked["cxl_reads"] += 1
             # Model of the step.
             nonlocal score, idle
-            touched = read & (w >= touch_q)
-            score = np.asarray(fx.ema_update_q16(score, w, alpha_q))
-            idle = np.asarray(fx.idle_next(idle, touched))
-            prio = np.asarray(fx.eviction_priority_q16(score, idle, table, cfg.decay_shift))
-            ids = np.flatnonzero(~pinned)
-            want = select_victims(ids, prio[ids], BATCH).tolist()
+            r = golden_step.step(score, idle, w, read, ~pinned, BATCH, gp)
+            score, idle = r.score, r.idle
+            want = r.victims.tolist()
             ctx.set(dut.victim.ready, 1)
             ctx.set(dut.step.valid, 1)
             got = []

@@ -13,6 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .. import fixedpoint as fx
+from .. import golden_step
 from ..config import PolicyConfig
 from ..formulas import eviction_priority
 from ..table import EntryTable
@@ -45,15 +46,13 @@ class EmaPolicy(Policy):
                 "w_step": (np.uint32, 0),
                 "touched": (np.bool_, False),
             }
-            self.alpha_q = fx.alpha_to_q16(config.alpha)
-            self.touch_q = fx.to_q16(config.touch_threshold)
-            self.table_q = fx.decay_table(config.beta, config.decay_shift)
+            self.int_params = golden_step.IntParams.from_config(config)
         super().__init__(config, table)
 
     def on_access(self, ids: NDArray, weights: NDArray, tick: Tick) -> None:
         if self.mode == "int":
             w = np.asarray(fx.to_q16(weights), dtype=np.uint32)
-            touch = w >= self.touch_q
+            touch = golden_step.touches(w, True, self.int_params.touch_q)
         else:
             w = np.asarray(weights, dtype=np.float64)
             touch = w >= self.config.touch_threshold
@@ -68,8 +67,10 @@ class EmaPolicy(Policy):
         self.ensure(n)
         s, w, t = self.score_[:n], self.w_step[:n], self.touched[:n]
         if self.mode == "int":
-            s[:] = fx.ema_update_q16(s, w, self.alpha_q)
-            self.idle[:n] = fx.idle_next(self.idle[:n], t)
+            # the integer golden step's state update (its ranking is priority() below)
+            s[:], self.idle[:n] = golden_step.advance(
+                s, self.idle[:n], w, t, self.int_params.alpha_q
+            )
         else:
             a = self.config.alpha
             s *= 1.0 - a
@@ -82,11 +83,7 @@ class EmaPolicy(Policy):
 
     def priority(self, ids: NDArray, tick: Tick) -> NDArray:
         if self.mode == "int":
-            return np.asarray(
-                fx.eviction_priority_q16(
-                    self.score_[ids], self.idle[ids], self.table_q, self.config.decay_shift
-                )
-            )
+            return golden_step.priorities(self.score_[ids], self.idle[ids], self.int_params)
         return np.asarray(eviction_priority(self.score_[ids], self.idle[ids], self.config.beta))
 
     def wants_pin(self, ids: NDArray) -> NDArray:

@@ -1,0 +1,151 @@
+"""The RTL design registry: one entry per design, read by every command and tool.
+
+An entry names the design's factory (the Amaranth component, imported when built),
+its Verilog module name, the parameters ``kvcxl rtl verilog`` builds it with and which
+of them the command line's shape options set, the reset tables it is loaded with,
+its bounded formal checks (harnesses in :mod:`kvcxl.rtl.formal`) with the defects
+each must catch, and its testbench: the cocotb module and the model module in
+``tb/`` (named here, imported only by the testbench: the RTL never imports ``tb``).
+
+``kvcxl rtl verilog``, ``kvcxl rtl formal``, ``kvcxl rtl test``, :func:`export.build`
+and the testbench runner all read :data:`DESIGNS`; adding an engine is its module,
+its model, its bench and its line here (docs/architecture.md).
+
+Standard library only, so that the command line lists designs and checks without
+loading Amaranth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# The command line's shape options (kvcxl rtl verilog --entries/--lanes/...).
+SHAPE_OPTIONS = ("entries", "lanes", "batch", "layers", "heads", "blocks")
+
+
+@dataclass(frozen=True)
+class Design:
+    """One RTL design and everything the tools need to know about it."""
+
+    name: str
+    module: str  # the Verilog module name
+    summary: str
+    factory: Callable[..., Any]  # **params -> the Amaranth component
+    defaults: dict[str, int] = field(default_factory=dict)  # kvcxl rtl verilog's parameters
+    decay: bool = False  # loaded with the firmware's decay table (decay_init)
+    formal: dict[str, tuple[str, ...]] = field(default_factory=dict)  # check -> its defects
+    bench: str | None = None  # the cocotb module in tb/ (kvcxl.tb.<bench>)
+    model: str | None = None  # its model in tb/ (kvcxl.tb.<model>: params() builds the DUT)
+    bench_count: tuple[str, int] = ("steps", 0)  # what `kvcxl rtl test --steps` sets; default
+
+    def shape(self) -> tuple[str, ...]:
+        """The command line's shape options this design takes."""
+        return tuple(k for k in SHAPE_OPTIONS if k in self.defaults)
+
+
+# --- factories: the Amaranth import happens when a design is built ----------------------
+
+
+def _core(**p: Any) -> Any:
+    from .core import PolicyCore
+
+    return PolicyCore(
+        p["entries"], p.get("lanes", 1), p.get("batch", 8),
+        decay_init=p.get("decay_init"), defect=p.get("defect"),
+    )  # fmt: skip
+
+
+def _scoring(**p: Any) -> Any:
+    from .scoring import ScoringEngine
+
+    return ScoringEngine(
+        p["entries"], p.get("lanes", 1), decay_init=p.get("decay_init"), defect=p.get("defect")
+    )
+
+
+def _eviction(**p: Any) -> Any:
+    from .eviction import EvictionEngine
+
+    return EvictionEngine(
+        p["entries"], p.get("lanes", 1), p.get("batch", 8), defect=p.get("defect")
+    )
+
+
+def _prefetch(**p: Any) -> Any:
+    from .prefetch import PrefetchEngine
+
+    return PrefetchEngine(**p)
+
+
+def _frontend(**p: Any) -> Any:
+    from .frontend import CxlMemFrontEnd
+
+    return CxlMemFrontEnd(**p)
+
+
+def _hdm(**p: Any) -> Any:
+    from .hdm import HdmDecode
+
+    return HdmDecode(**p)
+
+
+def _top(**p: Any) -> Any:
+    from .top import PolicyEngine
+
+    return PolicyEngine(**p)
+
+
+_CORE_SHAPE = {"entries": 1024, "lanes": 1, "batch": 64}
+
+_ALL = (
+    Design("core", "policy_core", "scoring → eviction", _core, dict(_CORE_SHAPE), decay=True,
+           bench="cocotb_policy_core", model="policy_uvm", bench_count=("steps", 2000)),
+    Design("eviction", "eviction_engine", "the EvictionEngine alone", _eviction,
+           dict(_CORE_SHAPE), formal={"eviction": ("tie_off_by_one",)}),
+    Design("scoring", "scoring_engine", "the ScoringEngine alone", _scoring,
+           {"entries": 1024, "lanes": 1}, decay=True, formal={"scoring": ("ignore_pinned",)}),
+    Design("prefetch", "prefetch_engine", "the PrefetchEngine alone", _prefetch,
+           {"layers": 8, "heads": 2, "blocks": 16}, bench="cocotb_prefetch",
+           model="prefetch_model", bench_count=("touches", 6)),
+    Design("frontend", "cxl_mem_front_end", "the CXL.mem front end with its HDM decoder",
+           _frontend, {"entries": 1024},
+           formal={"frontend": ("lose_request", "drop_on_stall", "duplicate_response")},
+           bench="cocotb_frontend", model="frontend_model", bench_count=("messages", 150)),
+    Design("hdm", "hdm_decode", "the HDM decoder (HPA → DPA) alone", _hdm,
+           formal={"hdm": ("mis_interleave",)}),
+    Design("top", "policy_engine",
+           "CXL.mem front end + weight buffer + core + prefetch (--layers/--heads/--blocks)",
+           _top, {"layers": 4, "heads": 2, "blocks": 8, "lanes": 1, "batch": 64}, decay=True,
+           bench="cocotb_top", model="top_model", bench_count=("steps", 12)),
+)  # fmt: skip
+
+DESIGNS: dict[str, Design] = {d.name: d for d in _ALL}
+
+# The bounded checks ``kvcxl rtl formal`` runs, and the check that must catch each defect.
+CHECKS: tuple[str, ...] = tuple(c for d in _ALL for c in d.formal)
+DEFECTS: dict[str, str] = {x: c for d in _ALL for c, xs in d.formal.items() for x in xs}
+
+
+def get(name: str) -> Design:
+    """The design called ``name``; a clear error listing the others."""
+    try:
+        return DESIGNS[name]
+    except KeyError:
+        raise ValueError(f"design = {name!r}: must be one of {', '.join(DESIGNS)}") from None
+
+
+def check_shape(design: Design, params: dict[str, Any]) -> None:
+    """Refuse a shape whose entries do not split into whole groups of lanes."""
+    lanes = params.get("lanes")
+    if not lanes:
+        return
+    if "entries" in design.defaults and params["entries"] % lanes:
+        raise ValueError(f"--entries {params['entries']} must be a multiple of --lanes {lanes}")
+    if {"layers", "heads", "blocks"} <= design.defaults.keys():
+        entries = params["layers"] * params["heads"] * params["blocks"]
+        if entries % lanes:
+            raise ValueError(
+                f"layers·heads·blocks = {entries} must be a multiple of --lanes {lanes}"
+            )

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvcxl.emu.device.device import MAX_CONTEXTS, MAX_INDEX_CELLS, index_extents
+from kvcxl.emu.device.front import MAX_CONTEXTS, MAX_INDEX_CELLS, index_extents
 from kvcxl.emu.device.service import MEM as MEM_FRAME
 from kvcxl.firmware.cxl import mem as cxlmem
 

@@ -40,13 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kvcxl.emu.device.device import (
-    MAX_CONTEXTS,
-    MAX_INDEX_CELLS,
-    RequestError,
-    Type3Device,
-    index_extents,
-)
+from kvcxl.emu.device.device import Type3Device
+from kvcxl.emu.device.errors import RequestError
+from kvcxl.emu.device.front import MAX_CONTEXTS, MAX_INDEX_CELLS, index_extents
 from kvcxl.firmware import fixedpoint as fx
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.cxl import mailbox

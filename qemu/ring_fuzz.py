@@ -60,8 +60,8 @@ def firmware_for(qemu: str, device_emulator: bool) -> str:
     return "device" if device_emulator else "ring-only"
 
 
-SIZES = {L.OP_CREATE: (L.CREATE_REC, L.CREATE_MAX), L.OP_ATTN: (L.ATTN_REC, L.ATTN_MAX),
-         L.OP_CTX_LEN: (L.CTX_LEN_REC, L.CTX_LEN_MAX)}  # fmt: skip
+# (records, limit) of each command with input records: its row of the ring table
+SIZES = {c.opcode: (c.records, c.limit) for c in L.RING_COMMANDS if c.records is not None}
 
 
 class RingModel:

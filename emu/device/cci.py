@@ -4,7 +4,7 @@
 for the framing, opcodes and return codes) and always returns one encoded
 response — for malformed input the spec's return code, never an exception.
 A handler answers Invalid Input only for what the device refuses by name
-(:class:`MailboxError`, :class:`~kvcxl.emu.device.device.RequestError`,
+(:class:`MailboxError`, :class:`~kvcxl.emu.device.errors.RequestError`,
 :class:`~kvcxl.firmware.config.ConfigError`); any other exception is a bug, answered
 Internal Error and counted in the device's ``internal_errors``.
 Payload layouts follow CXL 2.0 §8.2.9 and match QEMU's ``hw/cxl`` and Linux's

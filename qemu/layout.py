@@ -56,15 +56,13 @@ ENTRY = 64
 SLOT_IN = 8192
 SLOT_OUT = 16384
 SLOT_STRIDE = SLOT_IN + SLOT_OUT
-ATTN_MAX = SLOT_IN // mb.ATTENTION_RECORD.itemsize  # 1024: any response fits SLOT_OUT
-CREATE_MAX = SLOT_IN // mb.DESCRIBE_RECORD.itemsize  # records per CREATE command
-CTX_LEN_MAX = SLOT_IN // mb.LENGTH_RECORD.itemsize
-
 DEV_OFF, DEV_READY, DEV_FAULT, DEV_STOPPED = 0, 1, 2, 3
 
 # --- ring commands ------------------------------------------------------------------------
-# One table.  Commands that mean what a mailbox vendor command means use that command's
-# opcode and request records (kvcxl.firmware.cxl.mailbox.COMMANDS); the ring frames them
+# One table: a row holds everything about one command, its handler included (a method of
+# kvcxl.qemu.service.FirmwareService, by name, as a mailbox Command names its handler).
+# Commands that mean what a mailbox vendor command means use that command's opcode and
+# request records (kvcxl.firmware.cxl.mailbox.COMMANDS); the ring frames them
 # differently (step and count in the SQE, decisions in the CQE and the output slot).
 # Ring-only commands use command set C1h, which the mailbox does not use.
 RING_SET = 0xC1
@@ -74,44 +72,57 @@ RING_SET = 0xC1
 class RingCommand:
     opcode: int
     name: str
+    handler: str  # method of kvcxl.qemu.service.FirmwareService (a name: no service import)
     records: np.dtype | None  # input records (count in the SQE), None = none / fixed
     mailbox: mb.Command | None  # the mailbox command it shares opcode and records with
     doc: str
 
+    @property
+    def limit(self) -> int:
+        """Records one command may carry: as many as fill the input slot."""
+        return 0 if self.records is None else SLOT_IN // self.records.itemsize
+
+
+def _own(command: int, name: str, records: np.dtype | None, doc: str) -> RingCommand:
+    return RingCommand(RING_SET << 8 | command, name, f"op_{name.lower()}", records, None, doc)
+
 
 def _shared(op: mb.Opcode, name: str, doc: str) -> RingCommand:
     cmd = mb.COMMANDS[op]
-    return RingCommand(op, name, cmd.request.records, cmd, doc)
+    return RingCommand(op, name, f"op_{name.lower()}", cmd.request.records, cmd, doc)
 
 
 RING_COMMANDS: tuple[RingCommand, ...] = (
-    RingCommand(RING_SET << 8 | 0x00, "NOP", None, None, "r4 = arg0"),
-    RingCommand(RING_SET << 8 | 0x01, "OPEN", None, None, "starts a firmware session"),
-    RingCommand(
-        RING_SET << 8 | 0x02,
+    _own(0x00, "NOP", None, "r4 = arg0"),
+    _own(0x01, "OPEN", None, "starts a firmware session"),
+    _own(
+        0x02,
         "CREATE",
         mb.DESCRIBE_RECORD,
-        None,
         "Describe Entries + Create Entries in one command (Describe Entries' records)",
     ),
-    RingCommand(RING_SET << 8 | 0x03, "END_STEP", None, None, "the policy's end-of-step update"),
-    RingCommand(RING_SET << 8 | 0x04, "POISON", None, None, "media error on arg0 DPA, arg1 B"),
-    RingCommand(RING_SET << 8 | 0x05, "CLOSE", None, None, "ends the session"),
+    _own(0x03, "END_STEP", None, "the policy's end-of-step update"),
+    _own(0x04, "POISON", None, "media error on arg0 DPA, arg1 B"),
+    _own(0x05, "CLOSE", None, "ends the session"),
     _shared(mb.Opcode.VENDOR_ATTENTION_REPORT, "ATTN", "one layer of one decode step"),
     _shared(mb.Opcode.VENDOR_GET_STATS, "STATS", "JSON statistics in the output slot"),
     _shared(mb.Opcode.VENDOR_SET_CONTEXT_LENGTHS, "CTX_LEN", "context lengths in tokens"),
 )
+BY_OPCODE = {c.opcode: c for c in RING_COMMANDS}
 OPCODES = {c.opcode: c.name for c in RING_COMMANDS}
-_OP = {c.name: c.opcode for c in RING_COMMANDS}
-OP_NOP = _OP["NOP"]
-OP_OPEN = _OP["OPEN"]
-OP_CREATE = _OP["CREATE"]
-OP_END_STEP = _OP["END_STEP"]
-OP_POISON = _OP["POISON"]
-OP_CLOSE = _OP["CLOSE"]
-OP_ATTN = _OP["ATTN"]
-OP_STATS = _OP["STATS"]
-OP_CTX_LEN = _OP["CTX_LEN"]
+_BY_NAME = {c.name: c for c in RING_COMMANDS}
+OP_NOP = _BY_NAME["NOP"].opcode
+OP_OPEN = _BY_NAME["OPEN"].opcode
+OP_CREATE = _BY_NAME["CREATE"].opcode
+OP_END_STEP = _BY_NAME["END_STEP"].opcode
+OP_POISON = _BY_NAME["POISON"].opcode
+OP_CLOSE = _BY_NAME["CLOSE"].opcode
+OP_ATTN = _BY_NAME["ATTN"].opcode
+OP_STATS = _BY_NAME["STATS"].opcode
+OP_CTX_LEN = _BY_NAME["CTX_LEN"].opcode
+ATTN_MAX = _BY_NAME["ATTN"].limit  # 1024: any response fits SLOT_OUT
+CREATE_MAX = _BY_NAME["CREATE"].limit  # records per CREATE command
+CTX_LEN_MAX = _BY_NAME["CTX_LEN"].limit
 
 # Return codes: the mailbox's (the subset the ring uses).
 RC_SUCCESS = int(mb.ReturnCode.SUCCESS)

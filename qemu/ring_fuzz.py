@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvcxl.emu.device.device import MAX_CONTEXTS, MAX_INDEX_CELLS, index_extents
+from kvcxl.emu.device.front import MAX_CONTEXTS, MAX_INDEX_CELLS, index_extents
 from kvcxl.emu.device.service import MEM as MEM_FRAME
 from kvcxl.firmware.cxl import mem as cxlmem
 
@@ -60,8 +60,8 @@ def firmware_for(qemu: str, device_emulator: bool) -> str:
     return "device" if device_emulator else "ring-only"
 
 
-SIZES = {L.OP_CREATE: (L.CREATE_REC, L.CREATE_MAX), L.OP_ATTN: (L.ATTN_REC, L.ATTN_MAX),
-         L.OP_CTX_LEN: (L.CTX_LEN_REC, L.CTX_LEN_MAX)}  # fmt: skip
+# (records, limit) of each command with input records: its row of the ring table
+SIZES = {c.opcode: (c.records, c.limit) for c in L.RING_COMMANDS if c.records is not None}
 
 
 class RingModel:

@@ -40,13 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kvcxl.emu.device.device import (
-    MAX_CONTEXTS,
-    MAX_INDEX_CELLS,
-    RequestError,
-    Type3Device,
-    index_extents,
-)
+from kvcxl.emu.device.device import Type3Device
+from kvcxl.emu.device.errors import RequestError
+from kvcxl.emu.device.front import MAX_CONTEXTS, MAX_INDEX_CELLS, index_extents
 from kvcxl.firmware import fixedpoint as fx
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.cxl import mailbox
@@ -246,10 +242,11 @@ class FirmwareService:
             if in_len > L.SLOT_IN:
                 raise RingError(L.RC_INVALID_PAYLOAD_LENGTH, f"in_len {in_len} > {L.SLOT_IN}")
             payload = self.mm[L.slot_in_offset(i) : L.slot_in_offset(i) + in_len]
-            handler = self._handlers.get(op)
-            if handler is None:
+            cmd = L.BY_OPCODE.get(op)
+            if cmd is None:
                 raise RingError(L.RC_UNSUPPORTED, f"unknown opcode 0x{op:04x}")
-            out, r = handler(self, step, layer, count, payload, arg0, arg1)
+            # The handler is named by the command's row of the ring table.
+            out, r = getattr(self, cmd.handler)(step, layer, count, payload, arg0, arg1)
             if len(out) > L.SLOT_OUT:  # never write past this command's output slot
                 raise RuntimeError(f"response of {len(out)} B exceeds the {L.SLOT_OUT} B slot")
         except RingError as exc:
@@ -278,7 +275,10 @@ class FirmwareService:
         if self.cache is None:
             raise RingError(L.RC_INVALID_INPUT, "no OPEN before this command")
 
-    def _records(self, payload: bytes, count: int, dtype: np.dtype, limit: int) -> np.ndarray:
+    def _records(self, payload: bytes, count: int, op: int) -> np.ndarray:
+        """Command ``op``'s ``count`` input records, in its row's layout and limit."""
+        cmd = L.BY_OPCODE[op]
+        dtype, limit = cmd.records, cmd.limit
         if count > limit or count * dtype.itemsize != len(payload):
             raise RingError(
                 L.RC_INVALID_PAYLOAD_LENGTH,
@@ -389,7 +389,7 @@ class FirmwareService:
 
     def op_create(self, step, layer, count, payload, arg0, arg1):
         self._need_open()
-        rec = self._records(payload, count, L.CREATE_REC, L.CREATE_MAX)
+        rec = self._records(payload, count, L.OP_CREATE)
         want = np.arange(self.table.n, self.table.n + count)
         if not np.array_equal(rec["entry"].astype(np.int64), want):
             raise RingError(L.RC_INVALID_INPUT, f"CREATE ids must be the next dense ids {want[:1]}")
@@ -427,7 +427,7 @@ class FirmwareService:
 
     def op_ctx_len(self, step, layer, count, payload, arg0, arg1):
         self._need_open()
-        rec = self._records(payload, count, L.CTX_LEN_REC, L.CTX_LEN_MAX)
+        rec = self._records(payload, count, L.OP_CTX_LEN)
         ctx, tokens = rec["ctx"].astype(np.int64), rec["tokens"].astype(np.int64)
         if self.device is None:  # before any change: a refused command changes nothing
             self._check_fields(("context", ctx, MAX_CONTEXTS - 1), ("tokens", tokens, 1 << 40))
@@ -443,7 +443,7 @@ class FirmwareService:
 
     def op_attn(self, step, layer, count, payload, arg0, arg1):
         self._need_open()
-        rec = self._records(payload, count, L.ATTN_REC, L.ATTN_MAX)
+        rec = self._records(payload, count, L.OP_ATTN)
         ids = rec["entry"].astype(np.int64)
         w = rec["weight"].astype(np.float64)
         if ids.size and int(ids.max()) >= self.table.n:
@@ -502,18 +502,6 @@ class FirmwareService:
         if self.cache is not None:
             self.sessions.append(self._session_stats())
         self._reset_state()
-
-    _handlers = {
-        L.OP_NOP: op_nop,
-        L.OP_OPEN: op_open,
-        L.OP_ATTN: op_attn,
-        L.OP_END_STEP: op_end_step,
-        L.OP_STATS: op_stats,
-        L.OP_POISON: op_poison,
-        L.OP_CLOSE: op_close,
-        L.OP_CREATE: op_create,
-        L.OP_CTX_LEN: op_ctx_len,
-    }
 
     # --- TCG plugin stream -----------------------------------------------------------------
     def drain_plugin(self) -> None:

@@ -383,7 +383,7 @@ def test_ring_only_session_ids_at_their_bounds(ring, field, value, want) -> None
 def test_ring_doorbell_more_than_a_ring_ahead_is_refused(ring) -> None:
     fw, cl = ring
     served = []
-    fw._handlers = {**fw._handlers, L.OP_NOP: lambda self, *a: served.append(1) or (b"", (0,) * 5)}
+    fw.op_nop = lambda *a: served.append(1) or (b"", (0,) * 5)  # the NOP row's handler
     for ahead, want in ((L.DEPTH + 1, 0), (0xFFFFFFFF, 0), (L.DEPTH, L.DEPTH)):
         for k in range(min(ahead, L.DEPTH)):  # fill the slots with NOPs
             o = L.sq_offset(fw.sq_head + k)

@@ -55,13 +55,13 @@ def test_migrations_trap_before_the_bytes_leave(tmp_path) -> None:
     ps = dev.page_state
     assert (ps.state == TRAP).all()
     seen = []
-    real_move = dev._move
+    real_move = dev.migrations._move
 
     def move(p, src, dst, *a):
         seen.append((p, int(ps.state[p]), src is dev.dram))
         real_move(p, src, dst, *a)
 
-    dev._move = move
+    dev.migrations._move = move
     dev.report(0, np.arange(4), np.ones(4))  # fills the 4 DRAM pages
     assert (ps.state[:4] == DIRECT).all() and (ps.state[4:] == TRAP).all()
     dev.report(1, np.arange(4, 6), np.ones(2))  # two more: two demotions

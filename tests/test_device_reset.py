@@ -24,6 +24,7 @@ import pytest
 from kvcxl.emu.device import service as svc
 from kvcxl.emu.device.cci import Mailbox
 from kvcxl.emu.device.device import Type3Device
+from kvcxl.emu.device.migration import Migrations
 from kvcxl.firmware.cxl import mailbox as mb
 
 PAGE = 4096
@@ -224,7 +225,7 @@ def _caught(r: dict) -> bool:
 def test_the_soak_sees_a_reset_that_rolls_back_the_wrong_copy(tmp_path, monkeypatch) -> None:
     acted = []
 
-    def wrong_roll_back(self: Type3Device, p: int) -> None:
+    def wrong_roll_back(self: Migrations, p: int) -> None:
         m = self.inflight.pop(p)
         old = self._ends(m.to_dram)[0]
         # A page coming to DRAM: its only copy is then in DRAM while the map says NVMe,
@@ -234,7 +235,7 @@ def test_the_soak_sees_a_reset_that_rolls_back_the_wrong_copy(tmp_path, monkeypa
             acted.append(p)
         old.drop(p)  # drops the old copy: the one the map names
 
-    monkeypatch.setattr(Type3Device, "_roll_back", wrong_roll_back)
+    monkeypatch.setattr(Migrations, "_roll_back", wrong_roll_back)
     r = _soak(tmp_path, seconds=0.0, files=False, until=lambda: len(acted) >= 1)
     assert _caught(r), r
 
@@ -242,12 +243,12 @@ def test_the_soak_sees_a_reset_that_rolls_back_the_wrong_copy(tmp_path, monkeypa
 def test_the_soak_sees_a_write_that_misses_the_copy(tmp_path, monkeypatch) -> None:
     acted = []
 
-    def no_mirror(self: Type3Device, p: int, off: int, data: bytes) -> None:
+    def no_mirror(self: Migrations, p: int, off: int, data: bytes) -> None:
         m = self.inflight.get(p)
         if m is not None and not m.recorded:  # a write the copy misses
             acted.append(p)
 
-    monkeypatch.setattr(Type3Device, "_mirror", no_mirror)
+    monkeypatch.setattr(Migrations, "mirror", no_mirror)
     r = _soak(tmp_path, seconds=0.0, files=False, until=lambda: len(acted) >= 1)
     assert _caught(r), r
 

@@ -391,3 +391,18 @@ def test_integer_mode_reaches_the_firmware(media: Path, device: bool) -> None:
     want = simulate_victims(gt, mode="int")
     assert got["victims"] == want and got["residency_mismatches"] == 0
     assert want != simulate_victims(gt, mode="float")
+
+
+def test_each_ring_command_names_its_handler_on_its_row() -> None:
+    """Dispatch is the table's: every row names a FirmwareService method, and every
+    ``op_`` method is some row's (no handler left outside the table)."""
+    from kvcxl.qemu.service import FirmwareService
+
+    named = {c.handler for c in L.RING_COMMANDS}
+    assert all(callable(getattr(FirmwareService, h, None)) for h in named)
+    assert {m for m in vars(FirmwareService) if m.startswith("op_")} == named
+    assert {op: c.limit for op, c in L.BY_OPCODE.items() if c.records is not None} == {
+        L.OP_CREATE: L.CREATE_MAX,
+        L.OP_ATTN: L.ATTN_MAX,
+        L.OP_CTX_LEN: L.CTX_LEN_MAX,
+    }

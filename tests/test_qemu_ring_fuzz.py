@@ -62,7 +62,7 @@ def test_weights_above_1_accepted_are_wrong_return_codes(media, monkeypatch) -> 
             payload = rec.tobytes()
         return real(self, step, layer, count, payload, arg0, arg1)
 
-    monkeypatch.setitem(ring_service.FirmwareService._handlers, L.OP_ATTN, loose)
+    monkeypatch.setattr(ring_service.FirmwareService, "op_attn", loose)
     assert _wrong(media, "ring-only") > 0
 
 
@@ -76,7 +76,7 @@ def test_an_open_of_nothing_accepted_is_a_wrong_return_code(media, monkeypatch) 
             payload = L.OPEN_FMT.pack(max(n, 1), eb, max(cap, 1), bt, base)
         return real(self, step, layer, count, payload, arg0, arg1)
 
-    monkeypatch.setitem(ring_service.FirmwareService._handlers, L.OP_OPEN, loose)
+    monkeypatch.setattr(ring_service.FirmwareService, "op_open", loose)
     assert _wrong(media, "ring-only") > 0
 
 
@@ -147,6 +147,6 @@ def test_a_stray_write_is_counted(media, monkeypatch) -> None:
         self.mm[L.slot_in_offset(self.sq_head + 1)] ^= 0xFF
         return b"", (0, 0, 0, 0, int(arg0))
 
-    monkeypatch.setitem(ring_service.FirmwareService._handlers, L.OP_NOP, nop)
+    monkeypatch.setattr(ring_service.FirmwareService, "op_nop", nop)
     r = ring_fuzz.run(media, 300, seed=2)
     assert r["changed_bytes"] > 0

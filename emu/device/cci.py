@@ -4,7 +4,7 @@
 for the framing, opcodes and return codes) and always returns one encoded
 response — for malformed input the spec's return code, never an exception.
 A handler answers Invalid Input only for what the device refuses by name
-(:class:`MailboxError`, :class:`~kvcxl.emu.device.device.RequestError`,
+(:class:`MailboxError`, :class:`~kvcxl.emu.device.errors.RequestError`,
 :class:`~kvcxl.firmware.config.ConfigError`); any other exception is a bug, answered
 Internal Error and counted in the device's ``internal_errors``.
 Payload layouts follow CXL 2.0 §8.2.9 and match QEMU's ``hw/cxl`` and Linux's
@@ -27,11 +27,9 @@ from kvcxl.firmware.cxl.mailbox import ReturnCode as RC
 
 from .device import RequestError, Type3Device
 from .media import MediaError
+from .poison import LIST_MAX as POISON_LIST_MAX
 
 CAPACITY_UNIT = 256 << 20  # Identify Memory Device reports capacities in 256 MiB units
-POISON_LIST_MAX = 256  # records the device can track (QEMU uses the same limit)
-POISON_TYPE_EXTERNAL = 0x1
-POISON_TYPE_INJECTED = 0x3
 PCI_VENDOR_ID = 0x1B36  # Red Hat, Inc. (QEMU's emulated devices)
 PCI_DEVICE_ID = 0x0D93  # QEMU's CXL Type-3 device id
 # The payload layouts live in the command table (kvcxl.firmware.cxl.mailbox); these names are
@@ -73,7 +71,6 @@ class Mailbox:
     def __init__(self, device: Type3Device) -> None:
         self.dev = device
         self.cel = _cel()
-        self.injected: set[int] = set()  # lines poisoned by Inject Poison (record type 3)
         self.last_error = ""
         # Dispatch comes from the command table: each row names its handler method.
         self.handlers: dict[int, Callable[[bytes], bytes]] = {
@@ -214,16 +211,8 @@ class Mailbox:
             raise MailboxError(
                 RC.INVALID_PHYSICAL_ADDRESS, f"range {dpa:#x} + {lines} lines is not on the device"
             )
-        first, last = dpa >> 6, (dpa >> 6) + lines
-        hits = sorted(x for x in self.dev.poison if first <= x < last)
-        records: list[tuple[int, int, int]] = []  # (start line, n lines, type)
-        for line in hits:
-            typ = POISON_TYPE_INJECTED if line in self.injected else POISON_TYPE_EXTERNAL
-            if records and records[-1][0] + records[-1][1] == line and records[-1][2] == typ:
-                s, n, t = records[-1]
-                records[-1] = (s, n + 1, t)
-            else:
-                records.append((line, 1, typ))
+        # (start line, n lines, source), from the device's one poison list
+        records = self.dev.poison.records(dpa >> 6, (dpa >> 6) + lines)
         layout = mb.COMMANDS[Opcode.GET_POISON_LIST].response
         room = (mb.PAYLOAD_MAX - layout.fixed.size) // layout.records.itemsize
         flags = 0x1 if len(records) > room else 0  # More Media Error Records
@@ -236,18 +225,16 @@ class Mailbox:
     def _inject_poison(self, p: bytes) -> bytes:
         (dpa,) = _req(Opcode.INJECT_POISON).unpack(p)
         self._check_dpa(dpa)
-        line = dpa >> 6
-        if line not in self.dev.poison and len(self.injected) >= POISON_LIST_MAX:
+        poison = self.dev.poison
+        if (dpa >> 6) not in poison and poison.injected >= POISON_LIST_MAX:
             raise MailboxError(RC.INJECT_POISON_LIMIT, f"{POISON_LIST_MAX} lines already injected")
         self.dev.inject_poison(dpa)
-        self.injected.add(line)
         return b""
 
     def _clear_poison(self, p: bytes) -> bytes:
         dpa, data = _req(Opcode.CLEAR_POISON).unpack(p)
         self._check_dpa(dpa)
         self.dev.clear_poison(dpa, data)
-        self.injected.discard(dpa >> 6)
         return b""
 
     # --- vendor commands: the policy engine ------------------------------------------------

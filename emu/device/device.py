@@ -1,4 +1,4 @@
-"""The CXL Type-3 device: HDM decoders, two media tiers, poison, timing and the firmware.
+"""The CXL Type-3 device: HDM decoders, media, poison, migrations and the firmware, composed.
 
 Data path.  A host physical address (HPA) goes through the HDM decoders to a
 device physical address (DPA); DPA page ``p`` (``page_bytes`` each) lives in
@@ -6,22 +6,21 @@ exactly one tier, device DRAM or NVMe, and reads and writes go to that tier.
 Correctness never depends on placement: whatever the firmware moved, a read
 returns the bytes last written (the LOSSLESS constraint, checked by the soak).
 
-Firmware.  Each DPA page is one policy entry (entry id = page number); with
-``entries="pages"`` every page is an entry from the start (replay's view), with
-``entries="host"`` entries appear as the host describes, creates or reports them
-(the simulator's view; see the vendor mailbox commands).  The host
-reports attention batches through the vendor mailbox command (Attention Report);
-each report is one batch of :meth:`kvcxl.firmware.cache.PolicyCache.access` —
-the same call, with the same step/time ticks, that
-:func:`kvcxl.firmware.replay.replay` makes — so DRAM residency is exactly the
-policy cache's residency:
+The device is its parts, each a module a reader can hold:
 
-* a reported entry not in DRAM is a miss; the firmware admits it (NVMe → DRAM);
-* when DRAM is over its page budget the policy picks victims, which are
-  demoted (DRAM → NVMe), bytes and all.
+* :mod:`~kvcxl.emu.device.tiers` — the media: the two tiers' stores, the tier map, the
+  page-state table a patched QEMU shares, the timing queues;
+* :mod:`~kvcxl.emu.device.migration` — pages moving between the tiers, at once or in
+  steps a reset may interrupt;
+* :mod:`~kvcxl.emu.device.poison` — the poison list, one list with a source per line;
+* :mod:`~kvcxl.emu.device.front` — the firmware front: describe, report, create, end
+  step, and the moves the firmware's decisions make.  DRAM residency is exactly the
+  policy cache's residency: a reported entry not in DRAM is a miss the firmware admits
+  (NVMe → DRAM); when DRAM is over its page budget the policy's victims are demoted.
 
-CXL.mem reads do not change placement (they are served from wherever the page
-is, with that tier's timing); only the firmware's decisions move data.  With
+This module keeps what spans them: the HPA and CXL.mem data path, the firmware reset,
+the statistics.  CXL.mem reads do not change placement (they are served from wherever
+the page is, with that tier's timing); only the firmware's decisions move data.  With
 ``dram_pages=None`` the DRAM holds every page and nothing migrates (the layout to
 use when QEMU shares the DRAM file as its media).
 
@@ -37,78 +36,43 @@ Constructor arguments are validated with a ValueError naming the bad value.
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
 from numpy.typing import NDArray
 
 from kvcxl.emu.cxl.hdm import HdmDecoderSet
 from kvcxl.firmware.audit import EvictionAudit
 from kvcxl.firmware.cache import PolicyCache
 from kvcxl.firmware.config import PolicyConfig
-from kvcxl.firmware.cxl import mailbox, mem
-from kvcxl.firmware.formulas import TIER_CXL, TIER_NVME
+from kvcxl.firmware.cxl import mem
 from kvcxl.firmware.policies import POLICIES
 from kvcxl.firmware.policies.base import Policy
-from kvcxl.firmware.session import Decisions, FirmwareSession
+from kvcxl.firmware.session import Decisions
 from kvcxl.firmware.table import EntryTable
 
 from ..timing import CXL_DRAM, NVME, TierParams
-from .kvtraffic import KvTraffic
-from .media import DictStore, FileStore, MmapStore, TierMap, zeros
-from .pagestate import PageState
-from .timing import TierQueue, percentiles
+from .errors import RequestError
+from .front import MAX_CONTEXTS, MAX_INDEX_CELLS, FirmwareFront, index_extents
+from .media import zeros
+from .migration import Migration, Migrations
+from .poison import SOURCE_INJECTED, PoisonList
+from .tiers import Media
+from .timing import percentiles
+
+__all__ = [
+    "MAX_CONTEXTS", "MAX_INDEX_CELLS", "Migration", "ReadResult", "RequestError",
+    "Type3Device", "index_extents",
+]  # fmt: skip
 
 LINE = mem.LINE_BYTES
-_NO_ANCHOR_BLOCK = 1 << 20  # default entry row: far from any anchor zone (as replay does)
-MAX_CONTEXTS = 1 << 20  # context ids the host may use (bounds the per-context arrays)
-# The firmware's prefetch index is dense per context over layers × KV heads × blocks: the
-# cells the host's ids make it span, summed over contexts, are bounded (8 M cells: a
-# 64 MiB index; the largest 128 K-token context of scenario S1 spans 5.2 M).
-MAX_INDEX_CELLS = 1 << 23
-
-
-def index_extents(
-    extents: dict[int, tuple[int, int, int]],
-    total: int,
-    ctx: NDArray,
-    layer: NDArray,
-    head: NDArray,
-    block: NDArray,
-) -> tuple[dict[int, tuple[int, int, int]], int]:
-    """The contexts whose (layers, heads, blocks) extent these entries grow, with their new
-    extents, and the cells every context's index spans afterwards."""
-    grown: dict[int, tuple[int, int, int]] = {}
-    if np.size(ctx) == 0:
-        return grown, total
-    for c in np.unique(ctx).tolist():
-        m = ctx == c
-        old = extents.get(c, (0, 0, 0))
-        new = (
-            max(old[0], int(layer[m].max()) + 1),
-            max(old[1], int(head[m].max()) + 1),
-            max(old[2], int(block[m].max()) + 1),
-        )
-        if new != old:
-            grown[c] = new
-            total += new[0] * new[1] * new[2] - old[0] * old[1] * old[2]
-    return grown, total
-
-
-class RequestError(ValueError):
-    """A host's request the device refuses (an id, weight, length or range out of bounds):
-    the protocol's Invalid Input.  Only this is answered so; a plain ValueError from the
-    device is a bug and is counted as one."""
-
-
-@dataclass
-class Migration:
-    """A migration the host can see in progress (the stepwise ones: `--churn`)."""
-
-    to_dram: bool
-    recorded: bool = False  # the tier map names the new tier (the copy is then the page)
+COUNTERS = (
+    "reads", "writes", "read_bytes", "write_bytes", "mem_requests", "spec_reads",
+    "invalidates", "unmapped_reads", "unmapped_writes", "poisoned_reads",
+    "migrations_to_dram", "migrations_to_nvme", "bytes_migrated", "nvme_accesses",
+    "nvme_fills", "reports", "reported_entries", "media_errors", "internal_errors",
+    "resets", "migrations_rolled_back",
+)  # fmt: skip
 
 
 class ReadResult(NamedTuple):
@@ -116,6 +80,15 @@ class ReadResult(NamedTuple):
     poisoned: bool  # some byte lies in a poisoned line
     unmapped: bool  # some byte is not mapped to this device (read as zeros)
     latency_ns: float
+
+
+def _of(part: str, name: str, doc: str = "") -> property:
+    """One part's attribute under the device's name (the name its callers use)."""
+    return property(
+        lambda self: getattr(getattr(self, part), name),
+        lambda self, value: setattr(getattr(self, part), name, value),
+        doc=doc,
+    )
 
 
 class Type3Device:
@@ -155,13 +128,6 @@ class Type3Device:
         self.page_bytes = page_bytes
         self.page_shift = page_bytes.bit_length() - 1
         self.n_pages = capacity // page_bytes
-        self.n_entries = self.n_pages  # firmware entry ids: one per page, until open_kv
-        self.kv: tuple[int, int] | None = None  # open_kv's (base DPA, entry bytes)
-        self.kv_placed = {"dram": 0, "nvme": 0}  # pages moved by open_kv's placements
-        self.kv_traffic: KvTraffic | None = None  # open_kv's reads, learned from traffic
-        # CXL.mem requests per DPA page (a patched QEMU's trapped accesses; its direct ones
-        # are counted in the page-state table)
-        self.host_accesses = np.zeros(self.n_pages, dtype=np.uint32)
         if dram_pages is not None and not 0 < dram_pages:
             raise RequestError(f"dram_pages = {dram_pages} must be > 0 (or None: all pages)")
         self.tiering = dram_pages is not None and dram_pages < self.n_pages
@@ -171,92 +137,89 @@ class Type3Device:
             raise ValueError(f"policy = {policy!r} is not an online policy; choose from {online}")
         if entries not in ("pages", "host"):
             raise ValueError(f"entries = {entries!r} must be 'pages' or 'host'")
-        self.entries = entries
         if mode not in ("float", "int"):
             raise ValueError(f"mode = {mode!r} must be 'float' or 'int'")
-        self.policy_name = policy
-        self.mode = mode
-        self.config = config or PolicyConfig()
-        self._block_tokens, self._audit = block_tokens, audit
-        self._new_firmware()
-        self.record_victims = record_victims
-        self.victims: list[tuple[int, int, float]] = []
-
-        self.dram = (
-            MmapStore(dram_file, capacity, page_bytes) if dram_file else DictStore(page_bytes)
-        )
-        self.nvme = (
-            FileStore(nvme_file, capacity, page_bytes) if nvme_file else DictStore(page_bytes)
-        )
-        # 1 = the page's bytes live in DRAM.  With an NVMe file, the map is a file beside
-        # it: the bytes of both tiers and where each page is outlive the process.
-        self.tier_map = TierMap(
-            self.n_pages,
-            0 if self.tiering else 1,
-            path=tier_map_file or (f"{nvme_file}.tiers" if nvme_file else None),
-        )
-        self.in_dram = self.tier_map.bytes  # a bytearray, or the map file's mmap
-        self.poison: set[int] = set()  # poisoned DPA line numbers
-        # Shared with a patched QEMU: which pages it may access directly in the DRAM file
-        # (only with a DRAM file to share; every page traps without one).
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.poison = PoisonList()
+        self.media = Media(
+            capacity, page_bytes, tiering=self.tiering, poison=self.poison,
+            dram_file=dram_file, nvme_file=nvme_file, tier_map_file=tier_map_file,
+            page_state=page_state, dram_timing=dram_timing, nvme_timing=nvme_timing,
+        )  # fmt: skip
+        self.migrations = Migrations(self.media, self.counters, lambda: self.clock_ns)
+        self.front = FirmwareFront(
+            policy=policy, config=config or PolicyConfig(), mode=mode, entries=entries,
+            n_pages=self.n_pages, dram_pages=self.dram_pages, tiering=self.tiering,
+            block_tokens=block_tokens, audit=audit, record_victims=record_victims,
+            migrations=self.migrations, poison=self.poison, counters=self.counters,
+        )  # fmt: skip
         # What Get Health Info reports beside the counted errors: set by the host side (a
         # BMC's view: `kvcxl device serve --health life_used=7`), Spec Table 8-100 fields.
         self.health = {"health_status": 0, "media_status": 0, "life_used": 0,
                        "temperature": 0xFFFF, "dirty_shutdowns": 0}  # fmt: skip
-        self.page_state = None
         # A host access to a page on NVMe brings it into DRAM first (what a device whose
         # DRAM caches its NVMe does; a patched QEMU then goes direct again).  Off: host
         # accesses never move data, only the firmware's decisions do.
         self.fill_on_access = fill_on_access
-        self.trapped: set[int] = set()  # pages the firmware always wants to see
-        if page_state is not None:
-            self.page_state = PageState(page_state, self.n_pages, self.page_shift)
-            if dram_file:
-                self.page_state.set_all(np.frombuffer(self.in_dram, dtype=np.uint8) == 1)
-        self.queues = {"dram": TierQueue(dram_timing), "nvme": TierQueue(nvme_timing)}
-        self._qd, self._qn = self.queues["dram"], self.queues["nvme"]
+        self._qd, self._qn = self.media.queues["dram"], self.media.queues["nvme"]
         self.latencies = array("d")
         self.clock_ns = 0.0
         self.interval_ns = interval_ns
         self.serial = serial
         self.timestamp_offset_ns: int | None = None  # host time − device clock, once set
-        self.counters = dict.fromkeys(
-            (
-                "reads",
-                "writes",
-                "read_bytes",
-                "write_bytes",
-                "mem_requests",
-                "spec_reads",
-                "invalidates",
-                "unmapped_reads",
-                "unmapped_writes",
-                "poisoned_reads",
-                "migrations_to_dram",
-                "migrations_to_nvme",
-                "bytes_migrated",
-                "nvme_accesses",
-                "nvme_fills",
-                "reports",
-                "reported_entries",
-                "media_errors",
-                "internal_errors",
-                "resets",
-                "migrations_rolled_back",
-            ),
-            0,
-        )
         # Media from an earlier run (a tier map file found): where each page is comes back;
         # the policy's metadata does not (it is rebuilt empty), so the tiers are realigned.
-        self.inflight: dict[int, Migration] = {}  # page → its migration in progress
         self.restart = None
-        if self.tier_map.restored:
+        if self.media.tier_map.restored:
             self.restart = {
                 "tier_map": "restored",
-                "pages_moved": self._realign(),
+                "pages_moved": self.migrations.realign(self.tiering),
                 "policy_metadata": "rebuilt: empty, as on a new device (scores start again)",
             }
 
+    # --- the parts' state, under the names callers use --------------------------------------
+    dram = _of("media", "dram")
+    nvme = _of("media", "nvme")
+    tier_map = _of("media", "tier_map")
+    in_dram = _of("media", "in_dram", "1 = the page's bytes live in DRAM (the tier map)")
+    page_state = _of("media", "page_state")
+    trapped = _of("media", "trapped")
+    queues = _of("media", "queues")
+    host_accesses = _of("media", "host_accesses")
+    inflight = _of("migrations", "inflight", "page → its migration in progress")
+    fw = _of("front", "fw", "the firmware session (replaced by open_kv)")
+    victims = _of("front", "victims", "(time, entry, priority) of each victim, when recording")
+    kv = _of("front", "kv")
+    kv_placed = _of("front", "kv_placed")
+    kv_traffic = _of("front", "kv_traffic")
+    n_entries = _of("front", "n_entries")
+    entries = _of("front", "entries")
+    policy_name = _of("front", "policy_name")
+    config = _of("front", "config")
+    mode = _of("front", "mode")
+    record_victims = _of("front", "record_victims")
+
+    @property
+    def table(self) -> EntryTable:
+        return self.front.fw.table
+
+    @property
+    def cache(self) -> PolicyCache:
+        return self.front.fw.cache
+
+    @property
+    def policy(self) -> Policy:
+        return self.front.fw.policy
+
+    @property
+    def audit(self) -> EvictionAudit | None:
+        return self.front.fw.audit
+
+    @property
+    def time(self) -> int:
+        return self.front.fw.time
+
+    # --- the firmware (the front's calls) ---------------------------------------------------
     def reset(self) -> dict:
         """The firmware restarts (the mailbox's Reset Firmware): a migration in progress is
         completed when its new tier is recorded and rolled back when not; the firmware's
@@ -264,68 +227,16 @@ class Type3Device:
         timestamp) starts again as on a new device and the pages move to where a new
         device keeps them.  Kept: every byte, the tier map, poison, HDM decoders, traps,
         policy parameters and the statistics."""
-        completed = rolled_back = 0
-        for p, m in list(self.inflight.items()):
-            if m.recorded:
-                self._finish(p)
-                completed += 1
-            else:
-                self._roll_back(p)
-                rolled_back += 1
-        self.victims.clear()
+        completed, rolled_back = self.migrations.settle_all()
         self.timestamp_offset_ns = None
-        self._new_firmware()
-        moved = self._realign()
+        self.front.restart()
+        moved = self.migrations.realign(self.tiering)
         self.counters["resets"] += 1
         return {
             "migrations_completed": completed,
             "migrations_rolled_back": rolled_back,
             "pages_moved": moved,
         }
-
-    # --- the firmware ---------------------------------------------------------------------
-    def _new_firmware(self) -> None:
-        """The firmware's volatile state as on a new device (also what a reset leaves)."""
-        # The firmware session decides; the device moves the bytes it decides about.
-        self.fw = FirmwareSession(
-            self.policy_name, self.dram_pages, self.config, mode=self.mode,
-            block_tokens=self._block_tokens, audit=self._audit,
-        )  # fmt: skip
-        # Layers × heads × blocks each context's prefetch index spans (see MAX_INDEX_CELLS).
-        self._extents: dict[int, tuple[int, int, int]] = {}
-        self._cells = 0
-        if self.entries == "pages":
-            self._extents[0] = (1, 1, _NO_ANCHOR_BLOCK + 1)
-            self._cells = _NO_ANCHOR_BLOCK + 1
-            # Every page is an entry from the start, as in replay: idle counters of
-            # entries not read yet advance with the steps like everyone else's.
-            self.fw.table.append(np.arange(self.n_pages), 0, 0, _NO_ANCHOR_BLOCK)
-            # Context lengths start unknown (0): an entry's age in tokens is then 0, as
-            # for replay's far-from-anchor rows, and a described context starts clean.
-            self.fw.table.ctx_tokens[:] = 0
-        # With entries="host", entries come into existence when the host describes,
-        # creates or reports them (in id order), as in the simulator.
-        self.fw.ensure(self.n_pages)
-
-    @property
-    def table(self) -> EntryTable:
-        return self.fw.table
-
-    @property
-    def cache(self) -> PolicyCache:
-        return self.fw.cache
-
-    @property
-    def policy(self) -> Policy:
-        return self.fw.policy
-
-    @property
-    def audit(self) -> EvictionAudit | None:
-        return self.fw.audit
-
-    @property
-    def time(self) -> int:
-        return self.fw.time
 
     def set_health(self, spec: str) -> None:
         """``FIELD=VALUE``: what Get Health Info reports for FIELD (a BMC's setting);
@@ -341,8 +252,7 @@ class Type3Device:
 
     def set_config(self, config: PolicyConfig) -> None:
         """Apply new policy parameters, keeping every entry's metadata and residency."""
-        self.fw.set_config(config)
-        self.config = config
+        self.front.set_config(config)
 
     def report(self, step: int, ids: NDArray, weights: NDArray) -> NDArray:
         """Ingest one attention batch; returns the hit mask (entry in DRAM at batch start).
@@ -354,102 +264,20 @@ class Type3Device:
     def report_decisions(
         self, step: int, ids: NDArray, weights: NDArray
     ) -> tuple[NDArray, Decisions]:
-        """:meth:`report`, also returning the decisions the device acted on (misses
-        admitted, victims with their tiers and priorities): what a host that asks for
-        them (the QEMU ring) is answered."""
-        ids = np.asarray(ids, dtype=np.int64)
-        w = np.asarray(weights, dtype=np.float64)
-        if ids.shape != w.shape or ids.ndim != 1:
-            raise RequestError(f"ids {ids.shape} and weights {w.shape} must be equal 1-D shapes")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.n_entries):
-            bad = int(ids.min() if ids.min() < 0 else ids.max())
-            raise RequestError(f"entry {bad} is outside the device's 0 … {self.n_entries - 1}")
-        if not mailbox.attention_weights_valid(w):
-            raise RequestError("attention weights must be finite and within [0, 1]")
-        self.fw.at(step)
-        if ids.size:
-            self._grow_entries(int(ids.max()))
-        time = self.fw.time
-        hit, d = self.fw.read(step, ids, w)
-        self._apply(d, time)
-        if self.kv_traffic is not None:  # what the host must now read from device memory
-            self.kv_traffic.expect(ids[~hit])
-            self.kv_traffic.expect(d.admitted)
-        self.counters["reports"] += 1
-        self.counters["reported_entries"] += int(ids.size)
-        return hit, d
-
-    def _grow_entries(self, top: int) -> None:
-        if self.table.n <= top:
-            self.fw.describe(np.arange(self.table.n, top + 1), 0, 0, 0)
+        """:meth:`report`, also returning the decisions the device acted on: what a host
+        that asks for them (the QEMU ring) is answered (:meth:`FirmwareFront.report_decisions`)."""
+        return self.front.report_decisions(step, ids, weights)
 
     def describe(
-        self,
-        ids: NDArray,
-        ctx: NDArray,
-        layer: NDArray,
-        head: NDArray,
-        block: NDArray,
-        *,
-        step: int | None = None,
-    ) -> None:
-        """Give entries their identity (context, layer, KV head, block), as the host knows it.
-
-        Context lengths grow to cover each entry's first token, as the entry table
-        does when entries are appended.  With ``step``, the host is at that step first
-        (a later step closes the open one before the new entries reach the policy).
-        Raises RequestError for out-of-range values (and then changes nothing).
-        """
-        cols = [np.asarray(x, dtype=np.int64) for x in (ids, ctx, layer, head, block)]
-        ids, ctx, layer, head, block = np.broadcast_arrays(*cols)
-        if ids.ndim != 1:
-            raise RequestError("entry descriptions must be 1-D")
-        limits = (
-            ("entry", ids, self.n_entries - 1),
-            ("context", ctx, MAX_CONTEXTS - 1),
-            ("layer", layer, 0x7FFF),
-            ("kv_head", head, 0x7FFF),
-            ("block", block, 0x7FFFFFFF // self.table.block_tokens),
-        )
-        for name, v, hi in limits:
-            if v.size and (v.min() < 0 or v.max() > hi):
-                bad = int(v.min() if v.min() < 0 else v.max())
-                raise RequestError(f"{name} {bad} is out of range 0 … {hi}")
-        grown, cells = index_extents(self._extents, self._cells, ctx, layer, head, block)
-        if cells > MAX_INDEX_CELLS:
-            raise RequestError(
-                f"these entries would make the prefetch index span {cells} layer × head × block "
-                f"cells (at most {MAX_INDEX_CELLS}, summed over contexts)"
-            )
-        self._extents.update(grown)
-        self._cells = cells
-        if step is not None:
-            self.fw.at(step)
-        if ids.size == 0:
-            return
-        t = self.table
-        if t.n <= int(ids.max()):
-            if np.array_equal(ids, np.arange(t.n, t.n + ids.size)):
-                self.fw.describe(ctx, layer, head, block)  # new entries, in creation order
-                return
-            self._grow_entries(int(ids.max()))
-        self.fw.identify(ids, ctx, layer, head, block)
+        self, ids: NDArray, ctx: NDArray, layer: NDArray, head: NDArray, block: NDArray,
+        *, step: int | None = None,
+    ) -> None:  # fmt: skip
+        """Give entries their identity (:meth:`FirmwareFront.describe`)."""
+        self.front.describe(ids, ctx, layer, head, block, step=step)
 
     def set_context_tokens(self, ctx: NDArray, tokens: NDArray, *, step: int | None = None) -> None:
-        """Contexts are now this long in tokens (recency-by-position policies); a shorter
-        report than the firmware knows leaves the length as it is (a context never shrinks).
-        With ``step``, the host is at that step first (as :meth:`describe`)."""
-        ctx = np.asarray(ctx, dtype=np.int64)
-        tokens = np.asarray(tokens, dtype=np.int64)
-        if ctx.shape != tokens.shape or ctx.ndim != 1:
-            raise RequestError("contexts and lengths must be equal 1-D shapes")
-        if ctx.size and (ctx.min() < 0 or ctx.max() >= MAX_CONTEXTS):
-            raise RequestError(f"context ids must be 0 … {MAX_CONTEXTS - 1}")
-        if tokens.size and (tokens.min() < 0 or tokens.max() > 1 << 40):
-            raise RequestError("context lengths must be 0 … 2^40 tokens")
-        if step is not None:
-            self.fw.at(step)
-        self.fw.lengths(ctx, tokens)
+        """Contexts are now this long in tokens (:meth:`FirmwareFront.set_context_tokens`)."""
+        self.front.set_context_tokens(ctx, tokens, step=step)
 
     def create(self, step: int, ids: NDArray) -> int:
         """New entries written by the host: admit them to DRAM without a read (evicting
@@ -459,297 +287,51 @@ class Type3Device:
     def create_decisions(self, step: int, ids: NDArray) -> Decisions:
         """:meth:`create`, returning the decisions the device acted on (entries admitted,
         victims with their tiers and priorities)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.ndim != 1:
-            raise RequestError("entry ids must be 1-D")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.n_entries):
-            bad = int(ids.min() if ids.min() < 0 else ids.max())
-            raise RequestError(f"entry {bad} is outside the device's 0 … {self.n_entries - 1}")
-        self.fw.at(step)
-        if ids.size:
-            self._grow_entries(int(ids.max()))
-        time = self.fw.time - 1 if self.fw.offline else max(self.fw.time - 1, 0)
-        d = self.fw.write(step, ids)
-        self._apply(d, time)
-        if self.kv_traffic is not None:
-            self.kv_traffic.expect(d.admitted)  # the host copies them in
-        return d
+        return self.front.create_decisions(step, ids)
 
     def end_step(self, step: int) -> None:
         """The host closed ``step`` (the policy's step-boundary update)."""
-        self.fw.at(step)
-        self.fw.end_step()
-        if self.kv_traffic is not None:  # the step's reads, from the traffic itself
-            self.kv_traffic.step_end(step, self._accesses(), self._poisoned_entries())
+        self.front.end_step(step)
 
     def prefetch_candidates(self, ids: NDArray, weights: NDArray, limit: int) -> NDArray:
-        """Entries the firmware would fetch next after this attention batch, best first
-        (at most ``limit``); they are hints: nothing moves until the host creates or
-        reports them."""
-        return self.fw.prefetch_candidates(ids, weights, limit)
+        """Entries the firmware would fetch next (:meth:`FirmwareFront.prefetch_candidates`)."""
+        return self.front.prefetch_candidates(ids, weights, limit)
 
     def open_kv(
-        self,
-        n_entries: int,
-        entry_bytes: int,
-        capacity: int,
-        block_tokens: int,
-        base: int,
-        *,
-        policy: str | None = None,
-        config: PolicyConfig | None = None,
-        mode: str | None = None,
-    ) -> None:
-        """A host's KV cache in this device's memory: entry ``i`` is the bytes at DPA
-        ``base + i·entry_bytes``, the firmware's cache is the host's own memory (its HBM)
-        of ``capacity`` entries, and a new firmware session with host entries replaces
-        the current one.  From now on each victim's pages move, in this device, to the
-        tier placement chose (CXL DRAM or NVMe); admitted entries stay where they are
-        (the host copies them).  Raises RequestError when the entries do not fit."""
-        if n_entries < 1 or entry_bytes < 1 or capacity < 1 or block_tokens < 1:
-            raise RequestError(
-                f"entries {n_entries}, entry bytes {entry_bytes}, capacity {capacity}, "
-                f"block tokens {block_tokens}: each must be >= 1"
-            )
-        if base < 0 or base + n_entries * entry_bytes > self.capacity:
-            raise RequestError(
-                f"{n_entries} entries of {entry_bytes} B at DPA {base:#x} do not fit the "
-                f"device's {self.capacity} bytes"
-            )
-        self.policy_name = policy or self.policy_name
-        self.config = config or self.config
-        self.mode = mode or self.mode
-        self.fw = FirmwareSession(
-            self.policy_name, capacity, self.config, mode=self.mode,
-            block_tokens=block_tokens, audit=True,
+        self, n_entries: int, entry_bytes: int, capacity: int, block_tokens: int, base: int,
+        *, policy: str | None = None, config: PolicyConfig | None = None, mode: str | None = None,
+    ) -> None:  # fmt: skip
+        """A host's KV cache in this device's memory (:meth:`FirmwareFront.open_kv`)."""
+        self.front.open_kv(
+            n_entries, entry_bytes, capacity, block_tokens, base,
+            policy=policy, config=config, mode=mode,
         )  # fmt: skip
-        self.fw.ensure(n_entries)
-        self.entries = "host"
-        self.n_entries = n_entries
-        self._extents, self._cells = {}, 0
-        self.kv = (base, entry_bytes)
-        self.record_victims = True
-        self.victims = []
-        self.kv_placed = {"dram": 0, "nvme": 0}
-        self.kv_traffic = KvTraffic(base, entry_bytes, n_entries, self.page_shift, self._accesses())
 
-    def _accesses(self) -> NDArray:
-        """Host accesses per DPA page so far: trapped (here) plus direct (QEMU's counts)."""
-        acc = self.host_accesses.astype(np.int64)
-        if self.page_state is not None:
-            acc += self.page_state.count
-        return acc
+    def check_placement(self) -> bool:
+        """Invariant: pages in DRAM are exactly the policy cache's resident entries."""
+        return self.front.check_placement()
 
-    def _poisoned_entries(self) -> set[int]:
-        base, eb = self.kv
-        return {
-            (line * LINE - base) // eb
-            for line in self.poison
-            if 0 <= line * LINE - base < self.n_entries * eb
-        }
-
-    def _place_kv(self, victims: NDArray, tiers: NDArray) -> None:
-        """Each victim's pages to the tier placement chose (open_kv's cache)."""
-        base, eb = self.kv
-        for tier, to_dram in ((TIER_NVME, False), (TIER_CXL, True)):
-            sel = victims[tiers == tier].astype(np.int64)
-            if not sel.size:
-                continue
-            first = (base + sel * eb) >> self.page_shift
-            last = (base + (sel + 1) * eb - 1) >> self.page_shift
-            pages = sorted({p for a, b in zip(first, last, strict=True) for p in range(a, b + 1)})
-            for p in pages:
-                self.move_page(p, to_dram)
-            self.kv_placed["dram" if to_dram else "nvme"] += len(pages)
-
-    def _apply(self, d: Decisions, time: int) -> None:
-        """Move the bytes the firmware decided about: victims out of DRAM first (as they
-        left during the call), then the admitted entries in."""
-        if self.record_victims and d.victims.size:
-            prio = d.priority if d.priority is not None else np.zeros(d.victims.size)
-            self.victims.extend(
-                zip([time] * d.victims.size, d.victims.tolist(), prio.tolist(), strict=True)
-            )
-        if self.kv is not None:
-            if d.victims.size:
-                self._place_kv(d.victims, d.tiers)
-            return
-        if not self.tiering:
-            return
-        for p in d.victims.tolist():
-            self._demote(p)
-        if d.admitted.size:
-            for p in d.admitted[self.cache.is_resident(d.admitted)].tolist():
-                self._promote(p)
-
-    def _move(
-        self, p: int, src, dst, src_q: str, dst_q: str, to_dram: int, src_charged: bool = False
-    ) -> None:
-        # Copy, record the new tier, then drop the old copy: a process killed anywhere in
-        # between leaves the page whole in the tier the map names.
-        data = src.peek(p)
-        if data is not None:
-            dst.put(p, data)
-        self.in_dram[p] = to_dram
-        if data is not None:
-            src.drop(p)
-            self._charge(src_q, dst_q, src_charged)
-
-    def _charge(self, src_q: str, dst_q: str, src_charged: bool = False) -> None:
-        t = self.clock_ns
-        if not src_charged:  # (a fill charged its read to the access that caused it)
-            self.queues[src_q].serve(t, self.page_bytes, record=False)
-        self.queues[dst_q].serve(t, self.page_bytes, record=False)
-        self.counters["bytes_migrated"] += self.page_bytes
-
-    def _demote(self, p: int) -> None:
-        if self.inflight:
-            self._settle(p)
-        if self.in_dram[p]:
-            if self.page_state is not None:
-                self.page_state.trap(p)  # before the bytes leave the shared file
-            self._move(p, self.dram, self.nvme, "dram", "nvme", 0)
-            self.counters["migrations_to_nvme"] += 1
-
-    def _promote(self, p: int, src_charged: bool = False) -> None:
-        if self.inflight:
-            self._settle(p)
-        if not self.in_dram[p]:
-            self._move(p, self.nvme, self.dram, "nvme", "dram", 1, src_charged)
-            self.counters["migrations_to_dram"] += 1
-            self._maybe_direct(p)
-
-    # --- migrations in steps (a reset may find one half done) -----------------------------
-    def _ends(self, to_dram: bool) -> tuple:
-        """(source store, destination store) of a migration to DRAM or to NVMe."""
-        return (self.nvme, self.dram) if to_dram else (self.dram, self.nvme)
+    # --- pages: placement, traps, migrations (the media's and the migrations' calls) -------
+    def move_page(self, p: int, to_dram: bool) -> None:
+        """Page ``p`` to DRAM or to NVMe at once (:meth:`Migrations.move_page`)."""
+        self.migrations.move_page(p, to_dram)
 
     def start_migration(self, p: int, to_dram: bool) -> bool:
-        """Begin moving page ``p`` in steps that other requests may come between: copy it
-        now (the host's writes then go to both copies), record its new tier and drop the
-        old copy in :meth:`step_migration`.  False when the page is already there."""
-        if self.inflight:
-            self._settle(p)
-        if bool(self.in_dram[p]) == to_dram:
-            return False
-        src, dst = self._ends(to_dram)
-        if not to_dram and self.page_state is not None:
-            self.page_state.trap(p)  # before the bytes leave the shared file
-        data = src.peek(p)
-        if data is not None:
-            dst.put(p, data)
-        self.inflight[p] = Migration(to_dram)
-        return True
+        """Begin moving page ``p`` in steps (:meth:`Migrations.start`)."""
+        return self.migrations.start(p, to_dram)
 
     def step_migration(self, p: int) -> bool:
-        """The next step of page ``p``'s migration: record the new tier, then (the next
-        call) drop the old copy.  True when the migration is done."""
-        m = self.inflight[p]
-        if not m.recorded:
-            self.in_dram[p] = int(m.to_dram)
-            m.recorded = True
-            return False
-        self._finish(p)
-        return True
-
-    def _mirror(self, p: int, off: int, data: bytes | memoryview) -> None:
-        """A write to a page being copied goes to the copy too (until the new tier is
-        recorded the old copy is the page; after, the copy is): neither may go stale."""
-        m = self.inflight.get(p)
-        if m is not None and not m.recorded:
-            self._ends(m.to_dram)[1].write(p, off, data)
-
-    def _finish(self, p: int) -> None:
-        m = self.inflight.pop(p)
-        src, _ = self._ends(m.to_dram)
-        src.drop(p)
-        self._charge(*(("nvme", "dram") if m.to_dram else ("dram", "nvme")))
-        self.counters["migrations_to_dram" if m.to_dram else "migrations_to_nvme"] += 1
-        if m.to_dram:
-            self._maybe_direct(p)
-
-    def _roll_back(self, p: int) -> None:
-        """Undo a migration whose new tier is not recorded: the old copy is the page (the
-        host's writes went to it), the new one is dropped."""
-        m = self.inflight.pop(p)
-        _, dst = self._ends(m.to_dram)
-        dst.drop(p)
-        self.counters["migrations_rolled_back"] += 1
-        if not m.to_dram:
-            self._maybe_direct(p)
-
-    def _settle(self, p: int) -> None:
-        """Complete page ``p``'s migration in progress, if any (before another move)."""
-        m = self.inflight.get(p)
-        if m is not None:
-            if not m.recorded:
-                self.step_migration(p)
-            self._finish(p)
-
-    def _fill(self, p: int, t: float) -> float:
-        """A host access arriving at ``t`` found page ``p`` on NVMe: the page comes into
-        DRAM (counted) and the access waits for it; returns when the page is in DRAM."""
-        self.counters["nvme_fills"] += 1
-        ready = self._qn.serve(t, self.page_bytes)  # the page read off NVMe, charged here
-        self._promote(p, src_charged=True)
-        return ready
-
-    def move_page(self, p: int, to_dram: bool) -> None:
-        """Page ``p`` to DRAM or to NVMe at once, bytes and all: a PLACE frame's pages, or
-        the pages of victims the firmware placed (the churn moves pages in steps instead:
-        :meth:`start_migration`)."""
-        if to_dram:
-            self._promote(p)
-        else:
-            self._demote(p)
+        """The next step of page ``p``'s migration (:meth:`Migrations.step`)."""
+        return self.migrations.step(p)
 
     def pages_of(self, dpa: int, n: int) -> range:
         """The DPA pages of ``[dpa, dpa + n)``; a RequestError if it is not inside the device."""
-        if n < 1 or dpa < 0 or dpa + n > self.capacity:
-            raise RequestError(
-                f"{n} B at DPA {dpa:#x} is outside the device's {self.capacity} bytes"
-            )
-        return range(dpa >> self.page_shift, ((dpa + n - 1) >> self.page_shift) + 1)
+        return self.media.pages_of(dpa, n)
 
     def trap(self, dpa: int, n: int) -> None:
         """Every access to the pages of ``[dpa, dpa + n)`` comes to the device, even from
         a patched QEMU that could complete it against the shared DRAM file."""
-        for p in self.pages_of(dpa, n):
-            self.trapped.add(p)
-            if self.page_state is not None:
-                self.page_state.trap(p)
-
-    def _maybe_direct(self, p: int) -> None:
-        """QEMU may access page ``p`` directly again: it is in the shared DRAM file and
-        none of its lines is poisoned."""
-        ps = self.page_state
-        if ps is None or not isinstance(self.dram, MmapStore) or not self.in_dram[p]:
-            return
-        if p in self.trapped:
-            return
-        lines = self.page_bytes >> 6
-        if self.poison and any(line in self.poison for line in range(p * lines, (p + 1) * lines)):
-            return
-        ps.direct(p)
-
-    def _realign(self) -> int:
-        """After a restart on persistent media: the tier map is restored, the policy's
-        metadata is not (it starts empty, as on a new device).  Move every page to where a
-        new device keeps it (tiered: NVMe; otherwise DRAM) so that the firmware's view and
-        the bytes agree again.  Nothing is lost: each move copies before it drops.  Returns
-        the pages moved."""
-        want = 0 if self.tiering else 1
-        moved = 0
-        for p in np.flatnonzero(np.frombuffer(self.in_dram, np.uint8) != want).tolist():
-            if want:
-                self._move(p, self.nvme, self.dram, "nvme", "dram", 1)
-                self._maybe_direct(p)
-            else:
-                if self.page_state is not None:
-                    self.page_state.trap(p)  # before the bytes leave the shared file
-                self._move(p, self.dram, self.nvme, "dram", "nvme", 0)
-            moved += 1
-        return moved
+        self.media.trap(self.media.pages_of(dpa, n))
 
     # --- DPA access -------------------------------------------------------------------
     def _arrival(self, at: float | None) -> float:
@@ -760,17 +342,17 @@ class Type3Device:
         self.clock_ns = done if self.interval_ns is None else t + self.interval_ns
 
     def _dpa_read(self, dpa: int, n: int, t: float) -> tuple[bytes, float]:
-        shift, pb = self.page_shift, self.page_bytes
+        shift, pb, in_dram = self.page_shift, self.page_bytes, self.media.in_dram
         p = dpa >> shift
         off = dpa & (pb - 1)
         if off + n <= pb:  # the common case: inside one page
             ready = t
-            if not self.in_dram[p] and self.fill_on_access:
-                ready = self._fill(p, t)
-            if self.in_dram[p]:
-                return self.dram.read(p, off, n), self._qd.serve(ready, n)
+            if not in_dram[p] and self.fill_on_access:
+                ready = self.migrations.fill(p, t)
+            if in_dram[p]:
+                return self.media.dram.read(p, off, n), self._qd.serve(ready, n)
             self.counters["nvme_accesses"] += 1
-            return self.nvme.read(p, off, n), self._qn.serve(t, n)
+            return self.media.nvme.read(p, off, n), self._qn.serve(t, n)
         out = []
         done = t
         while n > 0:
@@ -778,14 +360,14 @@ class Type3Device:
             off = dpa & (pb - 1)
             m = min(n, pb - off)
             ready = t
-            if not self.in_dram[p] and self.fill_on_access:
-                ready = self._fill(p, t)
-            if self.in_dram[p]:
-                out.append(self.dram.read(p, off, m))
+            if not in_dram[p] and self.fill_on_access:
+                ready = self.migrations.fill(p, t)
+            if in_dram[p]:
+                out.append(self.media.dram.read(p, off, m))
                 d = self._qd.serve(ready, m)
             else:
                 self.counters["nvme_accesses"] += 1
-                out.append(self.nvme.read(p, off, m))
+                out.append(self.media.nvme.read(p, off, m))
                 d = self._qn.serve(t, m)
             if d > done:
                 done = d
@@ -795,7 +377,7 @@ class Type3Device:
 
     def _dpa_write(self, dpa: int, data: bytes | memoryview, t: float) -> float:
         done = t
-        shift, pb = self.page_shift, self.page_bytes
+        shift, pb, in_dram = self.page_shift, self.page_bytes, self.media.in_dram
         i = 0
         n = len(data)
         while i < n:
@@ -803,45 +385,39 @@ class Type3Device:
             off = dpa & (pb - 1)
             m = min(n - i, pb - off)
             ready = t
-            if not self.in_dram[p] and self.fill_on_access:
-                ready = self._fill(p, t)
-            if self.in_dram[p]:
-                self.dram.write(p, off, data[i : i + m])
+            if not in_dram[p] and self.fill_on_access:
+                ready = self.migrations.fill(p, t)
+            if in_dram[p]:
+                self.media.dram.write(p, off, data[i : i + m])
                 d = self._qd.serve(ready, m)
             else:
                 self.counters["nvme_accesses"] += 1
-                self.nvme.write(p, off, data[i : i + m])
+                self.media.nvme.write(p, off, data[i : i + m])
                 d = self._qn.serve(t, m)
-            if self.inflight:
-                self._mirror(p, off, data[i : i + m])
+            if self.migrations.inflight:
+                self.migrations.mirror(p, off, data[i : i + m])
             if d > done:
                 done = d
             dpa += m
             i += m
         return done
 
-    def _poisoned(self, dpa: int, n: int) -> bool:
-        if not self.poison:
-            return False
-        return any(line in self.poison for line in range(dpa >> 6, (dpa + n - 1 >> 6) + 1))
-
     def _update_poison(self, dpa: int, n: int, poison: bool) -> None:
-        first, last = dpa >> 6, (dpa + n - 1) >> 6
+        """A host's write of ``[dpa, dpa + n)``: with the poison bit its lines are poisoned
+        (external); without, a write covering a whole line replaces its content and the
+        line's poison is gone."""
+        first, last = self.poison.lines_of(dpa, n)
         if poison:
-            if self.page_state is not None:
-                for p in range(
-                    (first << 6) >> self.page_shift, ((last << 6) >> self.page_shift) + 1
-                ):
-                    self.page_state.trap(p)  # QEMU must see the poison: trap first
-            self.poison.update(range(first, last + 1))
+            for p in range((first << 6) >> self.page_shift, ((last << 6) >> self.page_shift) + 1):
+                self.media.trap_page(p)  # QEMU must see the poison: trap first
+            self.poison.add(first, last)
         elif self.poison:
-            # A write covering a whole line replaces its content: the poison is gone.
             lo = first if dpa & 63 == 0 else first + 1
             hi = last if (dpa + n) & 63 == 0 else last - 1
             for line in range(lo, hi + 1):
                 self.poison.discard(line)
             for p in range(dpa >> self.page_shift, ((dpa + n - 1) >> self.page_shift) + 1):
-                self._maybe_direct(p)
+                self.media.maybe_direct(p)
 
     # --- HPA byte ranges (the host's view; used by the service, soak and QEMU bridge) ---
     def read(self, hpa: int, n: int, at: float | None = None) -> ReadResult:
@@ -862,7 +438,7 @@ class Type3Device:
             if d > done:
                 done = d
             if self.poison and not poisoned:
-                poisoned = self._poisoned(dpa, k)
+                poisoned = self.poison.any_in(*self.poison.lines_of(dpa, k))
         c = self.counters
         c["reads"] += 1
         c["read_bytes"] += n
@@ -923,7 +499,7 @@ class Type3Device:
                 return mem.S2MDRS(
                     mem.S2MDRSOpcode.MEM_DATA_NXM, msg.tag, zeros(LINE), poison=1, ld_id=msg.ld_id
                 )
-            self.host_accesses[dpa >> self.page_shift] += 1
+            self.media.host_accesses[dpa >> self.page_shift] += 1
             data, done = self._dpa_read(dpa, LINE, t)
             poisoned = (dpa >> 6) in self.poison
             self.counters["reads"] += 1
@@ -940,7 +516,7 @@ class Type3Device:
                 self.counters["unmapped_writes"] += 1
                 self._advance(t, t)
             else:
-                self.host_accesses[dpa >> self.page_shift] += 1
+                self.media.host_accesses[dpa >> self.page_shift] += 1
                 be = msg.byte_enable
                 if be == mem.ALL_BYTES:
                     done = self._dpa_write(dpa, msg.data, t)
@@ -953,33 +529,28 @@ class Type3Device:
                             line[i] = msg.data[i]
                     done = self._dpa_write(dpa, bytes(line), t)
                     if msg.poison:
-                        self.poison.add(dpa >> 6)
+                        self.poison.add(dpa >> 6, dpa >> 6)
                 self.counters["writes"] += 1
                 self.counters["write_bytes"] += be.bit_count()
                 self._advance(t, done)
             return mem.S2MNDR(mem.S2MNDROpcode.CMP, msg.tag, ld_id=msg.ld_id)
         raise RequestError(f"{type(msg).__name__} is a device-to-host message, not a request")
 
-    # --- poison (mailbox) -------------------------------------------------------------
+    # --- poison (the mailbox's Inject / Clear Poison) ---------------------------------------
     def inject_poison(self, dpa: int) -> None:
-        if self.page_state is not None:
-            self.page_state.trap(dpa >> self.page_shift)
-        self.poison.add(dpa >> 6)
+        """The line at ``dpa`` is poisoned, its source the mailbox's injection."""
+        self.media.trap_page(dpa >> self.page_shift)
+        self.poison.add(dpa >> 6, dpa >> 6, SOURCE_INJECTED)
 
     def clear_poison(self, dpa: int, data: bytes) -> None:
+        """The line at ``dpa`` holds ``data`` and is no longer poisoned."""
         self._dpa_write(dpa, data, self.clock_ns)
         self.poison.discard(dpa >> 6)
-        self._maybe_direct(dpa >> self.page_shift)
+        self.media.maybe_direct(dpa >> self.page_shift)
 
     # --- statistics -------------------------------------------------------------------
-    def check_placement(self) -> bool:
-        """Invariant: pages in DRAM are exactly the policy cache's resident entries."""
-        if not self.tiering:
-            return True
-        res = self.cache.is_resident(np.arange(self.n_pages))
-        return bool(np.array_equal(res, np.frombuffer(self.in_dram, dtype=np.uint8) == 1))
-
     def stats(self) -> dict:
+        m = self.media
         return {
             "capacity_bytes": self.capacity,
             "page_bytes": self.page_bytes,
@@ -987,17 +558,12 @@ class Type3Device:
             "tiering": self.tiering,
             "policy": self.policy_name,
             "counters": dict(self.counters),
-            "pages_in_dram": len(self.dram),
-            "pages_in_nvme": len(self.nvme),
-            "media": {
-                "dram": "file" if isinstance(self.dram, MmapStore) else "memory",
-                "nvme": "file" if isinstance(self.nvme, FileStore) else "memory",
-                "tier_map": "file" if self.tier_map.path else "memory",
-                "restart": self.restart,
-            },
+            "pages_in_dram": len(m.dram),
+            "pages_in_nvme": len(m.nvme),
+            "media": {**m.kinds(), "restart": self.restart},
             "poisoned_lines": len(self.poison),
             # accesses a patched QEMU completed directly against the shared DRAM file
-            "direct_accesses": self.page_state.direct_accesses() if self.page_state else 0,
+            "direct_accesses": m.page_state.direct_accesses() if m.page_state else 0,
             "kv_traffic": self.kv_traffic.stats() if self.kv_traffic is not None else None,
             "cache": self.cache.stats.as_dict(),
             "audit": self.audit.as_dict() if self.audit else {},
@@ -1008,8 +574,4 @@ class Type3Device:
         }
 
     def close(self) -> None:
-        self.dram.close()
-        self.nvme.close()
-        if self.page_state is not None:
-            self.page_state.close()
-        self.tier_map.close()
+        self.media.close()

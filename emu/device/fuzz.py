@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import random
-import struct
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -40,7 +39,7 @@ from kvcxl.firmware.cxl import mailbox as mb
 from kvcxl.firmware.cxl import mem
 
 from .device import Type3Device
-from .service import CCI, ERROR, HDM, MEM, READ, WRITE, Engine
+from .service import CCI, ERROR, HDM, MEM, READ, READ_REQ, WRITE, WRITE_REQ, Engine
 
 BASE = 1 << 36
 
@@ -48,6 +47,11 @@ BASE = 1 << 36
 def _records(dtype: np.dtype, rows: list[tuple]) -> bytes:
     """Records in the command table's layout (kvcxl.firmware.cxl.mailbox)."""
     return np.array(rows, dtype=dtype).tobytes()
+
+
+def _fixed(op: mb.Opcode, *values: object) -> bytes:
+    """The fixed part of ``op``'s request, in its row's layout of the command table."""
+    return mb.COMMANDS[op].request.fixed.pack(*values)
 
 
 def make_engine(seed: int = 0) -> Engine:
@@ -196,16 +200,16 @@ class Fuzzer:
         r = self.rng
         dpa = r.choice([0, 64 * r.randrange(1 << 16), r.randrange(1 << 64), GRANULE * 2, 63])
         if opcode in (mb.Opcode.INJECT_POISON,):
-            return struct.pack("<Q", dpa)
+            return _fixed(opcode, dpa)
         if opcode == mb.Opcode.CLEAR_POISON:
-            return struct.pack("<Q", dpa) + r.randbytes(64)
+            return _fixed(opcode, dpa, r.randbytes(64))
         if opcode == mb.Opcode.GET_POISON_LIST:
-            return struct.pack("<QQ", dpa, r.choice([0, 1, 64, 1 << 20, r.randrange(1 << 64)]))
+            return _fixed(opcode, dpa, r.choice([0, 1, 64, 1 << 20, r.randrange(1 << 64)]))
         if opcode == mb.Opcode.GET_LOG:
             uuid = mb.CEL_UUID if r.random() < 0.7 else r.randbytes(16)
-            return struct.pack("<16sII", uuid, r.randrange(80), r.randrange(1 << 32))
+            return _fixed(opcode, uuid, r.randrange(80), r.randrange(1 << 32))
         if opcode == mb.Opcode.VENDOR_GET_VICTIMS:
-            return struct.pack("<II", r.randrange(1 << 32), r.randrange(1 << 32))
+            return _fixed(opcode, r.randrange(1 << 32), r.randrange(1 << 32))
         return r.randbytes(n)
 
     def _vendor_case(self) -> None:
@@ -225,8 +229,8 @@ class Fuzzer:
                 ],
             )
             count = n if r.random() < 0.8 else r.randrange(1 << 32)
-            payload = struct.pack("<II", r.randrange(1 << 32), count) + recs
             op = mb.Opcode.VENDOR_ATTENTION_REPORT
+            payload = _fixed(op, r.randrange(1 << 32), count) + recs
         elif k < 0.8:
             name = r.choice([*PARAMS, "nope", ""])
             value = r.choice([0, 1, -1, 0.5, 1e9, "x", None, [0.1, 0.9], True, {"a": 1}])
@@ -252,7 +256,7 @@ class Fuzzer:
                     ],
                 )
                 op = mb.Opcode.VENDOR_DESCRIBE_ENTRIES
-                payload = struct.pack("<I", n) + recs
+                payload = _fixed(op, n) + recs
             elif r.random() < 0.5:
                 recs = _records(mb.LENGTH_RECORD, [
                     (r.randrange(1 << 32) if big else r.randrange(64),
@@ -260,11 +264,12 @@ class Fuzzer:
                     for _ in range(n)
                 ])  # fmt: skip
                 op = mb.Opcode.VENDOR_SET_CONTEXT_LENGTHS
-                payload = struct.pack("<I", n) + recs
+                payload = _fixed(op, n) + recs
             else:
                 ids = [r.randrange(1 << 32) if big else r.randrange(4096) for _ in range(n)]
                 op = mb.Opcode.VENDOR_CREATE_ENTRIES
-                payload = struct.pack(f"<II{n}I", r.randrange(1 << 32), n, *ids)
+                recs = _records(mb.ENTRY_RECORD, [(i,) for i in ids])
+                payload = _fixed(op, r.randrange(1 << 32), n) + recs
             if r.random() < 0.1:
                 payload = payload[: r.randrange(len(payload) + 1)]
         else:
@@ -279,12 +284,12 @@ class Fuzzer:
         hpa = r.choice([BASE + r.randrange(2 * GRANULE), r.randrange(1 << 52), (1 << 52) - 8])
         if r.random() < 0.5:
             n = r.choice([0, 1, 64, 4096, r.randrange(1 << 16), (1 << 20) + 1])
-            body = struct.pack("<QI", hpa, n)
+            body = READ_REQ.pack(hpa, n)
             if r.random() < 0.1:
                 body = body[: r.randrange(12)]
             self.run_case(READ, body)
         else:
-            body = struct.pack("<QB7x", hpa, r.randrange(4)) + r.randbytes(r.randrange(600))
+            body = WRITE_REQ.pack(hpa, r.randrange(4)) + r.randbytes(r.randrange(600))
             if r.random() < 0.1:
                 body = body[: r.randrange(16)]
             self.run_case(WRITE, body)

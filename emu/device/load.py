@@ -12,7 +12,6 @@ failure, and every byte that does not read back as written (``mismatched_bytes``
 
 from __future__ import annotations
 
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .service import ERROR, READ, WRITE, Client
+from .service import ERROR, READ, READ_REQ, WRITE, WRITE_REQ, Client
 
 RANGE = 1 << 20  # bytes of HPA each client owns
 
@@ -79,12 +78,12 @@ def run_load(
                 data = rng.bytes(n)
                 try:
                     t0 = time.perf_counter_ns()
-                    kind, body = c.call(WRITE, struct.pack("<QB7x", lo + off, 0) + data)
+                    kind, body = c.call(WRITE, WRITE_REQ.pack(lo + off, 0) + data)
                     t1 = time.perf_counter_ns()
                     if kind == ERROR or body[0]:
                         st.error(f"write at +{off:#x}: {body[:80]!r}")
                     shadow[off : off + n] = data
-                    kind, body = c.call(READ, struct.pack("<QI", lo + off, n))
+                    kind, body = c.call(READ, READ_REQ.pack(lo + off, n))
                     t2 = time.perf_counter_ns()
                     if kind == ERROR or body[0]:
                         st.error(f"read at +{off:#x}: {body[:80]!r}")

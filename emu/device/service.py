@@ -70,6 +70,8 @@ MAX_FRAME = 2 << 20
 MAX_IO = 1 << 20
 FLAG_POISON, FLAG_UNMAPPED = 1, 2
 _RW_HDR = struct.Struct("<B7xd")
+READ_REQ = struct.Struct("<QI")  # READ's body: u64 HPA, u32 length
+WRITE_REQ = struct.Struct("<QB7x")  # WRITE's body before the data: u64 HPA, u8 flags
 
 
 class Engine:
@@ -124,19 +126,19 @@ class Engine:
         if kind == CCI:
             return CCI, self.mailbox.execute(body)
         if kind == READ:
-            if len(body) != 12:
+            if len(body) != READ_REQ.size:
                 raise _FrameError(f"bad_length: READ body is 12 bytes, got {len(body)}")
-            hpa, n = struct.unpack("<QI", body)
+            hpa, n = READ_REQ.unpack(body)
             if n > MAX_IO or hpa + n > mem.HPA_LIMIT:
                 raise _FrameError(f"bad_range: {n} bytes at {hpa:#x}")
             r = dev.read(hpa, n)
             flags = FLAG_POISON * r.poisoned | FLAG_UNMAPPED * r.unmapped
             return READ, _RW_HDR.pack(flags, r.latency_ns) + r.data
         if kind == WRITE:
-            if len(body) < 16:
+            if len(body) < WRITE_REQ.size:
                 raise _FrameError(f"bad_length: WRITE body is at least 16 bytes, got {len(body)}")
-            hpa, flags = struct.unpack_from("<QB", body)
-            data = body[16:]
+            hpa, flags = WRITE_REQ.unpack_from(body)
+            data = body[WRITE_REQ.size :]
             if len(data) > MAX_IO or hpa + len(data) > mem.HPA_LIMIT:
                 raise _FrameError(f"bad_range: {len(data)} bytes at {hpa:#x}")
             mapped = dev.write(hpa, data, poison=bool(flags & FLAG_POISON))
@@ -372,14 +374,14 @@ class Client:
         return mb.CciMessage.decode(body)
 
     def read(self, hpa: int, n: int) -> tuple[bytes, int]:
-        kind, body = self.call(READ, struct.pack("<QI", hpa, n))
+        kind, body = self.call(READ, READ_REQ.pack(hpa, n))
         if kind == ERROR:
             raise ValueError(body.decode())
         flags, _lat = _RW_HDR.unpack_from(body)
         return body[_RW_HDR.size :], flags
 
     def write(self, hpa: int, data: bytes, poison: bool = False) -> int:
-        kind, body = self.call(WRITE, struct.pack("<QB7x", hpa, int(poison)) + data)
+        kind, body = self.call(WRITE, WRITE_REQ.pack(hpa, int(poison)) + data)
         if kind == ERROR:
             raise ValueError(body.decode())
         return _RW_HDR.unpack_from(body)[0]

@@ -34,7 +34,8 @@ a library module.  The rules:
     parts below it, and the bottom layer ``kvcxl.common``, which every part may import and
     which imports no part;
 (f) the bottom layer imports only the standard library at module level (a third-party
-    package inside a function), so that every command module may import it at its top.
+    package inside a function), so that every command module may import it at its top;
+(g) a relative import stays inside its part: across parts the module is named absolutely.
 
 Names in the CLI's registries (``COMMAND_MODULES``, ``BENCH_MODULES``, ``SETUP_STEPS``)
 are the composition root's and are not edges; a test checks that each names a module.
@@ -313,6 +314,14 @@ def violations(sources: Mapping[str, tuple[str, bool]]) -> list[str]:
         if not any(rest == a or rest.startswith(a + ".") for a in allowed):
             found.append(f"(e) {part(e.src)} may import only {', '.join(allowed)}: {e}")
     for src, (text, is_pkg) in sources.items():
+        for node, _ in _imports(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                for name in _named(src, is_pkg, node, sources):
+                    if part(name) != part(src):
+                        found.append(
+                            f"(g) a relative import crosses into {part(name)}: "
+                            f"{src}:{node.lineno} → {name} (name it absolutely)"
+                        )
         if part(src) != BOTTOM:
             continue
         for node, kind in _imports(ast.parse(text)):
@@ -402,6 +411,12 @@ def test_the_checker_finds_the_knots_it_was_written_for() -> None:
     script = 'if __name__ == "__main__":\n    from kvcxl.emu.cli import main\n'
     assert _plant({"kvcxl.emu.shape": script}) == []
     assert _plant({"kvcxl.qemu.commands": "from kvcxl.emu.cli import CliError"}) == []
+
+
+def test_the_checker_finds_a_relative_import_across_parts() -> None:
+    cross = _plant({"kvcxl.emu.sim.export": "from ...firmware import select"})
+    assert any(f.startswith("(g) ") and "kvcxl.emu.sim.export" in f for f in cross), cross
+    assert _plant({"kvcxl.emu.sim.export": "from ..shape import ModelShape"}) == []
 
 
 def test_the_checker_keeps_the_bottom_layer_at_the_bottom() -> None:

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from kvcxl.common.sizes import parse_size
+from kvcxl.firmware.config import PolicyConfig
 
-from ...firmware.config import PolicyConfig
 from ..shape import ModelShape, preset
 from ..sim.simulator import SimOptions, simulate
 from ..workloads import WORKLOADS, compile_workload, make_workload

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from ...firmware.config import PolicyConfig
+from kvcxl.firmware.config import PolicyConfig
+
 from ..metrics import mean_ci
 from ..serving import ServingModel, combine_serving, serving_metrics, workload_turns
 from ..shape import PRESETS, Deployment, ModelShape

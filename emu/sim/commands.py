@@ -18,9 +18,9 @@ from typing import Any
 from kvcxl.common.argtypes import nonnegative, nonnegative_float, positive, positive_float
 from kvcxl.common.progress import progress
 from kvcxl.common.sizes import SIZE_HELP, parse_size
+from kvcxl.firmware.config import PARAMS, PolicyConfig
+from kvcxl.firmware.policy_params import POLICY_PARAMS
 
-from ...firmware.config import PARAMS, PolicyConfig
-from ...firmware.policy_params import POLICY_PARAMS
 from ..metrics import audit_sentence, audit_totals
 from ..timing import CXL_DRAM, HBM, NVME
 from . import trace_import
@@ -586,7 +586,8 @@ def _spec_from_args(args: argparse.Namespace, policies, budgets):
 
 
 def _list() -> int:
-    from ...firmware.policies import POLICIES
+    from kvcxl.firmware.policies import POLICIES
+
     from ..shape import PRESETS
     from ..workloads import ALL_WORKLOADS
 

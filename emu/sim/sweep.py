@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from kvcxl.common.sizes import parse_size
+from kvcxl.firmware.config import PolicyConfig
+from kvcxl.firmware.policies import POLICIES
 
-from ...firmware.config import PolicyConfig
-from ...firmware.policies import POLICIES
 from ..metrics import audit_sentence, audit_totals, combine_seeds
 from ..shape import preset
 from ..timing import TierTiming

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from setuptools import setup
 
-FOLDERS = ("firmware", "emu", "rtl", "tb", "qemu")
+FOLDERS = ("common", "firmware", "emu", "rtl", "tb", "qemu")
 root = Path(__file__).parent
 package_dir = {f"kvcxl.{f}": f for f in FOLDERS}
 packages = [

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from .errors import UserError
+from kvcxl.common.errors import UserError
 
 # Order here is the order in `kvcxl --help`.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -90,7 +90,7 @@ _ACCEPTS = {
 class CliError(UserError):
     """A user-facing error raised by a command module: printed as one line, exit status 2.
 
-    Library modules raise :class:`kvcxl.emu.errors.UserError` instead (the CLI catches both).
+    Library modules raise :class:`kvcxl.common.errors.UserError` instead (the CLI catches both).
     """
 
 

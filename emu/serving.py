@@ -34,7 +34,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..firmware.fixedpoint import record_fields
+from kvcxl.firmware.fixedpoint import record_fields
+
 from .metrics import mean_ci, percentiles
 from .shape import Deployment, ModelShape
 from .timing import HBM, NVME

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..firmware.formulas import TIER_CXL, TIER_HBM, TIER_HBM_PINNED, TIER_NVME
+from kvcxl.firmware.formulas import TIER_CXL, TIER_HBM, TIER_HBM_PINNED, TIER_NVME
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ import argparse
 import json
 import sys
 
-from kvcxl.emu.argtypes import nonnegative, nonnegative_float, positive, positive_float
-from kvcxl.emu.sizes import dpa_range
+from kvcxl.common.argtypes import nonnegative, nonnegative_float, positive, positive_float
+from kvcxl.common.sizes import dpa_range
 
 JOBS = (
     "datapath", "replay", "malformed", "fuzz", "widths", "widths_in_line", "bench", "poison",

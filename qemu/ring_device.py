@@ -29,9 +29,9 @@ import threading
 import time
 from pathlib import Path
 
+from kvcxl.common.sizes import dpa_range
 from kvcxl.emu.device.device import Type3Device
 from kvcxl.emu.device.service import Churn, Engine, Server
-from kvcxl.emu.sizes import dpa_range
 from kvcxl.firmware.config import PolicyConfig
 
 from . import layout as L

@@ -8,44 +8,12 @@ load inside the handlers so that ``kvcxl --help`` stays fast.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from .designs import CHECKS, DEFECTS, DESIGNS, SHAPE_OPTIONS
-
-
-def positive(v: str) -> int:
-    """An integer >= 1 (argparse type; the RTL may not import the emulator's argtypes)."""
-    try:
-        n = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{v!r} is not an integer >= 1") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{v} is out of range: an integer >= 1 is accepted")
-    return n
-
-
-def nonnegative(v: str) -> int:
-    """An integer >= 0 (argparse type): seeds."""
-    try:
-        n = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{v!r} is not an integer >= 0") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{v} is out of range: an integer >= 0 is accepted")
-    return n
-
-
-def positive_float(v: str) -> float:
-    """A finite number > 0 (argparse type): clock targets."""
-    try:
-        x = float(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{v!r} is not a number > 0") from None
-    if not 0 < x < float("inf"):
-        raise argparse.ArgumentTypeError(f"{v} is out of range: a number > 0 is accepted")
-    return x
+from kvcxl.common.argtypes import nonnegative, positive, positive_float
+from kvcxl.common.jsonout import emit
+from kvcxl.rtl.designs import CHECKS, DEFECTS, DESIGNS, SHAPE_OPTIONS
 
 
 def add_shape(p: argparse.ArgumentParser, entries: int, lanes: int, batch: int) -> None:
@@ -169,13 +137,6 @@ def actions(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     """The ACTION subparsers of ``kvcxl rtl`` (after :func:`register`), for a part that adds
     an action to the group without the RTL importing it (the testbench adds ``test``)."""
     return sub.choices["rtl"].get_default("rtl_actions")
-
-
-def emit(res, json_out: str | None) -> None:
-    print(json.dumps(res, indent=2))
-    if json_out:
-        Path(json_out).write_text(json.dumps(res, indent=2))
-        print(f"wrote {json_out}", file=sys.stderr)
 
 
 def _verilog(args) -> int:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 
-from kvcxl.rtl.commands import actions, add_shape, emit, nonnegative, positive
+from kvcxl.common.argtypes import nonnegative, positive
+from kvcxl.common.jsonout import emit
+from kvcxl.rtl.commands import actions, add_shape
 from kvcxl.rtl.designs import DESIGNS
 
 
@@ -122,8 +124,8 @@ def _test(args: argparse.Namespace) -> int:
 def _sim(args: argparse.Namespace) -> int:
     import sys
 
+    from kvcxl.common.sizes import parse_size
     from kvcxl.emu.sim.commands import _dump_victims
-    from kvcxl.emu.sizes import parse_size
     from kvcxl.emu.trace import Trace
     from kvcxl.emu.workloads.stream import from_trace
     from kvcxl.rtl import toolchain

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kvcxl.common.sizes import parse_size
 from kvcxl.emu.sim.simulator import SimOptions, simulate, victims_table
-from kvcxl.emu.sizes import parse_size
 from kvcxl.emu.workloads.stream import ReadStream
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.rtl.engine_policy import EnginePolicy

@@ -1,6 +1,7 @@
 """The import graph of ``kvcxl`` keeps the architecture of docs/architecture.md.
 
-Every ``.py`` file under the five part folders is parsed (``ast``, nothing imported) and
+Every ``.py`` file under the five part folders and the bottom layer ``common/`` is parsed
+(``ast``, nothing imported) and
 each import is resolved to a ``kvcxl`` module: ``import a.b``, ``from a import b`` (``a.b``
 when that is a module, else ``a``), relative imports, and ``importlib.import_module`` of a
 literal name.  Importing ``a.b.c`` runs the packages ``a.b`` and ``a`` first, so an import
@@ -29,7 +30,12 @@ a library module.  The rules:
     golden model depends on nothing else), however lazily;
 (d) ``kvcxl.rtl`` imports nothing of ``kvcxl.tb`` (the RTL does not depend on its
     testbench; ``kvcxl rtl test`` is registered by ``kvcxl.tb.commands``);
-(e) each part imports only the parts of :data:`LAYERS` (every kind of import).
+(e) each part imports only the parts of :data:`LAYERS` (every kind of import): itself, the
+    parts below it, and the bottom layer ``kvcxl.common``, which every part may import and
+    which imports no part;
+(f) the bottom layer imports only the standard library at module level (a third-party
+    package inside a function), so that every command module may import it at its top;
+(g) a relative import stays inside its part: across parts the module is named absolutely.
 
 Names in the CLI's registries (``COMMAND_MODULES``, ``BENCH_MODULES``, ``SETUP_STEPS``)
 are the composition root's and are not edges; a test checks that each names a module.
@@ -58,17 +64,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("firmware", "emu", "rtl", "tb", "qemu")  # the folders setup.py maps onto kvcxl.*
+PARTS = ("common", "firmware", "emu", "rtl", "tb", "qemu")  # the folders setup.py maps onto kvcxl.*
+BOTTOM = "common"  # the bottom layer: every part may import it, it imports no part
 DOC = ROOT / "docs" / "architecture.md"
 
 # (e): which parts each part may import.  The CXL protocol tables the RTL shares with the
 # emulator live in kvcxl.firmware.cxl, so the RTL imports only the firmware.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "firmware": ("firmware",),
-    "emu": ("emu", "firmware"),
-    "rtl": ("rtl", "firmware"),
-    "tb": ("tb", "rtl", "emu", "firmware"),
-    "qemu": ("qemu", "emu", "firmware"),
+    "common": ("common",),
+    "firmware": ("firmware", BOTTOM),
+    "emu": ("emu", "firmware", BOTTOM),
+    "rtl": ("rtl", "firmware", BOTTOM),
+    "tb": ("tb", "rtl", "emu", "firmware", BOTTOM),
+    "qemu": ("qemu", "emu", "firmware", BOTTOM),
 }
 
 # Third-party packages of the optional extras (pyproject.toml): a module that needs one
@@ -95,7 +103,7 @@ class Edge:
 
 
 def discover(root: Path = ROOT) -> dict[str, tuple[str, bool]]:
-    """``{module: (source, is_package)}`` for every .py file of the five part folders' packages
+    """``{module: (source, is_package)}`` for every .py file of the part folders' packages
     (folders with an ``__init__.py``, as setup.py finds them)."""
     found = {}
     for part in PARTS:
@@ -297,7 +305,7 @@ def violations(sources: Mapping[str, tuple[str, bool]]) -> list[str]:
             continue  # a package run on the way: the named module's edge says it
         if e.kind != "script" and is_cli(e.dst) and not is_cli(e.src):
             found.append(f"(b) library module imports the CLI: {e}")
-        if part(e.src) == "firmware" and part(e.dst) != "firmware":
+        if part(e.src) == "firmware" and part(e.dst) not in ("firmware", BOTTOM):
             found.append(f"(c) the firmware imports another part: {e}")
         if part(e.src) == "rtl" and part(e.dst) == "tb":
             found.append(f"(d) the RTL imports its testbench: {e}")
@@ -305,6 +313,24 @@ def violations(sources: Mapping[str, tuple[str, bool]]) -> list[str]:
         allowed = LAYERS[part(e.src)]
         if not any(rest == a or rest.startswith(a + ".") for a in allowed):
             found.append(f"(e) {part(e.src)} may import only {', '.join(allowed)}: {e}")
+    for src, (text, is_pkg) in sources.items():
+        for node, _ in _imports(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                for name in _named(src, is_pkg, node, sources):
+                    if part(name) != part(src):
+                        found.append(
+                            f"(g) a relative import crosses into {part(name)}: "
+                            f"{src}:{node.lineno} → {name} (name it absolutely)"
+                        )
+        if part(src) != BOTTOM:
+            continue
+        for node, kind in _imports(ast.parse(text)):
+            named = _named(src, is_pkg, node, sources) if kind == "module" else []
+            for name in named:
+                if name.split(".")[0] not in (*sys.stdlib_module_names, "kvcxl"):
+                    found.append(
+                        f"(f) the bottom layer imports {name} at module level: {src}:{node.lineno}"
+                    )
     return found
 
 
@@ -383,8 +409,26 @@ def test_the_checker_finds_the_knots_it_was_written_for() -> None:
     assert any(f.startswith("(e) ") for f in layer), layer
     # A script block may use the CLI; a CLI module may import another.
     script = 'if __name__ == "__main__":\n    from kvcxl.emu.cli import main\n'
-    assert _plant({"kvcxl.emu.sizes": script}) == []
+    assert _plant({"kvcxl.emu.shape": script}) == []
     assert _plant({"kvcxl.qemu.commands": "from kvcxl.emu.cli import CliError"}) == []
+
+
+def test_the_checker_finds_a_relative_import_across_parts() -> None:
+    cross = _plant({"kvcxl.emu.sim.export": "from ...firmware import select"})
+    assert any(f.startswith("(g) ") and "kvcxl.emu.sim.export" in f for f in cross), cross
+    assert _plant({"kvcxl.emu.sim.export": "from ..shape import ModelShape"}) == []
+
+
+def test_the_checker_keeps_the_bottom_layer_at_the_bottom() -> None:
+    """Every part may import kvcxl.common; it imports no part, and no third-party package
+    at module level (a lazy one inside a function is fine)."""
+    for src in ("kvcxl.firmware.formulas", "kvcxl.rtl.export", "kvcxl.tb.runner"):
+        assert _plant({src: "from kvcxl.common.sizes import parse_size"}) == []
+    up = _plant({"kvcxl.common.sizes": "from kvcxl.firmware import formulas"})
+    assert any(f.startswith("(e) common may import only common") for f in up), up
+    heavy = _plant({"kvcxl.common.progress": "import tqdm"})
+    assert any(f.startswith("(f) ") and "tqdm" in f for f in heavy), heavy
+    assert _plant({"kvcxl.common.progress": "def f():\n    import tqdm\n"}) == []
 
 
 # --- every module imports ------------------------------------------------------------------

@@ -9,6 +9,7 @@ import statistics
 
 import pytest
 
+from kvcxl.common.sizes import parse_size
 from kvcxl.emu import cli
 from kvcxl.emu.experiments import EXPERIMENTS, _common, runner
 from kvcxl.emu.experiments.base import VERDICTS, Experiment
@@ -16,7 +17,6 @@ from kvcxl.emu.experiments.ladder import Ladder
 from kvcxl.emu.experiments.stats import paired_gain, summary
 from kvcxl.emu.metrics import t975
 from kvcxl.emu.sim.simulator import SimOptions, simulate
-from kvcxl.emu.sizes import parse_size
 
 SEEDS = 2
 NAMES = ["aggregation", "hot-set", "ladder", "workloads"]

@@ -29,7 +29,7 @@ def test_cli_reports_missing_model_in_one_line(monkeypatch, tmp_path, capsys) ->
     monkeypatch.setattr(capture, "_SHARED", {})  # no model loaded earlier in this process
     monkeypatch.setattr(weights, "locate", lambda: None)
     rc = main(["trace", "capture", "--prompt", "chat", "-o", str(tmp_path / "t.npz")])
-    assert rc == 1  # not bad input: the machine lacks the model (kvcxl.emu.errors.Failure)
+    assert rc == 1  # not bad input: the machine lacks the model (kvcxl.common.errors.Failure)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not installed" in err[0]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("firmware", "emu", "rtl", "tb", "qemu")
+FOLDERS = ("common", "firmware", "emu", "rtl", "tb", "qemu")
 
 
 @pytest.mark.slow

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvcxl.common.sizes import parse_size
 from kvcxl.emu.cli import main
 from kvcxl.emu.sim.simulator import SimOptions, simulate
-from kvcxl.emu.sizes import parse_size
 from kvcxl.emu.trace import Trace
 from kvcxl.emu.workloads.stream import from_trace
 from kvcxl.firmware.policies.base import Tick

@@ -1,6 +1,6 @@
 """``kvcxl device serve | soak | fuzz``: the CXL Type-3 device emulator from the command line.
 
-Only the standard library (and the size grammar, :mod:`kvcxl.emu.sizes`) is imported
+Only the standard library (and the size grammar, :mod:`kvcxl.common.sizes`) is imported
 here; the device is imported by the handlers.
 """
 
@@ -10,8 +10,10 @@ import argparse
 import json
 import sys
 
-from ..argtypes import nonnegative, positive, unit_interval
-from ..sizes import SIZE_HELP, dpa_range, size_arg
+from kvcxl.common.argtypes import nonnegative, positive, unit_interval
+from kvcxl.common.jsonout import write_json
+from kvcxl.common.progress import progress
+from kvcxl.common.sizes import SIZE_HELP, dpa_range, size_arg
 
 _SERVE_EPILOG = """\
 protocol (docs/device.md): each frame is u32 length, u8 kind, body; kinds
@@ -252,20 +254,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     st.set_defaults(func=_stats)
 
 
-def _progress(total: int, desc: str):
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, desc=desc, unit="op", disable=not sys.stderr.isatty())
-    return bar, bar.update
-
-
-def _write_json(path: str | None, report: dict) -> None:
-    if path:
-        with open(path, "w") as fh:
-            json.dump(report, fh, indent=2)
-        print(f"wrote {path}")
-
-
 def _check_policy(name: str) -> None:
     from kvcxl.firmware.policies import POLICIES
 
@@ -286,14 +274,14 @@ def _soak(args: argparse.Namespace) -> int:
         policy=args.policy,
         seed=args.seed,
     )
-    bar, update = _progress(cfg.ops, "soak")
+    bar, update = progress(cfg.ops, "soak", "op")
     try:
         report = run(cfg, progress=update)
     finally:
         bar.close()
     summary = {k: v for k, v in report.items() if k != "setups"}
     print(json.dumps(summary, indent=2))
-    _write_json(args.json_out, report)
+    write_json(args.json_out, report)
     return (
         1 if report["mismatched_bytes"] or report["wrong_victims"] or report["poison_errors"] else 0
     )
@@ -304,7 +292,7 @@ def _fuzz(args: argparse.Namespace) -> int:
         return _fuzz_socket(args)
     from kvcxl.emu.device.fuzz import run
 
-    bar, update = _progress(args.cases, "fuzz")
+    bar, update = progress(args.cases, "fuzz", "op")
     try:
         report = run(
             args.cases,
@@ -315,7 +303,7 @@ def _fuzz(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     print(json.dumps({k: v for k, v in report.items() if k != "return_codes"}, indent=2))
-    _write_json(args.json_out, report)
+    write_json(args.json_out, report)
     return 1 if report["crashes"] or report["device_internal_errors"] else 0
 
 
@@ -338,7 +326,7 @@ def _fuzz_socket(args: argparse.Namespace) -> int:
     print(json.dumps({k: v for k, v in report.items() if k != "examples"}, indent=2))
     for line in report["examples"]:
         print(line, file=sys.stderr)
-    _write_json(args.json_out, report)
+    write_json(args.json_out, report)
     bad = report["crashes"] + report["wrong_answers"] + report["changed_bytes"]
     return 1 if bad or report["service_internal_errors"] else 0
 
@@ -467,7 +455,7 @@ def _stats(args: argparse.Namespace) -> int:
         raise ValueError(f"Get Statistics answered {mb.ReturnCode(rsp.rc).name}")
     report = json.loads(rsp.payload)
     print(json.dumps(report, indent=2))
-    _write_json(args.json_out, report)
+    write_json(args.json_out, report)
     return 0
 
 

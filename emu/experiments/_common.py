@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from ...firmware.config import PolicyConfig
+from kvcxl.common.sizes import parse_size
+from kvcxl.firmware.config import PolicyConfig
+
 from ..shape import ModelShape, preset
 from ..sim.simulator import SimOptions, simulate
-from ..sizes import parse_size
 from ..workloads import WORKLOADS, compile_workload, make_workload
 from ..workloads.attention import preset_attention
 from .stats import fmt_ci, paired_gain, summary

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import positive
+from kvcxl.common.argtypes import positive
+from kvcxl.common.progress import progress
 
 DESCRIPTION = """\
 Runs experiments of the design's validation programme (its §K.6; docs/validation.md) on
@@ -98,12 +98,9 @@ def _names(args: argparse.Namespace) -> list[str]:
 def _progress(off: bool):
     if off:
         return None
-    from tqdm import tqdm
 
     def start(done: int, total: int):
-        bar = tqdm(total=total, initial=done, desc="experiment", unit="run", file=sys.stderr,
-                   leave=False, delay=0.5)  # fmt: skip
-        return bar.update
+        return progress(total, "experiment", "run", initial=done)[1]
 
     return start
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ...firmware.policies import POLICIES
+from kvcxl.firmware.policies import POLICIES
+
 from ..trace import Trace
 from ..workloads import ARRIVALS, from_trace
 from ._common import SCALES, arm_table, base_cases, by_workload, column, prefixed, replay, titled

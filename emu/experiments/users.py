@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from ...firmware.config import PolicyConfig
+from kvcxl.common.figures import figure
+from kvcxl.firmware.config import PolicyConfig
+
 from ..metrics import mean_ci
 from ..serving import ServingModel, combine_serving, serving_metrics, workload_turns
 from ..shape import PRESETS, Deployment, ModelShape
@@ -292,12 +294,11 @@ def _table(summary: list[dict[str, Any]]) -> str:
 
 
 def _plot(summary: list[dict[str, Any]], path: str) -> None:
-    import matplotlib
+    with figure(path, tight=True, figsize=(6.4, 3.6)) as (_, ax):
+        _draw(summary, ax)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+def _draw(summary: list[dict[str, Any]], ax: Any) -> None:
     for (placement, hot), rs in _series(summary).items():
         x = np.array([r["users"] for r in rs])
         y = np.array([r["tokens_per_s_per_user"] for r in rs], dtype=float)
@@ -315,9 +316,6 @@ def _plot(summary: list[dict[str, Any]], path: str) -> None:
     ax.legend(fontsize=7)
     ax.text(0.99, 0.01, "Simulated + Analytical model", transform=ax.transAxes, ha="right",
             va="bottom", fontsize=7, color="gray")  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 EXPERIMENT = Users()

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..argtypes import nonnegative, positive
+from kvcxl.common.argtypes import nonnegative, positive
+
 from ..shape import PRESETS
 from ..trace import Trace
 from .tokenizer import Message, Tokenizer

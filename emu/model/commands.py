@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import nonnegative, positive, unit_interval
+from kvcxl.common.argtypes import nonnegative, positive, unit_interval
 
 QUALITY_EPILOG = """\
 policies: any firmware policy (ema, h2o, lru, sink-window, lfu, fifo, lrfu, random) or

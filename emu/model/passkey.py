@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from kvcxl.common.sizes import FRACTION, parse_budget
+
 from ..metrics import mean_ci, wilson_ci
 from .calibrate import replay_hit_rate
 from .capture import capture
@@ -150,20 +152,9 @@ def score(answer: str, passkey: str) -> bool:
 
 
 def parse_budget_fraction(text: str) -> float:
-    """A budget as a fraction of the prompt's KV: ``25%``, ``0.25`` or ``all`` (= 1.0)."""
-    t = str(text).strip().lower()
-    if t in ("all", "full"):
-        return 1.0
-    try:
-        f = float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
-        f = math.nan
-    if not 0 < f <= 1:
-        raise ValueError(
-            f"budget {text!r} is not a fraction of the prompt's KV in (0, 1]; accepted: "
-            "a percentage (25%), a fraction (0.25) or 'all'"
-        )
-    return f
+    """A budget as a fraction of the prompt's KV: ``25%``, ``0.25`` or ``all`` (= 1.0) (the
+    grammar of :func:`kvcxl.common.sizes.parse_budget`)."""
+    return float(parse_budget(text, FRACTION))
 
 
 def budget_tokens(fraction: float, prompt_tokens: int, total_tokens: int, block_tokens: int) -> int:

@@ -38,6 +38,8 @@ import numpy as np
 from numpy.typing import NDArray
 from tqdm import tqdm
 
+from kvcxl.common.sizes import TOKENS
+from kvcxl.common.sizes import parse_budget as budget_in
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.policies import POLICIES
 from kvcxl.firmware.session import FirmwareSession
@@ -91,25 +93,9 @@ def _parse_value(v: str) -> Any:
 
 
 def parse_budget(text: str, n_tokens: int) -> int:
-    """Tokens per KV head: an integer, a percentage of the sequence (``25%``) or ``all``."""
-    t = str(text).strip().lower()
-    if t in ("all", "full", "unbounded"):
-        return n_tokens
-    try:
-        if t.endswith("%"):
-            pct = float(t[:-1])
-            if not 0 < pct <= 100:
-                raise ValueError
-            return max(1, math.ceil(n_tokens * pct / 100))
-        v = int(t)
-    except ValueError:
-        raise ValueError(
-            f"budget {text!r}: expected tokens per KV head (e.g. 128), a percentage of the "
-            "sequence (e.g. 25%) or 'all'"
-        ) from None
-    if v < 1:
-        raise ValueError(f"budget {text!r}: must be >= 1 token")
-    return v
+    """Tokens per KV head: an integer, a percentage of the sequence (``25%``) or ``all``
+    (the grammar of :func:`kvcxl.common.sizes.parse_budget`)."""
+    return int(budget_in(text, TOKENS, n_tokens))
 
 
 @dataclass

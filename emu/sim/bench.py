@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ...firmware.config import PolicyConfig
-from ...firmware.replay import replay
+from kvcxl.firmware.config import PolicyConfig
+from kvcxl.firmware.replay import replay
+
 from ..shape import PRESETS
 from ..workloads import compile_workload, make_workload
 from ..workloads.stream import from_trace

@@ -2,7 +2,7 @@
 
 The option tables come from the modules that own them (granularities from the
 simulator, tier defaults from :mod:`kvcxl.emu.timing`, the size grammar from
-:mod:`kvcxl.emu.sizes`); workloads, sweeps and plotting load inside the handlers.
+:mod:`kvcxl.common.sizes`); workloads, sweeps and plotting load inside the handlers.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ...firmware.config import PARAMS, PolicyConfig
-from ...firmware.policy_params import POLICY_PARAMS
-from ..argtypes import nonnegative, nonnegative_float, positive, positive_float
+from kvcxl.common.argtypes import nonnegative, nonnegative_float, positive, positive_float
+from kvcxl.common.progress import progress
+from kvcxl.common.sizes import SIZE_HELP, parse_size
+from kvcxl.firmware.config import PARAMS, PolicyConfig
+from kvcxl.firmware.policy_params import POLICY_PARAMS
+
 from ..metrics import audit_sentence, audit_totals
-from ..sizes import SIZE_HELP, parse_size
 from ..timing import CXL_DRAM, HBM, NVME
 from . import trace_import
 from .simulator import GRANULARITIES
@@ -470,15 +472,6 @@ def _policy_config(args: argparse.Namespace) -> dict[str, Any]:
     return merged
 
 
-def _progress(total: int, desc: str, off: bool):
-    if off or total <= 1:
-        return None, None
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, desc=desc, unit="run", file=sys.stderr, leave=False, delay=0.5)
-    return bar, bar.update
-
-
 def _fmt_ci(v: float | None, ci: float | None, scale: float = 100.0, digits: int = 1) -> str:
     if v is None:
         return "—"
@@ -593,7 +586,8 @@ def _spec_from_args(args: argparse.Namespace, policies, budgets):
 
 
 def _list() -> int:
-    from ...firmware.policies import POLICIES
+    from kvcxl.firmware.policies import POLICIES
+
     from ..shape import PRESETS
     from ..workloads import ALL_WORKLOADS
 
@@ -627,9 +621,8 @@ def _simulate(args: argparse.Namespace) -> int:
     spec: SweepSpec = _spec_from_args(args, policies, budgets)
     from .sweep import progress_units
 
-    bar, update = _progress(
-        progress_units(spec, args.backend, args.jobs), "simulate", args.no_progress
-    )
+    units = progress_units(spec, args.backend, args.jobs)
+    bar, update = progress(units, "simulate", "run", off=args.no_progress)
     try:
         raw = run_sweep(
             spec, jobs=args.jobs, backend=args.backend, address=args.scheduler, progress=update
@@ -769,7 +762,9 @@ def _demo(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     from .sweep import progress_units
 
-    bar, update = _progress(progress_units(spec, "process", args.jobs), "demo", args.no_progress)
+    bar, update = progress(
+        progress_units(spec, "process", args.jobs), "demo", "run", off=args.no_progress
+    )
     try:
         raw = run_sweep(spec, jobs=args.jobs, progress=update)
     finally:

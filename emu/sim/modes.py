@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from ...firmware.policies import POLICIES
+from kvcxl.firmware.policies import POLICIES
+
 from ..metrics import mean_ci
 from ..workloads import WORKLOADS
 from .sweep import SweepSpec, run_sweep

@@ -27,13 +27,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ...firmware.config import PolicyConfig
-from ...firmware.formulas import TIER_CXL, TIER_HBM, TIER_NVME
-from ...firmware.policies import POLICIES
-from ...firmware.policies.base import Policy
-from ...firmware.policies.belady import Future
-from ...firmware.session import Decisions, FirmwareSession
-from ...firmware.table import EntryTable, unique_ids
+from kvcxl.firmware.config import PolicyConfig
+from kvcxl.firmware.formulas import TIER_CXL, TIER_HBM, TIER_NVME
+from kvcxl.firmware.policies import POLICIES
+from kvcxl.firmware.policies.base import Policy
+from kvcxl.firmware.policies.belady import Future
+from kvcxl.firmware.session import Decisions, FirmwareSession
+from kvcxl.firmware.table import EntryTable, unique_ids
+
 from ..metrics import linear_percentiles
 from ..timing import TierTiming
 from ..workloads.stream import CREATE, ReadStream

@@ -24,11 +24,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...firmware.config import PolicyConfig
-from ...firmware.policies import POLICIES
+from kvcxl.common.sizes import parse_size
+from kvcxl.firmware.config import PolicyConfig
+from kvcxl.firmware.policies import POLICIES
+
 from ..metrics import audit_sentence, audit_totals, combine_seeds
 from ..shape import preset
-from ..sizes import parse_size
 from ..timing import TierTiming
 from ..trace import Trace
 from ..workloads import (

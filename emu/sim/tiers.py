@@ -17,14 +17,14 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ...firmware.formulas import (
+from kvcxl.firmware.formulas import (
     TIER_CXL,
     TIER_HBM,
     TIER_HBM_PINNED,
     TIER_NAMES,
     TIER_NVME,
 )
-from ...firmware.select import select_victims
+from kvcxl.firmware.select import select_victims
 
 HOST = 4  # source of newly written KV (the GPU producing it)
 PAIR_NAMES = (*TIER_NAMES, "host")

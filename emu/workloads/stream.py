@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ...firmware.cache import unique_ids
+from kvcxl.firmware.cache import unique_ids
+
 from ..shape import ModelShape
 from ..trace import OP_WRITE, Trace
 from .attention import (

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ....firmware import fixedpoint as fx
-from ....firmware.formulas import recency_decay
-from ....firmware.policies import POLICIES, make_policy
-from ....firmware.policies.base import Policy
-from ....firmware.policies.belady import NEVER, Future
-from ....firmware.table import EntryTable
+from kvcxl.firmware import fixedpoint as fx
+from kvcxl.firmware.formulas import recency_decay
+from kvcxl.firmware.policies import POLICIES, make_policy
+from kvcxl.firmware.policies.base import Policy
+from kvcxl.firmware.policies.belady import NEVER, Future
+from kvcxl.firmware.table import EntryTable
+
 from ...workloads.stream import CREATE, ReadStream
 
 if TYPE_CHECKING:

@@ -1,10 +1,15 @@
-"""The one size grammar of every ``kvcxl`` command: ``4096``, ``0x1000``, ``2GB``, ``512MiB``.
+"""The one size and budget grammar of every ``kvcxl`` command: ``4096``, ``0x1000``, ``2GB``,
+``512MiB``, ``25%``, ``all``.
 
 Decimal units are decimal and binary units are binary, as in IEC 80000-13:
 ``K``/``KB`` = 10³, ``M``/``MB`` = 10⁶, ``G``/``GB`` = 10⁹, ``T``/``TB`` = 10¹²;
 ``KiB`` = 2¹⁰, ``MiB`` = 2²⁰, ``GiB`` = 2³⁰, ``TiB`` = 2⁴⁰ (units are case-insensitive).
 A bare number (decimal or ``0x`` hexadecimal) is bytes.  A percentage is of a total
 the command names (the workload's KV bytes for ``simulate``).
+
+A budget is an amount in an explicit unit (:data:`BYTES`, :data:`TOKENS` per KV head, or a
+:data:`FRACTION` of a whole), written in one grammar: a number in that unit, a percentage
+of the total the command names, or ``all`` (the whole total).  :func:`parse_budget` reads it.
 
 Standard library only: the command-line modules import it at their top.
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from dataclasses import dataclass
 
 #: One line for the ``--help`` of every option that takes a size.
 SIZE_HELP = "256MiB = 256·2²⁰ bytes, 256MB = 256·10⁶; a bare number is bytes"
@@ -77,3 +83,58 @@ def size_arg(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What a budget counts, and how a share of the total becomes a whole amount."""
+
+    name: str
+    example: str  # an amount in the unit, for the message that refuses a bad budget
+    round_up: bool  # a percentage rounds up (at least one) rather than down
+    minimum: float  # the least amount accepted
+    whole: bool  # the amount is an integer
+
+
+#: bytes: a size (``512MiB``, ``2GB``, ``4096``); a percentage rounds down, 0 is allowed.
+BYTES = Unit("bytes", "512MiB", round_up=False, minimum=0, whole=True)
+#: tokens per KV head (``128``); a percentage rounds up to at least one token.
+TOKENS = Unit("tokens per KV head", "128", round_up=True, minimum=1, whole=True)
+#: a fraction of the whole in (0, 1] (``0.25``); a percentage is that fraction.
+FRACTION = Unit("fraction", "0.25", round_up=False, minimum=0, whole=False)
+
+_ALL = ("all", "full", "unbounded")
+
+
+def parse_budget(text: str | int | float, unit: Unit, total: float | None = None) -> int | float:
+    """A budget in ``unit``: an amount (``512MiB`` for bytes, ``128`` tokens, ``0.25``), a
+    percentage of ``total`` (``25%``) or ``all`` (``total``; a fraction's total is 1)."""
+    if unit is FRACTION:
+        total = 1.0
+    t = str(text).strip().lower()
+    if t in _ALL:
+        if total is None:
+            raise ValueError(f"budget {text!r}: 'all' has nothing to be relative to here")
+        return total
+    if unit is BYTES:
+        return parse_size(text, None if total is None else int(total))
+    accepted = f"accepted: {unit.name} (e.g. {unit.example}), a percentage (e.g. 25%) or 'all'"
+    try:
+        if t.endswith("%"):
+            pct = float(t[:-1])
+            if not 0 < pct <= 100:
+                raise ValueError
+            if total is None:
+                raise ValueError(f"budget {text!r}: a percentage has nothing to be relative to")
+            share = total * pct / 100
+            return max(unit.minimum, math.ceil(share)) if unit.round_up else share
+        value = int(t) if unit.whole else float(t)
+    except ValueError as exc:
+        if "relative" in str(exc):
+            raise
+        raise ValueError(f"budget {text!r} is not understood; {accepted}") from None
+    if unit is FRACTION and not 0 < value <= 1:
+        raise ValueError(f"budget {text!r} is not a fraction in (0, 1]; {accepted}")
+    if value < unit.minimum:
+        raise ValueError(f"budget {text!r}: must be >= {unit.minimum:g} {unit.name}")
+    return value

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import math
 
+__all__ = ["nonnegative", "nonnegative_float", "positive", "positive_float", "unit_interval"]
+
 
 def _number(text: str, kind: type, accepted: str) -> int | float:
     try:

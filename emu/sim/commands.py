@@ -202,6 +202,21 @@ def _add_run_options(p: argparse.ArgumentParser, *, steps: int = 200) -> None:
         action="store_true",
         help="add the GB10 decode model 73.9 ms + 17.58 ms/GiB to step time",
     )
+    g.add_argument(
+        "--timeline",
+        action="store_true",
+        help="schedule every transfer (demand, prefetch, write-back, CXL->NVMe) on the link "
+        "(full duplex), device DRAM and NVMe with queueing (docs/timeline.md; numpy engine): "
+        "step times, tokens/s and the serving metrics come from it",
+    )
+    g.add_argument(
+        "--timing",
+        choices=("seed", "asic", "fpga"),
+        default=None,
+        help="CXL DRAM timing preset (docs/timeline.md): seed = 200 ns, 64 GB/s (Analytical "
+        "model); asic / fpga = CXL-DMSim's measured ratios to local DDR (arXiv 2411.02282); "
+        "--cxl-gbps / --cxl-latency-ns override it",
+    )
     for name in TIMING_OPTIONS:
         g.add_argument(
             f"--{name.replace('_', '-')}",
@@ -534,6 +549,11 @@ def _spec_from_args(args: argparse.Namespace, policies, budgets):
     from .sweep import SweepSpec
 
     timing = {n: getattr(args, n) for n in TIMING_OPTIONS if getattr(args, n) is not None}
+    if getattr(args, "timing", None):  # a preset's CXL figures, under explicit overrides
+        from ..timeline.resources import PRESETS as TIMING_PRESETS
+
+        p = TIMING_PRESETS[args.timing]
+        timing = {"cxl_latency_ns": p.cxl_latency_ns, "cxl_gbps": p.cxl_gbps} | timing
     if args.compute_model:
         timing["compute_model"] = True
     if args.seeds < 1:
@@ -572,6 +592,7 @@ def _spec_from_args(args: argparse.Namespace, policies, budgets):
         mode=args.mode,
         record_victims=bool(getattr(args, "dump_victims", None)),
         engine=getattr(args, "engine", None),
+        timeline=bool(getattr(args, "timeline", False)),
     )
 
 
@@ -675,6 +696,14 @@ def _serving(raw: list[dict[str, Any]], spec: Any, args: argparse.Namespace) -> 
     rows = serving_rows(raw, None if spec.trace else turns_of)
     print("serving metrics (Simulated; energy: Analytical model inputs, docs/serving.md)")
     print(format_serving(rows))
+    if spec.timeline:
+        from ..serving import format_timeline
+
+        print(
+            "timeline utilisation (busy time / run time, per resource; docs/timeline.md); "
+            "link use above = the busier link direction"
+        )
+        print(format_timeline(rows))
     return rows
 
 

@@ -65,6 +65,7 @@ class SweepSpec:
     mode: str = "float"
     record_victims: bool = False
     engine: str | None = None  # SimOptions.engine: "fast", "numpy", None (fast where covered)
+    timeline: bool = False  # SimOptions.timeline: the transfer timeline (docs/timeline.md)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,7 +115,7 @@ def validate(spec: SweepSpec) -> None:
         pick_engine(
             SimOptions(
                 policy=p, mode=spec.mode, prefetch=spec.prefetch, audit=spec.audit,
-                engine=spec.engine if spec.engine == "fast" else "numpy",
+                engine=spec.engine if spec.engine == "fast" else "numpy", timeline=spec.timeline,
             )
         )  # fmt: skip
 
@@ -166,6 +167,7 @@ def _replay_spec(
                     mode=spec.mode,
                     record_victims=spec.record_victims,
                     engine=spec.engine,
+                    timeline=spec.timeline,
                 ),
             )
             r.update(

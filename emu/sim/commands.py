@@ -341,7 +341,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="analytic KV-cache sizing of a model shape (S1: docs/design.md; Analytical model)",
         formatter_class=_Formatter,
         description="KV bytes per token, per block, per context and for N users, and how many "
-        f"full contexts HBM, CXL DRAM and NVMe hold. Analytical model. Sizes: {SIZE_HELP}.",
+        f"full contexts HBM, CXL DRAM and NVMe hold, and the design's tier economics (a block "
+        "fetched at 121 / 64 / 32 GB/s against regenerating it). Analytical model. Sizes: "
+        f"{SIZE_HELP}.",
         epilog="example: kvcxl sizing --preset s1 --users 8",
     )
     s.add_argument("--users", type=positive, default=8, help="concurrent full contexts")
@@ -752,8 +754,13 @@ def _sizing(args: argparse.Namespace) -> int:
         cxl_bytes=parse_size(args.cxl),
         nvme_bytes=parse_size(args.nvme),
     )
-    r = sizing(_shape(args), dep)
+    from ..economics import format_economics, tier_economics
+
+    shape = _shape(args)
+    r = sizing(shape, dep)
+    r["tier_economics"] = tier_economics(shape)
     print(format_sizing(r))
+    print(format_economics(r["tier_economics"]))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(r, indent=2))
         print(f"wrote {args.json_out}")

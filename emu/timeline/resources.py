@@ -124,5 +124,3 @@ PRESETS: dict[str, Preset] = {
         "and 45-69 % of its bandwidth (0.57: the middle of the range)",
     ),
 }  # fmt: skip
-#: The seed's bandwidth bracket, swept by `kvcxl sizing` and the timeline sweeps.
-SEED_GBPS_SWEEP = (121.0, 64.0, 32.0)

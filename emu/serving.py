@@ -481,3 +481,24 @@ def format_timeline(rows: list[dict[str, Any]]) -> str:
             f"{f(r.get('link_utilisation_analytic')):>19}"
         )
     return "\n".join(lines)
+
+
+def format_versus(setups: list[tuple[str, list[dict[str, Any]]]]) -> str:
+    """Serving rows of several setups (the device, host offload ...) as one table."""
+
+    def f(v: Any, spec: str) -> str:
+        return "—" if v is None else format(v, spec)
+
+    lines = [
+        f"{'setup':<24}{'policy':<12}{'budget':>8}{'tok/s':>11}{'TTFT p50/p99 ms':>19}"
+        f"{'ITL p50/p99 ms':>18}{'link use':>10}"
+    ]
+    for name, rows in setups:
+        for r in rows:
+            lines.append(
+                f"{name:<24}{r['policy']:<12}{r['budget']:>8}{f(r['tokens_per_s'], ',.0f'):>11}"
+                f"{f(r['ttft_ms_p50'], '.3f') + '/' + f(r['ttft_ms_p99'], '.3f'):>19}"
+                f"{f(r['itl_ms_p50'], '.3f') + '/' + f(r['itl_ms_p99'], '.3f'):>18}"
+                f"{f(r['link_utilisation'], '.3f'):>10}"
+            )
+    return "\n".join(lines)

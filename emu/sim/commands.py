@@ -211,11 +211,19 @@ def _add_run_options(p: argparse.ArgumentParser, *, steps: int = 200) -> None:
     )
     g.add_argument(
         "--timing",
-        choices=("seed", "asic", "fpga"),
+        choices=("seed", "asic", "fpga", "offload"),
         default=None,
         help="CXL DRAM timing preset (docs/timeline.md): seed = 200 ns, 64 GB/s (Analytical "
         "model); asic / fpga = CXL-DMSim's measured ratios to local DDR (arXiv 2411.02282); "
-        "--cxl-gbps / --cxl-latency-ns override it",
+        "offload = host DRAM over PCIe instead of the device (--pcie-contention x 51 GB/s, "
+        "13.0 us per DMA); --cxl-gbps / --cxl-latency-ns override it",
+    )
+    g.add_argument(
+        "--versus-offload",
+        action="store_true",
+        help="with --serving: also replay every run with host-DRAM offload over PCIe in place "
+        "of the device (at --pcie-contention, default the design's 0.32, and at the measured "
+        "0.87), under the same policy and timeline, and print one table (docs/timeline.md)",
     )
     for name in TIMING_OPTIONS:
         g.add_argument(
@@ -551,10 +559,16 @@ def _spec_from_args(args: argparse.Namespace, policies, budgets):
     from .sweep import SweepSpec
 
     timing = {n: getattr(args, n) for n in TIMING_OPTIONS if getattr(args, n) is not None}
+    config = _policy_config(args)
     if getattr(args, "timing", None):  # a preset's CXL figures, under explicit overrides
         from ..timeline.resources import PRESETS as TIMING_PRESETS
+        from ..timeline.resources import offload_preset
 
-        p = TIMING_PRESETS[args.timing]
+        p = (
+            offload_preset(PolicyConfig.from_mapping(config).pcie_contention)
+            if args.timing == "offload"
+            else TIMING_PRESETS[args.timing]
+        )
         timing = {"cxl_latency_ns": p.cxl_latency_ns, "cxl_gbps": p.cxl_gbps} | timing
     if args.compute_model:
         timing["compute_model"] = True
@@ -578,7 +592,7 @@ def _spec_from_args(args: argparse.Namespace, policies, budgets):
         seeds=list(range(args.seed, args.seed + (1 if args.trace else args.seeds))),
         policies=list(policies),
         budgets=list(budgets),
-        config=_policy_config(args),
+        config=config,
         workload_params=dict(args.workload_param),
         attention=dict(args.attention_param),
         read=args.read,
@@ -667,6 +681,8 @@ def _simulate(args: argparse.Namespace) -> int:
     doc = {"evidence": "Simulated", "config": spec.to_dict(), "results": rows}
     if args.serving:
         doc["serving"] = _serving(raw, spec, args)
+        if getattr(args, "versus_offload", False):
+            doc["versus_offload"] = _versus_offload(doc["serving"], spec, args)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(doc, indent=2, default=_json_default))
         print(f"wrote {args.json_out}")
@@ -686,16 +702,47 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serving(raw: list[dict[str, Any]], spec: Any, args: argparse.Namespace) -> list:
-    """Print and return the serving metrics of the raw runs (docs/serving.md)."""
-    from ..serving import format_serving, serving_rows, workload_turns
+def _serving_rows(raw: list[dict[str, Any]], spec: Any, args: argparse.Namespace) -> list:
+    from ..serving import serving_rows, workload_turns
     from ..workloads import make_workload
 
     def turns_of(seed: int):
         wl = make_workload(spec.workload, _shape(args), seed=seed, **spec.workload_params)
         return workload_turns(wl, spec.steps)
 
-    rows = serving_rows(raw, None if spec.trace else turns_of)
+    return serving_rows(raw, None if spec.trace else turns_of)
+
+
+def _versus_offload(device: list, spec: Any, args: argparse.Namespace) -> list:
+    """The same runs with host-DRAM offload over PCIe in place of the device: one table."""
+    from dataclasses import replace
+
+    from ..serving import format_versus
+    from ..timeline.resources import MEASURED_FRACTION, offload_preset
+    from .sweep import run_sweep
+
+    setups = [("device", device)]
+    for c in dict.fromkeys((PolicyConfig.from_mapping(spec.config).pcie_contention,
+                            MEASURED_FRACTION)):  # fmt: skip
+        p = offload_preset(c)
+        timing = {**spec.timing, "cxl_latency_ns": p.cxl_latency_ns, "cxl_gbps": p.cxl_gbps}
+        raw = run_sweep(replace(spec, timing=timing), jobs=args.jobs, backend=args.backend,
+                        address=args.scheduler)  # fmt: skip
+        setups.append((f"offload {c:g}x{p.cxl_gbps / c:g}GB/s", _serving_rows(raw, spec, args)))
+    print(
+        "CXL device versus host-DRAM offload over PCIe (same policy, workload and "
+        + ("timeline" if spec.timeline else "analytic timing")
+        + "; Simulated; docs/timeline.md)"
+    )
+    print(format_versus(setups))
+    return [{"setup": name, **r} for name, rows in setups for r in rows]
+
+
+def _serving(raw: list[dict[str, Any]], spec: Any, args: argparse.Namespace) -> list:
+    """Print and return the serving metrics of the raw runs (docs/serving.md)."""
+    from ..serving import format_serving
+
+    rows = _serving_rows(raw, spec, args)
     print("serving metrics (Simulated; energy: Analytical model inputs, docs/serving.md)")
     print(format_serving(rows))
     if spec.timeline:

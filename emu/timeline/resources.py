@@ -124,3 +124,28 @@ PRESETS: dict[str, Preset] = {
         "and 45-69 % of its bandwidth (0.57: the middle of the range)",
     ),
 }  # fmt: skip
+
+
+# --- the host-DRAM offload baseline (docs/timeline.md, "Host offload") -------------------
+#: PCIe Gen5 x16 link-level bandwidth the design's offload baseline starts from (GB/s).
+PCIE_GEN5_X16_GBPS = 51.0
+#: The design's PCIe DMA path per transfer (driver and doorbell, descriptor, pinning, round
+#: trip, host DRAM, payload, completion): 13.0 µs, an unmeasured Analytical model budget.
+PCIE_DMA_LATENCY_NS = 13_000.0
+#: The measured fraction the design holds against its 0.32 contention factor: achieved
+#: streaming bandwidth at 87 % of spec (GB10 LPDDR5X, not PCIe: the closest measurement).
+MEASURED_FRACTION = 0.87
+
+
+def offload_preset(contention: float) -> Preset:
+    """Host-DRAM offload over PCIe (what vLLM's CPU offload and LMCache do): KV outside HBM
+    is reached by DMA at ``contention`` × 51 GB/s with the 13.0 µs DMA path per transfer."""
+    if not 0 < contention <= 1:
+        raise ValueError(f"pcie_contention = {contention!r}: must be in (0, 1]")
+    return Preset(
+        f"offload-{contention:g}", PCIE_DMA_LATENCY_NS, contention * PCIE_GEN5_X16_GBPS,
+        "Analytical model",
+        f"host DRAM over PCIe Gen5 x16 by DMA: {contention:g} × {PCIE_GEN5_X16_GBPS:g} GB/s "
+        f"(pcie_contention; the design's 0.32, or the measured {MEASURED_FRACTION:g}) and the "
+        "design's 13.0 µs DMA path per transfer",
+    )  # fmt: skip

@@ -253,3 +253,38 @@ def test_timing_presets_carry_their_sources():
         assert q.evidence and q.source
     assert "2411.02282" in p["asic"].source
     assert TierTiming().cxl_gbps == p["seed"].cxl_gbps  # the default is the seed's
+
+
+def test_offload_preset_reads_pcie_contention():
+    from kvcxl.firmware.config import PolicyConfig
+
+    p = tres.offload_preset(PolicyConfig().pcie_contention)
+    assert p.cxl_gbps == pytest.approx(16.4, abs=0.1)  # the design's "16.4 of 51 GB/s"
+    assert p.cxl_latency_ns == 13_000.0
+    assert tres.offload_preset(tres.MEASURED_FRACTION).cxl_gbps == pytest.approx(0.87 * 51)
+    with pytest.raises(ValueError, match="pcie_contention"):
+        tres.offload_preset(0.0)
+
+
+def test_cli_timeline_presets_and_versus_offload(tmp_path, capsys):
+    import json
+
+    from kvcxl.emu.cli import main
+
+    out = tmp_path / "r.json"
+    args = ["simulate", "--workload", "multi-turn", "--steps", "20", "--policy", "lru",
+            "--budget", "10%", "--timeline", "--serving", "--jobs", "1",
+            "--no-progress"]  # fmt: skip
+    assert main([*args, "--timing", "asic", "--versus-offload", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "offload 0.32" in text and "offload 0.87" in text and "link rd" in text
+    doc = json.loads(out.read_text())
+    assert doc["config"]["timing"]["cxl_gbps"] == pytest.approx(52.8)
+    assert doc["config"]["timeline"] is True
+    setups = {r["setup"] for r in doc["versus_offload"]}
+    assert len(setups) == 3
+    for r in doc["serving"] + doc["versus_offload"]:
+        assert 0 <= r["link_utilisation"] <= 1
+    # an explicit override wins over the preset
+    assert main([*args, "--timing", "fpga", "--cxl-gbps", "40", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["config"]["timing"]["cxl_gbps"] == 40.0

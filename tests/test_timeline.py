@@ -288,3 +288,20 @@ def test_cli_timeline_presets_and_versus_offload(tmp_path, capsys):
     # an explicit override wins over the preset
     assert main([*args, "--timing", "fpga", "--cxl-gbps", "40", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["config"]["timing"]["cxl_gbps"] == 40.0
+
+
+def test_energy_per_token_prices_the_bytes_each_resource_carried():
+    from kvcxl.emu.serving import INPUTS, nvme_pj_per_bit
+    from kvcxl.emu.timeline import report
+
+    log = TransferLog(EB, [_read(tokens=4, demand={"cxl->hbm": 10, "nvme->hbm": 3},
+                                 evict={"hbm->cxl": 2}, compute_ns=500.0)])  # fmt: skip
+    s = run(log, RES)
+    rep = report(log, s, RES, 1, 0, wasted_entries=0)
+    link, dram = INPUTS["link_pj_per_bit"].value, INPUTS["dram_pj_per_bit"].value
+    pj = 8 * EB * (10 * (dram + link) + 3 * (nvme_pj_per_bit(14.0) + link) + 2 * (link + dram))
+    j = INPUTS["gpu_power_w"].value * s.horizon_ns * 1e-9 + pj * 1e-12
+    assert rep["energy_mj_per_token"] == pytest.approx(j / 4 * 1e3)
+    assert rep["bytes"] == {"link_rd": 13 * EB, "link_wr": 2 * EB, "dram": 12 * EB,
+                            "nvme": 3 * EB}  # fmt: skip
+    assert rep["write_back_bytes"] == 2 * EB

@@ -45,6 +45,9 @@ def report(
     h = s.horizon_ns
     servers = res.servers()
     util = {k: (s.busy_ns[k] / (servers[k] * h) if h > 0 else 0.0) for k in servers}
+    over = {k: u for k, u in util.items() if u > 1.0 + 1e-9}
+    if over:  # a server holds one stage at a time: never, unless the scheduler is wrong
+        raise RuntimeError(f"timeline utilisation above 1: {over}")
     delays: dict[str, list[float]] = {c: [] for c in CLASS_NAMES}
     for st in s.stages:
         delays[CLASS_NAMES[s.transfers[st["transfer"]]["cls"]]].append(st["start"] - st["ready"])

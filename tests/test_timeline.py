@@ -305,3 +305,29 @@ def test_energy_per_token_prices_the_bytes_each_resource_carried():
     assert rep["bytes"] == {"link_rd": 13 * EB, "link_wr": 2 * EB, "dram": 12 * EB,
                             "nvme": 3 * EB}  # fmt: skip
     assert rep["write_back_bytes"] == 2 * EB
+
+
+def test_users_timeline_experiment_at_tiny_scale():
+    from kvcxl.emu.experiments import users, users_timeline
+    from kvcxl.emu.experiments.base import VERDICTS
+
+    e = users_timeline.EXPERIMENT
+    cases = e.cases("tiny")
+    rows = [{**c, "seed": s, **e.run(c, s)} for c in cases for s in (0, 1)]
+    for r in rows:
+        assert 0 <= r["link_utilisation"] <= 1 and 0 <= r["nvme_utilisation"] <= 1
+    rep = e.report(rows)
+    assert rep["verdict"] in VERDICTS and "seed:" in rep["why"]
+    assert rep["tables"][0].count("\n") == len(cases) + 1
+    # the "seed" preset without the timeline is the users experiment's own run, exactly
+    c = {**cases[0], "timeline": False}
+    plain = {k: v for k, v in c.items() if k not in ("timing", "timeline", "series")}
+    assert users.EXPERIMENT.run(plain, 0) == e.run(c, 0)
+    # a bracket point sets the full-size CXL bandwidth the scaled run divides
+    shape = users.scaled_shape(*users_timeline.SCALES["tiny"]["dims"])
+    from kvcxl.emu.shape import Deployment
+    from kvcxl.emu.timing import TierTiming
+
+    o64, _ = users.scaled_run(shape, Deployment(users=1))
+    o32, _ = users.scaled_run(shape, Deployment(users=1), TierTiming(cxl_gbps=32.0))
+    assert o64.timing.cxl_gbps == pytest.approx(2 * o32.timing.cxl_gbps)

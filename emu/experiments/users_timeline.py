@@ -16,6 +16,7 @@ from ..metrics import mean_ci
 from ..serving import combine_serving
 from ..shape import PRESETS
 from .users import CLAIMED_BOUND, POLICY, WORKLOAD, Users, _fmt, _meets, bound_of
+from .users import SCALES as USERS_SCALES
 
 #: Timing series: (label, preset, full-size CXL GB/s or None for the preset's own).
 SERIES = {
@@ -25,14 +26,11 @@ SERIES = {
     "asic": ("asic", None),
     "fpga": ("fpga", None),
 }
+#: The series per scale; shapes, user counts, steps and warm-up are the users experiment's.
+SERIES_AT = {"tiny": ["seed"], "ci": ["seed", "asic", "fpga"], "mid": list(SERIES)}
 SCALES: dict[str, dict[str, Any]] = {
-    "tiny": {"dims": (2, 1, 512), "users": [1, 2, 4], "steps": 24, "warmup": 8,
-             "series": ["seed"]},
-    "ci": {"dims": (4, 2, 2048), "users": list(range(1, 25)), "steps": 64, "warmup": 16,
-           "series": ["seed", "asic", "fpga"]},
-    "mid": {"dims": (4, 2, 2048), "users": list(range(1, 25)), "steps": 64, "warmup": 16,
-            "series": list(SERIES)},
-}  # fmt: skip
+    k: {**USERS_SCALES[k], "series": v} for k, v in SERIES_AT.items()
+}
 HOT = 1 / 16
 
 

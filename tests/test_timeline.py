@@ -285,6 +285,8 @@ def test_cli_timeline_presets_and_versus_offload(tmp_path, capsys):
     assert len(setups) == 3
     for r in doc["serving"] + doc["versus_offload"]:
         assert 0 <= r["link_utilisation"] <= 1
+    assert main(["simulate", "--workload", "multi-turn", "--versus-offload"]) != 0
+    assert "add --serving" in capsys.readouterr().err
     # an explicit override wins over the preset
     assert main([*args, "--timing", "fpga", "--cxl-gbps", "40", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["config"]["timing"]["cxl_gbps"] == 40.0

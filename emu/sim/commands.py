@@ -642,6 +642,8 @@ def _simulate(args: argparse.Namespace) -> int:
         return _list()
     from .sweep import SweepSpec, combine, run_sweep
 
+    if getattr(args, "versus_offload", False) and not args.serving:
+        raise ValueError("--versus-offload compares serving metrics: add --serving")
     policies = args.policy or ["lru", "ema"]
     budgets = args.budget or ["25%"]
     spec: SweepSpec = _spec_from_args(args, policies, budgets)

@@ -287,12 +287,24 @@ def _link_bound(
 
 
 def _link(result: dict[str, Any], total_ns: float) -> dict[str, Any]:
-    """Link utilisation over the measured steps: bytes moved / (link GB/s × time)."""
+    """Link utilisation over the measured steps: bytes moved / (link GB/s × time); with the
+    timeline (docs/timeline.md), the busier link direction's busy time over the run's."""
     crossed = _link_bytes(result["bytes_moved"])
     gbps = float(result["timing"]["cxl_gbps"])
+    analytic = crossed / (gbps * total_ns) if total_ns > 0 else None
+    tl = result.get("timeline")
+    if tl is None:
+        return {"link_bytes": crossed, "link_utilisation": analytic}
+    u = tl["utilisation"]
     return {
         "link_bytes": crossed,
-        "link_utilisation": crossed / (gbps * total_ns) if total_ns > 0 else None,
+        "link_utilisation": max(u["link_rd"], u["link_wr"]),
+        "link_utilisation_analytic": analytic,
+        **{f"{k}_utilisation": v for k, v in u.items()},
+        "demand_queue_ns_mean": tl["queueing"]["demand"]["mean_ns"],
+        "late_prefetch_bytes": tl["late_prefetch_bytes"],
+        "wasted_prefetch_bytes": tl["wasted_prefetch_bytes"],
+        "write_back_bytes": tl["write_back_bytes"],
     }
 
 
@@ -380,6 +392,13 @@ SERVING_MEANS = (
     "itl_ms_mean",
     "ttft_ms_mean",
     "link_utilisation",
+    # with the timeline (docs/timeline.md)
+    "link_rd_utilisation",
+    "link_wr_utilisation",
+    "dram_utilisation",
+    "nvme_utilisation",
+    "demand_queue_ns_mean",
+    "link_utilisation_analytic",
     "energy_mj_per_token",
     "data_energy_mj_per_token",
 )
@@ -441,4 +460,46 @@ def format_serving(rows: list[dict[str, Any]]) -> str:
             f"{f(r['link_utilisation'], '.3f'):>10}{f(r['energy_mj_per_token'], '.3f'):>11}"
             f"{meta:>24}"
         )
+    return "\n".join(lines)
+
+
+def format_timeline(rows: list[dict[str, Any]]) -> str:
+    """The timeline's resource use of serving rows (docs/timeline.md; means over seeds)."""
+
+    def f(v: Any) -> str:
+        return "—" if v is None else f"{v:.3f}"
+
+    lines = [
+        f"{'policy':<14}{'budget':>8}{'link rd':>9}{'link wr':>9}{'dram':>8}{'nvme':>8}"
+        f"{'demand queue µs':>17}{'analytic link use':>19}"
+    ]
+    for r in rows:
+        q = r.get("demand_queue_ns_mean")
+        lines.append(
+            f"{r['policy']:<14}{r['budget']:>8}{f(r.get('link_rd_utilisation')):>9}"
+            f"{f(r.get('link_wr_utilisation')):>9}{f(r.get('dram_utilisation')):>8}"
+            f"{f(r.get('nvme_utilisation')):>8}{'—' if q is None else f'{q / 1e3:.2f}':>17}"
+            f"{f(r.get('link_utilisation_analytic')):>19}"
+        )
+    return "\n".join(lines)
+
+
+def format_versus(setups: list[tuple[str, list[dict[str, Any]]]]) -> str:
+    """Serving rows of several setups (the device, host offload ...) as one table."""
+
+    def f(v: Any, spec: str) -> str:
+        return "—" if v is None else format(v, spec)
+
+    lines = [
+        f"{'setup':<24}{'policy':<12}{'budget':>8}{'tok/s':>11}{'TTFT p50/p99 ms':>19}"
+        f"{'ITL p50/p99 ms':>18}{'link use':>10}"
+    ]
+    for name, rows in setups:
+        for r in rows:
+            lines.append(
+                f"{name:<24}{r['policy']:<12}{r['budget']:>8}{f(r['tokens_per_s'], ',.0f'):>11}"
+                f"{f(r['ttft_ms_p50'], '.3f') + '/' + f(r['ttft_ms_p99'], '.3f'):>19}"
+                f"{f(r['itl_ms_p50'], '.3f') + '/' + f(r['itl_ms_p99'], '.3f'):>18}"
+                f"{f(r['link_utilisation'], '.3f'):>10}"
+            )
     return "\n".join(lines)

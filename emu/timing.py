@@ -50,6 +50,9 @@ class TierParams:
 HBM = TierParams("hbm", 0.0, 8000.0)
 CXL_DRAM = TierParams("cxl", 200.0, 64.0)
 NVME = TierParams("nvme", 25_000.0, 14.0)
+#: The design's CXL tier bandwidth bracket (specification-derived, GB/s): CXL 3.0 x16 one
+#: direction, the mid-range working assumption, the pessimistic end.  Swept, as it asks.
+CXL_GBPS_SWEEP = (121.0, CXL_DRAM.bandwidth_gbps, 32.0)
 
 #: The GB10 decode model (measured): a step costs 73.9 ms + 17.58 ms per GiB of KV read.
 COMPUTE_BASE_MS = 73.9

@@ -35,6 +35,7 @@ from ..metrics import mean_ci
 from ..serving import ServingModel, combine_serving, serving_metrics, workload_turns
 from ..shape import PRESETS, Deployment, ModelShape
 from ..sim.simulator import SimOptions, simulate
+from ..timeline.resources import PRESETS as TIMING_PRESETS
 from ..timing import TierTiming
 from ..workloads import compile_workload, make_workload
 from .base import Experiment
@@ -88,11 +89,14 @@ def scaled_shape(layers: int, kv_heads: int, context_tokens: int) -> ModelShape:
     )
 
 
-def scaled_run(shape: ModelShape, dep: Deployment) -> tuple[SimOptions, ServingModel]:
-    """The simulator options and serving model of ``shape`` standing for S1 as in ``dep``."""
+def scaled_run(
+    shape: ModelShape, dep: Deployment, base: TierTiming | None = None
+) -> tuple[SimOptions, ServingModel]:
+    """The simulator options and serving model of ``shape`` standing for S1 as in ``dep``;
+    ``base``: the full-size tier timing (default: the defaults)."""
     full = PRESETS["s1"]
     k = full.context_bytes / shape.context_bytes
-    t = TierTiming()
+    t = base or TierTiming()
     timing = replace(t, hbm_gbps=t.hbm_gbps / k, cxl_gbps=t.cxl_gbps / k, nvme_gbps=t.nvme_gbps / k)
     kv_budget = dep.hbm_bytes - dep.weights_bytes - dep.activations_bytes
     # The anchor zone is S1's tokens scaled down with the context (at least one token: the
@@ -145,8 +149,13 @@ class Users(Experiment):
     def run(self, case: dict[str, Any], seed: int) -> dict[str, Any]:
         shape = scaled_shape(case["layers"], case["kv_heads"], case["context_tokens"])
         dep = Deployment(users=case["users"])
-        opts, model = scaled_run(shape, dep)
-        opts = replace(opts, warmup_steps=case["warmup"], placement=case["placement"])
+        # A case may name a timing preset and turn the transfer timeline on (docs/timeline.md).
+        base = TIMING_PRESETS[case["timing"]].timing() if "timing" in case else None
+        if "cxl_gbps" in case:  # a point of the design's 32-121 GB/s bracket
+            base = replace(base or TierTiming(), cxl_gbps=case["cxl_gbps"])
+        opts, model = scaled_run(shape, dep, base)
+        opts = replace(opts, warmup_steps=case["warmup"], placement=case["placement"],
+                       timeline=bool(case.get("timeline", False)))  # fmt: skip
         wl = make_workload(case["workload"], shape, seed=seed, lanes=case["users"])
         stream = compile_workload(wl, case["steps"], read=case["read"])
         r = simulate(stream, opts)
@@ -160,7 +169,7 @@ class Users(Experiment):
             "hit_rate": r["hit_rate"],
             "misses_nvme": r["misses_nvme"],
             **s,
-        }
+        }  # (with the timeline, s holds its per-resource utilisation too)
 
     def report(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         groups: dict[tuple, list[dict[str, Any]]] = {}

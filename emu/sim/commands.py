@@ -205,6 +205,29 @@ def _add_run_options(p: argparse.ArgumentParser, *, steps: int = 200) -> None:
         action="store_true",
         help="add the GB10 decode model 73.9 ms + 17.58 ms/GiB to step time",
     )
+    g.add_argument(
+        "--timeline",
+        action="store_true",
+        help="schedule every transfer (demand, prefetch, write-back, CXL->NVMe) on the link "
+        "(full duplex), device DRAM and NVMe with queueing (docs/timeline.md; numpy engine): "
+        "step times, tokens/s and the serving metrics come from it",
+    )
+    g.add_argument(
+        "--timing",
+        choices=("seed", "asic", "fpga", "offload"),
+        default=None,
+        help="CXL DRAM timing preset (docs/timeline.md): seed = 200 ns, 64 GB/s (Analytical "
+        "model); asic / fpga = CXL-DMSim's measured ratios to local DDR (arXiv 2411.02282); "
+        "offload = host DRAM over PCIe instead of the device (--pcie-contention x 51 GB/s, "
+        "13.0 us per DMA); --cxl-gbps / --cxl-latency-ns override it",
+    )
+    g.add_argument(
+        "--versus-offload",
+        action="store_true",
+        help="with --serving: also replay every run with host-DRAM offload over PCIe in place "
+        "of the device (at --pcie-contention, default the design's 0.32, and at the measured "
+        "0.87), under the same policy and timeline, and print one table (docs/timeline.md)",
+    )
     for name in TIMING_OPTIONS:
         g.add_argument(
             f"--{name.replace('_', '-')}",
@@ -329,7 +352,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="analytic KV-cache sizing of a model shape (S1: docs/design.md; Analytical model)",
         formatter_class=_Formatter,
         description="KV bytes per token, per block, per context and for N users, and how many "
-        f"full contexts HBM, CXL DRAM and NVMe hold. Analytical model. Sizes: {SIZE_HELP}.",
+        f"full contexts HBM, CXL DRAM and NVMe hold, and the design's tier economics (a block "
+        "fetched at 121 / 64 / 32 GB/s against regenerating it). Analytical model. Sizes: "
+        f"{SIZE_HELP}.",
         epilog="example: kvcxl sizing --preset s1 --users 8",
     )
     s.add_argument("--users", type=positive, default=8, help="concurrent full contexts")
@@ -544,6 +569,17 @@ def _spec_from_args(args: argparse.Namespace, policies, budgets):
     from .sweep import SweepSpec
 
     timing = {n: getattr(args, n) for n in TIMING_OPTIONS if getattr(args, n) is not None}
+    config = _policy_config(args)
+    if getattr(args, "timing", None):  # a preset's CXL figures, under explicit overrides
+        from ..timeline.resources import PRESETS as TIMING_PRESETS
+        from ..timeline.resources import offload_preset
+
+        p = (
+            offload_preset(PolicyConfig.from_mapping(config).pcie_contention)
+            if args.timing == "offload"
+            else TIMING_PRESETS[args.timing]
+        )
+        timing = {"cxl_latency_ns": p.cxl_latency_ns, "cxl_gbps": p.cxl_gbps} | timing
     if args.compute_model:
         timing["compute_model"] = True
     if args.seeds < 1:
@@ -566,7 +602,7 @@ def _spec_from_args(args: argparse.Namespace, policies, budgets):
         seeds=list(range(args.seed, args.seed + (1 if args.trace else args.seeds))),
         policies=list(policies),
         budgets=list(budgets),
-        config=_policy_config(args),
+        config=config,
         workload_params=dict(args.workload_param),
         attention=dict(args.attention_param),
         read=args.read,
@@ -582,6 +618,7 @@ def _spec_from_args(args: argparse.Namespace, policies, budgets):
         mode=args.mode,
         record_victims=bool(getattr(args, "dump_victims", None)),
         engine=getattr(args, "engine", None),
+        timeline=bool(getattr(args, "timeline", False)),
     )
 
 
@@ -616,6 +653,8 @@ def _simulate(args: argparse.Namespace) -> int:
         return _list()
     from .sweep import SweepSpec, combine, run_sweep
 
+    if getattr(args, "versus_offload", False) and not args.serving:
+        raise ValueError("--versus-offload compares serving metrics: add --serving")
     policies = args.policy or ["lru", "ema"]
     budgets = args.budget or ["25%"]
     spec: SweepSpec = _spec_from_args(args, policies, budgets)
@@ -654,6 +693,8 @@ def _simulate(args: argparse.Namespace) -> int:
     doc = {"evidence": "Simulated", "config": spec.to_dict(), "results": rows}
     if args.serving:
         doc["serving"] = _serving(raw, spec, args)
+        if getattr(args, "versus_offload", False):
+            doc["versus_offload"] = _versus_offload(doc["serving"], spec, args)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(doc, indent=2, default=_json_default))
         print(f"wrote {args.json_out}")
@@ -673,18 +714,57 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serving(raw: list[dict[str, Any]], spec: Any, args: argparse.Namespace) -> list:
-    """Print and return the serving metrics of the raw runs (docs/serving.md)."""
-    from ..serving import format_serving, serving_rows, workload_turns
+def _serving_rows(raw: list[dict[str, Any]], spec: Any, args: argparse.Namespace) -> list:
+    from ..serving import serving_rows, workload_turns
     from ..workloads import make_workload
 
     def turns_of(seed: int):
         wl = make_workload(spec.workload, _shape(args), seed=seed, **spec.workload_params)
         return workload_turns(wl, spec.steps)
 
-    rows = serving_rows(raw, None if spec.trace else turns_of)
+    return serving_rows(raw, None if spec.trace else turns_of)
+
+
+def _versus_offload(device: list, spec: Any, args: argparse.Namespace) -> list:
+    """The same runs with host-DRAM offload over PCIe in place of the device: one table."""
+    from dataclasses import replace
+
+    from ..serving import format_versus
+    from ..timeline.resources import MEASURED_FRACTION, offload_preset
+    from .sweep import run_sweep
+
+    setups = [("device", device)]
+    for c in dict.fromkeys((PolicyConfig.from_mapping(spec.config).pcie_contention,
+                            MEASURED_FRACTION)):  # fmt: skip
+        p = offload_preset(c)
+        timing = {**spec.timing, "cxl_latency_ns": p.cxl_latency_ns, "cxl_gbps": p.cxl_gbps}
+        raw = run_sweep(replace(spec, timing=timing), jobs=args.jobs, backend=args.backend,
+                        address=args.scheduler)  # fmt: skip
+        setups.append((f"offload {c:g}x{p.cxl_gbps / c:g}GB/s", _serving_rows(raw, spec, args)))
+    print(
+        "CXL device versus host-DRAM offload over PCIe (same policy, workload and "
+        + ("timeline" if spec.timeline else "analytic timing")
+        + "; Simulated; docs/timeline.md)"
+    )
+    print(format_versus(setups))
+    return [{"setup": name, **r} for name, rows in setups for r in rows]
+
+
+def _serving(raw: list[dict[str, Any]], spec: Any, args: argparse.Namespace) -> list:
+    """Print and return the serving metrics of the raw runs (docs/serving.md)."""
+    from ..serving import format_serving
+
+    rows = _serving_rows(raw, spec, args)
     print("serving metrics (Simulated; energy: Analytical model inputs, docs/serving.md)")
     print(format_serving(rows))
+    if spec.timeline:
+        from ..serving import format_timeline
+
+        print(
+            "timeline utilisation (busy time / run time, per resource; docs/timeline.md); "
+            "link use above = the busier link direction"
+        )
+        print(format_timeline(rows))
     return rows
 
 
@@ -733,8 +813,13 @@ def _sizing(args: argparse.Namespace) -> int:
         cxl_bytes=parse_size(args.cxl),
         nvme_bytes=parse_size(args.nvme),
     )
-    r = sizing(_shape(args), dep)
+    from ..economics import format_economics, tier_economics
+
+    shape = _shape(args)
+    r = sizing(shape, dep)
+    r["tier_economics"] = tier_economics(shape)
     print(format_sizing(r))
+    print(format_economics(r["tier_economics"]))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(r, indent=2))
         print(f"wrote {args.json_out}")

@@ -36,6 +36,11 @@ from kvcxl.firmware.session import Decisions, FirmwareSession
 from kvcxl.firmware.table import EntryTable, unique_ids
 
 from ..metrics import linear_percentiles
+from ..timeline import Record, TransferLog
+from ..timeline import engine as timeline_engine
+from ..timeline.log import EVICT_MOVES, FETCH_MOVES, moves_of
+from ..timeline.report import report as timeline_report
+from ..timeline.resources import Resources
 from ..timing import TierTiming
 from ..workloads.stream import CREATE, ReadStream
 from . import fast
@@ -70,6 +75,8 @@ class SimOptions:
     # "fast" (compiled, kvcxl.emu.sim.fast) or "numpy" (the readable reference); None: fast
     # where it covers the run, else numpy with a one-line notice.
     engine: str | None = None
+    # Schedule every transfer on the link, device DRAM and NVMe (docs/timeline.md).
+    timeline: bool = False
 
     def __post_init__(self) -> None:
         if self.granularity not in GRANULARITIES:
@@ -268,6 +275,9 @@ class _Replay:
         self.pf_total = self.pf_useful = self.pf_wasted = self.pf_useful_warm = 0
         self.lazy = stream.has_lazy_creates  # some entries are created on first read
         self.created = np.zeros(n_rows, dtype=bool)
+        # The timeline's transfer log (docs/timeline.md), and which record prefetched an entry.
+        self.tl = TransferLog(eb) if opts.timeline else None
+        self.pf_rec = np.full(n_rows if opts.timeline else 0, -1, np.int64)
         self.books = _StepBooks(
             stream.derived(
                 "read_steps", lambda: unique_ids(stream.ev_step[stream.ev_kind != CREATE])
@@ -340,7 +350,10 @@ class _Replay:
         # A write follows the last read batch: it carries that batch's time (the session's
         # clock rule; the offline optimum sees −1 before any read).
         time = fw.time - 1 if fw.offline else max(fw.time - 1, 0)
+        m0 = self._moved()
         self._settle(fw.write(step, ids), step, time)
+        if self.tl is not None:
+            self.tl.add(Record(False, step=step, evict=self._delta(m0, EVICT_MOVES)))
 
     def _read(self, b: _Batch, pos: int) -> None:
         """One batch of reads: hits, misses paged in from their tier, victims placed."""
@@ -354,14 +367,20 @@ class _Replay:
         time = fw.time
         hit, d = fw.read(step, ids, w)
         counts = np.bincount(src_tier[~hit], minlength=4)
+        waits: list[tuple[int, int]] = []
         if self.pf_total:
             useful = self.prefetched[ids] & hit
             if useful.any():
                 u = unique_ids(ids[useful])
                 self.pf_useful += u.size
                 self.prefetched[u] = False
+                if self.tl is not None:
+                    rec, n = np.unique(self.pf_rec[u], return_counts=True)
+                    waits = [(int(a), int(b)) for a, b in zip(rec, n, strict=True)]
+        m0 = self._moved()
         tiers.promote(d.admitted)
         self._settle(d, step, time)
+        m1 = self._moved()
         books.reads[pos] += ids.size
         books.hits[pos] += ids.size - int(counts.sum())
         books.miss[pos] += counts
@@ -372,6 +391,29 @@ class _Replay:
                 books.stall[pos] += self.t_batch[tier_code](int(counts[tier_code]))
         if self.opts.prefetch:
             self.pf_total += self._prefetch(ids, w, step, time)
+        if self.tl is not None:
+            hits = ids.size - int(counts.sum())
+            self.tl.add(Record(
+                True, pos=pos, step=step, tokens=b.tokens, hits=hits, reads=int(ids.size),
+                demand={k: int(counts[c]) for k, c in zip(FETCH_MOVES, (TIER_CXL, TIER_NVME),
+                                                          strict=True) if counts[c]},
+                evict=self._delta(m0, EVICT_MOVES, m1),
+                prefetch=self._delta(m1, FETCH_MOVES + EVICT_MOVES),
+                waits=waits,
+            ))  # fmt: skip
+
+    def _moved(self) -> NDArray | None:
+        """A copy of the tiers' moves so far, when the timeline records them."""
+        return self.tiers.moved.copy() if self.tl is not None else None
+
+    def _delta(
+        self, before: NDArray | None, keys: tuple[str, ...], after: NDArray | None = None
+    ) -> dict[str, int]:
+        """Entries moved per move among ``keys`` since ``before`` (until ``after``)."""
+        if before is None:
+            return {}
+        now = self.tiers.moved if after is None else after
+        return moves_of(self.tiers.bytes_moved(now - before), self.eb, keys)
 
     def _settle(self, d: Decisions, step: int, time: int) -> None:
         """Move a call's victims out of HBM, where placement sends them."""
@@ -392,6 +434,8 @@ class _Replay:
         d = self.fw.prefetch(chosen)
         assert d.admitted.size == chosen.size
         self.prefetched[chosen] = True
+        if self.tl is not None:
+            self.pf_rec[chosen] = len(self.tl.records)  # the read record being built
         self._settle(d, step, time)
         return int(chosen.size)
 
@@ -484,9 +528,28 @@ class _Replay:
                 "bytes_moved": tiers.bytes_moved_rows(books.moved[: books.n]),
             },
         }
+        if self.tl is not None:
+            self._timeline(out, books)
         if opts.record_victims:
             out["_victims"] = self.dump
         return out
+
+    def _timeline(self, out: dict[str, Any], books: _StepBooks) -> None:
+        """Schedule the transfer log; its step times replace the analytic ones (kept as
+        ``step_ns_analytic``, ``tokens_per_s_analytic``), so the serving metrics use them."""
+        tl, t = self.tl, self.opts.timing
+        assert tl is not None
+        tl.finish(t)
+        res = Resources.of(t)
+        sched = timeline_engine.run(tl, res)
+        rep = timeline_report(tl, sched, res, books.n, books.warm, self.pf_wasted)
+        ps = out["per_step"]
+        ps["step_ns_analytic"], ps["step_ns"] = ps["step_ns"], rep.pop("step_ns")
+        out["tokens_per_s_analytic"], out["tokens_per_s"] = out["tokens_per_s"], rep["tokens_per_s"]
+        m = np.asarray(ps["step_ns"][books.warm :])
+        out["step_time_ns_mean_analytic"] = out["step_time_ns_mean"]
+        out["step_time_ns_mean"] = float(m.mean()) if m.size else 0.0
+        out["timeline"] = rep
 
 
 def victims_table(

@@ -73,6 +73,7 @@ class SweepSpec:
     mode: str = "float"
     record_victims: bool = False
     engine: str | None = None  # SimOptions.engine: "fast", "numpy", None (fast where covered)
+    timeline: bool = False  # SimOptions.timeline: the transfer timeline (docs/timeline.md)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,7 +125,7 @@ def validate(spec: SweepSpec) -> None:
         pick_engine(
             SimOptions(
                 policy=p, mode=spec.mode, prefetch=spec.prefetch, audit=spec.audit,
-                engine=spec.engine if spec.engine == "fast" else "numpy",
+                engine=spec.engine if spec.engine == "fast" else "numpy", timeline=spec.timeline,
             )
         )  # fmt: skip
 
@@ -176,6 +177,7 @@ def _replay_spec(
                     mode=spec.mode,
                     record_victims=spec.record_victims,
                     engine=spec.engine,
+                    timeline=spec.timeline,
                 ),
             )
             r.update(

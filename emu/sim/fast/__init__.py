@@ -60,6 +60,8 @@ def unsupported(opts: Any) -> str | None:
         return f"the fast engine does not cover policy {opts.policy} (it covers {COVERED})"
     if opts.prefetch:
         return "the fast engine does not prefetch yet"
+    if getattr(opts, "timeline", False):
+        return "the transfer timeline runs on the numpy engine"
     if opts.audit:
         return "the eviction audit runs on the numpy engine"
     if opts.check:

@@ -255,6 +255,7 @@ class _Replay:
             future=future,
             ordered_victims=opts.record_victims,
             victim_priority=opts.record_victims,
+            cxl_capacity=cxl_cap,
         )
         if policy is not None:
             fw.use_policy(policy(fw.config, fw.table))
@@ -305,7 +306,7 @@ class _Replay:
                     if pos == books.warm:
                         self.pf_useful_warm = self.pf_useful
             last_step = step
-            fw.at(step)
+            self._settle(fw.at(step), step)
             if b.lens is not None:
                 fw.lengths(*b.lens)
             if not b.read:
@@ -316,7 +317,7 @@ class _Replay:
                 tiers.check(fw.table.n, fw.cache.n_resident, fw.cache.capacity)
             if progress is not None:
                 progress(1)
-        fw.end_step()
+        self._settle(fw.end_step(), last_step or 0)
         books.moved[pos] += tiers.moved - mark
         tiers.check(fw.table.n, fw.cache.n_resident, fw.cache.capacity)
         return self._result()
@@ -336,10 +337,7 @@ class _Replay:
             fw.lengths(c, (stream.e_block[ids].astype(np.int64) + 1) * bt)
         self.created[ids] = True
         self.tiers.create(ids)
-        # A write follows the last read batch: it carries that batch's time (the session's
-        # clock rule; the offline optimum sees −1 before any read).
-        time = fw.time - 1 if fw.offline else max(fw.time - 1, 0)
-        self._settle(fw.write(step, ids), step, time)
+        self._settle(fw.write(step, ids), step)
 
     def _read(self, b: _Batch, pos: int) -> None:
         """One batch of reads: hits, misses paged in from their tier, victims placed."""
@@ -350,7 +348,6 @@ class _Replay:
             if new.size:
                 self._write(unique_ids(new), step, on_first_read=True)
         src_tier = tiers.tier[ids]  # where every read is served from if it misses
-        time = fw.time
         hit, d = fw.read(step, ids, w)
         counts = np.bincount(src_tier[~hit], minlength=4)
         if self.pf_total:
@@ -360,7 +357,7 @@ class _Replay:
                 self.pf_useful += u.size
                 self.prefetched[u] = False
         tiers.promote(d.admitted)
-        self._settle(d, step, time)
+        self._settle(d, step)
         books.reads[pos] += ids.size
         books.hits[pos] += ids.size - int(counts.sum())
         books.miss[pos] += counts
@@ -370,20 +367,25 @@ class _Replay:
             if counts[tier_code]:
                 books.stall[pos] += self.t_batch[tier_code](int(counts[tier_code]))
         if self.opts.prefetch:
-            self.pf_total += self._prefetch(ids, w, step, time)
+            self.pf_total += self._prefetch(ids, w, step)
 
-    def _settle(self, d: Decisions, step: int, time: int) -> None:
-        """Move a call's victims out of HBM, where placement sends them."""
+    def _settle(self, d: Decisions, step: int) -> None:
+        """Move a call's victims out of HBM, where placement sends them, then carry out the
+        lower-tier moves the firmware decided after them."""
         if d.victims.size == 0:
+            for ids, src, dst in d.moves:
+                self.tiers.move(ids, src, dst)
             return
         if self.opts.record_victims:
             self.dump.append((d.victims, np.asarray(d.priority, dtype=np.float64), step))
         if self.opts.prefetch:
             self.pf_wasted += int(np.count_nonzero(self.prefetched[d.victims]))
             self.prefetched[d.victims] = False
-        self.tiers.demote(d.victims, d.tiers, time)
+        self.tiers.demote(d.victims, d.tiers)
+        for ids, src, dst in d.moves:
+            self.tiers.move(ids, src, dst)
 
-    def _prefetch(self, ids: NDArray, w: NDArray, step: int, time: int) -> int:
+    def _prefetch(self, ids: NDArray, w: NDArray, step: int) -> int:
         chosen = self.fw.prefetch_candidates(ids, w, self.opts.prefetch_limit)
         if chosen.size == 0:
             return 0
@@ -391,7 +393,7 @@ class _Replay:
         d = self.fw.prefetch(chosen)
         assert d.admitted.size == chosen.size
         self.prefetched[chosen] = True
-        self._settle(d, step, time)
+        self._settle(d, step)
         return int(chosen.size)
 
     # --- the metrics over the measured (post-warm-up) steps -------------------------------

@@ -59,6 +59,11 @@ def unsupported(opts: Any) -> str | None:
         return f"the fast engine does not cover policy {opts.policy} (it covers {COVERED})"
     if opts.prefetch:
         return "the fast engine does not prefetch yet"
+    cfg = opts.config  # tier rules of docs/policy.md the kernel does not replicate yet
+    for name, today in (("eviction_passes", "exact"), ("cxl_order", "fifo"),
+                        ("tier_management", "static")):  # fmt: skip
+        if getattr(cfg, name) != today:
+            return f"the fast engine does not replay {name} = {getattr(cfg, name)!r} yet"
     if opts.audit:
         return "the eviction audit runs on the numpy engine"
     if opts.check:

@@ -182,3 +182,29 @@ def test_managed_tiers_keep_every_entry_in_one_tier_with_cxl_full() -> None:
     t = rep.tiers.tier[: rep.fw.table.n]
     for code in (TIER_CXL, TIER_NVME):  # the firmware's map is the media's
         assert np.array_equal(lower == code, t == code)
+
+
+@pytest.mark.parametrize(
+    ("passes", "batch", "left", "n_passes"),
+    [("exact", 4, 10, 3), ("batched", 4, 9, 1), ("batched", 2, 9, 2), ("batched", 8, 5, 1)],
+)
+def test_batched_passes_evict_whole_batches_ranked_as_each_begins(
+    passes: str, batch: int, left: int, n_passes: int
+) -> None:
+    """13 entries written one at a time into 10 slots (LRU: 0 is the oldest).  Exact evicts
+    the one-entry overflow at each of writes 11–13 (3 passes, 10 left); batched evicts a
+    whole batch, the oldest first, when the overflow comes, and the room it leaves takes
+    the next writes without a new ranking; the audit checks every pass."""
+    from kvcxl.firmware.session import FirmwareSession
+
+    cfg = PolicyConfig(eviction_passes=passes, eviction_batch=batch)
+    fw = FirmwareSession("lru", 10, cfg, audit=True)
+    ids = fw.describe(np.zeros(13), np.zeros(13), np.zeros(13), np.arange(13))
+    for i in ids.tolist():  # one read batch each: entry i last read at time i
+        fw.write(0, np.array([i]))
+        fw.read(0, np.array([i]), np.array([1.0]))
+    resident = np.flatnonzero(fw.resident())
+    assert resident.size == left
+    assert resident.tolist() == list(range(13 - left, 13))
+    assert fw.audit is not None and fw.audit.faults == 0
+    assert fw.cache.stats.eviction_passes == n_passes

@@ -222,13 +222,17 @@ class FirmwareSession:
     def end_step(self) -> Decisions:
         """Close the open step (the EMA update at the step boundary; with managed tiers, the
         background moves).  Returns what closing it decided."""
+        self._close()
+        return self._decisions(_EMPTY)
+
+    def _close(self) -> None:
+        """The step boundary; its decisions wait for the next hand-back."""
         if self.step is not None:
             tick = Tick(self.step, max(self.time - 1, 0))
             self.cache.end_step(tick)
             self.step = None
             if self.managed:
                 self._background(tick)
-        return self._decisions(_EMPTY)
 
     @property
     def managed(self) -> bool:
@@ -346,7 +350,7 @@ class FirmwareSession:
     # --- internals -----------------------------------------------------------------------
     def _enter(self, step: int) -> None:
         if self.step is not None and step != self.step:
-            self.end_step()
+            self._close()
         self.step = self.last_step = int(step)
 
     def _entering(self, ids: NDArray) -> None:

@@ -612,3 +612,161 @@ def replay_stream(
         warmup_steps=warmup_steps,
         mode=mode,
     ).run()
+
+
+# ==== Tiers below HBM and eviction passes (docs/policy.md, "Tiers below HBM" and "Engine
+# semantics": eviction_passes, cxl_order, tier_management) — written from that page. ====
+class TieredReplay(Replay):
+    """:class:`Replay` with ``eviction_passes``, ``cxl_order`` and managed tiers (threshold
+    placement; the EMA is the scored policy here)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cfg = self.cfg
+        self.managed = cfg.tier_management == "managed" and self.policy == "ema"
+        if self.managed and cfg.placement_mode != "thresholds":
+            raise NotImplementedError("the reference covers managed threshold placement")
+        self.pending: Counter = Counter()  # a step boundary's moves, booked with the next event
+        self.raised = 0  # bytes NVMe -> CXL DRAM (a pair the base books do not list)
+        self.last_t = (0, -1)  # (t, belady_t) of the latest eviction: a spill ranks at it
+
+    def _score(self, i: int) -> float:
+        st = self.state.get(i) or self._fresh()
+        # READING: integer mode compares score_q / 65536 with the thresholds (as placement).
+        return st["score"] / 65536 if self.int_mode else st["score"]
+
+    def _placement(self, i: int) -> str:
+        return CXL if self.managed else super()._placement(i)
+
+    def _leave(self, v: int, t: int, belady_t: int, moved: Counter) -> None:
+        dest = self._placement(v)
+        self.resident.discard(v)
+        self.tier[v] = dest
+        if dest == CXL:
+            moved["hbm->cxl"] += self.eb
+            self.cxl_arrival[v] = belady_t if self.policy == "belady" else t
+        else:
+            moved["hbm->nvme"] += self.eb
+        if not self.persistent:
+            self.state.pop(v, None)
+
+    def _evict(self, protected: set[int], t: int, belady_t: int, moved: Counter) -> list[int]:
+        over = len(self.resident) - self.capacity
+        if over <= 0:
+            return []
+        self.last_t = (t, belady_t)
+        base = self.resident - self.pinned
+        cand = base if self.policy == "belady" else base - protected
+        if len(cand) < over:
+            cand = base
+        if self.managed:  # score < keep goes first; score >= keep only when those cannot
+            keep = self.cfg.keep_threshold
+            layers = [
+                {i for i in cand if self._score(i) < keep},
+                {i for i in cand if self._score(i) >= keep},
+            ]
+        else:
+            layers = [cand]
+        batched = self.cfg.eviction_passes == "batched"
+        victims: list[int] = []
+        left = over
+        while left > 0:
+            k = self.cfg.eviction_batch if batched else left
+            chosen: list[int] = []
+            for lay in layers:  # each pass ranks what is still resident when it begins
+                rest = sorted(
+                    (i for i in lay if i in self.resident),
+                    key=lambda i: self._evict_key(i, t, belady_t),
+                )
+                chosen += rest[: k - len(chosen)]
+                if len(chosen) == k:
+                    break
+            if not chosen:
+                break
+            for v in chosen:
+                self._leave(v, t, belady_t, moved)
+            victims += chosen
+            left -= len(chosen)
+        return victims
+
+    def _spill_key(self, i: int) -> tuple:
+        if self.cfg.cxl_order == "fifo":
+            return (self.cxl_arrival[i], i)
+        # The policy's own order; an entry whose state was forgotten ranks as a fresh one.
+        fresh = i not in self.state
+        if fresh:
+            self.state[i] = self._fresh()
+        key = self._evict_key(i, *self.last_t)
+        if fresh:
+            del self.state[i]
+        return key
+
+    def _spill(self, moved: Counter) -> None:
+        while len(self.cxl_arrival) > self.cxl_cap:
+            v = min(self.cxl_arrival, key=self._spill_key)
+            del self.cxl_arrival[v]
+            self.tier[v] = NVME
+            moved["cxl->nvme"] += self.eb
+
+    def _end_step(self) -> None:
+        super()._end_step()
+        budget = self.cfg.background_moves
+        if not self.managed or budget == 0:
+            return
+        ev = self.cfg.evict_threshold
+        down = sorted(
+            (i for i in self.cxl_arrival if self._score(i) < ev), key=lambda i: (self._score(i), i)
+        )[:budget]
+        for i in down:
+            del self.cxl_arrival[i]
+            self.tier[i] = NVME
+            self.pending["cxl->nvme"] += self.eb
+        room = self.cxl_cap - len(self.cxl_arrival)
+        up = sorted(
+            (i for i, tr in self.tier.items() if tr == NVME and self._score(i) >= ev),
+            key=lambda i: (-self._score(i), i),
+        )[: min(budget - len(down), room)]
+        for i in up:
+            self.cxl_arrival[i] = max(self.batch_time, 0)
+            self.tier[i] = CXL
+            self.raised += self.eb
+
+    def _write(self, op: Op, moved: Counter) -> list[int]:
+        moved.update(self.pending)
+        self.pending.clear()
+        return super()._write(op, moved)
+
+    def _read(self, op: Op, moved: Counter) -> tuple[int, int, list[int]]:
+        moved.update(self.pending)
+        self.pending.clear()
+        return super()._read(op, moved)
+
+    def run(self) -> dict[str, Any]:
+        out = super().run()
+        if self.pending and out["read_steps"]:  # the last boundary's: the last read step's
+            k = len(out["read_steps"]) - 1
+            for pair, v in self.pending.items():
+                out["per_step"]["bytes_moved"][k][pair] += v
+                if k >= self.warmup:
+                    out["bytes_moved"][pair] += v
+        out["raised_bytes"] = self.raised
+        return out
+
+
+def replay_stream_tiered(
+    stream: Any,
+    *,
+    policy: str,
+    budget_bytes: int,
+    config: Any,
+    cxl_entries: int | None = None,
+    warmup_steps: int = 0,
+    granularity: str = "layer",
+    mode: str = "float",
+) -> dict[str, Any]:
+    """:func:`replay_stream` with the tier rules of :class:`TieredReplay`."""
+    ops, idents = plan_stream(stream, granularity)
+    return TieredReplay(
+        ops, idents, stream.shape, policy=policy, budget_bytes=budget_bytes, config=config,
+        cxl_entries=cxl_entries, warmup_steps=warmup_steps, mode=mode,
+    ).run()  # fmt: skip

@@ -770,3 +770,124 @@ def replay_stream_tiered(
         ops, idents, stream.shape, policy=policy, budget_bytes=budget_bytes, config=config,
         cxl_entries=cxl_entries, warmup_steps=warmup_steps, mode=mode,
     ).run()  # fmt: skip
+
+
+# ==== Prefetch (docs/policy.md "Formulas: Prefetch", docs/simulator.md "Prefetch"),
+# written from those pages. ====
+class PrefetchReplay(TieredReplay):
+    """:class:`TieredReplay` with ``--prefetch``: after each read batch its strongest touches
+    propose neighbours in the next layers; the best non-resident ones come into HBM."""
+
+    def __init__(
+        self, *args: Any, limit: int = 64, prefixes: list[tuple[int, int, int]] = (), **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.limit = limit
+        self.prefix = {c: (p, nb) for c, p, nb in prefixes}  # ctx -> (parent, shared blocks)
+        self.by_ident = {ident: i for i, ident in enumerate(self.idents)}
+        self.flagged: set[int] = set()  # prefetched, not read or evicted since
+        self.prefetched: dict[int, list[int]] = {}  # step -> ids, in fetch order
+        self.useful = self.wasted = 0
+
+    def _lookup(self, ctx: int, layer: int, head: int, block: int) -> int | None:
+        i = self.by_ident.get((ctx, layer, head, block))
+        if i is not None and i in self.tier:  # an entry exists once it has been written
+            return i
+        if ctx in self.prefix:
+            parent, nb = self.prefix[ctx]
+            if block < nb:
+                return self._lookup(parent, layer, head, block)
+        return None
+
+    def _rank(self, dist_blocks: int, i: int) -> float:
+        cfg = self.cfg
+        st = self.state.get(i) or self._fresh()
+        score = st["score"] if self.policy == "ema" else 0.0
+        if self.int_mode:
+            b_rope = round(cfg.prefetch_blend[0] * 65536)
+            rope = q16(1.0 / (1.0 + dist_blocks * self.bt / cfg.prefetch_distance_scale))
+            return (b_rope * rope + (65536 - b_rope) * score + 32768) >> 16
+        rope = 1.0 / (1.0 + dist_blocks * self.bt / cfg.prefetch_distance_scale)
+        return cfg.prefetch_blend[0] * rope + cfg.prefetch_blend[1] * score
+
+    def _read(self, op: Op, moved: Counter) -> tuple[int, int, list[int]]:
+        for i, _ in op.reads:  # a prefetched entry read while resident was useful
+            if i in self.flagged and i in self.resident:
+                self.useful += 1
+                self.flagged.discard(i)
+        n, hits, victims = super()._read(op, moved)
+        self._unflag(victims)
+        cfg = self.cfg
+        if cfg.prefetch_depth == 0:
+            return n, hits, victims
+        # READING: the strongest touches, ties to the lower entry id.
+        touches = sorted(
+            ((i, w) for i, w in op.reads if w >= cfg.touch_threshold), key=lambda r: (-r[1], r[0])
+        )[: self.limit]
+        wb = cfg.prefetch_window // self.bt
+        best: dict[int, int] = {}  # candidate -> smallest distance in blocks
+        for i, _ in touches:
+            ctx, layer, head, block = self.idents[i]
+            for dl in range(1, cfg.prefetch_depth + 1):
+                for db in range(-wb, wb + 1):
+                    if block + db < 0:
+                        continue
+                    c = self._lookup(ctx, layer + dl, head, block + db)
+                    if c is None or c in self.resident:
+                        continue
+                    best[c] = min(best.get(c, abs(db)), abs(db))
+        chosen = sorted(best, key=lambda c: (-self._rank(best[c], c), c))[: self.limit]
+        if not chosen:
+            return n, hits, victims
+        t = self.batch_time
+        for i in sorted(chosen):
+            src = self.tier[i]
+            moved["cxl->hbm" if src == CXL else "nvme->hbm"] += self.eb
+            self.cxl_arrival.pop(i, None)
+            self._admit(i, t)
+        self.flagged |= set(chosen)
+        self.prefetched.setdefault(op.step, []).extend(chosen)
+        more = self._evict(set(chosen), t, t, moved)
+        self._spill(moved)
+        self._unflag(more)
+        return n, hits, victims + more
+
+    def _write(self, op: Op, moved: Counter) -> list[int]:
+        victims = super()._write(op, moved)
+        self._unflag(victims)  # a write's victims leave HBM too
+        return victims
+
+    def _unflag(self, victims: list[int]) -> None:
+        for v in victims:
+            if v in self.flagged:
+                self.wasted += 1
+                self.flagged.discard(v)
+
+    def run(self) -> dict[str, Any]:
+        out = super().run()
+        total = sum(len(v) for v in self.prefetched.values())
+        out["prefetched"] = self.prefetched
+        out["prefetched_entries"] = total
+        out["prefetch_useful"] = self.useful
+        return out
+
+
+def replay_stream_prefetch(
+    stream: Any,
+    *,
+    policy: str,
+    budget_bytes: int,
+    config: Any,
+    limit: int = 64,
+    cxl_entries: int | None = None,
+    warmup_steps: int = 0,
+    granularity: str = "layer",
+    mode: str = "float",
+) -> dict[str, Any]:
+    """:func:`replay_stream_tiered` with prefetch (``limit`` = ``--prefetch-limit``)."""
+    ops, idents = plan_stream(stream, granularity)
+    return PrefetchReplay(
+        ops, idents, stream.shape, policy=policy, budget_bytes=budget_bytes, config=config,
+        cxl_entries=cxl_entries, warmup_steps=warmup_steps, mode=mode, limit=limit,
+        prefixes=[(int(c), int(p), int(b)) for c, p, b in stream.prefixes],
+    ).run()  # fmt: skip

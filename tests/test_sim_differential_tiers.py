@@ -94,3 +94,74 @@ def test_the_rules_change_the_replay() -> None:
     for rule, cfg in RULES.items():
         r = run(cfg)
         assert (r["victims"], r["per_step"]) != (base["victims"], base["per_step"]), rule
+
+
+# --- prefetch: the prefetched sets, hits and victims step by step -------------------------
+def _sim_prefetch(stream: Any, opts: SimOptions) -> tuple[dict[str, Any], dict[int, list[int]]]:
+    """The simulator's result and, per step, the entries it prefetched in fetch order."""
+    from kvcxl.emu.sim.simulator import _Replay
+
+    rep = _Replay(stream, opts)
+    log: dict[int, list[int]] = {}
+    fetch = rep.fw.prefetch
+
+    def logged(ids: Any) -> Any:
+        step = rep.fw.step if rep.fw.step is not None else rep.fw.last_step
+        log.setdefault(int(step), []).extend(int(i) for i in ids)
+        return fetch(ids)
+
+    rep.fw.prefetch = logged  # type: ignore[method-assign]
+    return rep.run(None), log
+
+
+PF_CONFIGS = [
+    {},
+    {"prefetch_window": 16, "prefetch_depth": 1},
+    {"prefetch_blend": (0.0, 1.0), "prefetch_window": 64},
+    {"prefetch_distance_scale": 10.0, "tier_management": "managed", "evict_threshold": 0.05},
+    {"persistent_metadata": False, "eviction_passes": "batched", "eviction_batch": 4},
+]
+
+
+@pytest.mark.parametrize("workload", ["multi-turn", "zipf-sessions", "shared-prefix"])
+def test_prefetch_matches_reference(workload: str) -> None:
+    stream = _stream(workload, "dense")
+    eb = WL_SHAPE.entry_bytes
+    n = stream.n_entries
+    k = fetched = useful = 0
+    for policy, mode in [("ema", "float"), ("ema", "int"), ("lru", "float")]:
+        for gran in ("layer", "step"):
+            for cfg in PF_CONFIGS:
+                k += 1
+                limit = (4, 16, 64)[k % 3]
+                budget = max(int(n * (0.15, 0.3)[k % 2]), 1)
+                cxl = (None, max(n // 10, 1))[k % 2]
+                config = PolicyConfig.from_mapping(cfg)
+                opts = SimOptions(
+                    engine="numpy", policy=policy, budget_bytes=budget * eb, config=config,
+                    cxl_bytes=None if cxl is None else cxl * eb, warmup_steps=2,
+                    granularity=gran, mode=mode, record_victims=True, audit=True,
+                    prefetch=True, prefetch_limit=limit,
+                )  # fmt: skip
+                sim, got = _sim_prefetch(stream, opts)
+                want = ref.replay_stream_prefetch(
+                    stream, policy=policy, budget_bytes=budget * eb, config=config, limit=limit,
+                    cxl_entries=cxl, warmup_steps=2, granularity=gran, mode=mode,
+                )  # fmt: skip
+                desc = (
+                    f"workload={workload} policy={policy} mode={mode} granularity={gran} "
+                    f"budget={budget} cxl={cxl} limit={limit} config={cfg}"
+                )
+                for s in sorted(set(got) | set(want["prefetched"])):
+                    g, w = got.get(s, []), want["prefetched"].get(s, [])
+                    assert g == w, (
+                        f"{desc}\nstep {s}: prefetched\n  simulator: {g}\n  reference: {w}"
+                    )
+                compare(sim, stream, want, desc)
+                assert sim["prefetched_entries"] == want["prefetched_entries"], desc
+                assert sim["audit_faults"] == 0, desc
+                got_useful = round((sim["prefetch_precision"] or 0) * sim["prefetched_entries"])
+                assert got_useful == want["prefetch_useful"], f"{desc}\nprefetches read"
+                fetched += want["prefetched_entries"]
+                useful += want["prefetch_useful"]
+    assert fetched > 0 and useful > 0  # prefetch happened and some of it was read

@@ -618,15 +618,15 @@ def replay_stream(
 # semantics": eviction_passes, cxl_order, tier_management) — written from that page. ====
 class TieredReplay(Replay):
     """:class:`Replay` with ``eviction_passes``, ``cxl_order`` and managed tiers (threshold
-    placement; the EMA is the scored policy here)."""
+    and weighted placement; the EMA is the scored policy here)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         cfg = self.cfg
         self.managed = cfg.tier_management == "managed" and self.policy == "ema"
-        if self.managed and cfg.placement_mode != "thresholds":
-            raise NotImplementedError("the reference covers managed threshold placement")
+        self.weighted = cfg.placement_mode == "weighted"
         self.pending: Counter = Counter()  # a step boundary's moves, booked with the next event
+        self.pending_victims: list[int] = []  # a step boundary's evictions (weighted)
         self.raised = 0  # bytes NVMe -> CXL DRAM (a pair the base books do not list)
         self.last_t = (0, -1)  # (t, belady_t) of the latest eviction: a spill ranks at it
 
@@ -638,6 +638,23 @@ class TieredReplay(Replay):
     def _placement(self, i: int) -> str:
         return CXL if self.managed else super()._placement(i)
 
+    def _p(self, i: int) -> float:
+        """Weighted placement's P = wR·(1 − r) + wE·score + wN·anchor."""
+        cfg = self.cfg
+        st = self.state.get(i) or self._fresh()
+        r = -math.expm1(-cfg.beta * st["idle"])
+        anchor = 1.0 if self.idents[i][3] * self.bt < cfg.anchor_zone_size else 0.0
+        w_r, w_e, w_n = cfg.placement_weights
+        return w_r * (1.0 - r) + w_e * self._score(i) + w_n * anchor
+
+    def _layer(self, i: int) -> int:
+        """Which eviction layer (0 first) placement puts a resident entry in."""
+        if not self.weighted:
+            return 0 if self._score(i) < self.cfg.keep_threshold else 1
+        low, high = self.cfg.placement_cuts
+        p = self._p(i)
+        return 0 if p < low else (1 if p < high else 2)
+
     def _leave(self, v: int, t: int, belady_t: int, moved: Counter) -> None:
         dest = self._placement(v)
         self.resident.discard(v)
@@ -648,7 +665,9 @@ class TieredReplay(Replay):
         else:
             moved["hbm->nvme"] += self.eb
         if not self.persistent:
-            self.state.pop(v, None)
+            # READING: dropped state restarts as a fresh entry's and keeps ageing at step
+            # boundaries (a CXL DRAM entry's place in the policy's order depends on it).
+            self.state[v] = self._fresh()
 
     def _evict(self, protected: set[int], t: int, belady_t: int, moved: Counter) -> list[int]:
         over = len(self.resident) - self.capacity
@@ -659,12 +678,10 @@ class TieredReplay(Replay):
         cand = base if self.policy == "belady" else base - protected
         if len(cand) < over:
             cand = base
-        if self.managed:  # score < keep goes first; score >= keep only when those cannot
-            keep = self.cfg.keep_threshold
-            layers = [
-                {i for i in cand if self._score(i) < keep},
-                {i for i in cand if self._score(i) >= keep},
-            ]
+        if self.managed:  # what placement wants in HBM goes only when the rest cannot
+            layers = [set(), set(), set()]
+            for i in cand:
+                layers[self._layer(i)].add(i)
         else:
             layers = [cand]
         batched = self.cfg.eviction_passes == "batched"
@@ -713,6 +730,19 @@ class TieredReplay(Replay):
         budget = self.cfg.background_moves
         if not self.managed or budget == 0:
             return
+        if self.weighted:
+            # P < low wants CXL DRAM: such resident, unpinned entries leave HBM, lowest first.
+            out = sorted(
+                (i for i in self.resident - self.pinned if self._p(i) < self.cfg.placement_cuts[0]),
+                key=lambda i: (self._p(i), i),
+            )[:budget]
+            t = max(self.batch_time, 0)
+            self.last_t = (t, t)
+            for v in out:
+                self._leave(v, t, t, self.pending)
+            self.pending_victims += out
+            self._spill(self.pending)
+            return
         ev = self.cfg.evict_threshold
         down = sorted(
             (i for i in self.cxl_arrival if self._score(i) < ev), key=lambda i: (self._score(i), i)
@@ -734,12 +764,15 @@ class TieredReplay(Replay):
     def _write(self, op: Op, moved: Counter) -> list[int]:
         moved.update(self.pending)
         self.pending.clear()
-        return super()._write(op, moved)
+        before, self.pending_victims = self.pending_victims, []
+        return before + super()._write(op, moved)
 
     def _read(self, op: Op, moved: Counter) -> tuple[int, int, list[int]]:
         moved.update(self.pending)
         self.pending.clear()
-        return super()._read(op, moved)
+        before, self.pending_victims = self.pending_victims, []
+        n, hits, victims = super()._read(op, moved)
+        return n, hits, before + victims
 
     def run(self) -> dict[str, Any]:
         out = super().run()
@@ -749,6 +782,10 @@ class TieredReplay(Replay):
                 out["per_step"]["bytes_moved"][k][pair] += v
                 if k >= self.warmup:
                     out["bytes_moved"][pair] += v
+        if self.pending_victims:  # the last boundary's evictions: the last event's step
+            c = out["victims"].setdefault(self.ops[-1].step, Counter())
+            for v in self.pending_victims:
+                c[self.idents[v]] += 1
         out["raised_bytes"] = self.raised
         return out
 

@@ -27,6 +27,10 @@ RULES = {
     "cxl-policy": {"cxl_order": "policy"},
     "managed": {"tier_management": "managed", "evict_threshold": 0.05},
     "managed-slow": {"tier_management": "managed", "evict_threshold": 0.05, "background_moves": 2},
+    "weighted": {"tier_management": "managed", "placement_mode": "weighted",
+                 "placement_cuts": (0.5, 0.7)},
+    "weighted-slow": {"tier_management": "managed", "placement_mode": "weighted",
+                      "background_moves": 3, "cxl_order": "policy"},
     "all": {"tier_management": "managed", "cxl_order": "policy", "eviction_passes": "batched",
             "eviction_batch": 5, "evict_threshold": 0.05, "keep_threshold": 0.2},
 }  # fmt: skip

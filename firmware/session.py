@@ -12,7 +12,9 @@ once.  A host (or a trace) tells the session four things:
   a whole step, or one request), which serves hits, pages in misses and evicts;
 
 and the step boundary (:meth:`end_step`; also :meth:`at` a later step, or any call
-carrying one, closes the open step first).
+carrying one, closes the open step first).  What a boundary decides by itself (managed
+tiers' background moves) is handed back by :meth:`take_decisions`, or with the next
+call's decisions.
 The session hands back, for each call, a :class:`Decisions`: the entries admitted,
 the victims in eviction order with the tier placement sends each to (and their
 priorities when asked), and, on request, prefetch candidates (:meth:`prefetch`).
@@ -127,11 +129,15 @@ class FirmwareSession:
         self._unindexed: list[NDArray] = []  # described since the grids were last updated
 
     # --- what the host tells the firmware ------------------------------------------------
-    def at(self, step: int) -> Decisions:
+    def at(self, step: int) -> None:
         """The host is now at ``step``: a later step closes the open one first, before
-        anything of the new step (new entries, lengths) reaches the policy.  Returns what
-        closing it decided (managed tiers' background moves; else nothing)."""
+        anything of the new step (new entries, lengths) reaches the policy."""
         self._enter(step)
+
+    def take_decisions(self) -> Decisions:
+        """What the firmware decided since the last hand-back without being asked — a step
+        boundary's moves and evictions (managed tiers) — else nothing.  A driver that does
+        not ask gets them with the next call's decisions."""
         return self._decisions(_EMPTY)
 
     def ensure(self, n: int) -> None:
@@ -219,11 +225,10 @@ class FirmwareSession:
         self.time += 1
         return hit, self._decisions(unique_ids(ids[~hit]))
 
-    def end_step(self) -> Decisions:
+    def end_step(self) -> None:
         """Close the open step (the EMA update at the step boundary; with managed tiers, the
-        background moves).  Returns what closing it decided."""
+        background moves, handed back by :meth:`take_decisions` or with the next call)."""
         self._close()
-        return self._decisions(_EMPTY)
 
     def _close(self) -> None:
         """The step boundary; its decisions wait for the next hand-back."""

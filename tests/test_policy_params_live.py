@@ -208,3 +208,31 @@ def test_batched_passes_evict_whole_batches_ranked_as_each_begins(
     assert resident.tolist() == list(range(13 - left, 13))
     assert fw.audit is not None and fw.audit.faults == 0
     assert fw.cache.stats.eviction_passes == n_passes
+
+
+def test_the_device_carries_out_managed_tiers_moves() -> None:
+    """A device with a host KV cache (open_kv) and managed tiers: every entry's page is in
+    the tier the firmware session's map names, step-boundary sinks included."""
+    from kvcxl.emu.cxl.hdm import GRANULE
+    from kvcxl.emu.device.device import Type3Device
+
+    n, eb = 48, 4096
+    cfg = PolicyConfig(tier_management="managed", evict_threshold=0.09, background_moves=4)
+    dev = Type3Device(GRANULE, page_bytes=eb)
+    dev.open_kv(n, eb, 12, 16, 0, config=cfg)
+    dev.fw.describe(np.zeros(n), np.zeros(n), np.arange(n) % 2, np.arange(n) // 2)
+    rng = np.random.default_rng(1)
+    sank = 0
+    for step in range(12):
+        if step == 0:
+            dev.create(0, np.arange(n))
+        ids = rng.choice(n, 16, replace=False)
+        dev.report(step, ids, rng.random(16) * 0.3)
+        dev.end_step(step)
+        lower = dev.fw.lower.where(np.arange(n))
+        in_dram = np.frombuffer(dev.in_dram, np.uint8)[:n]
+        resident = dev.fw.resident()
+        nvme = lower == TIER_NVME
+        sank = max(sank, int(np.count_nonzero(nvme)))
+        assert np.array_equal(in_dram[~resident] == 0, nvme[~resident]), step
+    assert sank > 0  # the step boundary sank some entries, and the pages followed

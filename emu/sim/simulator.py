@@ -306,7 +306,8 @@ class _Replay:
                     if pos == books.warm:
                         self.pf_useful_warm = self.pf_useful
             last_step = step
-            self._settle(fw.at(step), step)
+            fw.at(step)
+            self._settle(fw.take_decisions(), step)  # the step boundary's, if it closed one
             if b.lens is not None:
                 fw.lengths(*b.lens)
             if not b.read:
@@ -317,7 +318,8 @@ class _Replay:
                 tiers.check(fw.table.n, fw.cache.n_resident, fw.cache.capacity)
             if progress is not None:
                 progress(1)
-        self._settle(fw.end_step(), last_step or 0)
+        fw.end_step()
+        self._settle(fw.take_decisions(), last_step or 0)
         books.moved[pos] += tiers.moved - mark
         tiers.check(fw.table.n, fw.cache.n_resident, fw.cache.capacity)
         return self._result()

@@ -6,9 +6,13 @@ Semantics (documented in docs/policy.md):
   trace) is served first: an entry resident at the start of the batch is a hit,
   any other read is a miss served from its lower tier and then admitted
   (demand paging).
-* Then, if the resident count exceeds the capacity, the policy evicts exactly the
-  overflow — in passes of at most ``eviction_batch``, which within one call see
-  the same priorities and so equal one exact top-k selection.  Every resident,
+* Then, if the resident count exceeds the capacity, the policy evicts: with
+  ``eviction_passes = "exact"`` exactly the overflow, one exact top-k selection
+  (passes of ``eviction_batch`` within one call would see the same priorities);
+  with ``"batched"`` passes of ``eviction_batch`` victims, each ranked and audited
+  as it begins, until the overflow is covered (the last may evict past it).
+  Managed tiers split the eligible entries into layers (what placement wants out
+  of HBM first); a pass takes from the first layer before the next.  Every resident,
   unpinned entry is eligible except the entries read in this batch (demand
   paging), unless the batch alone overflows the capacity.  The offline optimum
   may also bypass (evict what it just read) unless ``protect_batch`` is set.
@@ -96,6 +100,8 @@ class PolicyCache:
         self.resident = np.zeros(16, dtype=bool)
         self.pinned = np.zeros(16, dtype=bool)
         self.n_resident = 0
+        # Managed tiers: eviction layer of each eligible entry (0 goes first); None: one layer.
+        self.layers: Callable[[NDArray], NDArray] | None = None
         self.stats = CacheStats()
         if audit is not None:
             audit.attach(policy, self.pinned_capacity)
@@ -188,17 +194,60 @@ class PolicyCache:
             if np.count_nonzero(mask) < over:  # the batch alone overflows: let it compete
                 mask[protect] = self.resident[protect] & ~self.pinned[protect]
         eligible = np.flatnonzero(mask)
+        cfg = self.policy.config
+        layers = self._layers(eligible)
+        if cfg.eviction_passes == "exact":
+            # Exactly the overflow, one exact top-k (passes of eviction_batch within one call
+            # would see the same priorities, so they are only counted).
+            victims = self._take(layers, over, tick)
+            self.stats.eviction_passes += -(-victims.size // cfg.eviction_batch)
+            self._remove(victims, tick)
+            return
+        # Batched: passes of eviction_batch victims, each ranked as it begins, until the
+        # overflow is covered; the last may evict past it (the RTL's batch slots).
+        left = over
+        while left > 0:
+            victims = self._take(layers, cfg.eviction_batch, tick)
+            if victims.size == 0:
+                break
+            self.stats.eviction_passes += 1
+            self._remove(victims, tick)
+            left -= victims.size
+            layers = [lay[self.resident[lay]] for lay in layers]
+
+    def _layers(self, eligible: NDArray) -> list[NDArray]:
+        """The eligible entries split into the order they are evicted in: a placement rule
+        (managed tiers) puts the entries it wants in HBM into later layers."""
+        if self.layers is None:
+            return [eligible]
+        code = np.asarray(self.layers(eligible))
+        return [eligible[code == c] for c in range(int(code.max()) + 1 if code.size else 0)]
+
+    def _take(self, layers: list[NDArray], k: int, tick: Tick) -> NDArray:
+        """Up to ``k`` victims, the first layers' first; each layer by the policy's order."""
+        out: list[NDArray] = []
+        for lay in layers:
+            if k <= 0:
+                break
+            if lay.size == 0:
+                continue
+            got = self._choose(lay, k, tick)
+            out.append(got)
+            k -= got.size
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+    def _choose(self, eligible: NDArray, k: int, tick: Tick) -> NDArray:
+        """The policy's top ``k`` of ``eligible`` (one pass), audited against the priorities
+        in force now."""
         if self.ordered_victims:
-            victims = self.policy.select(eligible, over, tick)
+            victims = self.policy.select(eligible, k, tick)
         else:
-            victims = self.policy.select(eligible, over, tick, ordered=False)
+            victims = self.policy.select(eligible, k, tick, ordered=False)
         if self.audit is not None:
             priority = self.policy.priority(eligible, tick)
             self.audit.check(eligible, priority, victims, self.ordered_victims)
             self.audit.check_history(eligible, victims, self.policy, tick)
-        batch = self.policy.config.eviction_batch
-        self.stats.eviction_passes += -(-victims.size // batch)
-        self._remove(victims, tick)
+        return victims
 
     def _remove(self, ids: NDArray, tick: Tick) -> None:
         if ids.size == 0:

@@ -81,21 +81,25 @@ PARAMS: dict[str, Param] = {
         "(0, 1], > evict_threshold",
         in_range(0.0, 1.0, lo_open=True),
         REAL,
-        "Threshold placement: score ≥ keep wants HBM. Raising it shrinks the hot set "
-        "(more users, lower hit rate); lowering it does the reverse.",
+        "Threshold placement: score ≥ keep wants HBM. With managed tiers such an entry is "
+        "evicted only when the entries below keep cannot cover the overflow (static tiers: "
+        "decides nothing). Raising it shrinks the protected hot set; lowering it grows it.",
     ),
     "evict_threshold": Param(
         "[0, 1), < keep_threshold",
         in_range(0.0, 1.0, hi_open=True),
         REAL,
         "Threshold placement: score < evict sinks to NVMe; between evict and keep lives "
-        "in CXL DRAM. Raising it reclaims CXL DRAM sooner at the cost of more NVMe reads.",
+        "in CXL DRAM. Static tiers: a victim below it goes straight to NVMe; managed: "
+        "victims land in CXL DRAM and one below it sinks at a step boundary. Raising it "
+        "reclaims CXL DRAM sooner at the cost of more NVMe reads.",
     ),
     "placement_mode": Param(
         "'thresholds' or 'weighted'",
         one_of("thresholds", "weighted"),
         str,
-        "Which placement rule decides an entry's tier.",
+        "Which placement rule decides an entry's tier (static tiers: a victim's; managed: "
+        "also the eviction order and the background moves).",
     ),
     "placement_weights": Param(
         "three values in [0, 1] summing to 1 (R, E, N)",
@@ -103,14 +107,16 @@ PARAMS: dict[str, Param] = {
         (tuple, list),
         "Weighted placement P = wR·R + wE·E + wN·N with R = 1 − r, E = score, N = anchor. "
         "More E tracks sustained attention; more R reacts to recent touches; more N "
-        "hardens the anchor zone.",
+        "hardens the anchor zone. Decides with managed tiers and weighted placement.",
     ),
     "placement_cuts": Param(
         "two values 0 < low < high < 1",
         _unit_triple_or_pair(2),
         (tuple, list),
-        "Cut points on P: below low → CXL DRAM, [low, high) → HBM, ≥ high → pinned HBM. "
-        "Raising either frees HBM sooner.",
+        "Cut points on P: below low → CXL DRAM, [low, high) → HBM, ≥ high → pinned HBM "
+        "(evicted only when nothing below high covers the overflow). Decides with managed "
+        "tiers and weighted placement: raising either frees HBM sooner (low: more entries "
+        "evicted first and demoted at step boundaries; high: fewer held back).",
     ),
     "prefetch_window": Param(
         "[0, 1048576] tokens",
@@ -143,8 +149,9 @@ PARAMS: dict[str, Param] = {
         "[1, 65536] entries",
         in_range(1, 65536),
         int,
-        "Most entries evicted by one policy pass. Larger amortises the selection; "
-        "smaller keeps decisions fresh.",
+        "Most entries evicted by one policy pass. With eviction_passes 'batched' a pass "
+        "evicts this many: larger evicts past the overflow more often and decides later "
+        "admissions' room on older priorities; smaller keeps decisions fresh.",
     ),
     "persistent_metadata": Param(
         "true or false",
@@ -168,13 +175,40 @@ PARAMS: dict[str, Param] = {
         "Larger covers a longer idle horizon at coarser resolution; see docs/policy.md "
         "for the error bound it implies.",
     ),
-    "pcie_contention": Param(
-        "(0, 1]",
-        in_range(0.0, 1.0, lo_open=True),
-        REAL,
-        "Fraction of PCIe Gen5 x16 link bandwidth a host-DRAM offload baseline sustains "
-        "(the design's 0.32, contradicted by the measured 87 % of spec; docs/design.md). "
-        "Used only by the host-offload comparison of the tier model.",
+    "eviction_passes": Param(
+        "'exact' or 'batched'",
+        one_of("exact", "batched"),
+        str,
+        "How an overflow is evicted. 'exact': exactly the overflow, the exact top-k of one "
+        "ranking (eviction_batch only counts passes). 'batched': passes of eviction_batch "
+        "victims, each ranked when it begins, until the overflow is covered; the last pass "
+        "may evict past it (the RTL's batch slots). Default 'exact' until the fast engine "
+        "replays passes.",
+    ),
+    "cxl_order": Param(
+        "'fifo' or 'policy'",
+        one_of("fifo", "policy"),
+        str,
+        "Which CXL DRAM entries go down to NVMe when CXL DRAM is full. 'fifo': the earliest "
+        "arrivals (the comparison baseline); 'policy': the running policy's own eviction "
+        "order (highest priority first), so the policy ranks the lower tiers too.",
+    ),
+    "tier_management": Param(
+        "'static' or 'managed'",
+        one_of("static", "managed"),
+        str,
+        "'static': placement decides once, as a victim leaves HBM. 'managed' (scored "
+        "policies): the placement rule also decides which HBM entries are evicted last "
+        "(score ≥ keep, or P ≥ the low cut) and moves lower-tier entries at each step "
+        "boundary (docs/policy.md, managed tiers).",
+    ),
+    "background_moves": Param(
+        "[0, 1048576] entries per step",
+        in_range(0, 1 << 20),
+        int,
+        "Managed tiers: most entries the firmware moves between tiers at one step boundary "
+        "(demotions first, then raises). Higher follows the scores sooner at more background "
+        "traffic; 0 leaves only the moves capacity forces.",
     ),
 }
 
@@ -201,7 +235,10 @@ class PolicyConfig:
     persistent_metadata: bool = True
     pinned_fraction: float = 0.25
     decay_shift: int = 4
-    pcie_contention: float = 0.32
+    eviction_passes: str = "exact"
+    cxl_order: str = "fifo"
+    tier_management: str = "static"
+    background_moves: int = 256
     # Parameters that belong to one policy (declared by it: ``Policy.parameters``), as
     # set here; a policy reads its own through ``policy.params``.
     policy_params: tuple[tuple[str, Any], ...] = ()

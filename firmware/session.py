@@ -12,7 +12,9 @@ once.  A host (or a trace) tells the session four things:
   a whole step, or one request), which serves hits, pages in misses and evicts;
 
 and the step boundary (:meth:`end_step`; also :meth:`at` a later step, or any call
-carrying one, closes the open step first).
+carrying one, closes the open step first).  What a boundary decides by itself (managed
+tiers' background moves) is handed back by :meth:`take_decisions`, or with the next
+call's decisions.
 The session hands back, for each call, a :class:`Decisions`: the entries admitted,
 the victims in eviction order with the tier placement sends each to (and their
 priorities when asked), and, on request, prefetch candidates (:meth:`prefetch`).
@@ -35,10 +37,19 @@ from . import prefetch as pf
 from .audit import EvictionAudit
 from .cache import PolicyCache
 from .config import PolicyConfig
-from .formulas import TIER_CXL, TIER_NVME, placement_thresholds, placement_weighted
+from .formulas import (
+    TIER_CXL,
+    TIER_HBM,
+    TIER_HBM_PINNED,
+    TIER_NVME,
+    placement_thresholds,
+    placement_value,
+    placement_weighted,
+)
 from .policies import POLICIES, make_policy
 from .policies.base import Policy, Tick
 from .table import EntryTable, grow, unique_ids
+from .tiering import LowerTiers, background_plan
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -51,6 +62,8 @@ class Decisions:
     victims: NDArray = field(default_factory=lambda: _EMPTY)  # left it, in eviction order
     tiers: NDArray = field(default_factory=lambda: _EMPTY.astype(np.uint8))  # per victim
     priority: NDArray | None = None  # per victim, when the session records priorities
+    # Moves between the lower tiers after the victims landed, in order: (ids, from, to).
+    moves: list[tuple[NDArray, int, int]] = field(default_factory=list)
 
 
 class FirmwareSession:
@@ -72,6 +85,7 @@ class FirmwareSession:
         victim_priority: bool = True,
         policy_kwargs: dict | None = None,
         protect_batch: bool | None = None,
+        cxl_capacity: int | None = None,
     ) -> None:
         if mode not in ("float", "int"):
             raise ValueError(f"mode = {mode!r}: must be 'float' or 'int'")
@@ -92,6 +106,10 @@ class FirmwareSession:
         self.placement = placement
         self.audit = EvictionAudit() if audit else None
         self._victims: list[tuple[NDArray, NDArray | None, NDArray]] = []
+        # Where every entry is below HBM, and the moves decided since the last hand-back.
+        self.lower = LowerTiers(cxl_capacity)
+        self._moves: list[tuple[NDArray, int, int]] = []
+        self._tick = Tick(0, 0)  # of the latest eviction (a spill ranks at its time)
         self.cache = PolicyCache(
             self.policy,
             capacity,
@@ -101,6 +119,7 @@ class FirmwareSession:
             victim_priority=victim_priority,
             protect_batch=protect_batch,
         )
+        self._set_layers()
         self.step: int | None = None  # the open step (None: none open)
         self.last_step: int | None = None  # the most recent step seen
         self.time = 0  # read batches served so far
@@ -114,6 +133,12 @@ class FirmwareSession:
         """The host is now at ``step``: a later step closes the open one first, before
         anything of the new step (new entries, lengths) reaches the policy."""
         self._enter(step)
+
+    def take_decisions(self) -> Decisions:
+        """What the firmware decided since the last hand-back without being asked — a step
+        boundary's moves and evictions (managed tiers) — else nothing.  A driver that does
+        not ask gets them with the next call's decisions."""
+        return self._decisions(_EMPTY)
 
     def ensure(self, n: int) -> None:
         """Room for entries 0 … n−1 (a driver that knows its size up front)."""
@@ -162,6 +187,7 @@ class FirmwareSession:
             self.cache.forget(first)
             self._written[first] = True
         t = self.time - 1 if self.offline else max(self.time - 1, 0)
+        self._entering(ids)
         admitted = self.cache.insert(ids, Tick(step, t))
         return self._decisions(admitted)
 
@@ -178,6 +204,7 @@ class FirmwareSession:
         self.policy = self.cache.policy = new
         self.config = config
         self.cache.pinned_capacity = int(config.pinned_fraction * self.cache.capacity)
+        self._set_layers()
 
     def use_policy(self, policy: Policy) -> None:
         """Decide with ``policy``, an object over this session's table (e.g. one whose
@@ -186,21 +213,40 @@ class FirmwareSession:
             raise ValueError("the policy must be built over the session's entry table")
         self.policy = self.cache.policy = policy
         self.cache.pinned_capacity = int(policy.config.pinned_fraction * self.cache.capacity)
+        self._set_layers()
 
     def read(self, step: int, ids: ArrayLike, weights: ArrayLike) -> tuple[NDArray, Decisions]:
         """One batch of reads; returns the hit mask (resident at the batch's start) and the
         decisions (misses admitted, victims)."""
         self._enter(step)
         ids = np.asarray(ids, dtype=np.int64)
+        self._entering(ids)
         hit = self.cache.access(ids, weights, Tick(step, self.time))
         self.time += 1
         return hit, self._decisions(unique_ids(ids[~hit]))
 
     def end_step(self) -> None:
-        """Close the open step (the EMA update at the step boundary)."""
+        """Close the open step (the EMA update at the step boundary; with managed tiers, the
+        background moves, handed back by :meth:`take_decisions` or with the next call)."""
+        self._close()
+
+    def _close(self) -> None:
+        """The step boundary; its decisions wait for the next hand-back."""
         if self.step is not None:
-            self.cache.end_step(Tick(self.step, max(self.time - 1, 0)))
+            tick = Tick(self.step, max(self.time - 1, 0))
+            self.cache.end_step(tick)
             self.step = None
+            if self.managed:
+                self._background(tick)
+
+    @property
+    def managed(self) -> bool:
+        """Managed tiers in force: asked for, with a scored policy and policy placement."""
+        return (
+            self.config.tier_management == "managed"
+            and self.placement == "policy"
+            and self.policy.scored
+        )
 
     # --- what the firmware decides on request --------------------------------------------
     def resident(self) -> NDArray:
@@ -208,24 +254,48 @@ class FirmwareSession:
         return self.cache.is_resident(np.arange(self.table.n, dtype=np.int64))
 
     def place(self, ids: NDArray) -> NDArray:
-        """The tier each of ``ids`` goes to when it leaves the fast tier (CXL DRAM or NVMe)."""
+        """The tier each of ``ids`` goes to when it leaves the fast tier (CXL DRAM or NVMe).
+        Managed tiers send every victim to CXL DRAM; the step boundary sinks it later."""
         ids = np.asarray(ids, dtype=np.int64)
         dest = np.full(ids.size, TIER_CXL, dtype=np.uint8)
-        if ids.size == 0 or self.placement == "fill" or not self.policy.scored:
+        if ids.size == 0 or self.placement == "fill" or not self.policy.scored or self.managed:
             return dest
+        dest[self.wants(ids) == TIER_NVME] = TIER_NVME
+        return dest
+
+    def wants(self, ids: NDArray) -> NDArray:
+        """The tier placement wants each of ``ids`` in (a scored policy): thresholds give
+        HBM / CXL DRAM / NVMe, weighted pinned HBM / HBM / CXL DRAM (docs/policy.md)."""
+        ids = np.asarray(ids, dtype=np.int64)
         cfg = self.config
         score = self.policy.score(ids)
         if cfg.placement_mode == "thresholds":
             want = placement_thresholds(score, cfg.keep_threshold, cfg.evict_threshold)
         else:
-            idle = self.policy.idle_steps(ids)
-            anchor = (self.table.first_token(ids) < cfg.anchor_zone_size).astype(np.float64)
             want = placement_weighted(
-                score, 0 if idle is None else idle, anchor, cfg.beta,
+                score, self._idle(ids), self._anchor(ids), cfg.beta,
                 cfg.placement_weights, cfg.placement_cuts,
             )  # fmt: skip
-        dest[np.asarray(want) == TIER_NVME] = TIER_NVME
-        return dest
+        return np.asarray(want, dtype=np.uint8).reshape(ids.shape)
+
+    def placement_value(self, ids: NDArray) -> NDArray:
+        """The value placement ranks ``ids`` by: the score (thresholds) or P (weighted)."""
+        cfg = self.config
+        score = self.policy.score(ids)
+        if cfg.placement_mode == "thresholds":
+            return np.asarray(score, dtype=np.float64)
+        return np.asarray(
+            placement_value(score, self._idle(ids), self._anchor(ids), cfg.beta,
+                            cfg.placement_weights),
+            dtype=np.float64,
+        ).reshape(np.shape(ids))  # fmt: skip
+
+    def _idle(self, ids: NDArray) -> NDArray | int:
+        idle = self.policy.idle_steps(ids)
+        return 0 if idle is None else idle
+
+    def _anchor(self, ids: NDArray) -> NDArray:
+        return (self.table.first_token(ids) < self.config.anchor_zone_size).astype(np.float64)
 
     def prefetch_candidates(self, ids: NDArray, weights: NDArray, limit: int) -> NDArray:
         """The best ``limit`` non-resident neighbours of this batch's strongest touches
@@ -277,26 +347,93 @@ class FirmwareSession:
         """Bring ``ids`` into the fast tier without a read; it follows the batch that
         proposed them, at that batch's time."""
         step = self.last_step if self.step is None else self.step
-        admitted = self.cache.insert(
-            np.asarray(ids, dtype=np.int64), Tick(step or 0, max(self.time - 1, 0))
-        )
+        ids = np.asarray(ids, dtype=np.int64)
+        self._entering(ids)
+        admitted = self.cache.insert(ids, Tick(step or 0, max(self.time - 1, 0)))
         return self._decisions(admitted)
 
     # --- internals -----------------------------------------------------------------------
     def _enter(self, step: int) -> None:
         if self.step is not None and step != self.step:
-            self.end_step()
+            self._close()
         self.step = self.last_step = int(step)
+
+    def _entering(self, ids: NDArray) -> None:
+        # Before the call: what it admits is in HBM, unless the call evicts it again (an
+        # offline optimum's bypass), which its victims' arrival below then records.
+        if ids.size:
+            self.lower.in_hbm(ids[~self.cache.is_resident(ids)])
 
     def _sink(self, ids: NDArray, prio: NDArray | None, tick: Tick) -> None:
         # Placed as they leave: a policy without persistent metadata forgets them next.
-        self._victims.append(
-            (ids.copy(), None if prio is None else np.asarray(prio).copy(), self.place(ids))
-        )
+        dest = self.place(ids)
+        self._victims.append((ids.copy(), None if prio is None else np.asarray(prio).copy(), dest))
+        self.lower.arrive(ids, dest, tick.time)
+        self._tick = tick
+
+    def _set_layers(self) -> None:
+        """Managed tiers: what placement wants in HBM is evicted last (docs/policy.md)."""
+        self.cache.layers = self._layer if self.managed else None
+
+    def _layer(self, eligible: NDArray) -> NDArray:
+        # Thresholds: score < keep (0), score >= keep (1).  Weighted: P < low (0),
+        # low <= P < high (1), P >= high (2: pinned while the others cover the overflow).
+        want = self.wants(eligible)
+        if self.config.placement_mode == "thresholds":
+            return (want == TIER_HBM).astype(np.int64)
+        return np.where(want == TIER_HBM_PINNED, 2, np.where(want == TIER_HBM, 1, 0))
+
+    def _background(self, tick: Tick) -> None:
+        """The step boundary's moves (managed tiers), at most ``background_moves`` in all."""
+        cfg, lower = self.config, self.lower
+        budget = cfg.background_moves
+        if budget == 0:
+            return
+        if cfg.placement_mode == "weighted":
+            # P < low wants CXL DRAM: resident, unpinned such entries leave HBM (lowest P
+            # first); the seed's weighted rule has no NVMe cut, so NVMe is reached only
+            # through CXL DRAM's overflow.
+            cache = self.cache
+            n = cache.resident.size
+            res = np.flatnonzero(cache.resident[:n] & ~cache.pinned[:n])
+            if res.size == 0:
+                return
+            low = self.wants(res) == TIER_CXL
+            out, _ = background_plan(
+                res, self.placement_value(res), low, _EMPTY, _EMPTY, _EMPTY[:0] > 0, budget, 0
+            )
+            self.cache.evict(out, tick)
+            return
+        in_cxl, in_nvme = lower.members(TIER_CXL), lower.members(TIER_NVME)
+        v_cxl = self.placement_value(in_cxl)
+        v_nvme = self.placement_value(in_nvme)
+        down, up = background_plan(
+            in_cxl, v_cxl, v_cxl < cfg.evict_threshold,
+            in_nvme, v_nvme, v_nvme >= cfg.evict_threshold, budget, lower.room(),
+        )  # fmt: skip
+        for ids, src, dst in ((down, TIER_CXL, TIER_NVME), (up, TIER_NVME, TIER_CXL)):
+            if ids.size:
+                lower.arrive(ids, np.full(ids.size, dst, np.uint8), tick.time)
+                self._moves.append((ids, src, dst))
+
+    def _spill(self) -> None:
+        """CXL DRAM over its capacity: the surplus goes down to NVMe in ``cxl_order``."""
+        over = self.lower.overflow()
+        if over == 0:
+            return
+        prio = None
+        if self.config.cxl_order == "policy":
+            in_cxl = self.lower.members(TIER_CXL)
+            prio = self.policy.priority(in_cxl, self._tick)
+        out = self.lower.spill_order(over, prio)
+        self.lower.arrive(out, np.full(out.size, TIER_NVME, np.uint8), self._tick.time)
+        self._moves.append((out, TIER_CXL, TIER_NVME))
 
     def _decisions(self, admitted: NDArray) -> Decisions:
+        self._spill()
+        moves, self._moves = self._moves, []
         if not self._victims:
-            return Decisions(admitted=admitted)
+            return Decisions(admitted=admitted, moves=moves)
         parts = self._victims
         self._victims = []
         if len(parts) == 1:
@@ -307,7 +444,7 @@ class FirmwareSession:
             prio = None
             if parts[0][1] is not None:
                 prio = np.concatenate([np.asarray(p[1], dtype=np.float64) for p in parts])
-        return Decisions(admitted, victims, tiers, prio)
+        return Decisions(admitted, victims, tiers, prio, moves)
 
     def _index(self, ids: NDArray) -> None:
         t = self.table

@@ -89,6 +89,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="plant the eviction engine's tie-break defect (--check must stop)",
     )
     s.add_argument(
+        "--eviction-passes",
+        choices=("exact", "batched"),
+        default="exact",
+        help="the firmware's eviction passes (docs/policy.md): 'batched' evicts a whole "
+        "--batch per pass (eviction_batch = --batch), possibly past the overflow",
+    )
+    s.add_argument(
         "--dump-victims",
         metavar="FILE",
         help="write every eviction as CSV, in `kvcxl simulate --dump-victims` format",
@@ -155,8 +162,13 @@ def _sim(args: argparse.Namespace) -> int:
         bar = tqdm(total=len(stream.ev_kind), desc="rtl sim", unit="event", file=sys.stderr,
                    leave=False, delay=0.5)  # fmt: skip
     try:
+        from kvcxl.firmware.config import PolicyConfig
+
+        config = None  # exact: the firmware's defaults, as before
+        if args.eviction_passes == "batched":
+            config = PolicyConfig(eviction_passes="batched", eviction_batch=args.batch)
         res = run_stream(
-            stream, args.budget, shape, check=args.check,
+            stream, args.budget, shape, check=args.check, config=config,
             progress=None if bar is None else bar.update,
         )  # fmt: skip
     finally:

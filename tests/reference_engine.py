@@ -612,3 +612,319 @@ def replay_stream(
         warmup_steps=warmup_steps,
         mode=mode,
     ).run()
+
+
+# ==== Tiers below HBM and eviction passes (docs/policy.md, "Tiers below HBM" and "Engine
+# semantics": eviction_passes, cxl_order, tier_management) — written from that page. ====
+class TieredReplay(Replay):
+    """:class:`Replay` with ``eviction_passes``, ``cxl_order`` and managed tiers (threshold
+    and weighted placement; the EMA is the scored policy here)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cfg = self.cfg
+        self.managed = cfg.tier_management == "managed" and self.policy == "ema"
+        self.weighted = cfg.placement_mode == "weighted"
+        self.pending: Counter = Counter()  # a step boundary's moves, booked with the next event
+        self.pending_victims: list[int] = []  # a step boundary's evictions (weighted)
+        self.raised = 0  # bytes NVMe -> CXL DRAM (a pair the base books do not list)
+        self.last_t = (0, -1)  # (t, belady_t) of the latest eviction: a spill ranks at it
+
+    def _score(self, i: int) -> float:
+        st = self.state.get(i) or self._fresh()
+        # READING: integer mode compares score_q / 65536 with the thresholds (as placement).
+        return st["score"] / 65536 if self.int_mode else st["score"]
+
+    def _placement(self, i: int) -> str:
+        return CXL if self.managed else super()._placement(i)
+
+    def _p(self, i: int) -> float:
+        """Weighted placement's P = wR·(1 − r) + wE·score + wN·anchor."""
+        cfg = self.cfg
+        st = self.state.get(i) or self._fresh()
+        r = -math.expm1(-cfg.beta * st["idle"])
+        anchor = 1.0 if self.idents[i][3] * self.bt < cfg.anchor_zone_size else 0.0
+        w_r, w_e, w_n = cfg.placement_weights
+        return w_r * (1.0 - r) + w_e * self._score(i) + w_n * anchor
+
+    def _layer(self, i: int) -> int:
+        """Which eviction layer (0 first) placement puts a resident entry in."""
+        if not self.weighted:
+            return 0 if self._score(i) < self.cfg.keep_threshold else 1
+        low, high = self.cfg.placement_cuts
+        p = self._p(i)
+        return 0 if p < low else (1 if p < high else 2)
+
+    def _leave(self, v: int, t: int, belady_t: int, moved: Counter) -> None:
+        dest = self._placement(v)
+        self.resident.discard(v)
+        self.tier[v] = dest
+        if dest == CXL:
+            moved["hbm->cxl"] += self.eb
+            self.cxl_arrival[v] = belady_t if self.policy == "belady" else t
+        else:
+            moved["hbm->nvme"] += self.eb
+        if not self.persistent:
+            # READING: dropped state restarts as a fresh entry's and keeps ageing at step
+            # boundaries (a CXL DRAM entry's place in the policy's order depends on it).
+            self.state[v] = self._fresh()
+
+    def _evict(self, protected: set[int], t: int, belady_t: int, moved: Counter) -> list[int]:
+        over = len(self.resident) - self.capacity
+        if over <= 0:
+            return []
+        self.last_t = (t, belady_t)
+        base = self.resident - self.pinned
+        cand = base if self.policy == "belady" else base - protected
+        if len(cand) < over:
+            cand = base
+        if self.managed:  # what placement wants in HBM goes only when the rest cannot
+            layers = [set(), set(), set()]
+            for i in cand:
+                layers[self._layer(i)].add(i)
+        else:
+            layers = [cand]
+        batched = self.cfg.eviction_passes == "batched"
+        victims: list[int] = []
+        left = over
+        while left > 0:
+            k = self.cfg.eviction_batch if batched else left
+            chosen: list[int] = []
+            for lay in layers:  # each pass ranks what is still resident when it begins
+                rest = sorted(
+                    (i for i in lay if i in self.resident),
+                    key=lambda i: self._evict_key(i, t, belady_t),
+                )
+                chosen += rest[: k - len(chosen)]
+                if len(chosen) == k:
+                    break
+            if not chosen:
+                break
+            for v in chosen:
+                self._leave(v, t, belady_t, moved)
+            victims += chosen
+            left -= len(chosen)
+        return victims
+
+    def _spill_key(self, i: int) -> tuple:
+        if self.cfg.cxl_order == "fifo":
+            return (self.cxl_arrival[i], i)
+        # The policy's own order; an entry whose state was forgotten ranks as a fresh one.
+        fresh = i not in self.state
+        if fresh:
+            self.state[i] = self._fresh()
+        key = self._evict_key(i, *self.last_t)
+        if fresh:
+            del self.state[i]
+        return key
+
+    def _spill(self, moved: Counter) -> None:
+        while len(self.cxl_arrival) > self.cxl_cap:
+            v = min(self.cxl_arrival, key=self._spill_key)
+            del self.cxl_arrival[v]
+            self.tier[v] = NVME
+            moved["cxl->nvme"] += self.eb
+
+    def _end_step(self) -> None:
+        super()._end_step()
+        budget = self.cfg.background_moves
+        if not self.managed or budget == 0:
+            return
+        if self.weighted:
+            # P < low wants CXL DRAM: such resident, unpinned entries leave HBM, lowest first.
+            out = sorted(
+                (i for i in self.resident - self.pinned if self._p(i) < self.cfg.placement_cuts[0]),
+                key=lambda i: (self._p(i), i),
+            )[:budget]
+            t = max(self.batch_time, 0)
+            self.last_t = (t, t)
+            for v in out:
+                self._leave(v, t, t, self.pending)
+            self.pending_victims += out
+            self._spill(self.pending)
+            return
+        ev = self.cfg.evict_threshold
+        down = sorted(
+            (i for i in self.cxl_arrival if self._score(i) < ev), key=lambda i: (self._score(i), i)
+        )[:budget]
+        for i in down:
+            del self.cxl_arrival[i]
+            self.tier[i] = NVME
+            self.pending["cxl->nvme"] += self.eb
+        room = self.cxl_cap - len(self.cxl_arrival)
+        up = sorted(
+            (i for i, tr in self.tier.items() if tr == NVME and self._score(i) >= ev),
+            key=lambda i: (-self._score(i), i),
+        )[: min(budget - len(down), room)]
+        for i in up:
+            self.cxl_arrival[i] = max(self.batch_time, 0)
+            self.tier[i] = CXL
+            self.raised += self.eb
+
+    def _write(self, op: Op, moved: Counter) -> list[int]:
+        moved.update(self.pending)
+        self.pending.clear()
+        before, self.pending_victims = self.pending_victims, []
+        return before + super()._write(op, moved)
+
+    def _read(self, op: Op, moved: Counter) -> tuple[int, int, list[int]]:
+        moved.update(self.pending)
+        self.pending.clear()
+        before, self.pending_victims = self.pending_victims, []
+        n, hits, victims = super()._read(op, moved)
+        return n, hits, before + victims
+
+    def run(self) -> dict[str, Any]:
+        out = super().run()
+        if self.pending and out["read_steps"]:  # the last boundary's: the last read step's
+            k = len(out["read_steps"]) - 1
+            for pair, v in self.pending.items():
+                out["per_step"]["bytes_moved"][k][pair] += v
+                if k >= self.warmup:
+                    out["bytes_moved"][pair] += v
+        if self.pending_victims:  # the last boundary's evictions: the last event's step
+            c = out["victims"].setdefault(self.ops[-1].step, Counter())
+            for v in self.pending_victims:
+                c[self.idents[v]] += 1
+        out["raised_bytes"] = self.raised
+        return out
+
+
+def replay_stream_tiered(
+    stream: Any,
+    *,
+    policy: str,
+    budget_bytes: int,
+    config: Any,
+    cxl_entries: int | None = None,
+    warmup_steps: int = 0,
+    granularity: str = "layer",
+    mode: str = "float",
+) -> dict[str, Any]:
+    """:func:`replay_stream` with the tier rules of :class:`TieredReplay`."""
+    ops, idents = plan_stream(stream, granularity)
+    return TieredReplay(
+        ops, idents, stream.shape, policy=policy, budget_bytes=budget_bytes, config=config,
+        cxl_entries=cxl_entries, warmup_steps=warmup_steps, mode=mode,
+    ).run()  # fmt: skip
+
+
+# ==== Prefetch (docs/policy.md "Formulas: Prefetch", docs/simulator.md "Prefetch"),
+# written from those pages. ====
+class PrefetchReplay(TieredReplay):
+    """:class:`TieredReplay` with ``--prefetch``: after each read batch its strongest touches
+    propose neighbours in the next layers; the best non-resident ones come into HBM."""
+
+    def __init__(
+        self, *args: Any, limit: int = 64, prefixes: list[tuple[int, int, int]] = (), **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.limit = limit
+        self.prefix = {c: (p, nb) for c, p, nb in prefixes}  # ctx -> (parent, shared blocks)
+        self.by_ident = {ident: i for i, ident in enumerate(self.idents)}
+        self.flagged: set[int] = set()  # prefetched, not read or evicted since
+        self.prefetched: dict[int, list[int]] = {}  # step -> ids, in fetch order
+        self.useful = self.wasted = 0
+
+    def _lookup(self, ctx: int, layer: int, head: int, block: int) -> int | None:
+        i = self.by_ident.get((ctx, layer, head, block))
+        if i is not None and i in self.tier:  # an entry exists once it has been written
+            return i
+        if ctx in self.prefix:
+            parent, nb = self.prefix[ctx]
+            if block < nb:
+                return self._lookup(parent, layer, head, block)
+        return None
+
+    def _rank(self, dist_blocks: int, i: int) -> float:
+        cfg = self.cfg
+        st = self.state.get(i) or self._fresh()
+        score = st["score"] if self.policy == "ema" else 0.0
+        if self.int_mode:
+            b_rope = round(cfg.prefetch_blend[0] * 65536)
+            rope = q16(1.0 / (1.0 + dist_blocks * self.bt / cfg.prefetch_distance_scale))
+            return (b_rope * rope + (65536 - b_rope) * score + 32768) >> 16
+        rope = 1.0 / (1.0 + dist_blocks * self.bt / cfg.prefetch_distance_scale)
+        return cfg.prefetch_blend[0] * rope + cfg.prefetch_blend[1] * score
+
+    def _read(self, op: Op, moved: Counter) -> tuple[int, int, list[int]]:
+        for i, _ in op.reads:  # a prefetched entry read while resident was useful
+            if i in self.flagged and i in self.resident:
+                self.useful += 1
+                self.flagged.discard(i)
+        n, hits, victims = super()._read(op, moved)
+        self._unflag(victims)
+        cfg = self.cfg
+        if cfg.prefetch_depth == 0:
+            return n, hits, victims
+        # READING: the strongest touches, ties to the lower entry id.
+        touches = sorted(
+            ((i, w) for i, w in op.reads if w >= cfg.touch_threshold), key=lambda r: (-r[1], r[0])
+        )[: self.limit]
+        wb = cfg.prefetch_window // self.bt
+        best: dict[int, int] = {}  # candidate -> smallest distance in blocks
+        for i, _ in touches:
+            ctx, layer, head, block = self.idents[i]
+            for dl in range(1, cfg.prefetch_depth + 1):
+                for db in range(-wb, wb + 1):
+                    if block + db < 0:
+                        continue
+                    c = self._lookup(ctx, layer + dl, head, block + db)
+                    if c is None or c in self.resident:
+                        continue
+                    best[c] = min(best.get(c, abs(db)), abs(db))
+        chosen = sorted(best, key=lambda c: (-self._rank(best[c], c), c))[: self.limit]
+        if not chosen:
+            return n, hits, victims
+        t = self.batch_time
+        for i in sorted(chosen):
+            src = self.tier[i]
+            moved["cxl->hbm" if src == CXL else "nvme->hbm"] += self.eb
+            self.cxl_arrival.pop(i, None)
+            self._admit(i, t)
+        self.flagged |= set(chosen)
+        self.prefetched.setdefault(op.step, []).extend(chosen)
+        more = self._evict(set(chosen), t, t, moved)
+        self._spill(moved)
+        self._unflag(more)
+        return n, hits, victims + more
+
+    def _write(self, op: Op, moved: Counter) -> list[int]:
+        victims = super()._write(op, moved)
+        self._unflag(victims)  # a write's victims leave HBM too
+        return victims
+
+    def _unflag(self, victims: list[int]) -> None:
+        for v in victims:
+            if v in self.flagged:
+                self.wasted += 1
+                self.flagged.discard(v)
+
+    def run(self) -> dict[str, Any]:
+        out = super().run()
+        total = sum(len(v) for v in self.prefetched.values())
+        out["prefetched"] = self.prefetched
+        out["prefetched_entries"] = total
+        out["prefetch_useful"] = self.useful
+        return out
+
+
+def replay_stream_prefetch(
+    stream: Any,
+    *,
+    policy: str,
+    budget_bytes: int,
+    config: Any,
+    limit: int = 64,
+    cxl_entries: int | None = None,
+    warmup_steps: int = 0,
+    granularity: str = "layer",
+    mode: str = "float",
+) -> dict[str, Any]:
+    """:func:`replay_stream_tiered` with prefetch (``limit`` = ``--prefetch-limit``)."""
+    ops, idents = plan_stream(stream, granularity)
+    return PrefetchReplay(
+        ops, idents, stream.shape, policy=policy, budget_bytes=budget_bytes, config=config,
+        cxl_entries=cxl_entries, warmup_steps=warmup_steps, mode=mode, limit=limit,
+        prefixes=[(int(c), int(p), int(b)) for c, p, b in stream.prefixes],
+    ).run()  # fmt: skip

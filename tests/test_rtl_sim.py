@@ -59,6 +59,28 @@ def test_rtl_victims_equal_the_firmware_over_a_whole_trace(tmp_path, workload, b
     assert r["tables"] > 1 and r["passes"] > 0 and r["cycles"] > 0
 
 
+@pytest.mark.slow
+def test_rtl_batched_passes_equal_the_firmware_and_evict_past_the_overflow(tmp_path):
+    """eviction_passes = batched: every pass asks the RTL for a whole --batch (the last may
+    evict past the overflow); the victims equal an independent batched firmware run, and
+    there are more of them than the exact mode evicts."""
+    trace = _trace(tmp_path, "cyclic", 8)
+    out = {}
+    for passes in ("exact", "batched"):
+        rtl_csv, fw_csv = tmp_path / f"rtl-{passes}.csv", tmp_path / f"fw-{passes}.csv"
+        rc = main(["rtl", "sim", "--trace", str(trace), "--budget", "25%", *SHAPE, "--check",
+                   "--eviction-passes", passes, "--no-progress",
+                   "--dump-victims", str(rtl_csv)])  # fmt: skip
+        assert rc == 0
+        rc = main(["simulate", "--trace", str(trace), "--policy", "ema", "--mode", "int",
+                   "--budget", "25%", "--eviction-passes", passes, "--eviction-batch", str(BATCH),
+                   "--dump-victims", str(fw_csv)])  # fmt: skip
+        assert rc == 0
+        out[passes] = rtl_csv.read_text().splitlines()
+        assert out[passes] == fw_csv.read_text().splitlines()
+    assert len(out["batched"]) > len(out["exact"]) > 100
+
+
 class _FirstTieDifference(EmaPolicy):
     """The firmware's integer-mode EMA, choosing as the contract says, that notes the first
     pass where the defect's order (a later entry wins a tie) would choose differently."""

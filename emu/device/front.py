@@ -254,6 +254,7 @@ class FirmwareFront:
         """The host closed ``step`` (the policy's step-boundary update)."""
         self.fw.at(step)
         self.fw.end_step()
+        self._apply(self.fw.take_decisions(), self.fw.time)  # managed tiers' boundary moves
         if self.kv_traffic is not None:  # the step's reads, from the traffic itself
             self.kv_traffic.step_end(step, self.media.accesses(), self._poisoned_entries())
 
@@ -346,6 +347,8 @@ class FirmwareFront:
         if self.kv is not None:
             if d.victims.size:
                 self._place_kv(d.victims, d.tiers)
+            for ids, _src, dst in d.moves:  # the lower-tier moves decided after them
+                self._place_kv(ids, np.full(ids.size, dst, dtype=np.uint8))
             return
         if not self.tiering:
             return

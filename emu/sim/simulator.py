@@ -263,6 +263,7 @@ class _Replay:
             future=future,
             ordered_victims=opts.record_victims,
             victim_priority=opts.record_victims,
+            cxl_capacity=cxl_cap,
         )
         if policy is not None:
             fw.use_policy(policy(fw.config, fw.table))
@@ -317,6 +318,7 @@ class _Replay:
                         self.pf_useful_warm = self.pf_useful
             last_step = step
             fw.at(step)
+            self._settle(fw.take_decisions(), step)  # the step boundary's, if it closed one
             if b.lens is not None:
                 fw.lengths(*b.lens)
             if not b.read:
@@ -328,6 +330,7 @@ class _Replay:
             if progress is not None:
                 progress(1)
         fw.end_step()
+        self._settle(fw.take_decisions(), last_step or 0)
         books.moved[pos] += tiers.moved - mark
         tiers.check(fw.table.n, fw.cache.n_resident, fw.cache.capacity)
         return self._result()
@@ -347,11 +350,8 @@ class _Replay:
             fw.lengths(c, (stream.e_block[ids].astype(np.int64) + 1) * bt)
         self.created[ids] = True
         self.tiers.create(ids)
-        # A write follows the last read batch: it carries that batch's time (the session's
-        # clock rule; the offline optimum sees −1 before any read).
-        time = fw.time - 1 if fw.offline else max(fw.time - 1, 0)
         m0 = self._moved()
-        self._settle(fw.write(step, ids), step, time)
+        self._settle(fw.write(step, ids), step)
         if self.tl is not None:
             self.tl.add(Record(False, step=step, evict=self._delta(m0, EVICT_MOVES)))
 
@@ -364,7 +364,6 @@ class _Replay:
             if new.size:
                 self._write(unique_ids(new), step, on_first_read=True)
         src_tier = tiers.tier[ids]  # where every read is served from if it misses
-        time = fw.time
         hit, d = fw.read(step, ids, w)
         counts = np.bincount(src_tier[~hit], minlength=4)
         waits: list[tuple[int, int]] = []
@@ -379,7 +378,7 @@ class _Replay:
                     waits = [(int(a), int(b)) for a, b in zip(rec, n, strict=True)]
         m0 = self._moved()
         tiers.promote(d.admitted)
-        self._settle(d, step, time)
+        self._settle(d, step)
         m1 = self._moved()
         books.reads[pos] += ids.size
         books.hits[pos] += ids.size - int(counts.sum())
@@ -390,7 +389,7 @@ class _Replay:
             if counts[tier_code]:
                 books.stall[pos] += self.t_batch[tier_code](int(counts[tier_code]))
         if self.opts.prefetch:
-            self.pf_total += self._prefetch(ids, w, step, time)
+            self.pf_total += self._prefetch(ids, w, step)
         if self.tl is not None:
             hits = ids.size - int(counts.sum())
             self.tl.add(Record(
@@ -415,18 +414,23 @@ class _Replay:
         now = self.tiers.moved if after is None else after
         return moves_of(self.tiers.bytes_moved(now - before), self.eb, keys)
 
-    def _settle(self, d: Decisions, step: int, time: int) -> None:
-        """Move a call's victims out of HBM, where placement sends them."""
+    def _settle(self, d: Decisions, step: int) -> None:
+        """Move a call's victims out of HBM, where placement sends them, then carry out the
+        lower-tier moves the firmware decided after them."""
         if d.victims.size == 0:
+            for ids, src, dst in d.moves:
+                self.tiers.move(ids, src, dst)
             return
         if self.opts.record_victims:
             self.dump.append((d.victims, np.asarray(d.priority, dtype=np.float64), step))
         if self.opts.prefetch:
             self.pf_wasted += int(np.count_nonzero(self.prefetched[d.victims]))
             self.prefetched[d.victims] = False
-        self.tiers.demote(d.victims, d.tiers, time)
+        self.tiers.demote(d.victims, d.tiers)
+        for ids, src, dst in d.moves:
+            self.tiers.move(ids, src, dst)
 
-    def _prefetch(self, ids: NDArray, w: NDArray, step: int, time: int) -> int:
+    def _prefetch(self, ids: NDArray, w: NDArray, step: int) -> int:
         chosen = self.fw.prefetch_candidates(ids, w, self.opts.prefetch_limit)
         if chosen.size == 0:
             return 0
@@ -436,7 +440,7 @@ class _Replay:
         self.prefetched[chosen] = True
         if self.tl is not None:
             self.pf_rec[chosen] = len(self.tl.records)  # the read record being built
-        self._settle(d, step, time)
+        self._settle(d, step)
         return int(chosen.size)
 
     # --- the metrics over the measured (post-warm-up) steps -------------------------------

@@ -3,10 +3,11 @@
 Tiers are exclusive and lossless: every entry that exists is in exactly one of
 HBM (pinned or not), CXL DRAM or NVMe, and a read of an entry outside HBM is
 served from its tier, never dropped.  What stays in HBM and where an entry that
-leaves it goes (placement) are the firmware session's decisions
-(:class:`kvcxl.firmware.session.FirmwareSession`); this module carries them out,
-spills CXL DRAM to NVMe when CXL is full, and counts the bytes moved between every
-pair of tiers.
+leaves it goes (placement), which CXL DRAM entries go down to NVMe when CXL DRAM
+is full, and the background moves of managed tiers are the firmware session's
+decisions (:class:`kvcxl.firmware.session.FirmwareSession`, its
+:class:`~kvcxl.firmware.tiering.LowerTiers`); this module carries them out and
+counts the bytes moved between every pair of tiers.
 
 What an access to a tier costs (latency + bytes / bandwidth, the defaults, the
 optional compute term) is :mod:`kvcxl.emu.timing`, shared with the device emulator.
@@ -24,7 +25,6 @@ from kvcxl.firmware.formulas import (
     TIER_NAMES,
     TIER_NVME,
 )
-from kvcxl.firmware.select import select_victims
 
 HOST = 4  # source of newly written KV (the GPU producing it)
 PAIR_NAMES = (*TIER_NAMES, "host")
@@ -46,7 +46,6 @@ class Tiers:
         self.entry_bytes = entry_bytes
         self.cap = {TIER_CXL: int(cxl_entries), TIER_NVME: int(nvme_entries)}
         self.tier = np.zeros(max(size, 16), dtype=np.uint8)
-        self.since = np.zeros(max(size, 16), dtype=np.int64)  # when it entered its lower tier
         self.count = np.zeros(4, dtype=np.int64)  # entries per tier code
         self.moved = np.zeros((5, 4), dtype=np.int64)  # entries moved [from, to]; row 4: host
         self.n = 0
@@ -55,7 +54,6 @@ class Tiers:
         if self.tier.size < n:
             size = max(n, 2 * self.tier.size)
             self.tier = np.concatenate([self.tier, np.zeros(size - self.tier.size, np.uint8)])
-            self.since = np.concatenate([self.since, np.zeros(size - self.since.size, np.int64)])
 
     def create(self, ids: NDArray) -> None:
         """New entries written into HBM by the host."""
@@ -75,9 +73,8 @@ class Tiers:
         self.count[TIER_HBM] += ids.size
         return src
 
-    def demote(self, ids: NDArray, dest: NDArray, time: int) -> None:
-        """``ids`` left HBM for ``dest`` (CXL DRAM or NVMe, as placement decided); then CXL
-        DRAM spills to NVMe if it is over capacity."""
+    def demote(self, ids: NDArray, dest: NDArray) -> None:
+        """``ids`` left HBM for ``dest`` (CXL DRAM or NVMe, as placement decided)."""
         if ids.size == 0:
             return
         dest = np.asarray(dest, dtype=np.uint8)
@@ -87,20 +84,22 @@ class Tiers:
         self.count -= pairs.sum(axis=1)
         self.count += pairs.sum(axis=0)
         self.tier[ids] = dest
-        self.since[ids] = time
-        self._spill(time)
+        self._check_nvme()
 
-    def _spill(self, time: int) -> None:
-        over = int(self.count[TIER_CXL] - self.cap[TIER_CXL])
-        if over > 0:
-            in_cxl = np.flatnonzero(self.tier[: self.n] == TIER_CXL)
-            # Oldest arrivals in CXL DRAM go down first (ties: lower entry id).
-            out = select_victims(in_cxl, -self.since[in_cxl], over, ordered=False)
-            self.moved[TIER_CXL, TIER_NVME] += out.size
-            self.count[TIER_CXL] -= out.size
-            self.count[TIER_NVME] += out.size
-            self.tier[out] = TIER_NVME
-            self.since[out] = time
+    def move(self, ids: NDArray, src: int, dst: int) -> None:
+        """``ids`` (all in tier ``src``) move to tier ``dst``: a lower-tier move the firmware
+        decided (CXL DRAM overflow, managed tiers' background moves)."""
+        if ids.size == 0:
+            return
+        if not np.all(self.tier[ids] == src):
+            raise AssertionError(f"a move from tier {TIER_NAMES[src]} of an entry not in it")
+        self.moved[src, dst] += ids.size
+        self.count[src] -= ids.size
+        self.count[dst] += ids.size
+        self.tier[ids] = dst
+        self._check_nvme()
+
+    def _check_nvme(self) -> None:
         if self.count[TIER_NVME] > self.cap[TIER_NVME]:
             raise ValueError(
                 f"NVMe tier full: {int(self.count[TIER_NVME])} entries placed, capacity "

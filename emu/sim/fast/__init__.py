@@ -62,6 +62,11 @@ def unsupported(opts: Any) -> str | None:
         return "the fast engine does not prefetch yet"
     if getattr(opts, "timeline", False):
         return "the transfer timeline runs on the numpy engine"
+    cfg = opts.config  # tier rules of docs/policy.md the kernel does not replicate yet
+    for name, today in (("eviction_passes", "exact"), ("cxl_order", "fifo"),
+                        ("tier_management", "static")):  # fmt: skip
+        if getattr(cfg, name) != today:
+            return f"the fast engine does not replay {name} = {getattr(cfg, name)!r} yet"
     if opts.audit:
         return "the eviction audit runs on the numpy engine"
     if opts.check:

@@ -175,6 +175,15 @@ PARAMS: dict[str, Param] = {
         "Larger covers a longer idle horizon at coarser resolution; see docs/policy.md "
         "for the error bound it implies.",
     ),
+    "pcie_contention": Param(
+        "(0, 1]",
+        in_range(0.0, 1.0, lo_open=True),
+        REAL,
+        "Fraction of PCIe Gen5 x16 bandwidth the host-DRAM offload baseline sustains "
+        "(the design's 0.32; the measured 87 % of spec: docs/design.md). Read by the "
+        "transfer timeline's offload preset (`--timing offload`, `--versus-offload`): "
+        "lower makes host offload slower against the device.",
+    ),
     "eviction_passes": Param(
         "'exact' or 'batched'",
         one_of("exact", "batched"),
@@ -235,6 +244,7 @@ class PolicyConfig:
     persistent_metadata: bool = True
     pinned_fraction: float = 0.25
     decay_shift: int = 4
+    pcie_contention: float = 0.32
     eviction_passes: str = "exact"
     cxl_order: str = "fifo"
     tier_management: str = "static"

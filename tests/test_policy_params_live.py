@@ -28,8 +28,9 @@ SHAPE = PRESETS["ci"].with_(context_tokens=256)
 MANAGED = {"tier_management": "managed"}
 WEIGHTED = {"tier_management": "managed", "placement_mode": "weighted"}
 # Read only where a real model's query heads are combined (emu/model: capture, passkey,
-# quality), which needs the model's weights: not a replay decision.
-NOT_A_REPLAY_DECISION = {"aggregation"}
+# quality), which needs the model's weights: not a replay decision.  pcie_contention times
+# the host-offload baseline and decides nothing (tests/test_timeline.py checks its reader).
+NOT_A_REPLAY_DECISION = {"aggregation", "pcie_contention"}
 
 
 @dataclass(frozen=True)

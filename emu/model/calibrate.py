@@ -37,6 +37,7 @@ import numpy as np
 from numpy.typing import NDArray
 from tqdm import tqdm
 
+from kvcxl.common.figures import figure
 from kvcxl.firmware.formulas import ema_update
 from kvcxl.firmware.policies import POLICIES
 from kvcxl.firmware.session import FirmwareSession
@@ -370,16 +371,15 @@ def _point(alphas, betas, i, j, hit, mass, kl, top1) -> dict[str, Any]:
 
 
 def heatmap(report: dict[str, Any], key: str, path: Path, label: str, fmt: str) -> None:
-    # lazy: matplotlib is slow to import (and the backend must be set before pyplot)
-    import matplotlib
+    size = (1.3 * len(report["betas"]) + 2.5, 0.7 * len(report["alphas"]) + 2)
+    with figure(path, dpi=120, tight=True, figsize=size) as (fig, ax):
+        _draw_heatmap(report, key, label, fmt, fig, ax)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def _draw_heatmap(
+    report: dict[str, Any], key: str, label: str, fmt: str, fig: Any, ax: Any
+) -> None:
     z = np.asarray(report[key]).mean(-1)
-    fig, ax = plt.subplots(
-        figsize=(1.3 * len(report["betas"]) + 2.5, 0.7 * len(report["alphas"]) + 2)
-    )
     spread = float(np.nanmax(z) - np.nanmin(z))
     # A flat surface keeps a colour scale of at least ±0.005 so noise does not look like signal.
     mid = float(np.nanmean(z))
@@ -397,9 +397,6 @@ def heatmap(report: dict[str, Any], key: str, path: Path, label: str, fmt: str) 
         f"{len(report['traces'])} prompts; spread {spread:.2g}",
         fontsize=9,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def main(

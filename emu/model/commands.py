@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcxl.common.argtypes import nonnegative, positive, unit_interval
+from kvcxl.common.figures import figure
 
 QUALITY_EPILOG = """\
 policies: any firmware policy (ema, h2o, lru, sink-window, lfu, fifo, lrfu, random) or
@@ -217,12 +218,11 @@ _DEFAULT_POLICIES = ("ema", "h2o", "lru", "sink-window", "window")
 
 
 def _plot_quality(rows: list[dict], path: str, title: str) -> None:
-    import matplotlib
+    with figure(path, dpi=120, tight=True, ncols=2, figsize=(10, 4)) as (fig, (a1, a2)):
+        _draw_quality(rows, title, fig, a1, a2)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+def _draw_quality(rows: list[dict], title: str, fig: Any, a1: Any, a2: Any) -> None:
     styles = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", (0, (5, 2, 1, 2)))]
     for n, label in enumerate(dict.fromkeys(r["policy"] for r in rows)):
         marker, ls = styles[n % len(styles)]
@@ -238,9 +238,6 @@ def _plot_quality(rows: list[dict], path: str, title: str) -> None:
     a2.set(xlabel="budget (tokens per KV head)", ylabel="top-1 agreement (%)")
     a1.legend(fontsize=8)
     fig.suptitle(f"SmolLM2-135M, {title}: bounded-cache quality (Measured)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def _calibrate(args: argparse.Namespace) -> int:

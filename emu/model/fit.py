@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcxl.common.figures import figure
+
 from ..shape import ModelShape
 from ..trace import Trace
 from ..workloads.attention import (
@@ -507,13 +509,11 @@ def cli(args: argparse.Namespace) -> int:
 
 
 def _plot(measured: dict[str, Any], regen: dict[str, Any] | None, path: str) -> None:
-    # lazy: matplotlib is slow to import (and the backend must be set before pyplot)
-    import matplotlib
+    with figure(path, dpi=120, tight=True, ncols=2, figsize=(10, 3.6), sharex=True) as (_, axes):
+        _draw(measured, regen, axes)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
+def _draw(measured: dict[str, Any], regen: dict[str, Any] | None, axes: Any) -> None:
     panels = (("sink_profile", "sink share (block 0)"), ("recent_profile", "recent-window share"))
     for ax, (name, title) in zip(axes, panels, strict=True):
         layers = np.arange(len(measured[name]))
@@ -526,9 +526,6 @@ def _plot(measured: dict[str, Any], regen: dict[str, Any] | None, path: str) -> 
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of a head's attention")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":  # python -m kvcxl.emu.model.fit TRACE...

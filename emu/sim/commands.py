@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcxl.common.argtypes import nonnegative, nonnegative_float, positive, positive_float
+from kvcxl.common.figures import figure
 from kvcxl.common.progress import progress
 from kvcxl.common.sizes import SIZE_HELP, parse_size
 from kvcxl.firmware.config import PARAMS, PolicyConfig
@@ -504,12 +505,11 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def plot_hit_rate(rows: list[dict[str, Any]], path: str | Path, title: str) -> None:
     """Hit rate vs budget (fraction of KV bytes), one line per policy, 95 % CI as error bars."""
-    import matplotlib
+    with figure(path, figure_dpi=120, tight=True, figsize=(8, 4.2)) as (_, ax):
+        _draw_hit_rate(rows, title, ax)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
+def _draw_hit_rate(rows: list[dict[str, Any]], title: str, ax: Any) -> None:
     by_policy: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_policy.setdefault(r["policy"], []).append(r)
@@ -535,9 +535,6 @@ def plot_hit_rate(rows: list[dict[str, Any]], path: str | Path, title: str) -> N
         fontsize=7,
         color="gray",
     )
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 def _spec_from_args(args: argparse.Namespace, policies, budgets):

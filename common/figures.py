@@ -25,8 +25,9 @@ def figure(
     the figure is saved to ``path`` (at ``dpi``, default the figure's own; laid out tightly
     when ``tight``) and closed.  ``figure_dpi`` is the figure's own resolution (matplotlib's
     default when None): the tight layout is computed at it, so a plot drawn at 120 dpi keeps
-    its exact pixels only if it is made at 120 rather than saved at 120.  ``subplots`` go to ``plt.subplots`` (``nrows``, ``ncols``,
-    ``figsize``, ``sharex``, ``squeeze``, ...).  Nothing is written when drawing raises."""
+    its exact pixels only if it is made at 120 rather than saved at 120.  ``subplots`` go to
+    ``plt.subplots`` (``nrows``, ``ncols``, ``figsize``, ``sharex``, ``squeeze``, ...).
+    Nothing is written when drawing raises."""
     import matplotlib
 
     matplotlib.use("Agg")

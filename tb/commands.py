@@ -12,6 +12,7 @@ import argparse
 
 from kvcxl.common.argtypes import nonnegative, positive
 from kvcxl.common.jsonout import emit
+from kvcxl.common.progress import progress
 from kvcxl.rtl.commands import actions, add_shape
 from kvcxl.rtl.designs import DESIGNS
 
@@ -148,20 +149,11 @@ def _sim(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    bar = None
-    if not args.no_progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(stream.ev_kind), desc="rtl sim", unit="event", file=sys.stderr,
-                   leave=False, delay=0.5)  # fmt: skip
+    bar, update = progress(len(stream.ev_kind), "rtl sim", "event", off=args.no_progress)
     try:
-        res = run_stream(
-            stream, args.budget, shape, check=args.check,
-            progress=None if bar is None else bar.update,
-        )  # fmt: skip
+        res = run_stream(stream, args.budget, shape, check=args.check, progress=update)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     victims = res.pop("victims")
     if args.dump_victims:
         row = {"seed": 0, "policy": "ema", "budget": args.budget, "_victims": victims}

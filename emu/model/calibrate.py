@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from tqdm import tqdm
 
 from kvcxl.common.figures import figure
+from kvcxl.common.progress import progress as progress_bar
 from kvcxl.firmware.formulas import ema_update
 from kvcxl.firmware.policies import POLICIES
 from kvcxl.firmware.session import FirmwareSession
@@ -229,7 +229,7 @@ def sweep(
     bt = traces[0][1].shape.block_tokens
     refs = []
     total = A * B * P * (2 if quality else 1) + (P if quality else 0)
-    bar = tqdm(total=total, desc="calibrate", unit="run", disable=not progress, leave=False)
+    bar, _ = progress_bar(total, "calibrate", "run", off=not progress)
     if quality:
         for _, _, tokens in traces:
             ref, _ = run(

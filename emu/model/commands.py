@@ -15,6 +15,7 @@ from typing import Any
 
 from kvcxl.common.argtypes import nonnegative, positive, unit_interval
 from kvcxl.common.figures import figure
+from kvcxl.common.progress import progress
 
 QUALITY_EPILOG = """\
 policies: any firmware policy (ema, h2o, lru, sink-window, lfu, fifo, lrfu, random) or
@@ -372,8 +373,6 @@ def add_passkey_arguments(p: argparse.ArgumentParser) -> None:
 
 def passkey_main(args: argparse.Namespace) -> int:
     """Handler of ``kvcxl trace passkey``."""
-    from tqdm import tqdm
-
     from . import passkey as pk
     from .capture import load_model
     from .quality import PolicySpec
@@ -413,7 +412,7 @@ def passkey_main(args: argparse.Namespace) -> int:
     prompts.sort(key=lambda q: (q.index, args.depths.index(q.depth)))
     todo = [q for q in prompts if (q.depth, q.index) not in done]
     runs = len(specs) * len(args.budgets)
-    bar = tqdm(total=len(todo) * runs, desc="passkey", unit="run")
+    bar, _ = progress(len(todo) * runs, "passkey", "run")
     rows = list(done.values())
     for q in todo:
         rows.append(

@@ -43,6 +43,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcxl.common.figures import figure
+from kvcxl.common.progress import progress as progress_bar
 
 from ..shape import ModelShape
 from ..trace import Trace
@@ -280,15 +281,13 @@ def refine(
     by the difference between the measured and the generated profile (the split and the
     renormalisation move them).
     """
-    from tqdm import tqdm  # lazy: `kvcxl --help` imports this module (tqdm: ~20 ms)
-
     p = dict(params)
     target = float(measured["sink_max_ratio"])
     sink = np.asarray(p["sink_profile"], dtype=float)
     recent = np.asarray(p["recent_profile"], dtype=float)
     ratios: list[float] = []
     runs = REFINE_PASSES * (len(SPLIT_GRID) + REFINE_ROUNDS) + 1
-    bar = tqdm(total=runs, desc="refine", unit="run", disable=not progress, leave=False)
+    bar, _ = progress_bar(runs, "refine", "run", off=not progress)
 
     def stats(q: dict[str, Any]) -> tuple[dict[str, Any], float]:
         bar.update(1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from kvcxl.common.argtypes import nonnegative, positive
-from kvcxl.common.jsonout import emit
+from kvcxl.common.jsonout import emit, wrote
 from kvcxl.common.progress import progress
 from kvcxl.rtl.commands import actions, add_shape
 from kvcxl.rtl.designs import DESIGNS
@@ -158,7 +158,7 @@ def _sim(args: argparse.Namespace) -> int:
     if args.dump_victims:
         row = {"seed": 0, "policy": "ema", "budget": args.budget, "_victims": victims}
         _dump_victims([row], args.dump_victims)
-        print(f"wrote {args.dump_victims}", file=sys.stderr)
+        wrote(args.dump_victims)
     keys = ("budget_entries", "reads", "hits", "misses", "hit_rate")
     out = {"evidence": "Simulated", "trace": args.trace, **{k: res[k] for k in keys}}
     out["evictions"] = int(victims["entry"].size)

@@ -37,6 +37,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcxl.common.figures import figure
+from kvcxl.common.jsonout import wrote
 from kvcxl.common.progress import progress as progress_bar
 from kvcxl.firmware.formulas import ema_update
 from kvcxl.firmware.policies import POLICIES
@@ -456,7 +457,7 @@ def main(
         heatmap(report, "kl", out / "kl.png", "KL full‖bounded (Measured)", ".3f")
         heatmap(report, "top1", out / "top1.png", "top-1 agreement (Measured)", ".3f")
     _print(report)
-    print(f"wrote {out}/calibration.json and heat maps")
+    wrote(f"{out}/calibration.json and heat maps")
     return 0
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from kvcxl.common.argtypes import nonnegative, positive, unit_interval
 from kvcxl.common.figures import figure
+from kvcxl.common.jsonout import wrote
 from kvcxl.common.progress import progress
 
 QUALITY_EPILOG = """\
@@ -208,10 +209,10 @@ def _quality(args: argparse.Namespace) -> int:
     }
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=2))
-        print(f"wrote {args.json_out}")
+        wrote(args.json_out)
     if args.plot:
         _plot_quality(rows, args.plot, Path(args.trace).name)
-        print(f"wrote {args.plot}")
+        wrote(args.plot)
     return 0
 
 
@@ -448,12 +449,12 @@ def passkey_main(args: argparse.Namespace) -> int:
         )
     if args.json_out:
         _write_passkey(args.json_out, settings, rows, summary)
-        print(f"wrote {args.json_out}")
+        wrote(args.json_out)
     if args.plot:
         from .passkey import plot
 
         plot(summary, args.plot)
-        print(f"wrote {args.plot}")
+        wrote(args.plot)
     return 0
 
 

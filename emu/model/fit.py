@@ -43,6 +43,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcxl.common.figures import figure
+from kvcxl.common.jsonout import wrote
 from kvcxl.common.progress import progress as progress_bar
 
 from ..shape import ModelShape
@@ -489,7 +490,7 @@ def cli(args: argparse.Namespace) -> int:
         )
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=2))
-        print(f"wrote {args.json_out}")
+        wrote(args.json_out)
     if args.write:
         note = (
             f"Written by `kvcxl trace fit` from {len(ev['lengths'])} capture(s) of "
@@ -500,10 +501,10 @@ def cli(args: argparse.Namespace) -> int:
             f"Read by kvcxl.emu.workloads.attention.load_fit; the committed fit is {FIT_FILE.name}."
         )
         Path(args.write).write_text(format_fit(measured, params, note))
-        print(f"wrote {args.write}")
+        wrote(args.write)
     if args.plot:
         _plot(measured, generated, args.plot)
-        print(f"wrote {args.plot}")
+        wrote(args.plot)
     return 0
 
 

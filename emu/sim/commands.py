@@ -17,6 +17,7 @@ from typing import Any
 
 from kvcxl.common.argtypes import nonnegative, nonnegative_float, positive, positive_float
 from kvcxl.common.figures import figure
+from kvcxl.common.jsonout import wrote
 from kvcxl.common.progress import progress
 from kvcxl.common.sizes import SIZE_HELP, parse_size
 from kvcxl.firmware.config import PARAMS, PolicyConfig
@@ -647,16 +648,16 @@ def _simulate(args: argparse.Namespace) -> int:
     print(format_table(rows))
     if args.dump_victims:
         _dump_victims(raw, args.dump_victims)
-        print(f"wrote {args.dump_victims}")
+        wrote(args.dump_victims)
     doc = {"evidence": "Simulated", "config": spec.to_dict(), "results": rows}
     if args.serving:
         doc["serving"] = _serving(raw, spec, args)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(doc, indent=2, default=_json_default))
-        print(f"wrote {args.json_out}")
+        wrote(args.json_out)
     if args.plot:
         plot_hit_rate(rows, args.plot, f"{src} — hit rate vs HBM budget")
-        print(f"wrote {args.plot}")
+        wrote(args.plot)
     if args.audit:
         print(audit_sentence(audit_totals(rows)))
     faults = sum(r.get("audit_faults") or 0 for r in rows)
@@ -734,7 +735,7 @@ def _sizing(args: argparse.Namespace) -> int:
     print(format_sizing(r))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(r, indent=2))
-        print(f"wrote {args.json_out}")
+        wrote(args.json_out)
     return 0
 
 
@@ -888,5 +889,5 @@ def _trace_export(args: argparse.Namespace) -> int:
     else:
         n = write_oracle_general(stream, args.output)
         what = f"{n:,} requests (oracle-general)"
-    print(f"wrote {args.output}: {what}")
+    wrote(f"{args.output}: {what}")
     return 0

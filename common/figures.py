@@ -14,17 +14,27 @@ from typing import Any
 
 @contextmanager
 def figure(
-    path: str | Path, *, dpi: float | None = None, tight: bool = False, **subplots: Any
+    path: str | Path,
+    *,
+    dpi: float | None = None,
+    figure_dpi: float | None = None,
+    tight: bool = False,
+    **subplots: Any,
 ) -> Iterator[tuple[Any, Any]]:
     """``with figure(path, figsize=(8, 4)) as (fig, ax):`` draw, and on leaving the block
     the figure is saved to ``path`` (at ``dpi``, default the figure's own; laid out tightly
-    when ``tight``) and closed.  ``subplots`` go to ``plt.subplots`` (``nrows``, ``ncols``,
-    ``figsize``, ``sharex``, ``squeeze``, ...).  Nothing is written when drawing raises."""
+    when ``tight``) and closed.  ``figure_dpi`` is the figure's own resolution (matplotlib's
+    default when None): the tight layout is computed at it, so a plot drawn at 120 dpi keeps
+    its exact pixels only if it is made at 120 rather than saved at 120.  ``subplots`` go to
+    ``plt.subplots`` (``nrows``, ``ncols``, ``figsize``, ``sharex``, ``squeeze``, ...).
+    Nothing is written when drawing raises."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if figure_dpi is not None:
+        subplots["dpi"] = figure_dpi
     fig, axes = plt.subplots(**subplots)
     try:
         yield fig, axes

@@ -28,7 +28,12 @@ def write_json(
     if not path:
         return
     Path(path).write_text(dumps(doc, default=default))
-    print(f"wrote {path}", file=sys.stderr)
+    wrote(path)
+
+
+def wrote(what: str | Path) -> None:
+    """The note every command prints when it has written a file: ``wrote WHAT`` on stderr."""
+    print(f"wrote {what}", file=sys.stderr)
 
 
 def emit(doc: Any, path: str | Path | None = None) -> None:

@@ -14,6 +14,8 @@ import platform
 import sys
 import time
 
+from kvcxl.common.jsonout import wrote
+
 BENCH_MODULES: tuple[str, ...] = (
     "kvcxl.firmware.bench",  # score update + victim selection over one S1 context
     "kvcxl.emu.sim.bench",  # replay throughput, libCacheSim side by side
@@ -73,5 +75,5 @@ def _run(args: argparse.Namespace) -> int:
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(out, f, indent=2)
-        print(f"wrote {args.json_out}")
+        wrote(args.json_out)
     return 0

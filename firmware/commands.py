@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from kvcxl.common.jsonout import wrote
+
 
 class AuditFailure(RuntimeError):
     """The eviction audit found a wrong victim (``kvcxl``: one line, exit status 1)."""
@@ -140,7 +142,7 @@ def _write_default(args: argparse.Namespace) -> int:
     from .config import PolicyConfig
 
     PolicyConfig().save(args.file)
-    print(f"wrote {args.file}")
+    wrote(args.file)
     return 0
 
 
@@ -196,5 +198,5 @@ def _compare(args: argparse.Namespace) -> int:
             json.dump(
                 {"evidence": "Simulated", "config": cfg.to_dict(), "results": results}, f, indent=2
             )
-        print(f"wrote {args.json_out}")
+        wrote(args.json_out)
     return 0

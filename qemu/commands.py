@@ -10,6 +10,7 @@ import json
 import sys
 
 from kvcxl.common.argtypes import nonnegative, nonnegative_float, positive, positive_float
+from kvcxl.common.jsonout import wrote
 from kvcxl.common.sizes import dpa_range
 
 JOBS = (
@@ -328,7 +329,7 @@ def _boot(args: argparse.Namespace) -> int:
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(report, f, indent=2)
-        print(f"wrote {args.json_out}")
+        wrote(args.json_out)
     _summary(report)
     if args.keep:
         print(f"work directory kept: {b.workdir}")
@@ -444,7 +445,7 @@ def _fuzz(args: argparse.Namespace) -> int:
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(report, f, indent=2)
-        print(f"wrote {args.json_out}")
+        wrote(args.json_out)
     bad = report["crashes"] + report["wrong_return_codes"] + report["changed_bytes"]
     return 1 if bad else 0
 

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from tqdm import tqdm
+from kvcxl.common.progress import progress
 
 from .synth import SynthConfig, run
 
@@ -44,8 +44,10 @@ def _synth_lanes(quick: bool) -> dict:
         "test": f"PolicyCore {SHAPE} on {TARGET}, lanes {list(lanes)}, seed 1, target 50 MHz",
         "lanes": {},
     }
-    for n in tqdm(lanes, desc="synth", unit="config", leave=False):
+    bar, update = progress(len(lanes), "synth", "config")
+    for n in lanes:
         r = run(SynthConfig(target=TARGET, lanes=n, **SHAPE))
+        update(1)
         out["lanes"][str(n)] = {
             key: r[key]
             for key in (
@@ -62,6 +64,7 @@ def _synth_lanes(quick: bool) -> dict:
                 "pnr_s",
             )
         }
+    bar.close()
     return out
 
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from kvcxl.common.argtypes import nonnegative, positive, positive_float
-from kvcxl.common.jsonout import emit
+from kvcxl.common.jsonout import emit, wrote
 from kvcxl.rtl.designs import CHECKS, DEFECTS, DESIGNS, SHAPE_OPTIONS
 
 
@@ -151,7 +151,7 @@ def _verilog(args) -> int:
     core_file = Path(__file__).with_name("kvcxl_rtl.core")
     if core_file.exists() and args.design == "core":
         write_if_changed(out / core_file.name, core_file.read_text())
-    print(f"wrote {path}")
+    wrote(path)
     return 0
 
 

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
+from kvcxl.common.progress import progress as progress_bar
 from kvcxl.firmware import fixedpoint as fx
 from kvcxl.firmware import golden_step
 from kvcxl.firmware.config import PolicyConfig
@@ -226,9 +227,8 @@ def run_script(
     link.records(gold.score, gold.idle, gold.pinned, gold.resident)
     t_load = time.perf_counter() - t0
     passes, mismatches, victims = [], [], 0
-    from tqdm import tqdm  # lazy: only the script mode draws a bar
-
-    for s in tqdm(range(steps), desc="passes", disable=not progress):
+    bar, update = progress_bar(steps, "passes", "it", off=not progress)
+    for s in range(steps):
         # Sparse attention: most entries unread, a few heavy ones; ties from repeats.
         read = rng.random(n) < 0.3
         weights = np.where(read, rng.choice([0, 300, 655, 5000, 30000, 65535], n), 0)
@@ -240,6 +240,8 @@ def run_script(
             want = gold.step(weights, read)
             if got != want:
                 mismatches.append({"pass": s, "got": got[:8], "want": want[:8]})
+        update(1)
+    bar.close()
     wall = time.perf_counter() - t0
     return {
         "shape": asdict(shape),

@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 
 from kvcxl.common.argtypes import nonnegative, positive
-from kvcxl.common.jsonout import emit
+from kvcxl.common.jsonout import emit, wrote
+from kvcxl.common.progress import progress
 from kvcxl.rtl.commands import actions, add_shape
 from kvcxl.rtl.designs import DESIGNS
 
@@ -155,12 +156,7 @@ def _sim(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    bar = None
-    if not args.no_progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(stream.ev_kind), desc="rtl sim", unit="event", file=sys.stderr,
-                   leave=False, delay=0.5)  # fmt: skip
+    bar, update = progress(len(stream.ev_kind), "rtl sim", "event", off=args.no_progress)
     try:
         from kvcxl.firmware.config import PolicyConfig
 
@@ -169,16 +165,15 @@ def _sim(args: argparse.Namespace) -> int:
             config = PolicyConfig(eviction_passes="batched", eviction_batch=args.batch)
         res = run_stream(
             stream, args.budget, shape, check=args.check, config=config,
-            progress=None if bar is None else bar.update,
+            progress=update,
         )  # fmt: skip
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     victims = res.pop("victims")
     if args.dump_victims:
         row = {"seed": 0, "policy": "ema", "budget": args.budget, "_victims": victims}
         _dump_victims([row], args.dump_victims)
-        print(f"wrote {args.dump_victims}", file=sys.stderr)
+        wrote(args.dump_victims)
     keys = ("budget_entries", "reads", "hits", "misses", "hit_rate")
     out = {"evidence": "Simulated", "trace": args.trace, **{k: res[k] for k in keys}}
     out["evictions"] = int(victims["entry"].size)

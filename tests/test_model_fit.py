@@ -172,7 +172,7 @@ def test_the_committed_fit_is_a_data_file_that_trace_fit_writes(tmp_path, capsys
     out, js = tmp_path / "fit.toml", tmp_path / "fit.json"
     argv = ["trace", "fit", *files, "--no-check", "--write", str(out), "--json", str(js)]
     assert main(argv) == 0
-    assert f"wrote {out}" in capsys.readouterr().out
+    assert f"wrote {out}" in capsys.readouterr().err  # the note goes to stderr (kvcxl.common)
     doc = json.loads(js.read_text())
     measured, fitted = load_fit(out)
     assert fitted == {k: tuple(v) if isinstance(v, list) else v for k, v in doc["params"].items()}

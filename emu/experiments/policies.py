@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcxl.common.figures import figure
 from kvcxl.firmware.policies import POLICIES
 
 from ..trace import Trace
@@ -174,15 +175,17 @@ def _verdict(ranking: list[dict[str, Any]]) -> tuple[str, str]:
 
 
 def _plot(groups: dict[str, list[dict[str, Any]]], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     wls = list(groups)
     pols = groups[wls[0]][0]["policies"]
+    size = (1.0 + 0.8 * len(pols), 0.9 + 0.45 * len(wls))
+    with figure(path, tight=True, figsize=size) as (fig, ax):
+        _draw(groups, wls, pols, fig, ax)
+
+
+def _draw(
+    groups: dict[str, list[dict[str, Any]]], wls: list[str], pols: Any, fig: Any, ax: Any
+) -> None:
     m = np.array([[np.mean(column(groups[w], p, "hit_rate")) * 100 for p in pols] for w in wls])
-    fig, ax = plt.subplots(figsize=(1.0 + 0.8 * len(pols), 0.9 + 0.45 * len(wls)))
     im = ax.imshow(m, cmap="viridis", vmin=0, vmax=100, aspect="auto")
     for i in range(len(wls)):
         best = max((j for j, p in enumerate(pols) if p != BOUND), key=lambda j: m[i, j])
@@ -196,9 +199,6 @@ def _plot(groups: dict[str, list[dict[str, Any]]], path: str) -> None:
     ax.set_title("Policies by workload (bold: best online)", fontsize=9)
     ax.text(1.0, -0.02, "Simulated", transform=ax.transAxes, ha="right", va="top",
             fontsize=7, color="gray")  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 EXPERIMENT = Policies()

@@ -35,8 +35,10 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from tqdm import tqdm
 
+from kvcxl.common.figures import figure
+from kvcxl.common.jsonout import wrote
+from kvcxl.common.progress import progress as progress_bar
 from kvcxl.firmware.formulas import ema_update
 from kvcxl.firmware.policies import POLICIES
 from kvcxl.firmware.session import FirmwareSession
@@ -228,7 +230,7 @@ def sweep(
     bt = traces[0][1].shape.block_tokens
     refs = []
     total = A * B * P * (2 if quality else 1) + (P if quality else 0)
-    bar = tqdm(total=total, desc="calibrate", unit="run", disable=not progress, leave=False)
+    bar, _ = progress_bar(total, "calibrate", "run", off=not progress)
     if quality:
         for _, _, tokens in traces:
             ref, _ = run(
@@ -370,16 +372,15 @@ def _point(alphas, betas, i, j, hit, mass, kl, top1) -> dict[str, Any]:
 
 
 def heatmap(report: dict[str, Any], key: str, path: Path, label: str, fmt: str) -> None:
-    # lazy: matplotlib is slow to import (and the backend must be set before pyplot)
-    import matplotlib
+    size = (1.3 * len(report["betas"]) + 2.5, 0.7 * len(report["alphas"]) + 2)
+    with figure(path, dpi=120, tight=True, figsize=size) as (fig, ax):
+        _draw_heatmap(report, key, label, fmt, fig, ax)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def _draw_heatmap(
+    report: dict[str, Any], key: str, label: str, fmt: str, fig: Any, ax: Any
+) -> None:
     z = np.asarray(report[key]).mean(-1)
-    fig, ax = plt.subplots(
-        figsize=(1.3 * len(report["betas"]) + 2.5, 0.7 * len(report["alphas"]) + 2)
-    )
     spread = float(np.nanmax(z) - np.nanmin(z))
     # A flat surface keeps a colour scale of at least ±0.005 so noise does not look like signal.
     mid = float(np.nanmean(z))
@@ -397,9 +398,6 @@ def heatmap(report: dict[str, Any], key: str, path: Path, label: str, fmt: str) 
         f"{len(report['traces'])} prompts; spread {spread:.2g}",
         fontsize=9,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def main(
@@ -459,7 +457,7 @@ def main(
         heatmap(report, "kl", out / "kl.png", "KL full‖bounded (Measured)", ".3f")
         heatmap(report, "top1", out / "top1.png", "top-1 agreement (Measured)", ".3f")
     _print(report)
-    print(f"wrote {out}/calibration.json and heat maps")
+    wrote(f"{out}/calibration.json and heat maps")
     return 0
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcxl.common.argtypes import nonnegative, positive
+from kvcxl.common.progress import progress as progress_bar
 
 from ..shape import PRESETS
 from ..trace import Trace
@@ -120,8 +121,6 @@ def capture(
     ``keep_cache`` hands back the KV cache (keys and values of every position) for runs
     that go on from the prompt, such as the passkey task's bounded decodes.
     """
-    from tqdm import tqdm  # lazy: `kvcxl --help` imports this module (tqdm: ~20 ms)
-
     if steps < 0:
         raise ValueError(f"steps = {steps}: must be >= 0")
     if block_tokens < 1:
@@ -138,7 +137,7 @@ def capture(
     cache = model.new_cache(total)
     tokens = list(prompt)
     t0 = time.perf_counter()
-    bar = tqdm(total=total, desc="capture", unit="tok", disable=not progress, leave=False)
+    bar, _ = progress_bar(total, "capture", "tok", off=not progress)
     logits = None
     for s in range(0, len(prompt), chunk):
         part = prompt[s : s + chunk]

@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from kvcxl.common.argtypes import nonnegative, positive, unit_interval
+from kvcxl.common.figures import figure
+from kvcxl.common.jsonout import wrote
+from kvcxl.common.progress import progress
 
 QUALITY_EPILOG = """\
 policies: any firmware policy (ema, h2o, lru, sink-window, lfu, fifo, lrfu, random) or
@@ -206,10 +209,10 @@ def _quality(args: argparse.Namespace) -> int:
     }
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=2))
-        print(f"wrote {args.json_out}")
+        wrote(args.json_out)
     if args.plot:
         _plot_quality(rows, args.plot, Path(args.trace).name)
-        print(f"wrote {args.plot}")
+        wrote(args.plot)
     return 0
 
 
@@ -217,12 +220,11 @@ _DEFAULT_POLICIES = ("ema", "h2o", "lru", "sink-window", "window")
 
 
 def _plot_quality(rows: list[dict], path: str, title: str) -> None:
-    import matplotlib
+    with figure(path, dpi=120, tight=True, ncols=2, figsize=(10, 4)) as (fig, (a1, a2)):
+        _draw_quality(rows, title, fig, a1, a2)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+def _draw_quality(rows: list[dict], title: str, fig: Any, a1: Any, a2: Any) -> None:
     styles = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", (0, (5, 2, 1, 2)))]
     for n, label in enumerate(dict.fromkeys(r["policy"] for r in rows)):
         marker, ls = styles[n % len(styles)]
@@ -238,9 +240,6 @@ def _plot_quality(rows: list[dict], path: str, title: str) -> None:
     a2.set(xlabel="budget (tokens per KV head)", ylabel="top-1 agreement (%)")
     a1.legend(fontsize=8)
     fig.suptitle(f"SmolLM2-135M, {title}: bounded-cache quality (Measured)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -375,8 +374,6 @@ def add_passkey_arguments(p: argparse.ArgumentParser) -> None:
 
 def passkey_main(args: argparse.Namespace) -> int:
     """Handler of ``kvcxl trace passkey``."""
-    from tqdm import tqdm
-
     from . import passkey as pk
     from .capture import load_model
     from .quality import PolicySpec
@@ -416,7 +413,7 @@ def passkey_main(args: argparse.Namespace) -> int:
     prompts.sort(key=lambda q: (q.index, args.depths.index(q.depth)))
     todo = [q for q in prompts if (q.depth, q.index) not in done]
     runs = len(specs) * len(args.budgets)
-    bar = tqdm(total=len(todo) * runs, desc="passkey", unit="run")
+    bar, _ = progress(len(todo) * runs, "passkey", "run")
     rows = list(done.values())
     for q in todo:
         rows.append(
@@ -452,12 +449,12 @@ def passkey_main(args: argparse.Namespace) -> int:
         )
     if args.json_out:
         _write_passkey(args.json_out, settings, rows, summary)
-        print(f"wrote {args.json_out}")
+        wrote(args.json_out)
     if args.plot:
         from .passkey import plot
 
         plot(summary, args.plot)
-        print(f"wrote {args.plot}")
+        wrote(args.plot)
     return 0
 
 

@@ -42,6 +42,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcxl.common.figures import figure
+from kvcxl.common.jsonout import wrote
+from kvcxl.common.progress import progress as progress_bar
+
 from ..shape import ModelShape
 from ..trace import Trace
 from ..workloads.attention import (
@@ -278,15 +282,13 @@ def refine(
     by the difference between the measured and the generated profile (the split and the
     renormalisation move them).
     """
-    from tqdm import tqdm  # lazy: `kvcxl --help` imports this module (tqdm: ~20 ms)
-
     p = dict(params)
     target = float(measured["sink_max_ratio"])
     sink = np.asarray(p["sink_profile"], dtype=float)
     recent = np.asarray(p["recent_profile"], dtype=float)
     ratios: list[float] = []
     runs = REFINE_PASSES * (len(SPLIT_GRID) + REFINE_ROUNDS) + 1
-    bar = tqdm(total=runs, desc="refine", unit="run", disable=not progress, leave=False)
+    bar, _ = progress_bar(runs, "refine", "run", off=not progress)
 
     def stats(q: dict[str, Any]) -> tuple[dict[str, Any], float]:
         bar.update(1)
@@ -488,7 +490,7 @@ def cli(args: argparse.Namespace) -> int:
         )
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=2))
-        print(f"wrote {args.json_out}")
+        wrote(args.json_out)
     if args.write:
         note = (
             f"Written by `kvcxl trace fit` from {len(ev['lengths'])} capture(s) of "
@@ -499,21 +501,19 @@ def cli(args: argparse.Namespace) -> int:
             f"Read by kvcxl.emu.workloads.attention.load_fit; the committed fit is {FIT_FILE.name}."
         )
         Path(args.write).write_text(format_fit(measured, params, note))
-        print(f"wrote {args.write}")
+        wrote(args.write)
     if args.plot:
         _plot(measured, generated, args.plot)
-        print(f"wrote {args.plot}")
+        wrote(args.plot)
     return 0
 
 
 def _plot(measured: dict[str, Any], regen: dict[str, Any] | None, path: str) -> None:
-    # lazy: matplotlib is slow to import (and the backend must be set before pyplot)
-    import matplotlib
+    with figure(path, dpi=120, tight=True, ncols=2, figsize=(10, 3.6), sharex=True) as (_, axes):
+        _draw(measured, regen, axes)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
+def _draw(measured: dict[str, Any], regen: dict[str, Any] | None, axes: Any) -> None:
     panels = (("sink_profile", "sink share (block 0)"), ("recent_profile", "recent-window share"))
     for ax, (name, title) in zip(axes, panels, strict=True):
         layers = np.arange(len(measured[name]))
@@ -526,9 +526,6 @@ def _plot(measured: dict[str, Any], regen: dict[str, Any] | None, path: str) -> 
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of a head's attention")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":  # python -m kvcxl.emu.model.fit TRACE...

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcxl.common.figures import figure
 from kvcxl.common.sizes import FRACTION, parse_budget
 
 from ..metrics import mean_ci, wilson_ci
@@ -341,14 +342,14 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def plot(summary: Sequence[dict[str, Any]], path: Any) -> None:
     """A PNG at ``path``: accuracy (with its CI) and hit rate vs. budget, one
     panel per depth, one line per policy; the full cache as a dashed level."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     depths = sorted({s["depth"] for s in summary})
+    shape = {"nrows": 2, "ncols": len(depths), "figsize": (4 * len(depths), 6.5), "squeeze": False}
+    with figure(path, dpi=110, tight=True, **shape) as (fig, axes):
+        _draw(summary, depths, fig, axes)
+
+
+def _draw(summary: Sequence[dict[str, Any]], depths: list[Any], fig: Any, axes: Any) -> None:
     policies = list(dict.fromkeys(s["policy"] for s in summary if s["policy"] != "full"))
-    fig, axes = plt.subplots(2, len(depths), figsize=(4 * len(depths), 6.5), squeeze=False)
     markers = "osD^v<>"
     for j, d in enumerate(depths):
         at = [s for s in summary if s["depth"] == d]
@@ -373,6 +374,3 @@ def plot(summary: Sequence[dict[str, Any]], path: Any) -> None:
         a_hit.set(xlabel="budget (% of the prompt's KV)", ylabel="hit rate, Simulated")
     axes[0][0].legend(fontsize=8)
     fig.suptitle("SmolLM2-135M passkey retrieval under bounded KV caches")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

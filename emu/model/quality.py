@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from tqdm import tqdm
 
+from kvcxl.common.progress import progress as progress_bar
 from kvcxl.common.sizes import TOKENS
 from kvcxl.common.sizes import parse_budget as budget_in
 from kvcxl.firmware.config import PolicyConfig
@@ -359,7 +359,7 @@ def evaluate(
 
     nb = -(-len(tokens) // block_tokens)
     runs = len(policies) * len(budgets) + (reference is None)
-    bar = tqdm(total=runs * nb, desc="quality", unit="block", disable=not progress, leave=False)
+    bar, _ = progress_bar(runs * nb, "quality", "block", off=not progress)
     if reference is None:
         reference, _ = run(
             model,

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from kvcxl.common.argtypes import nonnegative, nonnegative_float, positive, positive_float
+from kvcxl.common.figures import figure
+from kvcxl.common.jsonout import wrote
 from kvcxl.common.progress import progress
 from kvcxl.common.sizes import SIZE_HELP, parse_size
 from kvcxl.firmware.config import PARAMS, PolicyConfig
@@ -529,12 +531,11 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def plot_hit_rate(rows: list[dict[str, Any]], path: str | Path, title: str) -> None:
     """Hit rate vs budget (fraction of KV bytes), one line per policy, 95 % CI as error bars."""
-    import matplotlib
+    with figure(path, figure_dpi=120, tight=True, figsize=(8, 4.2)) as (_, ax):
+        _draw_hit_rate(rows, title, ax)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
+def _draw_hit_rate(rows: list[dict[str, Any]], title: str, ax: Any) -> None:
     by_policy: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_policy.setdefault(r["policy"], []).append(r)
@@ -560,9 +561,6 @@ def plot_hit_rate(rows: list[dict[str, Any]], path: str | Path, title: str) -> N
         fontsize=7,
         color="gray",
     )
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 def _spec_from_args(args: argparse.Namespace, policies, budgets):
@@ -689,7 +687,7 @@ def _simulate(args: argparse.Namespace) -> int:
     print(format_table(rows))
     if args.dump_victims:
         _dump_victims(raw, args.dump_victims)
-        print(f"wrote {args.dump_victims}")
+        wrote(args.dump_victims)
     doc = {"evidence": "Simulated", "config": spec.to_dict(), "results": rows}
     if args.serving:
         doc["serving"] = _serving(raw, spec, args)
@@ -697,10 +695,10 @@ def _simulate(args: argparse.Namespace) -> int:
             doc["versus_offload"] = _versus_offload(doc["serving"], spec, args)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(doc, indent=2, default=_json_default))
-        print(f"wrote {args.json_out}")
+        wrote(args.json_out)
     if args.plot:
         plot_hit_rate(rows, args.plot, f"{src} — hit rate vs HBM budget")
-        print(f"wrote {args.plot}")
+        wrote(args.plot)
     if args.audit:
         print(audit_sentence(audit_totals(rows)))
     faults = sum(r.get("audit_faults") or 0 for r in rows)
@@ -822,7 +820,7 @@ def _sizing(args: argparse.Namespace) -> int:
     print(format_economics(r["tier_economics"]))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(r, indent=2))
-        print(f"wrote {args.json_out}")
+        wrote(args.json_out)
     return 0
 
 
@@ -976,5 +974,5 @@ def _trace_export(args: argparse.Namespace) -> int:
     else:
         n = write_oracle_general(stream, args.output)
         what = f"{n:,} requests (oracle-general)"
-    print(f"wrote {args.output}: {what}")
+    wrote(f"{args.output}: {what}")
     return 0

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvcxl.common.jsonout import wrote
 from kvcxl.common.sizes import parse_size
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.policies import POLICIES
@@ -490,10 +491,10 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
     }
     Path(args.out).write_text(json.dumps(doc, indent=1))
-    print(f"wrote {args.out}")
+    wrote(args.out)
     md = Path(args.out).with_suffix(".md")
     md.write_text(render_markdown(doc))
-    print(f"wrote {md}")
+    wrote(md)
     return 0
 
 

@@ -5,7 +5,22 @@ Adding a policy is adding a file here and importing it below.  ``belady.py`` hol
 libCacheSim's Belady).
 """
 
-from . import belady, ema, ema_position, fifo, h2o, lfu, lrfu, lru, lru_anchor, random, sink_window
+from . import (
+    belady,
+    clock,
+    ema,
+    ema_position,
+    fifo,
+    h2o,
+    lfu,
+    lrfu,
+    lru,
+    lru_anchor,
+    random,
+    s3fifo,
+    sieve,
+    sink_window,
+)
 from .base import POLICIES, Policy, Tick, make_policy, register
 from .belady import BeladyNoBypassPolicy, BeladyPolicy
 
@@ -16,6 +31,7 @@ __all__ = [
     "Policy",
     "Tick",
     "belady",
+    "clock",
     "ema",
     "ema_position",
     "fifo",
@@ -27,5 +43,7 @@ __all__ = [
     "make_policy",
     "random",
     "register",
+    "s3fifo",
+    "sieve",
     "sink_window",
 ]

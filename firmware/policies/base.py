@@ -72,6 +72,11 @@ class Policy(ABC):
         for col, (dtype, fill) in self.columns.items():
             setattr(self, col, np.full(16, fill, dtype=dtype))
 
+    def set_capacity(self, capacity: int) -> None:
+        """The capacity in entries of the cache this policy serves (told once by the cache;
+        policies that split it into queue shares use it)."""
+        self.capacity = int(capacity)
+
     # --- metadata storage -------------------------------------------------------
     def ensure(self, n: int) -> None:
         """Room for metadata of entries 0 … n−1."""

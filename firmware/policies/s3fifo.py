@@ -82,6 +82,7 @@ class S3FifoPolicy(QueuePolicy):
         self.ghost = np.full(16, -1, np.int64)
         self.ghost_counter = 0
         self.n_ghost = 0
+        self._ghosted_in = set()  # ids of the current admission that came from the ghost
 
     def set_capacity(self, capacity: int) -> None:
         super().set_capacity(capacity)
@@ -92,6 +93,7 @@ class S3FifoPolicy(QueuePolicy):
                 f"s3fifo_small_ratio={self.params.s3fifo_small_ratio}) = {small} entries; "
                 "it must hold at least 2 (a larger capacity or ratio)"
             )
+        self.small_len = small
         self.main_share = capacity - capacity * self.params.s3fifo_small_ratio
         self.ghost_len = int(capacity * self.params.s3fifo_ghost_ratio)
 
@@ -105,7 +107,23 @@ class S3FifoPolicy(QueuePolicy):
         back = self.ghost[ids] >= 0
         self.ghost[ids[back]] = -1
         self.n_ghost -= int(np.count_nonzero(back))
-        self.queue[ids] = np.where(back, MAIN, SMALL)
+        self._ghosted_in = set(ids[back].tolist())
+        self._place(ids)
+
+    def _place(self, ids: NDArray) -> None:
+        """Queue of admitted ``ids``, as libCacheSim decides it once room is made: main if
+        the id was in the ghost, else small — or main when small is full and main is not
+        (libCacheSim's S3FIFO since its SOSP version, S3FIFOv0)."""
+        members = self.members()
+        n_small = int(np.count_nonzero(self.queue[members] == SMALL))
+        n_main = int(np.count_nonzero(self.queue[members] == MAIN))
+        for i in ids.tolist():
+            to_main = i in self._ghosted_in or (
+                n_small + 1 > self.small_len and n_main + 1 <= self.main_share
+            )
+            self.queue[i] = MAIN if to_main else SMALL
+            n_main += to_main
+            n_small += not to_main
 
     def on_access(self, ids: NDArray, weights: NDArray, tick: Tick) -> None:
         ids = np.asarray(ids, dtype=np.int64)
@@ -160,6 +178,8 @@ class S3FifoPolicy(QueuePolicy):
 
     def commit(self, plan: dict) -> None:
         super().commit(plan)
+        arriving = self._arriving[self.seq[self._arriving] >= 0]
+        self._place(arriving)  # now that the walk has made room
         for i in plan["ghosted"]:  # in eviction order
             if self.ghost[i] < 0:
                 self.ghost[i] = self.ghost_counter

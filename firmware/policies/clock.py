@@ -50,24 +50,24 @@ class ClockPolicy(QueuePolicy):
         ids = np.asarray(ids, dtype=np.int64)
         return -(self.ref[ids] * _SPAN + self.seq[ids])
 
-    def walk(self, eligible: NDArray, k: int, tick: Tick) -> tuple[NDArray, dict]:
-        queue = deque(int(i) for i in eligible[np.argsort(self.seq[eligible], kind="stable")])
-        ref = {i: int(self.ref[i]) for i in queue}
+    def walk(self, k: int, tick: Tick) -> tuple[NDArray, dict]:
+        extra: deque[int] = deque()
+        ref: dict[int, int] = {}
         victims: list[int] = []
-        moved: list[int] = []  # in the order they reached the head
-        while len(victims) < k:
-            i = queue.popleft()
-            if ref[i] > 0:
-                ref[i] -= 1
-                queue.append(i)
-                moved.append(i)
+        moved: list[tuple[int, int]] = []  # (id, queue) in the order they reached the head
+        for i in self.walk_moves(1, extra):
+            if len(victims) >= k:
+                break
+            r = ref.get(i, int(self.ref[i]))
+            if r > 0:
+                ref[i] = r - 1
+                extra.append(i)
+                moved.append((i, 1))
             else:
                 victims.append(i)
         gone = set(victims)
-        # an entry moved twice takes the place of its last move
-        last = {i: n for n, i in enumerate(moved)}
-        movers = np.asarray(sorted((i for i in last if i not in gone), key=last.get), np.int64)
+        kept = np.asarray([i for i in ref if i not in gone], np.int64)
         return np.asarray(victims, np.int64), {
-            "moved": movers,
-            "set": {"ref": (movers, np.asarray([ref[i] for i in movers], np.int64))},
+            "moved": moved,
+            "set": {"ref": (kept, np.asarray([ref[int(i)] for i in kept], np.int64))},
         }

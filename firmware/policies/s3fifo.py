@@ -9,12 +9,12 @@ queue's tail — with a counter ≥ ``s3fifo_move_threshold`` it moves to the he
 counter 0 (and the walk goes on in small), else it is the victim and its id enters the
 ghost (oldest ghost id dropped beyond ``s3fifo_ghost_ratio`` × capacity).
 
-This is libCacheSim's S3FIFO step for step (its sizes are bytes: the small share is
-trunc(capacity × ratio), the main queue is over when it holds more than capacity − that),
-checked hit for hit in tests/test_firmware_libcachesim.py.  One deliberate difference:
-libCacheSim refuses to cache an object when the small queue cannot hold two (its
-``obj_size >= small size`` check), which demand paging cannot do; kvcxl needs
-``s3fifo_small_ratio × capacity >= 2`` and says so.
+Placement rule of libCacheSim's current S3FIFO: until the cache has first evicted, a new
+entry that finds small full goes to main.  This is libCacheSim's S3FIFO (0.3.5 wheel) step
+for step, checked hit for hit in tests/test_firmware_libcachesim.py.  Its sizes are bytes
+(small = trunc(bytes × ratio), main = the rest), which for entries of kilobytes is the
+real-valued capacity × ratio used here.  libCacheSim refuses an object that fills the
+small queue, which demand paging cannot do; kvcxl needs capacity × ratio > 1.
 
 The victim order has no closed form here (main's occupancy changes as the small queue
 promotes), so ``priority`` is the entry's rank in the walk over every eligible entry:
@@ -31,9 +31,8 @@ from numpy.typing import NDArray
 
 from ..params import REAL, Param, in_range
 from ..policy_params import declare
-from ..table import grow
 from .base import Tick, register
-from .queued import QueuePolicy
+from .queued import NONE, QueuePolicy
 
 S3FIFO_SMALL_RATIO = Param(
     "(0, 1)",
@@ -66,7 +65,8 @@ MAIN_CAP = 3  # main's counter saturates here (2 bits)
 class S3FifoPolicy(QueuePolicy):
     name = "s3fifo"
     summary = "S3-FIFO: small + main FIFO queues and a ghost of ids (SOSP'23)"
-    columns = {**QueuePolicy.columns, "queue": (np.int8, 0), "freq": (np.int64, 0)}
+    columns = {**QueuePolicy.columns, "freq": (np.int64, 0)}
+    n_queues = 2
     parameters = declare(
         {
             "s3fifo_small_ratio": S3FIFO_SMALL_RATIO,
@@ -77,129 +77,111 @@ class S3FifoPolicy(QueuePolicy):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        # The ghost outlives its entries (not metadata of a resident entry): -1 = absent,
-        # else its ghost sequence number (oldest leaves first).
-        self.ghost = np.full(16, -1, np.int64)
-        self.ghost_counter = 0
-        self.n_ghost = 0
-        self._ghosted_in = set()  # ids of the current admission that came from the ghost
+        # The ghost outlives its entries (not metadata of a resident entry): a FIFO of ids.
+        self.ghost: dict[int, None] = {}  # insertion order = ghost order, oldest first
+        self._ghosted_in: set[int] = set()  # ids of the current admission found in the ghost
 
     def set_capacity(self, capacity: int) -> None:
         super().set_capacity(capacity)
-        small = int(capacity * self.params.s3fifo_small_ratio)
-        if capacity and small < 2:
+        # Real-valued shares, as libCacheSim's byte sizes amount to for entries of many
+        # bytes: small is full at capacity × ratio entries, main is over beyond the rest.
+        small = capacity * self.params.s3fifo_small_ratio
+        if capacity and small <= 1:
             raise ValueError(
-                f"s3fifo: the small queue holds trunc({capacity} × "
-                f"s3fifo_small_ratio={self.params.s3fifo_small_ratio}) = {small} entries; "
-                "it must hold at least 2 (a larger capacity or ratio)"
+                f"s3fifo: the small queue holds {capacity} × "
+                f"s3fifo_small_ratio={self.params.s3fifo_small_ratio} = {small:g} entries; "
+                "it must hold more than 1 (a larger capacity or ratio)"
             )
-        self.small_len = small
-        self.main_share = capacity - capacity * self.params.s3fifo_small_ratio
+        self.small_share = small
+        self.main_share = capacity - small
         self.ghost_len = int(capacity * self.params.s3fifo_ghost_ratio)
-
-    def ensure(self, n: int) -> None:
-        super().ensure(n)
-        self.ghost = grow(self.ghost, n, -1)
+        self.has_evicted = False  # before the first eviction a full small sends to main
 
     def on_insert(self, ids: NDArray, tick: Tick) -> None:
         ids = np.asarray(ids, dtype=np.int64)
+        back = [i for i in ids.tolist() if i in self.ghost]
+        for i in back:
+            del self.ghost[i]
+        self._ghosted_in = set(back)
         super().on_insert(ids, tick)
-        back = self.ghost[ids] >= 0
-        self.ghost[ids[back]] = -1
-        self.n_ghost -= int(np.count_nonzero(back))
-        self._ghosted_in = set(ids[back].tolist())
-        self._place(ids)
 
-    def _place(self, ids: NDArray) -> None:
-        """Queue of admitted ``ids``, as libCacheSim decides it once room is made: main if
-        the id was in the ghost, else small — or main when small is full and main is not
-        (libCacheSim's S3FIFO since its SOSP version, S3FIFOv0)."""
-        members = self.members()
-        n_small = int(np.count_nonzero(self.queue[members] == SMALL))
-        n_main = int(np.count_nonzero(self.queue[members] == MAIN))
+    def place(self, ids: NDArray) -> None:
+        """Main if the id was in the ghost, else small — except that until the cache has
+        first evicted, an entry that finds small full goes to main (libCacheSim's S3FIFO
+        as the 0.3.5 wheel runs it); arrivals are placed one after another."""
+        n_small = self.live(SMALL)
         for i in ids.tolist():
-            to_main = i in self._ghosted_in or (
-                n_small + 1 > self.small_len and n_main + 1 <= self.main_share
-            )
-            self.queue[i] = MAIN if to_main else SMALL
-            n_main += to_main
+            warm = not self.has_evicted and n_small >= self.small_share
+            to_main = i in self._ghosted_in or warm
+            self.push(i, MAIN if to_main else SMALL)
             n_small += not to_main
 
     def on_access(self, ids: NDArray, weights: NDArray, tick: Tick) -> None:
         ids = np.asarray(ids, dtype=np.int64)
         np.add.at(self.freq, ids[self.first_reads(ids)], 1)
 
-    def walk(self, eligible: NDArray, k: int, tick: Tick) -> tuple[NDArray, dict]:
-        by_seq = eligible[np.argsort(self.seq[eligible], kind="stable")]
-        q = self.queue[by_seq]
-        small = deque(int(i) for i in by_seq[q == SMALL])
-        main = deque(int(i) for i in by_seq[q == MAIN])
-        freq = {int(i): int(self.freq[i]) for i in by_seq}
-        where = {int(i): int(self.queue[i]) for i in by_seq}
-        members = self.members()  # occupancy counts every queued entry, offered or not
-        n_main = int(np.count_nonzero(self.queue[members] == MAIN))
+    def walk(self, k: int, tick: Tick) -> tuple[NDArray, dict]:
+        small = self.cursor(SMALL)
+        main_extra: deque[int] = deque()
+        main = self.walk_moves(MAIN, main_extra)
+        n_main = self.live(MAIN)
+        threshold = self.params.s3fifo_move_threshold
+        freq: dict[int, int] = {}
         victims: list[int] = []
-        moved: list[int] = []  # to the head of main, in order
+        ghosted: list[int] = []
+        moved: list[tuple[int, int]] = []  # (id, queue) in the order they reached a head
+        small_next = next(small, NONE)  # the offered tail of small (NONE: none left)
         while len(victims) < k:
-            if (n_main > self.main_share or not small) and main:
-                i = main.popleft()
-                if freq[i] >= 1:
-                    freq[i] = min(freq[i], MAIN_CAP) - 1
-                    main.append(i)
-                    moved.append(i)
+            if n_main > self.main_share or small_next == NONE:
+                i = next(main, NONE)
+                if i == NONE:  # nothing offered in either queue (k never exceeds it)
+                    raise AssertionError("s3fifo walk ran out of entries")
+                f = freq.get(i, int(self.freq[i]))
+                if f >= 1:
+                    freq[i] = min(f, MAIN_CAP) - 1
+                    main_extra.append(i)
+                    moved.append((i, MAIN))
                 else:
                     victims.append(i)
                     n_main -= 1
-            elif small:
-                while small:
-                    i = small.popleft()
-                    if freq[i] >= self.params.s3fifo_move_threshold:
+            else:
+                while small_next != NONE:
+                    i, small_next = small_next, next(small, NONE)
+                    if self.freq[i] >= threshold:
                         freq[i] = 0
-                        where[i] = MAIN
-                        main.append(i)
-                        moved.append(i)
+                        main_extra.append(i)
+                        moved.append((i, MAIN))
                         n_main += 1
                     else:
                         victims.append(i)
+                        ghosted.append(i)
                         break
-            else:  # nothing offered in either queue (k never exceeds what is offered)
-                raise AssertionError("s3fifo walk ran out of entries")
-        last = {i: n for n, i in enumerate(moved)}
         gone = set(victims)
-        movers = np.asarray(sorted((i for i in last if i not in gone), key=last.get), np.int64)
+        kept = np.asarray([i for i in freq if i not in gone], np.int64)
         return np.asarray(victims, np.int64), {
-            "moved": movers,
-            "set": {
-                "freq": (movers, np.asarray([freq[i] for i in movers], np.int64)),
-                "queue": (movers, np.full(movers.size, MAIN, np.int8)),
-            },
-            "ghosted": np.asarray([i for i in victims if where[i] == SMALL], np.int64),
+            "moved": moved,
+            "set": {"freq": (kept, np.asarray([freq[int(i)] for i in kept], np.int64))},
+            "ghosted": ghosted,
         }
 
     def commit(self, plan: dict) -> None:
         super().commit(plan)
-        arriving = self._arriving[self.seq[self._arriving] >= 0]
-        self._place(arriving)  # now that the walk has made room
-        for i in plan["ghosted"]:  # in eviction order
-            if self.ghost[i] < 0:
-                self.ghost[i] = self.ghost_counter
-                self.ghost_counter += 1
-                self.n_ghost += 1
-        over = self.n_ghost - self.ghost_len
-        if over > 0:
-            held = np.flatnonzero(self.ghost >= 0)
-            oldest = held[np.argsort(self.ghost[held], kind="stable")[:over]]
-            self.ghost[oldest] = -1
-            self.n_ghost -= over
+        self.has_evicted = self.has_evicted or bool(plan["victims"].size)
+        if self.ghost_len <= 0:
+            return
+        for i in plan["ghosted"]:  # in eviction order; an id already there keeps its place
+            if i not in self.ghost:
+                self.ghost[i] = None
+                if len(self.ghost) > self.ghost_len:
+                    del self.ghost[next(iter(self.ghost))]
 
     def priority(self, ids: NDArray, tick: Tick) -> NDArray:
         ids = np.asarray(ids, dtype=np.int64)
-        victims, _ = self.walk(ids, ids.size, tick)
+        victims, _ = self.run_walk(ids, ids.size, tick)
         rank = np.empty(ids.size, np.int64)
         rank[np.searchsorted(np.sort(ids), victims)] = np.arange(victims.size)
         return -rank[np.argsort(np.argsort(ids))]
 
-    def leave(self, ids: NDArray) -> None:
-        super().leave(ids)
-        self.queue[ids] = 0
-        self.freq[ids] = 0
+    def leave(self, i: int) -> None:
+        super().leave(i)
+        self.freq[i] = 0

@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .base import Tick, register
-from .queued import QueuePolicy
+from .queued import NONE, QueuePolicy
 
 _TURN = np.int64(1) << 40  # > any sequence number: one full turn of the hand
 
@@ -31,52 +31,59 @@ class SievePolicy(QueuePolicy):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.hand = 0  # sequence number the hand's next look starts from (0: the tail)
+        self.hand = NONE  # the entry the hand's next look starts from (NONE: the tail)
 
     def on_access(self, ids: NDArray, weights: NDArray, tick: Tick) -> None:
         reuse = self.first_reads(ids)
         self.visited[np.asarray(ids, dtype=np.int64)[reuse]] = True
 
+    def _hand_seq(self) -> int:
+        return 0 if self.hand == NONE else int(self.seq[self.hand])
+
     def _start(self, seqs: NDArray) -> NDArray:
         """Cyclic distance of queue positions from the hand."""
-        return np.where(seqs >= self.hand, seqs - self.hand, seqs - self.hand + _TURN)
+        h = self._hand_seq()
+        return np.where(seqs >= h, seqs - h, seqs - h + _TURN)
 
     def priority(self, ids: NDArray, tick: Tick) -> NDArray:
         ids = np.asarray(ids, dtype=np.int64)
         dist = self._start(self.seq[ids])
         return -(dist + self.visited[ids].astype(np.int64) * _TURN)
 
-    def walk(self, eligible: NDArray, k: int, tick: Tick) -> tuple[NDArray, dict]:
-        order = eligible[np.argsort(self._start(self.seq[eligible]), kind="stable")]
-        visited = self.visited[order].copy()
+    def walk(self, k: int, tick: Tick) -> tuple[NDArray, dict]:
+        ok, newer = self._ok, self.newer
         victims: list[int] = []
-        cleared: list[int] = []
-        i, n = 0, order.size
-        gone = np.zeros(n, bool)
+        gone: set[int] = set()
+        cleared: set[int] = set()
+        i = self.tail[1] if self.hand == NONE else self.hand
         while len(victims) < k:
-            if not gone[i]:
-                if visited[i]:
-                    visited[i] = False
-                    cleared.append(int(order[i]))
+            if i == NONE:  # past the head: the hand wraps to the tail
+                i = self.tail[1]
+            if ok[i] and i not in gone:
+                if self.visited[i] and i not in cleared:
+                    cleared.add(i)
                 else:
-                    victims.append(int(order[i]))
-                    gone[i] = True
-                    last = int(self.seq[order[i]])
-            i = (i + 1) % n
-        # the hand stops just after the last victim; past the head of the queue (no older
-        # entry remains beyond it; arriving entries are not in the queue yet) it is at the tail
-        beyond = self.members()
-        if victims:
-            beyond = np.setdiff1d(beyond[self.seq[beyond] > last], victims)
-        hand = (last + 1 if beyond.size else 0) if victims else self.hand
-        return np.asarray(victims, np.int64), {"cleared": np.asarray(cleared, np.int64),
-                                                "hand": hand}  # fmt: skip
+                    victims.append(i)
+                    gone.add(i)
+            i = newer[i]
+        # the hand stops just after the last victim, past entries that leave or have not
+        # joined yet; past the head of the queue it is at the tail
+        arriving = set(self._arriving.tolist())
+        while i != NONE and (i in gone or i in arriving):
+            i = newer[i]
+        hand = i if victims else self.hand
+        return np.asarray(victims, np.int64), {
+            "cleared": np.asarray(sorted(cleared - gone), np.int64),
+            "hand": hand,
+        }
 
     def commit(self, plan: dict) -> None:
         super().commit(plan)
         self.visited[plan["cleared"]] = False
         self.hand = plan["hand"]
 
-    def leave(self, ids: NDArray) -> None:
-        super().leave(ids)
-        self.visited[ids] = False
+    def leave(self, i: int) -> None:
+        if i == self.hand:  # the hand moves on to the next newer entry
+            self.hand = self.newer[i]
+        super().leave(i)
+        self.visited[i] = False

@@ -105,6 +105,7 @@ NEW_AT_PRESSURE = {
     "clock": "Clock",
     "sieve": "Sieve",
     "s3fifo": "S3FIFO",
+    "slru": "SLRU",  # at capacities divisible by its 4 segments (docs/policy.md)
 }
 NEW_STEPS = {"zipf-sessions": 80, "cyclic": 160, "uniform": 80}
 NEW_FRACTIONS = (0.05, 0.15, 0.30)
@@ -144,6 +145,8 @@ def test_hit_counts_at_pressure_equal_libcachesim(tmp_path, workload, group):
     n, distinct = int(obj.size), int(np.unique(obj).size)
     assert distinct == int(obj.max()) + 1  # dense ids
     caps = [max(1, round(f * distinct)) for f in fractions]
+    if group == "slru":
+        caps = [4 * max(1, c // 4) for c in caps]
     sim = ["simulate", "--trace", str(npz), "--granularity", "request",
            "--persistent-metadata", "off", "--json", str(out), "--no-progress"]  # fmt: skip
     for p in (*peers, "belady") if group == "classic" else [group]:
@@ -189,3 +192,19 @@ def test_s3fifo_parameters_equal_libcachesim(tmp_path, ghost, threshold, capacit
     reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
     peer = lcs.S3FIFO(capacity, ghost_size_ratio=ghost, move_to_main_threshold=threshold)
     assert ours.hits == round(obj.size * (1.0 - peer.process_trace(reader)[0]))
+
+
+# --- ARC and SLRU on one-byte objects (where libCacheSim's ARC is the published one) -----
+@pytest.mark.parametrize("policy,peer", [("arc", "ARC"), ("slru", "SLRU")])
+@pytest.mark.parametrize("seed,a", [(1, 1.0), (2, 0.7)])
+def test_arc_slru_equal_libcachesim(tmp_path, policy, peer, seed, a):
+    obj = zipf_requests(seed, 3000, 300, a)
+    batches = [obj[i : i + 1] for i in range(obj.size)]
+    for capacity in (20, 64):  # divisible by SLRU's 4 segments
+        ours = replay(policy, batches, capacity, config=PolicyConfig(persistent_metadata=False))
+        assert ours.audit["wrong_victims"] == 0
+        path = tmp_path / f"{policy}.bin"
+        peer_hits(obj, "lru", capacity, path)  # writes the trace
+        reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
+        theirs = round(obj.size * (1.0 - getattr(lcs, peer)(capacity).process_trace(reader)[0]))
+        assert ours.hits == theirs, (policy, capacity, ours.hits, theirs)

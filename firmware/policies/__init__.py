@@ -6,6 +6,7 @@ libCacheSim's Belady).
 """
 
 from . import (
+    arc,
     belady,
     clock,
     ema,
@@ -20,6 +21,7 @@ from . import (
     s3fifo,
     sieve,
     sink_window,
+    slru,
 )
 from .base import POLICIES, Policy, Tick, make_policy, register
 from .belady import BeladyNoBypassPolicy, BeladyPolicy
@@ -30,6 +32,7 @@ __all__ = [
     "BeladyPolicy",
     "Policy",
     "Tick",
+    "arc",
     "belady",
     "clock",
     "ema",
@@ -46,4 +49,5 @@ __all__ = [
     "s3fifo",
     "sieve",
     "sink_window",
+    "slru",
 ]

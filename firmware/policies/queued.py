@@ -235,6 +235,15 @@ class QueuePolicy(Policy):
         self._arriving = np.zeros(0, np.int64)
         Policy.forget(self, ids)
 
+    def walk_rank(self, ids: NDArray, tick: Tick) -> NDArray:
+        """A priority for policies without a closed form: minus the rank of each of ``ids``
+        in the walk that evicts all of them (the audit then checks the selection only)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        victims, _ = self.run_walk(ids, ids.size, tick)
+        rank = np.empty(ids.size, np.int64)
+        rank[np.searchsorted(np.sort(ids), victims)] = np.arange(victims.size)
+        return -rank[np.argsort(np.argsort(ids))]
+
     def leave(self, i: int) -> None:
         """Entry ``i`` is no longer resident."""
         self.unlink(i)

@@ -176,11 +176,7 @@ class S3FifoPolicy(QueuePolicy):
                     del self.ghost[next(iter(self.ghost))]
 
     def priority(self, ids: NDArray, tick: Tick) -> NDArray:
-        ids = np.asarray(ids, dtype=np.int64)
-        victims, _ = self.run_walk(ids, ids.size, tick)
-        rank = np.empty(ids.size, np.int64)
-        rank[np.searchsorted(np.sort(ids), victims)] = np.arange(victims.size)
-        return -rank[np.argsort(np.argsort(ids))]
+        return self.walk_rank(ids, tick)
 
     def leave(self, i: int) -> None:
         super().leave(i)

@@ -23,13 +23,14 @@ from . import (
     sink_window,
     slru,
 )
-from .base import POLICIES, Policy, Tick, make_policy, register
+from .base import POLICIES, CapacityTooSmall, Policy, Tick, make_policy, register
 from .belady import BeladyNoBypassPolicy, BeladyPolicy
 
 __all__ = [
     "POLICIES",
     "BeladyNoBypassPolicy",
     "BeladyPolicy",
+    "CapacityTooSmall",
     "Policy",
     "Tick",
     "arc",

@@ -48,7 +48,7 @@ class ClockPolicy(QueuePolicy):
 
     def priority(self, ids: NDArray, tick: Tick) -> NDArray:
         ids = np.asarray(ids, dtype=np.int64)
-        return -(self.ref[ids] * _SPAN + self.seq[ids])
+        return self.arriving_last(ids, -(self.ref[ids] * _SPAN + self.seq[ids]))
 
     def walk(self, k: int, tick: Tick) -> tuple[NDArray, dict]:
         extra: deque[int] = deque()

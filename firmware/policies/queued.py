@@ -38,6 +38,10 @@ from ..table import EntryTable, grow
 from .base import Policy, Tick
 
 NONE = -1  # no entry (end of a list, hand at the tail)
+# Priority of an arriving entry in a closed form: below every queued entry's key, equal
+# among arrivals, so the audit's "priority descending, id ascending" order puts them
+# last, lowest id first — the walk's rule when the batch alone overflows.
+ARRIVING = np.int64(-(1 << 62))
 
 
 class QueuePolicy(Policy):
@@ -234,6 +238,13 @@ class QueuePolicy(Policy):
             self.place(arriving)
         self._arriving = np.zeros(0, np.int64)
         Policy.forget(self, ids)
+
+    def arriving_last(self, ids: NDArray, priority: NDArray) -> NDArray:
+        """A closed-form ``priority`` of ``ids`` with the arriving entries (the walk does not
+        see them; they are its last victims, lowest id first) set to :data:`ARRIVING`."""
+        if self._arriving.size == 0:
+            return priority
+        return np.where(np.isin(ids, self._arriving), ARRIVING, priority)
 
     def walk_rank(self, ids: NDArray, tick: Tick) -> NDArray:
         """A priority for policies without a closed form: minus the rank of each of ``ids``

@@ -31,7 +31,7 @@ from numpy.typing import NDArray
 
 from ..params import REAL, Param, in_range
 from ..policy_params import declare
-from .base import Tick, register
+from .base import CapacityTooSmall, Tick, register
 from .queued import NONE, QueuePolicy
 
 S3FIFO_SMALL_RATIO = Param(
@@ -87,7 +87,7 @@ class S3FifoPolicy(QueuePolicy):
         # bytes: small is full at capacity × ratio entries, main is over beyond the rest.
         small = capacity * self.params.s3fifo_small_ratio
         if capacity and small <= 1:
-            raise ValueError(
+            raise CapacityTooSmall(
                 f"s3fifo: the small queue holds {capacity} × "
                 f"s3fifo_small_ratio={self.params.s3fifo_small_ratio} = {small:g} entries; "
                 "it must hold more than 1 (a larger capacity or ratio)"

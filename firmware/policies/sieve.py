@@ -48,7 +48,7 @@ class SievePolicy(QueuePolicy):
     def priority(self, ids: NDArray, tick: Tick) -> NDArray:
         ids = np.asarray(ids, dtype=np.int64)
         dist = self._start(self.seq[ids])
-        return -(dist + self.visited[ids].astype(np.int64) * _TURN)
+        return self.arriving_last(ids, -(dist + self.visited[ids].astype(np.int64) * _TURN))
 
     def walk(self, k: int, tick: Tick) -> tuple[NDArray, dict]:
         ok, newer = self._ok, self.newer

@@ -69,7 +69,7 @@ class SlruPolicy(QueuePolicy):
 
     def priority(self, ids: NDArray, tick: Tick) -> NDArray:
         ids = np.asarray(ids, dtype=np.int64)
-        return -(self.queue[ids].astype(np.int64) * _SPAN + self.seq[ids])
+        return self.arriving_last(ids, -(self.queue[ids].astype(np.int64) * _SPAN + self.seq[ids]))
 
     def walk(self, k: int, tick: Tick) -> tuple[NDArray, dict]:
         victims: list[int] = []

@@ -197,7 +197,8 @@ def test_audit_catches_the_stale_heap_defect():
 
 def test_unknown_policy_is_refused_with_the_list():
     with pytest.raises(
-        ValueError, match=r"unknown policy 'lruu'; choose from: arc, belady, belady-nobypass, clock, ema"
+        ValueError,
+        match=r"unknown policy 'lruu'; choose from: arc, belady, belady-nobypass, clock, ema",
     ):
         make_policy("lruu", PolicyConfig(), EntryTable())
 

@@ -108,3 +108,23 @@ def arc_policy(reqs: list[int], capacity: int):
     for t, r in enumerate(reqs):
         cache.access(np.array([r]), np.ones(1), Tick(t, t))
     return cache.policy
+
+
+def test_s3fifo_small_full_goes_to_main_only_before_the_first_eviction():
+    # libCacheSim's S3FIFO_insert: a new entry that finds small full goes to main only while
+    # the cache has never evicted.  One request at a time the "never evicted" condition
+    # cannot show (after an eviction small is below its share when the arrival is placed),
+    # so the case that tells the rules apart is a batch whose arrivals are placed one after
+    # another after one pass.  Capacity 20: small 2, main 18.  0..19 fill (0 1 small, 2..19
+    # main); 20 evicts 0 (ghost); 0 returns to main evicting 1 (ghost); 1 returns to main
+    # evicting main's tail 2; 20 is reused twice.  Batch 21 22 23: main holds 19 > 18 -> 3;
+    # small's 20 (2 reuses) moves to main; main 4 and 5.  Small is now empty, so the three
+    # arrivals go to small one after another, 23 finding small full (2): it must still go
+    # to small (the cache has evicted).  24 25 26 then evict small's tail: 21, 22, 23 (a
+    # "small full -> main" rule at any time would have put 23 in main and evicted 24).
+    reqs = [*range(20), 20, 0, 1, 20, 20]
+    batches = [np.array([r]) for r in reqs] + [np.array([21, 22, 23])]
+    batches += [np.array([r]) for r in (24, 25, 26)]
+    res = replay("s3fifo", batches, 20, config=CLASSIC, record_victims=True)
+    assert res.audit["wrong_victims"] == 0
+    assert [int(v[1]) for v in res.victims] == [0, 1, 2, 3, 4, 5, 21, 22, 23]

@@ -85,6 +85,7 @@ class PolicyCache:
         self.policy = policy
         self.capacity = int(capacity)
         self.pinned_capacity = int(policy.config.pinned_fraction * capacity)
+        policy.set_capacity(self.capacity)
         self.audit = audit
         self.on_victims = on_victims
         self.victim_priority = victim_priority  # False: the sink gets None, not priorities

@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Replays a seeded Zipf-like request stream through every policy (one HBM tier, "
             "demand paging, no prefetch) with the eviction audit on, and prints hit rates. "
-            "Simulated."
+            "A policy that cannot run at a capacity (e.g. S3-FIFO's small queue below one "
+            "entry) is shown as 'not run' with the reason. Simulated."
         ),
     )
     pm.add_argument(
@@ -150,7 +151,7 @@ def _compare(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .config import PolicyConfig
-    from .policies import POLICIES
+    from .policies import POLICIES, CapacityTooSmall
     from .replay import replay
 
     for flag, value in (("--requests", args.requests), ("--objects", args.objects)):
@@ -170,6 +171,7 @@ def _compare(args: argparse.Namespace) -> int:
     weights = [np.array([prob[0] ** 0.5]) for _ in batches]
     caps = [max(1, int(args.objects * f)) for f in (0.02, 0.05, 0.10, 0.20)]
     results = []
+    not_run = []  # (policy, capacity, reason): a policy that cannot run at a capacity
     print(
         f"{'policy':<16}"
         + "".join(f"{c:>10}" for c in caps)
@@ -178,7 +180,13 @@ def _compare(args: argparse.Namespace) -> int:
     for name in sorted(POLICIES):
         row = []
         for cap in caps:
-            r = replay(name, batches, cap, config=cfg, weights=weights)
+            try:
+                r = replay(name, batches, cap, config=cfg, weights=weights)
+            except CapacityTooSmall as e:
+                # one policy's limit must not stop the comparison of the others
+                not_run.append({"policy": name, "capacity": cap, "reason": str(e)})
+                row.append(None)
+                continue
             if r.audit and r.audit["wrong_victims"]:
                 raise AuditFailure(f"eviction audit failed for {name}: {r.audit}")
             row.append(r.hit_rate)
@@ -192,11 +200,22 @@ def _compare(args: argparse.Namespace) -> int:
                     **r.audit,
                 }
             )
-        print(f"{name:<16}" + "".join(f"{h:>10.3f}" for h in row))
+        print(
+            f"{name:<16}" + "".join(f"{'not run':>10}" if h is None else f"{h:>10.3f}" for h in row)
+        )
+    for n in not_run:
+        print(f"not run: {n['policy']} at capacity {n['capacity']}: {n['reason']}")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(
-                {"evidence": "Simulated", "config": cfg.to_dict(), "results": results}, f, indent=2
+                {
+                    "evidence": "Simulated",
+                    "config": cfg.to_dict(),
+                    "results": results,
+                    "not_run": not_run,
+                },
+                f,
+                indent=2,
             )
         wrote(args.json_out)
     return 0

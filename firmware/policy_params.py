@@ -57,3 +57,13 @@ POLICY_PARAMS: dict[str, Param] = {
     "lfu_tie_break": LFU_TIE_BREAK,
     "seed": SEED,
 }
+
+
+def declare(params: dict[str, Param]) -> dict[str, Param]:
+    """Add a policy module's own parameters (declared in that module) to the table, once
+    each; returns them for the policy's ``parameters``."""
+    for name, param in params.items():
+        if POLICY_PARAMS.get(name, param) is not param:
+            raise ValueError(f"policy parameter {name!r} declared twice")
+        POLICY_PARAMS[name] = param
+    return params

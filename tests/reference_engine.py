@@ -39,9 +39,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import reference_queues
 
 PAIRS = ("host->hbm", "hbm->cxl", "hbm->nvme", "cxl->hbm", "nvme->hbm", "cxl->nvme")
 POLICIES = ("ema", "lru", "fifo", "lfu", "lrfu", "sink-window", "h2o", "random", "belady")
+# The queue policies (their plain versions: tests/reference_queues.py).
+QUEUE_POLICIES = reference_queues.QUEUE_POLICIES
 GRANULARITIES = ("layer", "step", "request")
 CREATE, READ = 0, 1
 
@@ -240,7 +243,7 @@ class Replay:
         warmup_steps: int = 0,
         mode: str = "float",
     ) -> None:
-        if policy not in POLICIES:
+        if policy not in POLICIES + QUEUE_POLICIES:
             raise ValueError(f"unknown policy {policy!r}")
         if mode not in ("float", "int"):
             raise ValueError(mode)
@@ -253,6 +256,11 @@ class Replay:
         self.pin_slots = math.floor(config.pinned_fraction * self.capacity)
         self.cxl_cap = len(idents) if cxl_entries is None else cxl_entries
         self.persistent = bool(config.persistent_metadata)
+        self.queues = (
+            reference_queues.make(policy, self.capacity, config)
+            if policy in QUEUE_POLICIES
+            else None
+        )
 
         self.resident: set[int] = set()
         self.pinned: set[int] = set()
@@ -320,6 +328,9 @@ class Replay:
             st["admit"] = t
 
     def _on_access(self, i: int, w: float, t: int) -> None:
+        if self.queues is not None:
+            self.queues.read(i)
+            return
         st = self.state[i]
         p = self.policy
         if p == "ema":
@@ -428,6 +439,8 @@ class Replay:
     def _evict(self, protected: set[int], t: int, belady_t: int, moved: Counter) -> list[int]:
         over = len(self.resident) - self.capacity
         if over <= 0:
+            if self.queues is not None:
+                self.queues.end_op()
             return []
         base = self.resident - self.pinned
         if self.policy == "belady":
@@ -439,7 +452,9 @@ class Replay:
             # batch's entries compete too, on an equal footing.
             if len(cand) < over:
                 cand = base
-        if over == 1:
+        if self.queues is not None:
+            victims = self.queues.evict(set(cand), over)
+        elif over == 1:
             victims = [min(cand, key=lambda i: self._evict_key(i, t, belady_t))]
         else:
             victims = sorted(cand, key=lambda i: self._evict_key(i, t, belady_t))[:over]
@@ -469,9 +484,13 @@ class Replay:
 
     def _write(self, op: Op, moved: Counter) -> list[int]:
         t = max(self.batch_time, 0)  # a write carries the last read batch's time (0 before)
+        # READING: a write of an entry already resident does not admit it again (queues).
+        new = [i for i in sorted(op.ids) if i not in self.resident]
         for i in sorted(op.ids):
             moved["host->hbm"] += self.eb
             self._admit(i, t)
+        if self.queues is not None:
+            self.queues.admit(new)
         victims = self._evict(set(op.ids), t, self.batch_time, moved)
         self._spill(moved)
         return victims
@@ -481,7 +500,8 @@ class Replay:
         t = self.batch_time
         ids = [i for i, _ in op.reads]
         hits = sum(1 for i in ids if i in self.resident)
-        for i in sorted(i for i in ids if i not in self.resident):
+        missed = sorted(i for i in ids if i not in self.resident)
+        for i in missed:
             src = self.tier.get(i)
             if src == CXL:
                 moved["cxl->hbm"] += self.eb
@@ -491,6 +511,8 @@ class Replay:
             else:
                 raise AssertionError(f"entry {i} read before it was written")
             self._admit(i, t)
+        if self.queues is not None:
+            self.queues.admit(missed)
         for i, w in op.reads:
             self._on_access(i, w, t)
         victims = self._evict(set(ids), t, t, moved)

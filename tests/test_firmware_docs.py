@@ -6,6 +6,7 @@ from pathlib import Path
 
 from kvcxl.emu.cli import main
 from kvcxl.firmware.commands import params_markdown
+from kvcxl.firmware.policies import POLICIES
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "policy.md"
 
@@ -32,5 +33,14 @@ def test_policy_cli(tmp_path, capsys):
     assert data["evidence"] == "Simulated"
     assert all(r["wrong_victims"] == 0 for r in data["results"])
     by = {(r["policy"], r["capacity"]): r["hit_rate"] for r in data["results"]}
+    # every registered policy at every capacity is either run or reported as not run
+    # with its reason (S3-FIFO's small queue is 6 × 0.1 < 1 entry at the smallest)
+    not_run = {(r["policy"], r["capacity"]): r["reason"] for r in data["not_run"]}
+    caps = sorted({c for _, c in by} | {c for _, c in not_run})
+    assert caps == [6, 15, 30, 60]
+    assert set(by) | set(not_run) == {(p, c) for p in POLICIES for c in caps}
+    assert list(not_run) == [("s3fifo", 6)]
+    assert "6 × s3fifo_small_ratio=0.1 = 0.6 entries" in not_run[("s3fifo", 6)]
+    assert "not run: s3fifo at capacity 6" in capsys.readouterr().out
     for (pol, cap), h in by.items():
         assert by[("belady", cap)] >= h, pol

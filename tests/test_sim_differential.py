@@ -6,8 +6,10 @@ generates small traces (1–3 contexts, growing blocks with gaps, dense and spar
 reads, weights at and around the touch threshold, 2–12 steps) and random
 configurations (every policy, EMA float and Q0.16, every granularity, persistent
 metadata on and off, pinning, small CXL DRAM, warm-up); a second test replays
-short real workload streams.  Per step the victim multiset, the reads, the hits
-and the bytes moved per tier pair must agree, and so must the warm-up totals.
+short real workload streams, and one more replays them through the queue policies
+(CLOCK, SIEVE, S3-FIFO, SLRU, ARC; plain versions in tests/reference_queues.py).  Per
+step the victim multiset, the reads, the hits and the bytes moved per tier pair must
+agree, and so must the warm-up totals.
 
 Readings the reference took where the documentation is silent or ambiguous are
 marked ``READING:`` in tests/reference_engine.py.  Two disagreements with the
@@ -453,3 +455,37 @@ def test_workloads_match_reference(workload: str, read: str, engine: str) -> Non
             f"cxl_entries={cxl} config={cfg}"
         )
         compare(sim, stream, want, desc)
+
+
+# --- the queue policies (plain versions: tests/reference_queues.py) -------------------------
+QUEUE_WORKLOADS = ("zipf-sessions", "multi-turn", "uniform")
+
+
+@pytest.mark.parametrize("policy", ref.QUEUE_POLICIES)
+def test_queue_policies_match_reference(policy: str) -> None:
+    # Layer granularity (batches of many reads, arrivals placed after the walk, the
+    # batch's entries protected) and request granularity, on short workload streams at
+    # two budgets; victims compared step by step.
+    for workload in QUEUE_WORKLOADS:
+        stream = _stream(workload, "topk:2")
+        eb = WL_SHAPE.entry_bytes
+        for gran, share in (("layer", 0.3), ("layer", 0.5), ("request", 0.3)):
+            budget = max(int(stream.n_entries * share), 12)
+            config = PolicyConfig.from_mapping({"pinned_fraction": 0.0})
+            sim = simulate(
+                stream,
+                SimOptions(
+                    engine="numpy",
+                    policy=policy,
+                    budget_bytes=budget * eb,
+                    config=config,
+                    granularity=gran,
+                    record_victims=True,
+                ),
+            )
+            want = ref.replay_stream(
+                stream, policy=policy, budget_bytes=budget * eb, config=config, granularity=gran
+            )
+            desc = f"policy={policy} workload={workload} granularity={gran} budget={budget}"
+            assert sum(len(v) for v in want["victims"].values()) > 0, desc
+            compare(sim, stream, want, desc)

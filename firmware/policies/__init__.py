@@ -5,17 +5,37 @@ Adding a policy is adding a file here and importing it below.  ``belady.py`` hol
 libCacheSim's Belady).
 """
 
-from . import belady, ema, ema_position, fifo, h2o, lfu, lrfu, lru, lru_anchor, random, sink_window
-from .base import POLICIES, Policy, Tick, make_policy, register
+from . import (
+    arc,
+    belady,
+    clock,
+    ema,
+    ema_position,
+    fifo,
+    h2o,
+    lfu,
+    lrfu,
+    lru,
+    lru_anchor,
+    random,
+    s3fifo,
+    sieve,
+    sink_window,
+    slru,
+)
+from .base import POLICIES, CapacityTooSmall, Policy, Tick, make_policy, register
 from .belady import BeladyNoBypassPolicy, BeladyPolicy
 
 __all__ = [
     "POLICIES",
     "BeladyNoBypassPolicy",
     "BeladyPolicy",
+    "CapacityTooSmall",
     "Policy",
     "Tick",
+    "arc",
     "belady",
+    "clock",
     "ema",
     "ema_position",
     "fifo",
@@ -27,5 +47,8 @@ __all__ = [
     "make_policy",
     "random",
     "register",
+    "s3fifo",
+    "sieve",
     "sink_window",
+    "slru",
 ]

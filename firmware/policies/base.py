@@ -41,6 +41,14 @@ class Tick:
 POLICIES: dict[str, type[Policy]] = {}
 
 
+class CapacityTooSmall(ValueError):
+    """A policy cannot run at this cache capacity (e.g. a queue share below one entry).
+
+    A ``ValueError`` (the CLI reports it in one line); drivers that run every policy at
+    several capacities (``kvcxl policy compare``) report that policy's cell as not run.
+    """
+
+
 def register(cls: type[Policy]) -> type[Policy]:
     """Class decorator: make a policy available by its ``name``."""
     if cls.name in POLICIES:
@@ -71,6 +79,12 @@ class Policy(ABC):
         self.params = SimpleNamespace(**{n: config.param(n) for n in self.parameters})
         for col, (dtype, fill) in self.columns.items():
             setattr(self, col, np.full(16, fill, dtype=dtype))
+
+    def set_capacity(self, capacity: int) -> None:
+        """The capacity in entries of the cache this policy serves (told once by the cache;
+        policies that split it into queue shares use it).  A policy that cannot run at it
+        raises :class:`CapacityTooSmall` naming the value."""
+        self.capacity = int(capacity)
 
     # --- metadata storage -------------------------------------------------------
     def ensure(self, n: int) -> None:

@@ -93,6 +93,13 @@ ROWS = [
     Row("lrfu_lambda", 0.1, 0.9, policy="lrfu"),
     Row("lfu_tie_break", "lru", "index", policy="lfu"),
     Row("seed", 0, 1, policy="random"),
+    # Queue policies: dense multi-turn reads re-read every entry of a context together, so
+    # counters and queue shares matter only where reads are sparse (uniform).
+    Row("clock_bits", 1, 3, policy="clock", workload=("uniform", 256)),
+    Row("s3fifo_small_ratio", 0.05, 0.9, policy="s3fifo", workload=("uniform", 1024)),
+    Row("s3fifo_ghost_ratio", 0.0, 0.9, policy="s3fifo"),
+    Row("s3fifo_move_threshold", 1, 4, policy="s3fifo", workload=("uniform", 256)),
+    Row("slru_segments", 1, 4, policy="slru"),
 ]
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ...firmware.config import PARAMS, PolicyConfig
+from ...firmware.policies import POLICIES
 from ...firmware.policy_params import POLICY_PARAMS
 from ..argtypes import nonnegative, nonnegative_float, positive, positive_float
 from ..metrics import audit_sentence, audit_totals
@@ -576,7 +577,6 @@ def _spec_from_args(args: argparse.Namespace, policies, budgets):
 
 
 def _list() -> int:
-    from ...firmware.policies import POLICIES
     from ..shape import PRESETS
     from ..workloads import WORKLOADS
 

@@ -144,37 +144,41 @@ class Setup:
 
 
 # --- the defaults (a module defines its own to override) ---------------------------------
-@njit(cache=True)
+# Not cached on disk (no cache=True): each is compiled for every policy's state type, and
+# numba's cache index pickles every such type; a state class from a module that a later
+# process cannot import (a test's policy in a temporary folder) made that index unreadable
+# and every later replay fail.  The compiled loops that call them are cached whole.
+@njit
 def on_insert(ps, e, t):  # type: ignore[no-untyped-def]
     pass
 
 
-@njit(cache=True)
+@njit
 def forget(ps, e):  # type: ignore[no-untyped-def]
     pass
 
 
-@njit(cache=True)
+@njit
 def on_evict(ps, e, t):  # type: ignore[no-untyped-def]
     pass
 
 
-@njit(cache=True)
+@njit
 def end_step(ps, n):  # type: ignore[no-untyped-def]
     pass
 
 
-@njit(cache=True)
+@njit
 def score(ps, e):  # type: ignore[no-untyped-def]
     return 0.0
 
 
-@njit(cache=True)
+@njit
 def now(ps, t):  # type: ignore[no-untyped-def]
     return t
 
 
-@njit(cache=True)
+@njit
 def select(ps, tab, cand, m, k, now, out):  # type: ignore[no-untyped-def]
     return 0
 

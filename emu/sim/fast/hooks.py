@@ -19,7 +19,10 @@ that share an order, as ``lru`` and ``lru-anchor``).  It holds, at module level:
     ``t`` (every record, in order, hits and misses); True when ``e``'s priority may have
     changed (read only for ``STATIC`` policies).
 
-and, where the default below is not the policy's, any of (njit):
+and, where the default below is not the policy's, any of (njit).  The loop inlines every
+hook but ``end_step`` and ``select`` (:func:`inlined`) and passes each the state with its
+arrays' reference counts detached (:func:`kvcxl.emu.sim.fast.kernel.borrowed`): a hook may
+index, slice and copy them, but must not return one of them (or a view) out of the loop.
 
 ``on_insert(ps, e, t)``
     ``e`` became resident (after ``forget`` when metadata is not persistent).
@@ -186,6 +189,12 @@ def select(ps, tab, cand, m, k, now, out):  # type: ignore[no-untyped-def]
 def hook(module: ModuleType, name: str) -> Any:
     """The module's own hook ``name``, else the default above."""
     return getattr(module, name, globals()[name])
+
+
+def inlined(fn: Any) -> Any:
+    """Hook ``fn`` compiled to be inlined into its caller (numba IR), whatever its own
+    decorator: the loop inlines the hooks it calls per read or per entry."""
+    return njit(inline="always")(getattr(fn, "py_func", fn))
 
 
 def trait(module: ModuleType, name: str) -> bool:

@@ -27,6 +27,7 @@ from kvcxl.emu.sim.fast.kernel import (
     _push,
     _select,
     _sort_items,
+    borrowed,
     key_of,
 )
 from kvcxl.emu.sim.fast.policies import lru as P  # kvcxl-policy-module (compose.py)
@@ -39,14 +40,16 @@ ONCE = hooks.trait(P, "ONCE")
 STEPS = hooks.has(P, "end_step")
 SCORED = hooks.has(P, "score")
 SELECT = hooks.has(P, "select")
-priority = P.priority
-on_access = P.on_access
-on_insert = hooks.hook(P, "on_insert")
-forget = hooks.hook(P, "forget")
-on_evict = hooks.hook(P, "on_evict")
-end_step = hooks.hook(P, "end_step")
-score = hooks.hook(P, "score")
-now_of = hooks.hook(P, "now")
+# The per-read and per-entry hooks are inlined into the loop (numba IR), where the state's
+# reference counts are detached (kernel.borrowed): a call of its own would count them.
+priority = hooks.inlined(P.priority)
+on_access = hooks.inlined(P.on_access)
+on_insert = hooks.inlined(hooks.hook(P, "on_insert"))
+forget = hooks.inlined(hooks.hook(P, "forget"))
+on_evict = hooks.inlined(hooks.hook(P, "on_evict"))
+score = hooks.inlined(hooks.hook(P, "score"))
+now_of = hooks.inlined(hooks.hook(P, "now"))
+end_step = hooks.hook(P, "end_step")  # (once per step and pass: calls)
 select = hooks.hook(P, "select")
 
 
@@ -67,6 +70,8 @@ def replay(plan, run, media, tab, ps):  # type: ignore[no-untyped-def]
         media.cxl_lat, media.cxl_gbps, media.nvme_lat, media.nvme_gbps
     )  # fmt: skip
     ctx_tokens, e_ctx, e_block, bt = tab.ctx_tokens, tab.e_ctx, tab.e_block, tab.bt
+    ps = borrowed(ps)  # (the caller's ps and tab keep their arrays alive)
+    tab = borrowed(tab)
     # books
     reads = np.zeros(npos, np.int64)
     hits = np.zeros(npos, np.int64)

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ...cachedir import cache_root
 from . import hooks
 from . import policies as _package
 
@@ -54,8 +55,7 @@ def modules() -> dict[tuple[str, str], ModuleType]:
 
 def cache_dir() -> Path:
     """Where the per-policy loop sources (and numba's cache of them) live."""
-    base = os.environ.get("KVCXL_CACHE") or os.path.join(Path.home(), ".cache", "kvcxl")
-    return Path(base) / "fast"
+    return cache_root() / "fast"
 
 
 @cache

@@ -22,8 +22,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from . import policy_params as own_params
 from .params import REAL, ConfigError, Param, in_range, one_of
-from .policy_params import POLICY_PARAMS
 
 __all__ = ["PARAMS", "REAL", "ConfigError", "Param", "PolicyConfig", "in_range", "one_of"]
 
@@ -259,7 +259,7 @@ class PolicyConfig:
                 object.__setattr__(
                     self, f.name, PARAMS[f.name].refuse(f.name, getattr(self, f.name))
                 )
-        table = POLICY_PARAMS
+        table = own_params.table()
         given = dict(self.policy_params)
         for name in given:
             if name not in table:
@@ -272,11 +272,11 @@ class PolicyConfig:
         """Every parameter with the value in use: the engine's, then every policy's own (as set
         here, else its default)."""
         flat = self.to_dict()
-        return {**flat, **{k: flat.get(k, p.default) for k, p in POLICY_PARAMS.items()}}
+        return {**flat, **{k: flat.get(k, p.default) for k, p in own_params.table().items()}}
 
     def param(self, name: str) -> Any:
         """A policy's own parameter: as set here, else the default its policy declares."""
-        return dict(self.policy_params).get(name, POLICY_PARAMS[name].default)
+        return dict(self.policy_params).get(name, own_params.table()[name].default)
 
     def _check_consistency(self) -> None:
         if self.keep_threshold <= self.evict_threshold:
@@ -303,7 +303,7 @@ class PolicyConfig:
     def from_mapping(cls, values: Mapping[str, Any]) -> PolicyConfig:
         """Build from a flat mapping (the engine's parameters and any policy's own), refusing
         unknown keys with a suggestion."""
-        table = POLICY_PARAMS
+        table = own_params.table()
         own = {k: v for k, v in values.items() if k in PARAMS}
         theirs = {k: v for k, v in values.items() if k not in PARAMS}
         for key in theirs:
@@ -348,7 +348,7 @@ class PolicyConfig:
 
 
 def _unknown(key: str) -> str:
-    known = [*PARAMS, *POLICY_PARAMS]
+    known = [*PARAMS, *own_params.table()]
     close = difflib.get_close_matches(key, known, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     return f"unknown parameter '{key}'{hint}; known: {', '.join(known)}"

@@ -1,14 +1,17 @@
 """The baselines' own parameters: each is used by the policies that list it in their
 ``parameters`` (``Policy.parameters``), and only carried by the configuration.
 
-They are declared here, beside the engine's table (:mod:`kvcxl.firmware.config`)
-rather than inside the policy modules, so that the configuration can check a name
-and a value without importing the policies (which import the configuration).
+The ones here are shared by several policies or were declared before a policy could
+declare its own; a new policy declares its Params in its own file, in its ``parameters``
+(``register`` passes them to :func:`declare`).  :func:`table` is every one of them, and
+``POLICY_PARAMS`` that table as read.
 A policy reads its values as ``self.params.NAME``; `kvcxl policy params` lists
 which policies use each.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from .params import REAL, Param, in_range, one_of
 
@@ -50,7 +53,7 @@ SEED = Param(
     default=0,
 )
 
-POLICY_PARAMS: dict[str, Param] = {
+DECLARED: dict[str, Param] = {
     "sink_tokens": SINK_TOKENS,
     "recent_tokens": RECENT_TOKENS,
     "lrfu_lambda": LRFU_LAMBDA,
@@ -59,11 +62,34 @@ POLICY_PARAMS: dict[str, Param] = {
 }
 
 
-def declare(params: dict[str, Param]) -> dict[str, Param]:
-    """Add a policy module's own parameters (declared in that module) to the table, once
-    each; returns them for the policy's ``parameters``."""
-    for name, param in params.items():
-        if POLICY_PARAMS.get(name, param) is not param:
-            raise ValueError(f"policy parameter {name!r} declared twice")
-        POLICY_PARAMS[name] = param
-    return params
+_REGISTERED: dict[str, tuple[str, Param]] = {}  # name → (first policy declaring it, Param)
+
+
+def declare(policy: str, params: dict[str, Param]) -> None:
+    """Record the parameters policy ``policy`` declares (its class's ``parameters``; called by
+    ``register``).  One name, one Param: a second, different Param of a name is refused,
+    naming both declarations."""
+    for key, param in params.items():
+        first = ("policy_params.py", DECLARED[key]) if key in DECLARED else _REGISTERED.get(key)
+        if first is not None and first[1] is not param:
+            raise ValueError(
+                f"policy parameter {key!r} is declared twice ({first[0]} and {policy}): "
+                "share one Param"
+            )
+        _REGISTERED.setdefault(key, (policy, param))
+
+
+def table() -> dict[str, Param]:
+    """Every policy's own parameter: those declared here, then those the registered
+    policies declare in their own files (in registry order).  A policy's parameters are
+    known once its module is imported: ``import kvcxl.firmware.policies`` imports them
+    all, as every driver does (the policies import the configuration, which cannot
+    import them)."""
+    return {**DECLARED, **{k: p for k, (_, p) in _REGISTERED.items() if k not in DECLARED}}
+
+
+def __getattr__(name: str) -> Any:
+    """``POLICY_PARAMS``: :func:`table`, computed when read (after the policies registered)."""
+    if name == "POLICY_PARAMS":
+        return table()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

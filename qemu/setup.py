@@ -34,6 +34,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..emu.cachedir import cache_root
 from . import qemu_patch
 
 HERE = Path(__file__).parent
@@ -76,8 +77,7 @@ class Host:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("KVCXL_CACHE") or os.path.join(Path.home(), ".cache", "kvcxl")
-    return Path(base) / "qemu"
+    return cache_root() / "qemu"
 
 
 def load_host() -> Host:

@@ -3,9 +3,12 @@
 Every ``.py`` file under the five part folders and the bottom layer ``common/`` is parsed
 (``ast``, nothing imported) and
 each import is resolved to a ``kvcxl`` module: ``import a.b``, ``from a import b`` (``a.b``
-when that is a module, else ``a``), relative imports, and ``importlib.import_module`` of a
-literal name.  Importing ``a.b.c`` runs the packages ``a.b`` and ``a`` first, so an import
-also depends on the target's packages (those that do not already contain the importer).
+when that is a module, else ``a``), relative imports, ``importlib.import_module`` of a
+literal name, and a package's walk of its own modules at module level
+(``pkgutil.iter_modules(__path__)``, as a registry importing every module of its folder
+does): an import of each.  Importing ``a.b.c`` runs the packages ``a.b`` and ``a``
+first, so an import also depends on the target's packages (those that do not already
+contain the importer).
 
 Where an import sits decides what it is:
 
@@ -151,6 +154,8 @@ def _imports(tree: ast.Module) -> list[tuple[ast.AST, str]]:
             and isinstance(node.args[0].value, str)
         ):
             out.append((node, kind))
+        if _is_package_walk(node) and kind == "module":  # (in a function: its filter unknown)
+            out.append((node, kind))
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             inner = kind if kind in ("type-checking", "script") else "function"
             for child in ast.iter_child_nodes(node):
@@ -174,8 +179,32 @@ def _imports(tree: ast.Module) -> list[tuple[ast.AST, str]]:
     return out
 
 
+def _is_package_walk(node: ast.AST) -> bool:
+    """``pkgutil.iter_modules(__path__)`` (or ``iter_modules(pkg.__path__)``)."""
+    return (
+        isinstance(node, ast.Call)
+        and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "iter_modules"
+        and bool(node.args)
+        and (
+            (isinstance(node.args[0], ast.Name) and node.args[0].id == "__path__")
+            or (isinstance(node.args[0], ast.Attribute) and node.args[0].attr == "__path__")
+        )
+    )
+
+
 def _named(src: str, is_pkg: bool, node: ast.AST, modules: Iterable[str]) -> list[str]:
     """The module names an import statement brings in (kvcxl ones resolved, others raw)."""
+    if _is_package_walk(node):  # every public module of the walked package
+        arg = node.args[0]  # type: ignore[attr-defined]
+        if isinstance(arg, ast.Name):
+            pkg = src if is_pkg else src.rsplit(".", 1)[0]
+        else:  # a package imported under a name: resolved by the import that names it
+            return []
+        return [
+            m
+            for m in modules
+            if m.rsplit(".", 1)[0] == pkg and not m.rsplit(".", 1)[1].startswith("_")
+        ]
     if isinstance(node, ast.Import):
         return [a.name for a in node.names]
     if isinstance(node, ast.Call):

@@ -21,6 +21,7 @@ from kvcxl.common.jsonout import wrote
 from kvcxl.common.progress import progress
 from kvcxl.common.sizes import SIZE_HELP, parse_size
 from kvcxl.firmware.config import PARAMS, PolicyConfig
+from kvcxl.firmware.policies import POLICIES
 from kvcxl.firmware.policy_params import POLICY_PARAMS
 
 from ..metrics import audit_sentence, audit_totals
@@ -621,7 +622,6 @@ def _spec_from_args(args: argparse.Namespace, policies, budgets):
 
 
 def _list() -> int:
-    from kvcxl.firmware.policies import POLICIES
 
     from ..shape import PRESETS
     from ..workloads import ALL_WORKLOADS

@@ -1,30 +1,26 @@
 """Policies, one small module each, all behind :class:`~kvcxl.firmware.policies.base.Policy`.
 
-Adding a policy is adding a file here and importing it below.  ``belady.py`` holds two:
-``belady`` (the offline optimum, may bypass) and ``belady-nobypass`` (classic OPT,
-libCacheSim's Belady).
+Adding a policy is adding a file here: every module of this package is imported below
+(pkgutil), and its ``@register`` classes join :data:`POLICIES`; its own parameters are
+declared in its ``parameters`` (:mod:`kvcxl.firmware.policy_params` lists them).
+``belady.py`` holds two: ``belady`` (the offline optimum, may bypass) and
+``belady-nobypass`` (classic OPT, libCacheSim's Belady).
 """
 
-from . import (
-    arc,
-    belady,
-    clock,
-    ema,
-    ema_position,
-    fifo,
-    h2o,
-    lfu,
-    lrfu,
-    lru,
-    lru_anchor,
-    random,
-    s3fifo,
-    sieve,
-    sink_window,
-    slru,
-)
+import importlib
+import pkgutil
+
 from .base import POLICIES, CapacityTooSmall, Policy, Tick, make_policy, register
-from .belady import BeladyNoBypassPolicy, BeladyPolicy
+
+# Every module of the package, in name order (the registry's order, as listed before).
+_MODULES = [
+    m.name for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name)
+    if not m.name.startswith("_")
+]  # fmt: skip
+for _name in _MODULES:
+    importlib.import_module(f"{__name__}.{_name}")
+
+from .belady import BeladyNoBypassPolicy, BeladyPolicy  # noqa: E402  (after the walk)
 
 __all__ = [
     "POLICIES",
@@ -33,22 +29,7 @@ __all__ = [
     "CapacityTooSmall",
     "Policy",
     "Tick",
-    "arc",
-    "belady",
-    "clock",
-    "ema",
-    "ema_position",
-    "fifo",
-    "h2o",
-    "lfu",
-    "lrfu",
-    "lru",
-    "lru_anchor",
     "make_policy",
-    "random",
     "register",
-    "s3fifo",
-    "sieve",
-    "sink_window",
-    "slru",
+    *_MODULES,
 ]

@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .. import fixedpoint as fx
+from .. import policy_params
 from ..config import PolicyConfig
 from ..params import Param
 from ..select import select_victims
@@ -53,6 +54,7 @@ def register(cls: type[Policy]) -> type[Policy]:
     """Class decorator: make a policy available by its ``name``."""
     if cls.name in POLICIES:
         raise ValueError(f"policy name {cls.name!r} registered twice")
+    policy_params.declare(cls.name, cls.parameters)  # (the configuration's keys)
     POLICIES[cls.name] = cls
     return cls
 

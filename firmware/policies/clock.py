@@ -18,7 +18,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..params import Param, in_range
-from ..policy_params import declare
 from .base import Tick, register
 from .queued import QueuePolicy
 
@@ -38,7 +37,7 @@ class ClockPolicy(QueuePolicy):
     name = "clock"
     summary = "CLOCK / second chance: FIFO with a reference counter"
     columns = {**QueuePolicy.columns, "ref": (np.int64, 0)}
-    parameters = declare({"clock_bits": CLOCK_BITS})
+    parameters = {"clock_bits": CLOCK_BITS}
 
     def on_access(self, ids: NDArray, weights: NDArray, tick: Tick) -> None:
         ids = np.asarray(ids, dtype=np.int64)

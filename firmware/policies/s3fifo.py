@@ -30,7 +30,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..params import REAL, Param, in_range
-from ..policy_params import declare
 from .base import CapacityTooSmall, Tick, register
 from .queued import NONE, QueuePolicy
 
@@ -67,13 +66,11 @@ class S3FifoPolicy(QueuePolicy):
     summary = "S3-FIFO: small + main FIFO queues and a ghost of ids (SOSP'23)"
     columns = {**QueuePolicy.columns, "freq": (np.int64, 0)}
     n_queues = 2
-    parameters = declare(
-        {
-            "s3fifo_small_ratio": S3FIFO_SMALL_RATIO,
-            "s3fifo_ghost_ratio": S3FIFO_GHOST_RATIO,
-            "s3fifo_move_threshold": S3FIFO_MOVE_THRESHOLD,
-        }
-    )
+    parameters = {
+        "s3fifo_small_ratio": S3FIFO_SMALL_RATIO,
+        "s3fifo_ghost_ratio": S3FIFO_GHOST_RATIO,
+        "s3fifo_move_threshold": S3FIFO_MOVE_THRESHOLD,
+    }
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]

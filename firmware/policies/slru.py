@@ -20,7 +20,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..params import Param, in_range
-from ..policy_params import declare
 from .base import Tick, register
 from .queued import QueuePolicy
 
@@ -40,7 +39,7 @@ _MAX_SEGMENTS = 8
 class SlruPolicy(QueuePolicy):
     name = "slru"
     summary = "SLRU: n LRU segments, a reuse promotes one segment (libCacheSim's form)"
-    parameters = declare({"slru_segments": SLRU_SEGMENTS})
+    parameters = {"slru_segments": SLRU_SEGMENTS}
     n_queues = _MAX_SEGMENTS  # queue q = segment q − 1
 
     def set_capacity(self, capacity: int) -> None:

@@ -15,11 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kvcxl.firmware import fixedpoint as fx
-from kvcxl.firmware.formulas import recency_decay
 from kvcxl.firmware.policies import POLICIES, make_policy
 from kvcxl.firmware.policies.base import Policy
-from kvcxl.firmware.policies.belady import NEVER, Future
 from kvcxl.firmware.table import EntryTable
 
 from ...workloads.stream import CREATE, ReadStream
@@ -28,36 +25,33 @@ if TYPE_CHECKING:
     from ..simulator import _Replay
 
 ENGINES = ("fast", "numpy")
-# Policy (and mode) → kernel code (kernel.py: LRU, FIFO, LFU, EMA_F, EMA_I).
-POLICY_CODES = {
-    ("lru", "float"): 0,
-    ("fifo", "float"): 1,
-    ("lfu", "float"): 2,
-    ("ema", "float"): 3,
-    ("ema", "int"): 4,
-    ("random", "float"): 5,
-    ("sink-window", "float"): 6,
-    ("h2o", "float"): 7,
-    ("belady", "float"): 8,
-    ("belady-nobypass", "float"): 8,
-    ("lrfu", "float"): 9,
-    ("lru-anchor", "float"): 0,
-}  # fmt: skip  (lru-anchor: LRU, its pins from wants_pin)
-COVERED = ", ".join(sorted({p for p, _ in POLICY_CODES}))
 _noticed: set[str] = set()
 
 
-def policy_param(policy: Policy, name: str) -> Any:
-    """One of a policy's own parameters (docs/policy.md: ``lfu_tie_break``, ``sink_tokens``,
-    ``recent_tokens``, ``lrfu_lambda``, ``seed``): the one place the fast engine reads them."""
-    return getattr(policy.params, name)
+def __getattr__(name: str) -> Any:
+    """``POLICY_CODES`` ((policy, mode) → the name of the fast module that replays it) and
+    ``COVERED`` (their names), derived from the registry on first use: the registry imports
+    numba, which a process that never replays fast need not load."""
+    if name == "POLICY_CODES":
+        from .compose import modules
+
+        return {pair: mod.__name__.rsplit(".", 1)[1] for pair, mod in modules().items()}
+    if name == "COVERED":
+        return ", ".join(sorted({p for p, _ in __getattr__("POLICY_CODES")}))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def unsupported(opts: Any) -> str | None:
     """Why the fast engine cannot replay ``opts`` (None: it can)."""
-    mode = opts.mode if opts.policy == "ema" else "float"
-    if (opts.policy, mode) not in POLICY_CODES:
-        return f"the fast engine does not cover policy {opts.policy} (it covers {COVERED})"
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        have_numba = False
+    else:
+        have_numba = True
+    if have_numba and _mode_of(opts) not in __getattr__("POLICY_CODES"):
+        covered = __getattr__("COVERED")
+        return f"the fast engine does not cover policy {opts.policy} (it covers {covered})"
     if opts.prefetch:
         return "the fast engine does not prefetch yet"
     if getattr(opts, "timeline", False):
@@ -71,11 +65,15 @@ def unsupported(opts: Any) -> str | None:
         return "the eviction audit runs on the numpy engine"
     if opts.check:
         return "per-event tier checks run on the numpy engine"
-    try:
-        import numba  # noqa: F401
-    except ImportError:
+    if not have_numba:
         return "numba is not installed (pip install numba)"
     return None
+
+
+def _mode_of(opts: Any) -> tuple[str, str]:
+    """The run's (policy, mode): a policy with one mode replays it as "float"."""
+    cls = POLICIES.get(opts.policy)
+    return (opts.policy, opts.mode if cls is not None and "int" in cls.modes else "float")
 
 
 def notice(reason: str) -> None:
@@ -132,51 +130,25 @@ def _kernel_plan(stream: ReadStream, granularity: str) -> dict[str, Any]:
     return plan
 
 
-def _future(
-    plan: dict[str, NDArray], n: int, per_request: bool, offline: bool
-) -> tuple[NDArray, NDArray]:
-    """For the offline optimum: each entry's first read and, per record, the entry's next
-    read after that record's batch (the firmware's Future over the read batches as
-    replayed: a batch's time is its index among them)."""
-    if not offline:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    size = np.diff(plan["off"])
-    read_rec = np.repeat(plan["read"], size)
-    if per_request:  # every read its own batch
-        time = np.cumsum(read_rec) - 1
-    else:
-        time = np.repeat(np.cumsum(plan["read"]) - 1, size)
-    ids = plan["ids"]
-    future = Future(ids[read_rec], time[read_rec])
-    nxt0 = np.asarray(future.next_use(np.arange(n), -1), np.int64)
-    # Future.next_use with each record's own time (its keys: id·span + time, sorted)
-    keys, span = future.keys, future.span
-    q = ids * span + np.minimum(time, span - 1)
-    at = np.searchsorted(keys, q, side="right")
-    at_c = np.minimum(at, max(keys.size - 1, 0))
-    found = (at < keys.size) & (keys[at_c] // span == ids) if keys.size else np.zeros(0, bool)
-    nxt = np.where(found, keys[at_c] % span if keys.size else 0, NEVER)
-    return nxt0, np.where(read_rec, nxt, NEVER).astype(np.int64)
-
-
 def run(rep: _Replay) -> None:
-    """Replay ``rep``'s stream with the kernel; fill its books, tiers, stats and dump."""
-    from .kernel import LFU_SPAN, replay
+    """Replay ``rep``'s stream with the loop compiled for its policy; fill its books, tiers,
+    stats and dump."""
+    from .compose import modules, replay_for
+    from .hooks import Media, Plan, Run, Setup, Table, trait
 
     opts, stream, fw = rep.opts, rep.stream, rep.fw
     cfg = fw.config
-    mode = opts.mode if opts.policy == "ema" else "float"
-    code = POLICY_CODES[(opts.policy, mode)]
+    policy, mode = _mode_of(opts)
+    module = modules()[(policy, mode)]
     plan = stream.derived(
         ("fast.flat_plan", opts.granularity), lambda: _kernel_plan(stream, opts.granularity)
     )
     n = stream.n_entries
     books = rep.books
-    npos = max(books.n, 1)
-    rs = np.asarray(books.read_steps, np.int64)
+    per_request = opts.granularity == "request"
     # Pins as the policy itself decides them, on the stream's entry table (a policy that
     # keeps Policy.wants_pin pins nothing: no table to build).
-    cls = POLICIES[opts.policy]
+    cls = POLICIES[policy]
     if cls.wants_pin is Policy.wants_pin:
         want_pin = np.zeros(n, np.bool_)
     else:
@@ -185,48 +157,30 @@ def run(rep: _Replay) -> None:
         kwargs: dict[str, Any] = {"mode": mode} if "int" in cls.modes else {}
         if fw.offline:
             kwargs["future"] = fw.policy.future  # type: ignore[attr-defined]
-        want_pin = np.asarray(
-            make_policy(opts.policy, cfg, table, **kwargs).wants_pin(np.arange(n))
-        )
-    # The float decay for every idle count the replay can reach (one per step boundary), and
-    # the Q0.16 table: the EMA's alone (no other policy reads them).
-    decay_f, decay_q = np.zeros(0, np.float64), np.zeros(0, np.int64)
-    if code == POLICY_CODES[("ema", "float")]:
-        n_steps = int(np.count_nonzero(np.diff(plan["step"]))) + 2
-        decay_f = np.asarray(
-            recency_decay(np.arange(n_steps, dtype=np.int64), cfg.beta), np.float64
-        )
-    elif code == POLICY_CODES[("ema", "int")]:
-        decay_q = np.asarray(fx.decay_table(cfg.beta, cfg.decay_shift), np.int64)
-    # Weights as the stream holds them (float32, widened exactly in the loop); Q0.16 by the
-    # firmware's rounding.
+        want_pin = np.asarray(make_policy(policy, cfg, table, **kwargs).wants_pin(np.arange(n)))
+    # Weights as the stream holds them (float32, widened exactly in the loop).
     w = plan["w"] if plan["w"].dtype == np.float32 else np.asarray(plan["w"], np.float64)
-    wq = np.asarray(fx.to_q16(w), np.int64) if mode == "int" else np.zeros(0, np.int64)
     nvme_below = -np.inf
     if fw.placement == "policy" and fw.policy.scored and cfg.placement_mode == "thresholds":
         nvme_below = float(cfg.evict_threshold)
-    lfu_key = (1, 0)  # lfu_tie_break "index": the count alone (then the lower id)
-    if opts.policy == "lfu" and policy_param(fw.policy, "lfu_tie_break") == "lru":
-        lfu_key = (LFU_SPAN, 1)
-    seed = policy_param(fw.policy, "seed") if opts.policy == "random" else 0
-    recent = policy_param(fw.policy, "recent_tokens") if opts.policy == "h2o" else 0
-    lam = float(policy_param(fw.policy, "lrfu_lambda")) if opts.policy == "lrfu" else 0.0
-    nxt0, rec_next = _future(plan, n, opts.granularity == "request", fw.offline)
-    e_ctx, e_block, n_ctx = plan["e_ctx"], plan["e_block"], plan["n_ctx"]
-    t = opts.timing
-    tiers = rep.tiers
-    out = replay(
-        code, plan["read"], plan["step"], plan["off"], rs, plan["tokens"],
-        plan["ids"], w, wq, n, want_pin.astype(np.bool_), stream.has_lazy_creates,
-        fw.cache.capacity, fw.cache.pinned_capacity, bool(cfg.persistent_metadata),
-        int(cfg.eviction_batch), float(cfg.alpha), float(cfg.touch_threshold),
-        fx.alpha_to_q16(cfg.alpha), int(fx.to_q16(cfg.touch_threshold)), decay_f, decay_q,
-        int(cfg.decay_shift), nvme_below, int(tiers.cap[2]), int(tiers.cap[3]), int(rep.eb),
-        float(t.cxl_latency_ns), float(t.cxl_gbps), float(t.nvme_latency_ns),
-        float(t.nvme_gbps), npos, bool(opts.record_victims), *lfu_key,
-        opts.granularity == "request", np.uint64(seed), e_ctx, e_block,
-        int(stream.shape.block_tokens), n_ctx, plan["loff"], plan["l_ctx"], plan["l_tok"], recent,
-        nxt0, rec_next, bool(fw.policy.may_bypass), lam,
+    setup = Setup(fw.policy, cfg, mode, plan, n, per_request, bool(fw.offline))
+    state = module.build(setup)
+    t, tiers = opts.timing, rep.tiers
+    ctx_tokens = np.zeros(plan["n_ctx"] if trait(module, "BY_AGE") else 0, np.int64)
+    out = replay_for(module)(
+        Plan(plan["read"], plan["step"], plan["tokens"], plan["off"], plan["ids"], w,
+             plan["loff"], plan["l_ctx"], plan["l_tok"]),
+        Run(n=n, read_steps=np.asarray(books.read_steps, np.int64), npos=max(books.n, 1),
+            want_pin=want_pin.astype(np.bool_), lazy=bool(stream.has_lazy_creates),
+            capacity=int(fw.cache.capacity), pinned_capacity=int(fw.cache.pinned_capacity),
+            persistent=bool(cfg.persistent_metadata), eviction_batch=int(cfg.eviction_batch),
+            nvme_below=nvme_below, record=bool(opts.record_victims), per_request=per_request,
+            offline=bool(fw.offline), bypass=bool(fw.policy.may_bypass)),
+        Media(cxl_cap=int(tiers.cap[2]), nvme_cap=int(tiers.cap[3]), entry_bytes=int(rep.eb),
+              cxl_lat=float(t.cxl_latency_ns), cxl_gbps=float(t.cxl_gbps),
+              nvme_lat=float(t.nvme_latency_ns), nvme_gbps=float(t.nvme_gbps)),
+        Table(plan["e_ctx"], plan["e_block"], int(stream.shape.block_tokens), ctx_tokens),
+        state,
     )  # fmt: skip
     reads, hits, miss, stall, tokens, moved, tier, tcount, stats = out[:9]
     d_id, d_pr, d_key, d_call, call_batch, err = out[9:]

@@ -1,0 +1,221 @@
+"""The interface of a fast-engine policy module, and its defaults.
+
+A module of :mod:`kvcxl.emu.sim.fast.policies` replays one firmware policy (or several
+that share an order, as ``lru`` and ``lru-anchor``).  It holds, at module level:
+
+``COVERS``
+    the ``(firmware policy name, mode)`` pairs it replays, e.g. ``(("lru", "float"),)``.
+``build(setup: Setup) -> NamedTuple``
+    the policy's state: a namedtuple of numpy arrays over entry ids (the columns of the
+    firmware policy, with their fills) and scalars (its parameters, read once through
+    ``setup.policy``).  Every hook below receives it as ``ps``.
+``priority(ps, tab, e, now)`` (njit)
+    the firmware ``Policy.priority`` of entry ``e``: higher evicts sooner; an int or a float.
+    The loop derives the victim order's key from it (:func:`kvcxl.emu.sim.fast.kernel.key_of`)
+    and reports it in victim dumps.  ``tab`` is the :class:`Table`, ``now`` the pass's
+    :func:`now`.
+``on_access(ps, e, j, w, t) -> bool`` (njit)
+    plan record ``j`` read entry ``e`` with attention weight ``w`` in the batch at time
+    ``t`` (every record, in order, hits and misses); True when ``e``'s priority may have
+    changed (read only for ``STATIC`` policies).
+
+and, where the default below is not the policy's, any of (njit).  The loop inlines every
+hook but ``end_step`` and ``select`` (:func:`inlined`) and passes each the state with its
+arrays' reference counts detached (:func:`kvcxl.emu.sim.fast.kernel.borrowed`): a hook may
+index, slice and copy them, but must not return one of them (or a view) out of the loop.
+
+``on_insert(ps, e, t)``
+    ``e`` became resident (after ``forget`` when metadata is not persistent).
+``forget(ps, e)``
+    back to the column fills: the metadata a non-persistent policy drops on insert and evict.
+``on_evict(ps, e, t)``
+    ``e`` is leaving (before ``forget``): ghost lists, queue moves.
+``end_step(ps, n)``
+    a decode step ended; entries ``0 … n−1`` are described (the EMA's step).
+``score(ps, e) -> float``
+    the attention score placement reads (a victim scored below ``evict_threshold`` goes to
+    NVMe); defining it says the policy is scored, as ``Policy.score`` does.
+``now(ps, t)``
+    what ``priority`` receives as ``now`` during the eviction pass at batch time ``t``
+    (default ``t``; random: its per-pass hash base).
+``select(ps, tab, cand, m, k, now, out) -> int``
+    a victim choice of its own in place of the key order: up to ``k`` victims among the
+    eligible entries ``cand[:m]`` (resident, unpinned, unprotected; unordered) into
+    ``out``, in eviction order, returning how many.  For policies whose victim is not the
+    top of a per-entry priority (queues, ghost lists, a clock hand).
+
+Traits (module-level constants, default False): ``STATIC`` — a key changes only through
+the entry's own ``on_insert``/``on_access`` (True returned) or ``end_step``, so small
+evictions pop a heap; ``QUEUE`` — also, keys only grow (a batch time), so the heap is an
+O(1) queue; ``BY_AGE`` — ranked by the entry's age in tokens (the loop keeps context
+lengths in ``tab.ctx_tokens``); ``ONCE`` — ``on_access`` applies once per entry and batch
+(numpy's fancy-index assignment), not once per record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import numpy as np
+from numba import njit
+from numpy.typing import NDArray
+
+from kvcxl.firmware.config import PolicyConfig
+from kvcxl.firmware.policies.base import Policy
+
+TRAITS = ("STATIC", "QUEUE", "BY_AGE", "ONCE")
+HOOKS = ("on_insert", "forget", "on_evict", "end_step", "score", "now", "select")
+REQUIRED = ("COVERS", "build", "priority", "on_access")
+
+
+class Plan(NamedTuple):
+    """The flattened plan (:func:`kvcxl.emu.sim.fast.flat_plan`): per batch ``read``,
+    ``step``, ``tokens``, ``off`` (into ``ids``/``w``) and ``loff`` (into the context
+    lengths ``l_ctx``/``l_tok`` set before it)."""
+
+    read: NDArray
+    step: NDArray
+    tokens: NDArray
+    off: NDArray
+    ids: NDArray
+    w: NDArray
+    loff: NDArray
+    l_ctx: NDArray
+    l_tok: NDArray
+
+
+class Run(NamedTuple):
+    """The replay's cache and books: entries, pins, capacities, the configuration's switches."""
+
+    n: int  # entries
+    read_steps: NDArray  # the books' positions (_StepBooks)
+    npos: int  # how many (at least 1)
+    want_pin: NDArray  # the policy's wants_pin of every entry
+    lazy: bool  # a trace's entries are written just before their first read
+    capacity: int
+    pinned_capacity: int
+    persistent: bool
+    eviction_batch: int
+    nvme_below: float  # a scored victim below it goes to NVMe (−inf: never)
+    record: bool  # dump the victims
+    per_request: bool  # every read its own batch
+    offline: bool  # the policy sees −1 before any read (Belady)
+    bypass: bool  # the policy may evict the entries of the batch just read
+
+
+class Media(NamedTuple):
+    """The tiers below HBM: capacities in entries and the timing model."""
+
+    cxl_cap: int
+    nvme_cap: int
+    entry_bytes: int
+    cxl_lat: float
+    cxl_gbps: float
+    nvme_lat: float
+    nvme_gbps: float
+
+
+class Table(NamedTuple):
+    """The entry table as the loop keeps it: each entry's context and block, the block size
+    in tokens and each context's length (kept only for ``BY_AGE`` policies)."""
+
+    e_ctx: NDArray
+    e_block: NDArray
+    bt: int
+    ctx_tokens: NDArray
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What ``build`` reads: the firmware policy (its parameters: ``policy.params``), its
+    configuration, the mode, the flattened plan (:func:`kvcxl.emu.sim.fast.flat_plan` with
+    ``e_ctx``/``e_block``), the number of entries and the replay's granularity."""
+
+    policy: Policy
+    config: PolicyConfig
+    mode: str
+    plan: dict[str, Any]
+    n: int
+    per_request: bool
+    offline: bool
+
+    def column(self, fill: Any, dtype: Any) -> NDArray:
+        """A column over every entry, filled as the firmware's ``columns`` declare."""
+        return np.full(self.n, fill, dtype)
+
+
+# --- the defaults (a module defines its own to override) ---------------------------------
+# Not cached on disk (no cache=True): each is compiled for every policy's state type, and
+# numba's cache index pickles every such type; a state class from a module that a later
+# process cannot import (a test's policy in a temporary folder) made that index unreadable
+# and every later replay fail.  The compiled loops that call them are cached whole.
+@njit
+def on_insert(ps, e, t):  # type: ignore[no-untyped-def]
+    pass
+
+
+@njit
+def forget(ps, e):  # type: ignore[no-untyped-def]
+    pass
+
+
+@njit
+def on_evict(ps, e, t):  # type: ignore[no-untyped-def]
+    pass
+
+
+@njit
+def end_step(ps, n):  # type: ignore[no-untyped-def]
+    pass
+
+
+@njit
+def score(ps, e):  # type: ignore[no-untyped-def]
+    return 0.0
+
+
+@njit
+def now(ps, t):  # type: ignore[no-untyped-def]
+    return t
+
+
+@njit
+def select(ps, tab, cand, m, k, now, out):  # type: ignore[no-untyped-def]
+    return 0
+
+
+def hook(module: ModuleType, name: str) -> Any:
+    """The module's own hook ``name``, else the default above."""
+    return getattr(module, name, globals()[name])
+
+
+def inlined(fn: Any) -> Any:
+    """Hook ``fn`` compiled to be inlined into its caller (numba IR), whatever its own
+    decorator: the loop inlines the hooks it calls per read or per entry."""
+    return njit(inline="always")(getattr(fn, "py_func", fn))
+
+
+def trait(module: ModuleType, name: str) -> bool:
+    """The module's trait ``name`` (False when it does not declare it); QUEUE implies STATIC."""
+    if name == "STATIC" and trait(module, "QUEUE"):
+        return True
+    return bool(getattr(module, name, False))
+
+
+def has(module: ModuleType, name: str) -> bool:
+    """Whether the module defines hook ``name`` itself (the loop then calls it)."""
+    return hasattr(module, name)
+
+
+def check(module: ModuleType) -> None:
+    """Refuse a policy module that misses part of the interface, naming what it misses."""
+    missing = [n for n in REQUIRED if not hasattr(module, n)]
+    if missing:
+        raise TypeError(f"fast-engine policy module {module.__name__} lacks {', '.join(missing)}")
+    for pair in module.COVERS:
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise TypeError(
+                f"{module.__name__}.COVERS holds {pair!r}: must be (policy, mode) pairs"
+            )

@@ -1,0 +1,521 @@
+"""The compiled replay loop, written once for every policy: one call replays a whole plan.
+
+This is the numpy engine of :mod:`kvcxl.emu.sim.simulator` written as one loop over
+batches and entries, so that a batch of one read costs what one read costs.  Everything
+a policy decides comes from its module ``P`` (:mod:`kvcxl.emu.sim.fast.hooks` says what it
+holds): this file is the template :mod:`kvcxl.emu.sim.fast.compose` copies once per policy
+module with the import of ``P`` below replaced, so that numba compiles (and caches) a loop
+specialised to that policy, its hooks inlined and its traits constants (no branch on a
+policy code).  As written it binds ``lru``, so that it imports and lints as any module.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from kvcxl.emu.sim.fast import hooks
+from kvcxl.emu.sim.fast.kernel import (
+    CXL,
+    HBM,
+    HOST,
+    NVME,
+    _compact,
+    _enqueue,
+    _heapify,
+    _pop,
+    _push,
+    _select,
+    _sort_items,
+    borrowed,
+    key_of,
+)
+from kvcxl.emu.sim.fast.policies import lru as P  # kvcxl-policy-module (compose.py)
+
+# The policy's traits and hooks, frozen as constants when numba compiles the loop.
+STATIC = hooks.trait(P, "STATIC")
+QUEUE = hooks.trait(P, "QUEUE")
+BY_AGE = hooks.trait(P, "BY_AGE")
+ONCE = hooks.trait(P, "ONCE")
+STEPS = hooks.has(P, "end_step")
+SCORED = hooks.has(P, "score")
+SELECT = hooks.has(P, "select")
+# The per-read and per-entry hooks are inlined into the loop (numba IR), where the state's
+# reference counts are detached (kernel.borrowed): a call of its own would count them.
+priority = hooks.inlined(P.priority)
+on_access = hooks.inlined(P.on_access)
+on_insert = hooks.inlined(hooks.hook(P, "on_insert"))
+forget = hooks.inlined(hooks.hook(P, "forget"))
+on_evict = hooks.inlined(hooks.hook(P, "on_evict"))
+score = hooks.inlined(hooks.hook(P, "score"))
+now_of = hooks.inlined(hooks.hook(P, "now"))
+end_step = hooks.hook(P, "end_step")  # (once per step and pass: calls)
+select = hooks.hook(P, "select")
+
+
+@njit(cache=True)
+def replay(plan, run, media, tab, ps):  # type: ignore[no-untyped-def]
+    """Replay ``plan`` (a :class:`~kvcxl.emu.sim.fast.hooks.Plan`) with the policy state
+    ``ps``; returns (books, tiers, stats, victim dump, error)."""
+    b_read, b_step, b_off, b_tokens = plan.read, plan.step, plan.off, plan.tokens
+    p_ids, p_w = plan.ids, plan.w
+    b_loff, l_ctx, l_tok = plan.loff, plan.l_ctx, plan.l_tok
+    n, read_steps, want_pin, npos = run.n, run.read_steps, run.want_pin, run.npos
+    capacity, pinned_capacity = run.capacity, run.pinned_capacity
+    persistent, eviction_batch, nvme_below = run.persistent, run.eviction_batch, run.nvme_below
+    record, per_request, offline, bypass = run.record, run.per_request, run.offline, run.bypass
+    lazy = run.lazy
+    cxl_cap, nvme_cap, eb = media.cxl_cap, media.nvme_cap, media.entry_bytes
+    cxl_lat, cxl_gbps, nvme_lat, nvme_gbps = (
+        media.cxl_lat, media.cxl_gbps, media.nvme_lat, media.nvme_gbps
+    )  # fmt: skip
+    ctx_tokens, e_ctx, e_block, bt = tab.ctx_tokens, tab.e_ctx, tab.e_block, tab.bt
+    ps = borrowed(ps)  # (the caller's ps and tab keep their arrays alive)
+    tab = borrowed(tab)
+    # books
+    reads = np.zeros(npos, np.int64)
+    hits = np.zeros(npos, np.int64)
+    miss = np.zeros((npos, 4), np.int64)
+    stall = np.zeros(npos, np.float64)
+    tokens = np.zeros(npos, np.int64)
+    moved = np.zeros((npos, 5, 4), np.int64)
+    # cache
+    resident = np.zeros(n, np.bool_)
+    pinned = np.zeros(n, np.bool_)
+    created = np.zeros(n, np.bool_)
+    n_res = 0
+    n_pinned = 0
+    s_hits = s_miss = s_ins = s_evict = s_pass = 0
+    res_list = np.empty(n, np.int64)  # resident, unpinned entries (swap-remove)
+    res_pos = np.full(n, -1, np.int64)
+    n_list = 0
+    n_desc = 0
+    # A heap of the resident unpinned entries by (key, id) serves small evictions of a STATIC
+    # policy: keys change only by an entry's own events (marked dirty, pushed again before
+    # the next pop) and at step ends (the heap is rebuilt).  Large evictions scan.
+    hcap = 2 * n + 64 if STATIC else 0  # rebuilt (to at most n items) before it would overflow
+    hk = np.empty(hcap, np.int64)
+    hi = np.empty(hcap, np.int64)
+    hv = np.empty(hcap, np.int64)
+    hsize = 0
+    hhead = 0  # QUEUE: the queue's head (items before it are consumed)
+    stale = True  # the heap must be rebuilt before use
+    ver = np.zeros(n, np.int64)
+    dirty = np.zeros(n, np.bool_)
+    dirty_list = np.empty(n, np.int64)
+    n_dirty = 0
+    # tiers
+    tier = np.zeros(n, np.uint8)
+    tcount = np.zeros(4, np.int64)
+    spills = cxl_cap < n  # else CXL DRAM has room for every entry
+    since = np.zeros(n if spills else 0, np.int64)
+    ccap = 2 * n + 64 if spills else 0
+    cxl_k = np.empty(ccap, np.int64)  # CXL DRAM arrivals by (since, id)
+    cxl_i = np.empty(ccap, np.int64)
+    cxl_v = np.empty(ccap, np.int64)
+    cxl_size = 0
+    cxl_ver = np.zeros(n if spills else 0, np.int64)
+    # scratch, every array at its largest size up front: an array variable reassigned in
+    # the loop costs reference counting on every iteration (20x on one-read batches)
+    stamp = np.zeros(n, np.int64)  # the call that last marked an entry (a batch member)
+    adm = np.empty(n, np.int64)
+    cand_id = np.empty(n, np.int64)
+    cand_k = np.empty(n, np.int64)
+    vic = np.empty(n, np.int64)
+    stash = np.empty(2 * n, np.int64)
+    mark = np.zeros(n, np.bool_)
+    # dump
+    d_id = np.empty(p_ids.size + n if record else 0, np.int64)  # victims <= admissions
+    d_pr = np.empty(p_ids.size + n if record else 0, np.float64)
+    d_key = np.empty(p_ids.size + n if record else 0, np.int64)
+    d_call = np.empty(p_ids.size + n if record else 0, np.int64)  # the call of each victim
+    call_batch = np.zeros(2 * (b_step.size + p_ids.size) + 2 if record else 0, np.int64)
+    n_dump = 0
+    err = 0
+    time = 0
+    call = 0
+    open_step = 0
+    pos = 0
+    have_open = False
+
+    nb = b_step.size
+    pos_step = -1
+    for b in range(nb):
+        if per_request and b_read[b] and b_off[b + 1] == b_off[b]:
+            continue  # a layer without reads is no request at all
+        step = b_step[b]
+        if b == 0 or step != pos_step:  # _StepBooks.position: the first read step at or
+            pos = min(np.searchsorted(read_steps, step), npos - 1)  # after this one
+            pos_step = step
+        if STEPS and have_open and step != open_step:
+            end_step(ps, n_desc)  # of the open step, over every described entry
+            stale = True
+        open_step = step
+        have_open = True
+        a0, z0 = b_off[b], b_off[b + 1]
+        n_sub = z0 - a0 if per_request and b_read[b] else 1
+        nxt_sb = 0
+        while nxt_sb < n_sub:  # request granularity: every read its own batch
+            sb = nxt_sb
+            nxt_sb += 1
+            if n_sub == 1:
+                a, z = a0, z0
+            else:
+                a, z = a0 + sb, a0 + sb + 1
+            tok = b_tokens[b] if sb == 0 else 0  # (the step's tokens ride on its first)
+            if sb == 0 and BY_AGE:  # FirmwareSession.lengths before the batch (never shrink)
+                for j in range(b_loff[b], b_loff[b + 1]):
+                    ctx_tokens[l_ctx[j]] = max(ctx_tokens[l_ctx[j]], l_tok[j])
+            if n_sub > 1 and n_res <= capacity and resident[p_ids[a]]:
+                # Reads of resident entries, one after another: what the two calls below do
+                # for each, without them (most of a mostly-hit request replay): the write call
+                # has nothing to write, the read call one hit, on_access, and no room to
+                # make.  The run ends at the first non-resident.
+                j = a
+                while j < z0:
+                    e = p_ids[j]
+                    if not resident[e]:
+                        break
+                    call += 2
+                    stamp[e] = call
+                    if on_access(ps, e, j, p_w[j], time) and STATIC:
+                        if not stale and not dirty[e]:
+                            dirty[e] = True
+                            dirty_list[n_dirty] = e
+                            n_dirty += 1
+                    time += 1
+                    if STATIC and n_dirty * 2 > n_list:
+                        stale = True
+                    j += 1
+                h = j - a
+                t = time - 1  # (the last hit's time, as its read call left it)
+                s_hits += h
+                reads[pos] += h
+                hits[pos] += h
+                tokens[pos] += tok
+                nxt_sb = sb + h
+                continue
+            # Up to two calls per batch: a write (the batch's own, or a trace's entries written
+            # just before their first read), then the reads.
+            for phase in range(2):
+                n_prot = 0  # this call's entries, resident and unpinned after admission
+                if phase == 0:  # the write
+                    call += 1
+                    if b_read[b]:
+                        if not lazy:
+                            continue
+                        na = 0
+                        for j in range(a, z):
+                            e = p_ids[j]
+                            if not created[e] and stamp[e] != call:
+                                stamp[e] = call
+                                adm[na] = e
+                                na += 1
+                        if na > 1:
+                            adm[:na] = np.sort(adm[:na])
+                    else:
+                        na = z - a
+                        for j in range(na):
+                            adm[j] = p_ids[a + j]
+                    if na == 0:
+                        continue
+                    is_write = True
+                    # tiers.create, then FirmwareSession.write at the last read batch's time
+                    t = time - 1 if time > 0 or offline else 0  # (offline: −1 first)
+                    for j in range(na):
+                        e = adm[j]
+                        created[e] = True
+                        if e + 1 > n_desc:
+                            n_desc = e + 1
+                        if BY_AGE:  # EntryTable.append: at least its last block's first token
+                            # + 1; a trace's entry written on first read: its block full
+                            tl = (e_block[e] + 1) * bt if b_read[b] else e_block[e] * bt + 1
+                            ctx_tokens[e_ctx[e]] = max(ctx_tokens[e_ctx[e]], tl)
+                        tier[e] = HBM
+                        stamp[e] = call
+                    tcount[HBM] += na
+                    moved[pos, HOST, HBM] += na
+                else:
+                    if not b_read[b]:
+                        continue
+                    call += 1
+                    is_write = False
+                    t = time
+                    m = z - a
+                    nh = 0
+                    c_cxl = 0
+                    c_nvme = 0
+                    na = 0
+                    for j in range(a, z):  # hits: resident at the batch's start
+                        e = p_ids[j]
+                        first = stamp[e] != call
+                        stamp[e] = call  # every read entry is protected
+                        if resident[e]:
+                            nh += 1
+                            if first and not pinned[e]:
+                                n_prot += 1
+                        else:
+                            tr = tier[e]
+                            miss[pos, tr] += 1
+                            if tr == CXL:
+                                c_cxl += 1
+                            elif tr == NVME:
+                                c_nvme += 1
+                            if first:  # the misses to admit, once each
+                                adm[na] = e
+                                na += 1
+                    s_hits += nh
+                    s_miss += m - nh
+                    reads[pos] += m
+                    hits[pos] += nh
+                    tokens[pos] += tok
+                    if c_cxl:
+                        stall[pos] += cxl_lat + (c_cxl * eb) / cxl_gbps
+                    if c_nvme:
+                        stall[pos] += nvme_lat + (c_nvme * eb) / nvme_gbps
+                    # the order matters only to pinning (ascending ids take free slots)
+                    if na > 1 and pinned_capacity - n_pinned > 0:
+                        adm[:na] = np.sort(adm[:na])
+                    # tiers.promote
+                    for j in range(na):
+                        e = adm[j]
+                        src = tier[e]
+                        moved[pos, src, HBM] += 1
+                        tcount[src] -= 1
+                        tier[e] = HBM
+                    tcount[HBM] += na
+                # --- PolicyCache._admit(adm[:na]) ---
+                n_res += na
+                s_ins += na
+                free = pinned_capacity - n_pinned
+                for j in range(na):
+                    e = adm[j]
+                    resident[e] = True
+                    if free > 0 and want_pin[e]:
+                        pinned[e] = True
+                        n_pinned += 1
+                        free -= 1
+                    else:
+                        res_list[n_list] = e
+                        res_pos[e] = n_list
+                        n_list += 1
+                        n_prot += 1
+                    if not persistent:  # Policy.on_insert
+                        forget(ps, e)
+                    on_insert(ps, e, t)
+                    if STATIC and not stale and not dirty[e]:  # (a stale heap is rebuilt whole)
+                        dirty[e] = True
+                        dirty_list[n_dirty] = e
+                        n_dirty += 1
+                # --- on_access (reads only) ---
+                if not is_write:
+                    for j in range(a, z):
+                        e = p_ids[j]
+                        if ONCE:  # once per entry: numpy's last write wins
+                            if stamp[e] != call:
+                                continue
+                            stamp[e] = -call
+                        changed = on_access(ps, e, j, p_w[j], t)
+                        if STATIC and changed and not stale and not dirty[e]:
+                            dirty[e] = True
+                            dirty_list[n_dirty] = e
+                            n_dirty += 1
+                    if ONCE:
+                        for j in range(a, z):
+                            if stamp[p_ids[j]] == -call:
+                                stamp[p_ids[j]] = call
+                    time += 1
+                if STATIC and n_dirty * 2 > n_list:  # cheaper to rebuild than to push them all
+                    stale = True
+                # --- PolicyCache._make_room ---
+                over = n_res - capacity
+                if over <= 0:
+                    continue
+                # else the call's entries compete too (the bypassing optimum: always)
+                protect = n_list - n_prot >= over and not bypass
+                now = now_of(ps, t)  # what priority reads as the pass's time
+                nv = 0
+                if STATIC and not SELECT and over * 16 <= n_list:
+                    # the heap: few victims among many
+                    if QUEUE and not stale and hsize + n_dirty > hcap:
+                        hsize = _compact(hk, hi, hv, hhead, hsize, ver, resident, pinned)
+                        hhead = 0
+                    if stale or hsize + n_dirty > hcap:
+                        hsize = n_list
+                        hhead = 0
+                        for j in range(n_list):
+                            e = res_list[j]
+                            ver[e] += 1
+                            hi[j] = e
+                            hv[j] = ver[e]
+                            hk[j] = key_of(priority(ps, tab, e, now))
+                        if QUEUE:
+                            _sort_items(hk, hi, hv, 0, hsize, ver)
+                        else:
+                            _heapify(hk, hi, hv, hsize)
+                        for j in range(n_dirty):
+                            dirty[dirty_list[j]] = False
+                        n_dirty = 0
+                        stale = False
+                    else:
+                        nd = 0
+                        for j in range(n_dirty):
+                            e = dirty_list[j]
+                            dirty[e] = False
+                            if resident[e] and not pinned[e]:
+                                dirty_list[nd] = e
+                                cand_k[nd] = key_of(priority(ps, tab, e, now))
+                                nd += 1
+                        if QUEUE:
+                            if nd > 16:  # sorted first, so that each lands at the tail
+                                for j in range(nd):
+                                    hk[hsize + j] = cand_k[j]
+                                    hi[hsize + j] = dirty_list[j]
+                                _sort_items(hk, hi, hv, hsize, hsize + nd, ver)
+                                for j in range(nd):
+                                    cand_k[j] = hk[hsize + j]
+                                    dirty_list[j] = hi[hsize + j]
+                            for j in range(nd):
+                                e = dirty_list[j]
+                                ver[e] += 1
+                                hsize = _enqueue(hk, hi, hv, hhead, hsize, cand_k[j], e, ver[e])
+                        else:
+                            for j in range(nd):
+                                e = dirty_list[j]
+                                ver[e] += 1
+                                hsize = _push(hk, hi, hv, hsize, cand_k[j], e, ver[e])
+                        n_dirty = 0
+                    n_st = 0
+                    while nv < over and hsize > hhead:
+                        if QUEUE:
+                            key, e, v = hk[hhead], hi[hhead], hv[hhead]
+                            hhead += 1
+                        else:
+                            key, e, v, hsize = _pop(hk, hi, hv, hsize)
+                        if not resident[e] or pinned[e] or v != ver[e]:
+                            continue
+                        if protect and stamp[e] == call:
+                            stash[2 * n_st] = e
+                            stash[2 * n_st + 1] = key  # (unchanged: the item was current)
+                            n_st += 1
+                            continue
+                        vic[nv] = e
+                        nv += 1
+                    if QUEUE:  # back to the head, in their order (they were popped from it)
+                        for j in range(n_st - 1, -1, -1):
+                            e = stash[2 * j]
+                            hhead -= 1
+                            hk[hhead], hi[hhead], hv[hhead] = stash[2 * j + 1], e, ver[e]
+                    else:
+                        for j in range(n_st):
+                            e = stash[2 * j]
+                            hsize = _push(hk, hi, hv, hsize, stash[2 * j + 1], e, ver[e])
+                else:  # the selection over the eligible resident entries
+                    mc = 0
+                    for j in range(n_list):
+                        e = res_list[j]
+                        if protect and stamp[e] == call:
+                            continue
+                        cand_id[mc] = e
+                        mc += 1
+                    if SELECT:
+                        nv = select(ps, tab, cand_id, mc, over, now, vic)
+                    else:
+                        kmin = 0
+                        kmax = 0
+                        for j in range(mc):
+                            k = key_of(priority(ps, tab, cand_id[j], now))
+                            cand_k[j] = k
+                            if j == 0 or k < kmin:
+                                kmin = k
+                            if j == 0 or k > kmax:
+                                kmax = k
+                        nv = _select(cand_k, cand_id, mc, over, kmin, kmax, vic, mark)
+                s_pass += (nv + eviction_batch - 1) // eviction_batch
+                # --- the victims leave: dump, placement, on_evict, tiers.demote ---
+                if record:  # each victim with its priority and key (ordered afterwards)
+                    call_batch[call] = b
+                    for j in range(nv):
+                        e = vic[j]
+                        p = priority(ps, tab, e, now)
+                        d_id[n_dump + j] = e
+                        d_call[n_dump + j] = call
+                        d_pr[n_dump + j] = float(p)
+                        # (a policy's own selection orders its victims itself)
+                        d_key[n_dump + j] = j if SELECT else key_of(p)
+                    n_dump += nv
+                compact = nv * 4 > n_list  # many leave: one pass over the list, not a swap each
+                for j in range(nv):
+                    e = vic[j]
+                    dest = CXL  # session.place, as the victim leaves (before it is forgotten)
+                    if SCORED and score(ps, e) < nvme_below:
+                        dest = NVME
+                    resident[e] = False
+                    if not compact:
+                        p_ = res_pos[e]
+                        moved_e = res_list[n_list - 1]
+                        res_list[p_] = moved_e
+                        res_pos[moved_e] = p_
+                        res_pos[e] = -1
+                        n_list -= 1
+                    on_evict(ps, e, t)
+                    if not persistent:  # Policy.on_evict: the policy forgets the entry
+                        forget(ps, e)
+                    src = tier[e]
+                    moved[pos, src, dest] += 1
+                    tcount[src] -= 1
+                    tcount[dest] += 1
+                    tier[e] = dest
+                    if spills:
+                        since[e] = t
+                        if dest == CXL:
+                            if cxl_size >= ccap:
+                                cxl_size = 0
+                                for x in range(n_desc):
+                                    if tier[x] == CXL:
+                                        cxl_k[cxl_size] = since[x]
+                                        cxl_i[cxl_size] = x
+                                        cxl_v[cxl_size] = cxl_ver[x]
+                                        cxl_size += 1
+                                _heapify(cxl_k, cxl_i, cxl_v, cxl_size)
+                            else:
+                                cxl_ver[e] += 1
+                                cxl_size = _push(cxl_k, cxl_i, cxl_v, cxl_size, t, e, cxl_ver[e])
+                if compact:
+                    k = 0
+                    for j in range(n_list):
+                        e = res_list[j]
+                        if resident[e]:
+                            res_list[k] = e
+                            res_pos[e] = k
+                            k += 1
+                        else:
+                            res_pos[e] = -1
+                    n_list = k
+                n_res -= nv
+                s_evict += nv
+                if nv:
+                    # tiers._spill: the earliest arrivals in CXL DRAM go down to NVMe
+                    spill = tcount[CXL] - cxl_cap
+                    while spill > 0 and cxl_size > 0:
+                        key, e, v, cxl_size = _pop(cxl_k, cxl_i, cxl_v, cxl_size)
+                        if tier[e] != CXL or v != cxl_ver[e]:
+                            continue
+                        tier[e] = NVME
+                        since[e] = t
+                        moved[pos, CXL, NVME] += 1
+                        tcount[CXL] -= 1
+                        tcount[NVME] += 1
+                        spill -= 1
+                    if tcount[NVME] > nvme_cap:
+                        err = 1
+                        break
+            if err:
+                break
+        if err:
+            break
+    stats = np.array([s_hits, s_miss, s_ins, s_evict, s_pass, n_pinned, n_res, n_desc])
+    return (
+        reads, hits, miss, stall, tokens, moved, tier, tcount, stats,
+        d_id[:n_dump], d_pr[:n_dump], d_key[:n_dump], d_call[:n_dump], call_batch, err,
+    )  # fmt: skip

@@ -34,7 +34,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..emu.cachedir import cache_root
+from kvcxl.common.cachedir import cache_root
 from . import qemu_patch
 
 HERE = Path(__file__).parent

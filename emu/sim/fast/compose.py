@@ -26,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ...cachedir import cache_root
+from kvcxl.common.cachedir import cache_root
 from . import hooks
 from . import policies as _package
 

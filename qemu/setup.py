@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvcxl.common.cachedir import cache_root
+
 from . import qemu_patch
 
 HERE = Path(__file__).parent

@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from kvcxl.common.cachedir import cache_root
+
 from . import hooks
 from . import policies as _package
 

@@ -32,7 +32,7 @@ Task = list[tuple[str, dict[str, Any], int]]  # (experiment, case, seed) sharing
 # experiments' shared replay; with each experiment's ``run`` (its arms) and its cases.
 # Any change to these runs every (case, seed) again; a change to a report does not.
 _SOURCES = ("firmware", "emu/sim", "emu/workloads", "emu/experiments/_common.py",
-            "emu/timing.py", "emu/shape.py", "emu/sizes.py", "emu/timeline",
+            "emu/timing.py", "emu/shape.py", "common/sizes.py", "emu/timeline",
             "emu/serving.py")  # fmt: skip
 
 

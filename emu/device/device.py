@@ -58,7 +58,8 @@ from kvcxl.firmware.table import EntryTable
 from ..timing import CXL_DRAM, NVME, TierParams
 from .kvtraffic import KvTraffic
 from .media import DictStore, FileStore, MmapStore, TierMap, zeros
-from .pagestate import PageState
+from .pagestate import DIRECT, PageState
+from .sampling import PageSampler
 from .timing import TierQueue, percentiles
 
 LINE = mem.LINE_BYTES
@@ -159,6 +160,10 @@ class Type3Device:
         self.kv: tuple[int, int] | None = None  # open_kv's (base DPA, entry bytes)
         self.kv_placed = {"dram": 0, "nvme": 0}  # pages moved by open_kv's placements
         self.kv_traffic: KvTraffic | None = None  # open_kv's reads, learned from traffic
+        # > 0: with DIRECT pages mapped as guest RAM, open_kv's pages are sampled at this
+        # rate per step to learn the reads (emu/device/sampling.py)
+        self.sample_rate = 0.0
+        self.sampler: PageSampler | None = None
         # CXL.mem requests per DPA page (a patched QEMU's trapped accesses; its direct ones
         # are counted in the page-state table)
         self.host_accesses = np.zeros(self.n_pages, dtype=np.uint32)
@@ -243,12 +248,19 @@ class Type3Device:
                 "internal_errors",
                 "resets",
                 "migrations_rolled_back",
+                "demotions_deferred",
+                "unmaps_awaited",
+                "alias_checks",
+                "alias_violations",
             ),
             0,
         )
         # Media from an earlier run (a tier map file found): where each page is comes back;
         # the policy's metadata does not (it is rebuilt empty), so the tiers are realigned.
         self.inflight: dict[int, Migration] = {}  # page → its migration in progress
+        # DRAM pages placed on NVMe whose bytes wait in the DRAM file until QEMU no
+        # longer maps them into the guest (PageState.unmapped); settle_leaving moves them
+        self.leaving: dict[int, None] = {}
         self.restart = None
         if self.tier_map.restored:
             self.restart = {
@@ -481,6 +493,8 @@ class Type3Device:
         self.fw.end_step()
         if self.kv_traffic is not None:  # the step's reads, from the traffic itself
             self.kv_traffic.step_end(step, self._accesses(), self._poisoned_entries())
+        if self.sampler is not None:
+            self.sampler.arm(self.page_state)
 
     def prefetch_candidates(self, ids: NDArray, weights: NDArray, limit: int) -> NDArray:
         """Entries the firmware would fetch next after this attention batch, best first
@@ -532,6 +546,19 @@ class Type3Device:
         self.victims = []
         self.kv_placed = {"dram": 0, "nvme": 0}
         self.kv_traffic = KvTraffic(base, entry_bytes, n_entries, self.page_shift, self._accesses())
+        self.sampler = None
+        if self.sample_rate > 0 and self.page_state is not None:
+            kt = self.kv_traffic
+            self.sampler = PageSampler(kt.first_page, kt.last_page, self.sample_rate)
+            kt.sampler = self.sampler
+            self.sampler.arm(self.page_state)
+
+    def _host_access(self, p: int) -> None:
+        """A CXL.mem request to page ``p``: counted; a sampled page's first touch makes
+        it DIRECT again."""
+        self.host_accesses[p] += 1
+        if self.sampler is not None and self.sampler.touched(p):
+            self._maybe_direct(p)
 
     def _accesses(self) -> NDArray:
         """Host accesses per DPA page so far: trapped (here) plus direct (QEMU's counts)."""
@@ -602,18 +629,73 @@ class Type3Device:
         self.queues[dst_q].serve(t, self.page_bytes, record=False)
         self.counters["bytes_migrated"] += self.page_bytes
 
+    def unmap(self, p: int) -> bool:
+        """Take page ``p`` off DIRECT (a trap); True once no guest access can reach its
+        bytes in the DRAM file unseen, so that they may leave it.  False while a patched
+        QEMU still maps the page into the guest as RAM: ask again later."""
+        ps = self.page_state
+        if ps is None:
+            return True
+        was_direct = ps.state[p] == DIRECT
+        ps.trap(p)  # before the bytes leave the shared file
+        if ps.unmapped(p):
+            return True
+        if was_direct:
+            self.counters["unmaps_awaited"] += 1  # QEMU had it mapped as guest RAM
+        return False
+
     def _demote(self, p: int) -> None:
         if self.inflight:
             self._settle(p)
         if self.in_dram[p]:
-            if self.page_state is not None:
-                self.page_state.trap(p)  # before the bytes leave the shared file
+            if not self.unmap(p):
+                # QEMU still maps it: the page stays in the DRAM file (accesses trap and
+                # are served from there) until settle_leaving finds it unmapped
+                if p not in self.leaving:
+                    self.counters["demotions_deferred"] += 1
+                self.leaving[p] = None
+                return
+            self.leaving.pop(p, None)
+            self._leaves_dram(p)
             self._move(p, self.dram, self.nvme, "dram", "nvme", 0)
             self.counters["migrations_to_nvme"] += 1
+
+    def _leaves_dram(self, p: int) -> None:
+        """Page ``p``'s bytes are about to leave the DRAM file: QEMU must not map it."""
+        ps = self.page_state
+        if ps is not None and ps.aliasing:
+            self.counters["alias_checks"] += 1
+            if ps.mapped[p]:
+                self.counters["alias_violations"] += 1
+
+    def check_alias(self) -> int:
+        """Every page QEMU maps into the guest as RAM is in the DRAM tier (a check of the
+        protocol, run periodically under the engine's lock); returns the pages that are
+        not, also counted in ``alias_violations``."""
+        ps = self.page_state
+        if ps is None or not ps.aliasing:
+            return 0
+        bad = int(np.count_nonzero(ps.mapped & (np.frombuffer(self.in_dram, np.uint8) == 0)))
+        self.counters["alias_checks"] += 1
+        self.counters["alias_violations"] += bad
+        return bad
+
+    def settle_leaving(self) -> int:
+        """Move the deferred demotions whose pages QEMU no longer maps; returns how many."""
+        moved = 0
+        for p in list(self.leaving):
+            if self.page_state is None or self.page_state.unmapped(p):
+                del self.leaving[p]
+                self._demote(p)
+                moved += 1
+        return moved
 
     def _promote(self, p: int, src_charged: bool = False) -> None:
         if self.inflight:
             self._settle(p)
+        if p in self.leaving:  # placed on NVMe, never left: it stays, direct again
+            del self.leaving[p]
+            self._maybe_direct(p)
         if not self.in_dram[p]:
             self._move(p, self.nvme, self.dram, "nvme", "dram", 1, src_charged)
             self.counters["migrations_to_dram"] += 1
@@ -633,8 +715,13 @@ class Type3Device:
         if bool(self.in_dram[p]) == to_dram:
             return False
         src, dst = self._ends(to_dram)
-        if not to_dram and self.page_state is not None:
-            self.page_state.trap(p)  # before the bytes leave the shared file
+        if not to_dram and not self.unmap(p):
+            raise RuntimeError(
+                f"page {p} is still mapped into the guest as RAM: its bytes cannot leave "
+                "the DRAM file yet (wait until Type3Device.unmap is True)"
+            )
+        if not to_dram:
+            self._leaves_dram(p)
         data = src.peek(p)
         if data is not None:
             dst.put(p, data)
@@ -744,9 +831,10 @@ class Type3Device:
             if want:
                 self._move(p, self.nvme, self.dram, "nvme", "dram", 1)
                 self._maybe_direct(p)
+            elif not self.unmap(p):  # mapped into a guest: its bytes leave once unmapped
+                self.leaving[p] = None
             else:
-                if self.page_state is not None:
-                    self.page_state.trap(p)  # before the bytes leave the shared file
+                self._leaves_dram(p)
                 self._move(p, self.dram, self.nvme, "dram", "nvme", 0)
             moved += 1
         return moved
@@ -923,7 +1011,7 @@ class Type3Device:
                 return mem.S2MDRS(
                     mem.S2MDRSOpcode.MEM_DATA_NXM, msg.tag, zeros(LINE), poison=1, ld_id=msg.ld_id
                 )
-            self.host_accesses[dpa >> self.page_shift] += 1
+            self._host_access(dpa >> self.page_shift)
             data, done = self._dpa_read(dpa, LINE, t)
             poisoned = (dpa >> 6) in self.poison
             self.counters["reads"] += 1
@@ -940,7 +1028,7 @@ class Type3Device:
                 self.counters["unmapped_writes"] += 1
                 self._advance(t, t)
             else:
-                self.host_accesses[dpa >> self.page_shift] += 1
+                self._host_access(dpa >> self.page_shift)
                 be = msg.byte_enable
                 if be == mem.ALL_BYTES:
                     done = self._dpa_write(dpa, msg.data, t)
@@ -998,6 +1086,8 @@ class Type3Device:
             "poisoned_lines": len(self.poison),
             # accesses a patched QEMU completed directly against the shared DRAM file
             "direct_accesses": self.page_state.direct_accesses() if self.page_state else 0,
+            # DIRECT pages QEMU maps into the guest as RAM (their accesses are not counted)
+            "alias": self.page_state.alias_stats() if self.page_state else None,
             "kv_traffic": self.kv_traffic.stats() if self.kv_traffic is not None else None,
             "cache": self.cache.stats.as_dict(),
             "audit": self.audit.as_dict() if self.audit else {},

@@ -147,6 +147,8 @@ class Boot:
                 "--no-device-emulator needs --qemu stock: with the patched QEMU the "
                 "device on the memory path answers the ring"
             )
+        if not 0.0 <= self.opts.sample_rate <= 1.0:
+            raise ValueError(f"--sample-rate {self.opts.sample_rate} must be in [0, 1]")
         if self.opts.sample_rate and not self.opts.alias:
             raise ValueError(
                 f"--sample-rate {self.opts.sample_rate} needs --alias: without it the "

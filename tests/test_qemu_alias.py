@@ -63,3 +63,24 @@ def test_direct_pages_run_near_guest_ram_speed(alias_boot) -> None:
     ram = b["memcpy_ram_MBps"]
     assert b["memcpy_to_cxl_MBps"] > 0.3 * ram, b
     assert b["memcpy_from_cxl_MBps"] > 0.3 * ram, b
+
+
+def test_sampled_first_touches_learn_the_replays_reads(patched_host) -> None:
+    """``--sample-rate 1``: each step every DIRECT KV page is trapped until its first
+    touch, so the reads the device learns equal the reads the replay reported, every
+    step, though the pages are mapped as guest RAM the rest of the time."""
+    from kvcxl.qemu.boot import BootOptions, boot, failure_summary
+
+    r, _b = boot(
+        BootOptions(qemu="kvcxl", jobs=("replay",), plugin=False, alias=True, sample_rate=1.0,
+                    timeout=400)
+    )  # fmt: skip
+    assert r["qemu"]["exit_code"] == 0 and "replay" in r["guest"], failure_summary(r)
+    assert r["guest"]["replay"]["bad_bytes"] == 0
+    (session,) = r["firmware"]["sessions"]
+    kt = session["device"]["kv_traffic"]
+    assert kt["steps"] > 0 and kt["entries_read"] == kt["entries_expected"] > 0
+    assert kt["disagreeing_steps"] == 0, kt["first_disagreement"]
+    assert kt["sampling"]["rate"] == 1.0 and kt["sampling"]["error"] == 0.0
+    assert r["kvcxl_device"]["alias"]["pages_mapped"] > 0
+    assert r["kvcxl_device"]["alias_violations"] == 0

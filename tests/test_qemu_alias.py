@@ -1,12 +1,13 @@
 """DIRECT pages as guest RAM (``kvcxl qemu boot --alias``, QEMU's ``kvcxl-alias=on``).
 
-One boot (about 1-2 min): the agent's ``widths`` jobs load and store every width over a
-64 KiB area whose first four pages the device keeps trapped and whose last eight it
-moves to NVMe and back without pause (``--churn``), while the pages the device holds in
+Two boots (about 1 min each).  The first: the agent's ``widths`` jobs load and store
+every width over a 64 KiB area whose first four pages the device keeps trapped and whose
+last eight it moves to NVMe and back without pause (``--churn``), while the pages it holds in
 DRAM are mapped into the guest as RAM.  A page that leaves DRAM is unmapped (and every
 vCPU has dropped it) before its bytes move; the device checks at each move out of DRAM
 and every 5 ms that no page QEMU maps is outside DRAM.  Then the ``bench`` job's memcpy
-to and from device memory runs at RAM speed (compared with guest RAM in the same boot)."""
+to and from device memory runs at RAM speed (compared with guest RAM in the same boot).
+The second replays the default trace with every DIRECT KV page sampled each step."""
 
 from __future__ import annotations
 

@@ -9,6 +9,8 @@
   boot without the TCG plugin: boot to /init and to region ready, guest-measured ring
   round trip (stock: the polling service; patched: the doorbell), attention records/s
   through the ring during the replay, guest memcpy to and from CXL memory beside plain guest RAM.
+* ``qemu_boot_kvcxl_alias``: the patched QEMU with ``--alias`` (DRAM-tier pages mapped
+  into the guest as RAM), in the same run.
 * ``qemu_boot_plugin``: the same with the plugin streaming every CXL-window access
   (skipped with --quick, and when the plugin was not built).
 """
@@ -100,7 +102,7 @@ def _shm() -> str | None:
     return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 
 
-def _boot(plugin: bool, qemu: str = "stock") -> dict[str, Any]:
+def _boot(plugin: bool, qemu: str = "stock", alias: bool = False) -> dict[str, Any]:
     try:
         host = load_host()
     except SetupError as exc:
@@ -111,13 +113,17 @@ def _boot(plugin: bool, qemu: str = "stock") -> dict[str, Any]:
     # slow path (a CXL.mem request answered by the device), its end block's the direct one.
     trap = ((L.WIDTHS_BASE, L.WIDTHS_BYTES),) if qemu == "kvcxl" else ()
     r, _b = boot(
-        BootOptions(qemu=qemu, jobs=("replay", "bench"), plugin=plugin, trap=trap, timeout=600)
-    )
+        BootOptions(
+            qemu=qemu, jobs=("replay", "bench"), plugin=plugin, trap=trap, alias=alias,
+            timeout=600,
+        )
+    )  # fmt: skip
     g = r["guest"]
     out: dict[str, Any] = {
         "evidence": "Measured",
         "qemu": qemu,
         "plugin": "on" if plugin else "off",
+        "alias": "on" if alias else "off",
         "qemu_exit_code": r["qemu"]["exit_code"],
         "guest_failures": r["guest_failures"],
         "load_average_1min": os.getloadavg()[0],
@@ -133,6 +139,10 @@ def _boot(plugin: bool, qemu: str = "stock") -> dict[str, Any]:
         for k, v in g["bench"].items():
             if k not in ("event", "t", "uptime"):
                 out[k] = v
+    dev = r.get("kvcxl_device") or {}
+    if dev.get("alias"):
+        out["alias_state"] = dev["alias"]
+        out["alias_violations"] = dev.get("alias_violations")
     out["wall_s"] = r["wall_s"]
     return out
 
@@ -145,5 +155,7 @@ def benches() -> dict:
         # stock and patched QEMU side by side in one run (docs/qemu.md, "Measured timings")
         "qemu_boot": lambda quick: _boot(False),
         "qemu_boot_kvcxl": lambda quick: _boot(False, "kvcxl"),
+        # the patched QEMU with its DRAM-tier pages mapped into the guest as RAM
+        "qemu_boot_kvcxl_alias": lambda quick: _boot(False, "kvcxl", alias=True),
         "qemu_boot_plugin": lambda quick: {"skipped": "--quick"} if quick else _boot(True),
     }

@@ -72,6 +72,13 @@ class BootOptions:
     trap: tuple[tuple[int, int], ...] = ()
     # (--qemu kvcxl) pages the device moves to NVMe and back while the guest runs
     churn: tuple[tuple[int, int], ...] = ()
+    # (--qemu kvcxl) DIRECT pages mapped into the guest as RAM (QEMU's kvcxl-alias=on): the
+    # guest reaches them at RAM speed, but its accesses to them are no longer counted per
+    # page, so the firmware's learned reads miss them (docs/qemu.md, "DIRECT pages as RAM")
+    alias: bool = False
+    # (--alias) share of the KV cache's DIRECT pages the device traps each step to learn
+    # the reads from their first touches (emu/device/sampling.py); 0: off
+    sample_rate: float = 0.0
     # (--qemu kvcxl) what the device's Get Health Info says, e.g. (("life_used", 7),)
     health: tuple[tuple[str, int], ...] = ()
     on_event: Callable[[dict, Boot], None] | None = None
@@ -140,10 +147,17 @@ class Boot:
                 "--no-device-emulator needs --qemu stock: with the patched QEMU the "
                 "device on the memory path answers the ring"
             )
-        if self.opts.qemu != "kvcxl" and (self.opts.trap or self.opts.churn):
+        if not 0.0 <= self.opts.sample_rate <= 1.0:
+            raise ValueError(f"--sample-rate {self.opts.sample_rate} must be in [0, 1]")
+        if self.opts.sample_rate and not self.opts.alias:
             raise ValueError(
-                "--trap and --churn need --qemu kvcxl: stock QEMU serves the device's "
-                "memory itself, with no device on the memory path"
+                f"--sample-rate {self.opts.sample_rate} needs --alias: without it the "
+                "device counts every access and has nothing to sample"
+            )
+        if self.opts.qemu != "kvcxl" and (self.opts.trap or self.opts.churn or self.opts.alias):
+            raise ValueError(
+                "--trap, --churn and --alias need --qemu kvcxl: stock QEMU serves the "
+                "device's memory itself, with no device on the memory path"
             )
 
     def run(self) -> dict:
@@ -271,6 +285,8 @@ class Boot:
             cmd += ["--trap", f"{dpa:#x}:{length}"]
         for dpa, length in self.opts.churn:
             cmd += ["--churn", f"{dpa:#x}:{length}"]
+        if self.opts.sample_rate:
+            cmd += ["--sample-rate", repr(self.opts.sample_rate)]
         for key, value in self.opts.health:
             cmd += ["--health", f"{key}={value}"]
         log = open(self.workdir / "device.log", "w")
@@ -320,6 +336,8 @@ class Boot:
                 sock = self.workdir / "link.sock"
                 self.link = self.opts.link(self.device_socket, sock)
             t3 += f",kvcxl={sock},kvcxl-state={self.page_state}"
+            if self.opts.alias:
+                t3 += ",kvcxl-alias=on"
         cmd = [
             h.qemu_kvcxl if kvcxl else h.qemu,
             *(_MINIMAL_BUILD if kvcxl else []),
@@ -679,6 +697,14 @@ def _device_summary(stats: dict | None) -> dict | None:
         "migrations_to_nvme": c["migrations_to_nvme"],
         "migrations_to_dram": c["migrations_to_dram"],
         "requests": stats["requests"],  # modelled latency percentiles of those requests
+        # --alias: QEMU's RAM mapping of DIRECT pages (as the table shows it at the end),
+        # demotions that waited for QEMU to unmap their pages, and the device's checks that
+        # every page QEMU mapped was in DRAM (each move out of DRAM and every 5 ms)
+        "alias": stats.get("alias"),
+        "demotions_deferred": c.get("demotions_deferred", 0),
+        "unmaps_awaited": c.get("unmaps_awaited", 0),
+        "alias_checks": c.get("alias_checks", 0),
+        "alias_violations": c.get("alias_violations", 0),
     }
 
 

@@ -168,6 +168,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="(--qemu kvcxl) pages the device moves to NVMe and back without pause while the "
         "guest runs, one page drawn at random per move, e.g. 0x800000:64KiB (repeatable)",
     )
+    b.add_argument(
+        "--alias",
+        action="store_true",
+        help="(--qemu kvcxl) map the pages the device keeps in DRAM into the guest as RAM "
+        "(RAM speed; their accesses are then not counted per page)",
+    )
+    b.add_argument(
+        "--sample-rate",
+        type=float,
+        default=0.0,
+        help="(--alias) share of the KV cache's DIRECT pages trapped each step to learn the "
+        "replay's reads from their first touches (default 0: off)",
+    )
     b.add_argument("--console", action="store_true", help="echo the guest console")
     b.add_argument("--keep", action="store_true", help="keep the work directory (media, logs)")
     b.add_argument("--json", dest="json_out", help="write the full report to this file")
@@ -324,6 +337,8 @@ def _boot(args: argparse.Namespace) -> int:
         qemu=args.qemu,
         trap=tuple(args.trap),
         churn=tuple(args.churn),
+        alias=args.alias,
+        sample_rate=args.sample_rate,
     )
     report, b = boot(opts)  # SetupError (not set up): one line, exit status 1
     if args.json_out:

@@ -120,8 +120,68 @@ def fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
+TREE = "tree"  # under the cache root: the kept, configured source tree of the last build
+
+
+def patched_paths(patch_text: str) -> list[str]:
+    """The files a unified diff touches (its ``+++ b/PATH`` lines), in order."""
+    out = []
+    for line in patch_text.splitlines():
+        if line.startswith("+++ "):
+            path = line[4:].split("\t")[0].strip()
+            out.append(path.split("/", 1)[1] if "/" in path else path)
+    return out
+
+
+def _tree_stamp(qver: str) -> dict:
+    """What a kept tree must have been configured with to be reused."""
+    return {"qver": qver, "configure": list(CONFIGURE), "python": sys.executable}
+
+
+def repatch(src: Path, old_patch: str, new_patch: str, header: str) -> list[str]:
+    """Bring the tree ``src`` (``old_patch`` applied) to ``new_patch`` and ``header``,
+    rewriting only the files whose content changes, so that ninja recompiles only what
+    depends on them.  Returns the files rewritten; CalledProcessError when a patch does
+    not apply (the caller then starts from a fresh tree)."""
+    import tempfile
+
+    paths = sorted(set(patched_paths(old_patch)) | set(patched_paths(new_patch)))
+    changed = []
+    with tempfile.TemporaryDirectory(prefix="kvcxl-repatch-") as tmp:
+        scratch = Path(tmp)
+        for rel in paths:  # the touched files as the tree has them now
+            if (src / rel).is_file():
+                (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src / rel, scratch / rel)
+        for args, text in ((["-R"], old_patch), ([], new_patch)):
+            subprocess.run(
+                ["patch", "-s", "-p1", "--no-backup-if-mismatch", *args], input=text.encode(),
+                cwd=scratch, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+        for rel in paths:
+            want = (scratch / rel).read_bytes() if (scratch / rel).is_file() else None
+            have = (src / rel).read_bytes() if (src / rel).is_file() else None
+            if want == have:
+                continue
+            changed.append(rel)
+            if want is None:
+                (src / rel).unlink()
+            else:
+                (src / rel).parent.mkdir(parents=True, exist_ok=True)
+                (src / rel).write_bytes(want)
+    hdr = src / HEADER_PATH
+    if not hdr.is_file() or hdr.read_text() != header:
+        hdr.write_text(header)
+        changed.append(HEADER_PATH)
+    return changed
+
+
 def build(root: Path, tarball: Path, qver: str, jobs: int | None = None) -> Path:
-    """The patched ``qemu-system-x86_64`` under ``root`` (built once per fingerprint)."""
+    """The patched ``qemu-system-x86_64`` under ``root`` (built once per fingerprint).
+
+    The configured source tree is kept (``root/tree``): after a change of the patch or
+    of the generated header only the files that changed are rewritten and ninja
+    rebuilds what depends on them (minutes instead of a full build)."""
     # lazy: setup imports this module, and the error type is setup's
     from .setup import SetupError
 
@@ -139,15 +199,12 @@ def build(root: Path, tarball: Path, qver: str, jobs: int | None = None) -> Path
             f"building the patched QEMU needs the Python package {exc.name!r}: "
             "pip install 'kvcxl[host]'"
         ) from None
-    work = root / "src"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    import json
+
+    work = root / TREE
+    stamp, applied = work / "stamp.json", work / "applied.patch"
+    new_patch, header = PATCH.read_text(), render_header()
     t0 = time.monotonic()
-    print(f"setup qemu: building the patched QEMU {qver} (about 6 min on 2 cores, once)",
-          flush=True)  # fmt: skip
-    with tarfile.open(tarball) as tf:
-        tf.extractall(work, filter="tar")
-    (src,) = [p for p in work.iterdir() if p.is_dir()]
     log = root / "build" / "qemu-kvcxl-build.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
@@ -162,14 +219,41 @@ def build(root: Path, tarball: Path, qver: str, jobs: int | None = None) -> Path
                     f"{r.returncode}); the log is {log}"
                 )
 
-        run(["patch", "-p1", "-i", str(PATCH)], src)
-        (src / HEADER_PATH).write_text(render_header())
-        (src / "build").mkdir()
-        run(["../configure", f"--python={sys.executable}", *CONFIGURE], src / "build")
+        src = None
+        dirs = [p for p in work.iterdir() if p.is_dir()] if work.is_dir() else []
+        if (
+            len(dirs) == 1
+            and (dirs[0] / "build" / "build.ninja").is_file()
+            and stamp.is_file()
+            and json.loads(stamp.read_text()) == _tree_stamp(qver)
+            and applied.is_file()
+        ):
+            try:
+                changed = repatch(dirs[0], applied.read_text(), new_patch, header)
+                src = dirs[0]
+                f.write(f"kept tree {src}: rewrote {changed}\n")
+                print(f"setup qemu: rebuilding the patched QEMU {qver} incrementally "
+                      f"({len(changed)} files changed)", flush=True)  # fmt: skip
+            except subprocess.CalledProcessError:
+                f.write("the kept tree does not take the patch: a fresh tree\n")
+        if src is None:
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            print(f"setup qemu: building the patched QEMU {qver} (about 6 min on 2 cores, "
+                  "once)", flush=True)  # fmt: skip
+            with tarfile.open(tarball) as tf:
+                tf.extractall(work, filter="tar")
+            (src,) = [p for p in work.iterdir() if p.is_dir()]
+            run(["patch", "-p1", "-i", str(PATCH)], src)
+            (src / HEADER_PATH).write_text(header)
+            (src / "build").mkdir()
+            run(["../configure", f"--python={sys.executable}", *CONFIGURE], src / "build")
+            stamp.write_text(json.dumps(_tree_stamp(qver)))
+        # the tree holds the new patch from here on, even if ninja fails below
+        applied.write_text(new_patch)
         run(["ninja", "-j", str(jobs or os.cpu_count() or 2), "qemu-system-x86_64"],
             src / "build")  # fmt: skip
     shutil.copy2(src / "build" / "qemu-system-x86_64", out)
-    shutil.rmtree(work, ignore_errors=True)
     for old in out.parent.glob("qemu-system-x86_64-kvcxl-*"):
         if old != out:
             old.unlink()

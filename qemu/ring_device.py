@@ -50,6 +50,7 @@ def build(
     plugin_ring: str | Path | None = None,
     trap: tuple[tuple[int, int], ...] = (),
     health: tuple[str, ...] = (),
+    sample_rate: float = 0.0,
 ) -> tuple[Engine, FirmwareService]:
     """The device over ``media`` (decoder 0 the identity: QEMU decodes HPA → DPA; a guest
     access to a page on NVMe brings it into DRAM), and the ring it answers on its
@@ -59,6 +60,9 @@ def build(
         config=config, mode=mode, fill_on_access=True,
     )  # fmt: skip
     try:
+        if not 0.0 <= sample_rate <= 1.0:
+            raise ValueError(f"--sample-rate {sample_rate} must be in [0, 1]")
+        dev.sample_rate = sample_rate  # the KV cache's pages sampled per step (0: off)
         for spec in health:
             dev.set_health(spec)
         for dpa, n in trap:
@@ -102,6 +106,11 @@ class Heartbeat(threading.Thread):
             if ring.plugin_path is not None:
                 with self.engine.lock:
                     ring.drain_plugin()
+            dev = self.engine.device
+            if dev.page_state is not None and dev.page_state.aliasing:
+                with self.engine.lock:
+                    dev.settle_leaving()  # victims waiting for QEMU to unmap their pages
+                    dev.check_alias()  # every page QEMU maps is in DRAM
 
     def _pending(self) -> bool:
         ring = self.ring
@@ -122,12 +131,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trap", action="append", default=[], type=dpa_range, metavar="DPA:LENGTH")
     ap.add_argument("--churn", action="append", default=[], type=dpa_range, metavar="DPA:LENGTH")
     ap.add_argument("--health", action="append", default=[], metavar="FIELD=VALUE")
+    ap.add_argument(
+        "--sample-rate", type=float, default=0.0,
+        help="share of the KV cache's DIRECT pages trapped each step to learn its reads "
+        "when QEMU maps them as guest RAM (0: off)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
 
     cfg = PolicyConfig.load(args.config) if args.config else PolicyConfig()
     engine, ring = build(
         args.media, args.page_state, policy=args.policy, config=cfg, mode=args.mode,
         plugin_ring=args.plugin_ring, trap=tuple(args.trap), health=tuple(args.health),
+        sample_rate=args.sample_rate,
     )  # fmt: skip
     dev = engine.device
     churn = [p for dpa, n in args.churn for p in dev.pages_of(dpa, n)]

@@ -362,6 +362,9 @@ VALUE_ROWS = [
     (["qemu", "boot", "--no-device-emulator"], ["--no-device-emulator", "--qemu stock"]),
     (["qemu", "boot", "--qemu", "stock", "--churn", "0x800000:64KiB"], ["--churn", "kvcxl"]),
     (["qemu", "boot", "--qemu", "stock", "--trap", "0x800000:64KiB"], ["--trap", "kvcxl"]),
+    (["qemu", "boot", "--qemu", "stock", "--alias"], ["--alias", "kvcxl"]),
+    (["qemu", "boot", "--sample-rate", "0.5"], ["0.5", "--alias"]),
+    (["qemu", "boot", "--alias", "--sample-rate", "2"], ["2", "[0, 1]"]),
     (["qemu", "inject", "poison", "--qmp", "q.sock", "--dpa", "3"], ["0x3", "64-byte"]),
     (["qemu", "fuzz", "--firmware", "ring-only"], ["ring-only", "--qemu stock"]),
     (

@@ -299,10 +299,12 @@ def test_the_device_learns_the_replays_reads_from_the_traffic(kvcxl_boot) -> Non
 
 @pytest.mark.slow
 @pytest.mark.qemu
-def test_pages_moving_under_guest_load_lose_no_byte(patched_host) -> None:
+@pytest.mark.parametrize("alias", [False, True], ids=["mmio", "alias"])
+def test_pages_moving_under_guest_load_lose_no_byte(patched_host, alias) -> None:
     """The device moves the transfer buffers' pages to NVMe and back without pause while
     the guest reads one and writes the other: direct accesses that overlap a move are
-    redone through the device, accesses that find a page on NVMe are served from it."""
+    redone through the device, accesses that find a page on NVMe are served from it.
+    With ``alias`` the DRAM-tier pages are mapped into the guest as RAM meanwhile."""
     from kvcxl.qemu.boot import BootOptions, boot, failure_summary
 
     r, _b = boot(
@@ -311,6 +313,7 @@ def test_pages_moving_under_guest_load_lose_no_byte(patched_host) -> None:
             jobs=("datapath",),
             plugin=False,
             churn=TRAP,
+            alias=alias,
             timeout=300,
         )
     )
@@ -322,6 +325,7 @@ def test_pages_moving_under_guest_load_lose_no_byte(patched_host) -> None:
     assert dev["migrations_to_nvme"] > 32 and dev["migrations_to_dram"] > 32  # >1 round
     assert dev["nvme_fills"] > 0  # the guest did meet pages on the NVMe tier
     assert dev["direct_accesses"] > 0 and dev["mem_requests"] > 0
+    assert dev["alias_violations"] == 0
 
 
 @pytest.mark.slow

@@ -83,7 +83,7 @@ class FaultyLink:
         return False
 
 
-def _boot(fault: str):
+def _boot(fault: str, alias: bool):
     from kvcxl.qemu.boot import BootOptions, boot
 
     link = FaultyLink(fault)
@@ -95,7 +95,7 @@ def _boot(fault: str):
     t = time.monotonic()
     opts = BootOptions(
         qemu="kvcxl", jobs=("wait", "datapath"), wait_s=2, plugin=False, trap=TRAP,
-        on_event=hook, link=link, timeout=300,
+        on_event=hook, link=link, alias=alias, timeout=300,
     )  # fmt: skip
     r, b = boot(opts)
     return r, b, link, time.monotonic() - t
@@ -111,10 +111,11 @@ def _boot(fault: str):
         ("late", "no response"),
     ],
 )
+@pytest.mark.parametrize("alias", [False, True], ids=["mmio", "alias"])
 def test_a_broken_device_end_takes_the_link_down_and_nothing_hangs(
-    patched_host, fault, says
+    patched_host, fault, says, alias
 ) -> None:
-    r, b, link, wall = _boot(fault)
+    r, b, link, wall = _boot(fault, alias)
     assert link.faulted_at is not None, "the guest made no CXL.mem request after waiting"
     assert any(f"kvcxl: device link {says}" in line for line in b.console), b.console[-20:]
     # the guest's read of the trapped buffer failed, it said so and powered off; QEMU
@@ -130,8 +131,9 @@ def test_a_broken_device_end_takes_the_link_down_and_nothing_hangs(
 
 @pytest.mark.slow
 @pytest.mark.qemu
-def test_a_refusal_fails_one_access_and_the_link_stays_up(patched_host) -> None:
-    r, b, link, _wall = _boot("refusal")
+@pytest.mark.parametrize("alias", [False, True], ids=["mmio", "alias"])
+def test_a_refusal_fails_one_access_and_the_link_stays_up(patched_host, alias) -> None:
+    r, b, link, _wall = _boot("refusal", alias)
     assert link.faulted_at is not None
     assert any("kvcxl: device refused" in line for line in b.console)
     assert not any("kvcxl: device link" in line for line in b.console)

@@ -71,7 +71,8 @@ COUNTERS = (
     "invalidates", "unmapped_reads", "unmapped_writes", "poisoned_reads",
     "migrations_to_dram", "migrations_to_nvme", "bytes_migrated", "nvme_accesses",
     "nvme_fills", "reports", "reported_entries", "media_errors", "internal_errors",
-    "resets", "migrations_rolled_back",
+    "resets", "migrations_rolled_back", "demotions_deferred", "unmaps_awaited",
+    "alias_checks", "alias_violations",
 )  # fmt: skip
 
 
@@ -187,6 +188,9 @@ class Type3Device:
     queues = _of("media", "queues")
     host_accesses = _of("media", "host_accesses")
     inflight = _of("migrations", "inflight", "page → its migration in progress")
+    leaving = _of("migrations", "leaving", "pages placed on NVMe waiting for QEMU to unmap")
+    sample_rate = _of("front", "sample_rate", "open_kv's pages sampled per step (0: off)")
+    sampler = _of("front", "sampler")
     fw = _of("front", "fw", "the firmware session (replaced by open_kv)")
     victims = _of("front", "victims", "(time, entry, priority) of each victim, when recording")
     kv = _of("front", "kv")
@@ -499,7 +503,7 @@ class Type3Device:
                 return mem.S2MDRS(
                     mem.S2MDRSOpcode.MEM_DATA_NXM, msg.tag, zeros(LINE), poison=1, ld_id=msg.ld_id
                 )
-            self.media.host_accesses[dpa >> self.page_shift] += 1
+            self._host_access(dpa >> self.page_shift)
             data, done = self._dpa_read(dpa, LINE, t)
             poisoned = (dpa >> 6) in self.poison
             self.counters["reads"] += 1
@@ -516,7 +520,7 @@ class Type3Device:
                 self.counters["unmapped_writes"] += 1
                 self._advance(t, t)
             else:
-                self.media.host_accesses[dpa >> self.page_shift] += 1
+                self._host_access(dpa >> self.page_shift)
                 be = msg.byte_enable
                 if be == mem.ALL_BYTES:
                     done = self._dpa_write(dpa, msg.data, t)
@@ -549,6 +553,27 @@ class Type3Device:
         self.media.maybe_direct(dpa >> self.page_shift)
 
     # --- statistics -------------------------------------------------------------------
+    def _host_access(self, p: int) -> None:
+        """A CXL.mem request to page ``p``: counted; a sampled page's first touch makes
+        it DIRECT again."""
+        self.media.host_accesses[p] += 1
+        sampler = self.front.sampler
+        if sampler is not None and sampler.touched(p):
+            self.media.maybe_direct(p)
+
+    def unmap(self, p: int) -> bool:
+        """Page ``p`` trapped; True once QEMU no longer maps it as guest RAM
+        (:meth:`Migrations.unmap`)."""
+        return self.migrations.unmap(p)
+
+    def settle_leaving(self) -> int:
+        """The deferred demotions QEMU has unmapped, moved (:meth:`Migrations.settle_leaving`)."""
+        return self.migrations.settle_leaving()
+
+    def check_alias(self) -> int:
+        """Mapped pages outside DRAM, counted (:meth:`Migrations.check_alias`)."""
+        return self.migrations.check_alias()
+
     def stats(self) -> dict:
         m = self.media
         return {
@@ -564,6 +589,8 @@ class Type3Device:
             "poisoned_lines": len(self.poison),
             # accesses a patched QEMU completed directly against the shared DRAM file
             "direct_accesses": m.page_state.direct_accesses() if m.page_state else 0,
+            # DIRECT pages QEMU maps into the guest as RAM (their accesses are not counted)
+            "alias": m.page_state.alias_stats() if m.page_state else None,
             "kv_traffic": self.kv_traffic.stats() if self.kv_traffic is not None else None,
             "cache": self.cache.stats.as_dict(),
             "audit": self.audit.as_dict() if self.audit else {},

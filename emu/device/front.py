@@ -27,6 +27,7 @@ from .errors import RequestError
 from .kvtraffic import KvTraffic
 from .migration import Migrations
 from .poison import PoisonList
+from .sampling import PageSampler
 
 _NO_ANCHOR_BLOCK = 1 << 20  # default entry row: far from any anchor zone (as replay does)
 MAX_CONTEXTS = 1 << 20  # context ids the host may use (bounds the per-context arrays)
@@ -102,6 +103,10 @@ class FirmwareFront:
         self.kv: tuple[int, int] | None = None  # open_kv's (base DPA, entry bytes)
         self.kv_placed = {"dram": 0, "nvme": 0}  # pages moved by open_kv's placements
         self.kv_traffic: KvTraffic | None = None  # open_kv's reads, learned from traffic
+        # > 0: with DIRECT pages mapped as guest RAM, open_kv's pages are sampled at this
+        # rate per step to learn the reads (emu/device/sampling.py)
+        self.sample_rate = 0.0
+        self.sampler: PageSampler | None = None
         self.restart()
 
     def restart(self) -> None:
@@ -257,6 +262,8 @@ class FirmwareFront:
         self._apply(self.fw.take_decisions(), self.fw.time)  # managed tiers' boundary moves
         if self.kv_traffic is not None:  # the step's reads, from the traffic itself
             self.kv_traffic.step_end(step, self.media.accesses(), self._poisoned_entries())
+        if self.sampler is not None:
+            self.sampler.arm(self.media.page_state)
 
     def prefetch_candidates(self, ids: NDArray, weights: NDArray, limit: int) -> NDArray:
         """Entries the firmware would fetch next after this attention batch, best first
@@ -312,6 +319,13 @@ class FirmwareFront:
         self.kv_traffic = KvTraffic(
             base, entry_bytes, n_entries, self.media.page_shift, self.media.accesses()
         )
+        self.sampler = None
+        ps = self.media.page_state
+        if self.sample_rate > 0 and ps is not None:
+            kt = self.kv_traffic
+            self.sampler = PageSampler(kt.first_page, kt.last_page, self.sample_rate)
+            kt.sampler = self.sampler
+            self.sampler.arm(ps)
 
     def _poisoned_entries(self) -> set[int]:
         base, eb = self.kv

@@ -39,6 +39,12 @@ class KvTraffic:
         self.disagreeing_steps = 0
         self.first_disagreement: dict | None = None
         self.per_step: list[int] = []  # entries learned per step
+        # with a PageSampler (DIRECT pages mapped as guest RAM): the touched pages it
+        # estimates against the pages the expected entries occupy (the full count)
+        self.sampler = None
+        self.pages_exact = 0
+        self.pages_estimated = 0.0
+        self.pages_abs_error = 0.0
 
     def _window(self, accesses: NDArray) -> NDArray:
         return np.asarray(accesses[self.first_page : self.last_page + 1], dtype=np.int64).copy()
@@ -57,6 +63,15 @@ class KvTraffic:
             out.update(range(lo, hi + 1))
         return out
 
+    def pages_of_entries(self, ids: set[int]) -> set[int]:
+        """The DPA pages these entries occupy."""
+        shift, eb = self.page_shift, self.entry_bytes
+        out: set[int] = set()
+        for e in ids:
+            lo = self.base + e * eb
+            out.update(range(lo >> shift, ((lo + eb - 1) >> shift) + 1))
+        return out
+
     def step_end(self, step: int, accesses: NDArray, skip: set[int]) -> set[int]:
         """The step is over: the entries its traffic touched (returned), compared with the
         expected ones (``skip``: entries the host does not read, e.g. poisoned)."""
@@ -69,6 +84,12 @@ class KvTraffic:
         self.entries_read += len(learned)
         self.entries_expected += len(want)
         self.per_step.append(len(learned))
+        if self.sampler is not None:
+            exact = len(self.pages_of_entries(want))
+            est = self.sampler.estimate(touched)
+            self.pages_exact += exact
+            self.pages_estimated += est
+            self.pages_abs_error += abs(est - exact)
         if learned != want:
             self.disagreeing_steps += 1
             if self.first_disagreement is None:
@@ -88,4 +109,13 @@ class KvTraffic:
             "disagreeing_steps": self.disagreeing_steps,
             "first_disagreement": self.first_disagreement,
             "entries_read_per_step": self.per_step[:64],
+            "sampling": None
+            if self.sampler is None
+            else {
+                "rate": self.sampler.rate,
+                "pages_read": self.pages_exact,  # the full count: the reads reported
+                "pages_estimated": round(self.pages_estimated, 1),
+                # sum over steps of |estimate - full count| / sum of the full counts
+                "error": round(self.pages_abs_error / max(self.pages_exact, 1), 4),
+            },
         }

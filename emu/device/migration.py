@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .pagestate import DIRECT
 from .tiers import Media
 
 
@@ -34,6 +35,9 @@ class Migrations:
         self.counters = counters
         self.clock = clock  # the device's clock (ns): when a move is charged to the queues
         self.inflight: dict[int, Migration] = {}  # page → its migration in progress
+        # DRAM pages placed on NVMe whose bytes wait in the DRAM file until QEMU no
+        # longer maps them into the guest (PageState.unmapped); settle_leaving moves them
+        self.leaving: dict[int, None] = {}
 
     # --- moves at once ---------------------------------------------------------------------
     def _ends(self, to_dram: bool) -> tuple:
@@ -65,15 +69,73 @@ class Migrations:
             self._settle(p)
         m = self.media
         if m.in_dram[p]:
-            m.trap_page(p)  # before the bytes leave the shared file
+            if not self.unmap(p):
+                # QEMU still maps it: the page stays in the DRAM file (accesses trap and
+                # are served from there) until settle_leaving finds it unmapped
+                if p not in self.leaving:
+                    self.counters["demotions_deferred"] += 1
+                self.leaving[p] = None
+                return
+            self.leaving.pop(p, None)
+            self._leaves_dram(p)
             self._move(p, m.dram, m.nvme, "dram", "nvme", 0)
             self.counters["migrations_to_nvme"] += 1
+
+    def unmap(self, p: int) -> bool:
+        """Take page ``p`` off DIRECT (a trap); True once no guest access can reach its
+        bytes in the DRAM file unseen, so that they may leave it.  False while a patched
+        QEMU still maps the page into the guest as RAM: ask again later."""
+        ps = self.media.page_state
+        if ps is None:
+            return True
+        was_direct = ps.state[p] == DIRECT
+        ps.trap(p)  # before the bytes leave the shared file
+        if ps.unmapped(p):
+            return True
+        if was_direct:
+            self.counters["unmaps_awaited"] += 1  # QEMU had it mapped as guest RAM
+        return False
+
+    def _leaves_dram(self, p: int) -> None:
+        """Page ``p``'s bytes are about to leave the DRAM file: QEMU must not map it."""
+        ps = self.media.page_state
+        if ps is not None and ps.aliasing:
+            self.counters["alias_checks"] += 1
+            if ps.mapped[p]:
+                self.counters["alias_violations"] += 1
+
+    def check_alias(self) -> int:
+        """Every page QEMU maps into the guest as RAM is in the DRAM tier (a check of the
+        protocol, run periodically under the engine's lock); returns the pages that are
+        not, also counted in ``alias_violations``."""
+        ps = self.media.page_state
+        if ps is None or not ps.aliasing:
+            return 0
+        in_dram = np.frombuffer(self.media.in_dram, np.uint8)
+        bad = int(np.count_nonzero(ps.mapped & (in_dram == 0)))
+        self.counters["alias_checks"] += 1
+        self.counters["alias_violations"] += bad
+        return bad
+
+    def settle_leaving(self) -> int:
+        """Move the deferred demotions whose pages QEMU no longer maps; returns how many."""
+        moved = 0
+        ps = self.media.page_state
+        for p in list(self.leaving):
+            if ps is None or ps.unmapped(p):
+                del self.leaving[p]
+                self.demote(p)
+                moved += 1
+        return moved
 
     def promote(self, p: int, src_charged: bool = False) -> None:
         """Page ``p`` to DRAM (nothing when it is there)."""
         if self.inflight:
             self._settle(p)
         m = self.media
+        if p in self.leaving:  # placed on NVMe, never left: it stays, direct again
+            del self.leaving[p]
+            m.maybe_direct(p)
         if not m.in_dram[p]:
             self._move(p, m.nvme, m.dram, "nvme", "dram", 1, src_charged)
             self.counters["migrations_to_dram"] += 1
@@ -108,8 +170,10 @@ class Migrations:
             if want:
                 self._move(p, m.nvme, m.dram, "nvme", "dram", 1)
                 m.maybe_direct(p)
+            elif not self.unmap(p):  # mapped into a guest: its bytes leave once unmapped
+                self.leaving[p] = None
             else:
-                m.trap_page(p)  # before the bytes leave the shared file
+                self._leaves_dram(p)
                 self._move(p, m.dram, m.nvme, "dram", "nvme", 0)
             moved += 1
         return moved
@@ -125,8 +189,13 @@ class Migrations:
         if bool(m.in_dram[p]) == to_dram:
             return False
         src, dst = self._ends(to_dram)
+        if not to_dram and not self.unmap(p):
+            raise RuntimeError(
+                f"page {p} is still mapped into the guest as RAM: its bytes cannot leave "
+                "the DRAM file yet (wait until Type3Device.unmap is True)"
+            )
         if not to_dram:
-            m.trap_page(p)  # before the bytes leave the shared file
+            self._leaves_dram(p)
         data = src.peek(p)
         if data is not None:
             dst.put(p, data)

@@ -95,6 +95,8 @@ class Engine:
 
     def handle(self, kind: int, body: bytes) -> tuple[int, bytes]:
         with self.lock:
+            if self.device.leaving:  # demotions waiting for QEMU to unmap their pages
+                self.device.settle_leaving()
             try:
                 return self._handle(kind, body)
             except _FrameError as exc:
@@ -244,6 +246,9 @@ class _Handler(socketserver.BaseRequestHandler):
             send_frame(sock, kind, body)
 
 
+UNMAP_POLL_S = 0.0005  # how often a move waiting for QEMU to unmap its page looks again
+
+
 class Churn(threading.Thread):
     """Moves ``pages`` to NVMe and back while hosts use the device, one move per tick: each
     tick flips a page drawn at random (seeded) to the other tier, so that once mixed each
@@ -269,9 +274,15 @@ class Churn(threading.Thread):
     def _flip(self, p: int) -> None:
         """Page ``p`` to the tier it is not on, in steps."""
         lock, dev = self.engine.lock, self.engine.device
-        with lock:
-            to_dram = not dev.in_dram[p]
-            if not dev.start_migration(p, to_dram):
+        while True:
+            with lock:
+                to_dram = not dev.in_dram[p]
+                # a page leaving DRAM waits (lock released) until QEMU no longer maps it
+                if to_dram or dev.unmap(p):
+                    if not dev.start_migration(p, to_dram):
+                        return
+                    break
+            if self.halt.wait(UNMAP_POLL_S):
                 return
         while not self.halt.is_set():
             time.sleep(0)  # let a waiting request in between the steps

@@ -775,6 +775,13 @@ static int job_bench(void)
     double ram = memcpy_mbps(b, a, B, 20);
     double to_cxl = memcpy_mbps(cxl, a, B, 1);
     double from_cxl = memcpy_mbps(b, cxl, B, 1);
+    /* Above 200 MB/s (the MMIO paths reach about 70) the pages are mapped as guest RAM
+     * (--alias): one copy is then ~1 ms and mostly first touches, so measure as guest
+     * RAM is measured, 20 copies. */
+    if (to_cxl > 200.0 && from_cxl > 200.0) {
+        to_cxl = memcpy_mbps(cxl, a, B, 20);
+        from_cxl = memcpy_mbps(b, cxl, B, 20);
+    }
     uint64_t t1 = now_ns();
     dev_write(cxl, a, B);
     double w_to = B / ((now_ns() - t1) / 1e9) / 1e6;

@@ -61,7 +61,10 @@ TIMING_OPTIONS = (
     "hbm_latency_ns",
 )
 DEMO_BUDGETS = ("5%", "10%", "20%", "40%")
-DEMO_POLICIES = ("belady", "ema", "fifo", "h2o", "lfu", "lrfu", "lru", "random", "sink-window")
+DEMO_POLICIES = (
+    "belady", "ema", "fifo", "h2o", "lfu", "lrfu", "lru", "random", "sink-window",
+    "arc", "clock", "s3fifo", "sieve", "slru",
+)  # fmt: skip
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

@@ -9,7 +9,13 @@ import argparse
 import json
 import sys
 
-from kvcxl.common.argtypes import nonnegative, nonnegative_float, positive, positive_float
+from kvcxl.common.argtypes import (
+    nonnegative,
+    nonnegative_float,
+    positive,
+    positive_float,
+    unit_interval,
+)
 from kvcxl.common.jsonout import wrote
 from kvcxl.common.sizes import dpa_range
 
@@ -176,7 +182,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument(
         "--sample-rate",
-        type=float,
+        type=unit_interval,
         default=0.0,
         help="(--alias) share of the KV cache's DIRECT pages trapped each step to learn the "
         "replay's reads from their first touches (default 0: off)",

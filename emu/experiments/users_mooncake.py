@@ -9,9 +9,12 @@ reuse, with the synthetic attention on top.  The sweep:
 * **Load knob.** The trace's arrival rate scaled by a factor ``rate`` (its timestamps
   divided by it; the workload's ``rate`` parameter).  Lengths and prefixes are the
   trace's, so the number of requests decoding at once scales with ``rate`` (Little's
-  law).  That number is the **user count** here: every point reports the mean (over the
-  measured steps) and the peak of the requests decoding in a step, counted from the
-  simulator's per-step output.  A user is an active request, and a request's tokens/s is
+  law).  That number is the **user count** here: every point reports the mean and the
+  peak of the requests decoding in a step over the measured steps, counted from the
+  simulator's per-step output.  The simulator keeps only the steps in which some request
+  decodes (an idle step holds no user and takes no time), and its warm-up is the first
+  ``warmup`` of those; at ``ci`` only the lowest rate has idle steps (12 of 96), between
+  the trace's 3 s groups.  A user is an active request, and a request's tokens/s is
   one over its mean inter-token latency, as in the users experiments.
 * **Time.** The trace's clock needs a real time per token (``itl_ms``, an assumption of
   the workload).  It is set to the target's, 100 ms (10 tokens/s), which makes the answer
@@ -101,8 +104,8 @@ SCALES: dict[str, dict[str, Any]] = {
     "tiny": {
         "dims": (2, 1),
         "workloads": ["mooncake"],
-        "rates": [1 / 16, 1 / 4],
-        "steps": 24,
+        "rates": [1 / 32, 1 / 4],  # 1/32: idle steps between the trace's 3 s groups
+        "steps": 32,
         "warmup": 8,
         "series": [("seed", "amortised")],
     },

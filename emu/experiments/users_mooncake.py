@@ -45,8 +45,10 @@ reuse, with the synthetic attention on top.  The sweep:
 * **Series.** The timing presets ``seed`` (200 ns, 64 GB/s), ``asic`` and ``fpga`` with
   the firmware's placement, and ``seed`` with CXL DRAM first (``seed-fill``), amortised;
   at ``ci`` also the two ``seed`` placements per-step; at ``mid`` every users-timeline
-  series both ways, on both published traces.  The transfer timeline is on (numpy
-  engine), and every resource's utilisation is checked to be ≤ 1.
+  series both ways, on both published traces (the synthetic one has requests
+  longer than S1's 128 K tokens: they are cut there, and the table says how many).
+  The transfer timeline is on (numpy engine), and every resource's utilisation is
+  checked to be ≤ 1.
 * **Seeds and statistics.** The arrivals are deterministic (the trace): a seed changes
   only the synthetic attention, so the 95 % CIs cover the attention alone, not the
   arrival process; the concurrency is the same at every seed.  A point **meets** the
@@ -303,7 +305,7 @@ def _table(series: dict[tuple[str, str], list[dict[str, Any]]]) -> str:
                     for q in ("p50", "p95", "p99")]  # fmt: skip
             use = " / ".join(_fmt(r[f"{k}_utilisation"], ".2f") for k in RESOURCES)
             lines.append(
-                f"| {wl} | {name} | {_rate(r['rate'])} | {r['requests']} | "
+                f"| {wl} | {name} | {_rate(r['rate'])} | {_requests(r)} | "
                 f"{r['concurrency_mean']:.1f} / {r['concurrency_peak']} | {r['seeds']} | "
                 f"{_fmt(r['hit_rate'], '.3f', r['hit_ci95'])} | "
                 f"{_fmt(r['tokens_per_s_per_user'], '.2f', r['tokens_per_s_per_user_ci95'])} | "
@@ -313,6 +315,11 @@ def _table(series: dict[tuple[str, str], list[dict[str, Any]]]) -> str:
                 f"{use} | {word[r['meets']]} |"
             )
     return "\n".join(lines)
+
+
+def _requests(r: dict[str, Any]) -> str:
+    """The window's requests, and how many the shape's context cut (S1's 128 K tokens)."""
+    return f"{r['requests']} ({r['truncated']} cut)" if r["truncated"] else str(r["requests"])
 
 
 def _rate(rate: float) -> str:

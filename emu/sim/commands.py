@@ -467,7 +467,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     tim.add_argument("--read", default="topk:8", help="dense, topk:K or threshold:T (with -o)")
     tim.add_argument(
         "--workload-param", action="append", type=_kv, default=[], metavar="K=V",
-        help="itl_ms (real ms per token, default 25), token_scale (default block_tokens/512)",
+        help="itl_ms (real ms per token, default 25), token_scale (default block_tokens/512), "
+        "rate (arrival-rate factor, default 1)",
     )  # fmt: skip
     _add_model_options(tim)
     tim.set_defaults(func=lambda a: trace_import.main(a, _shape(a), dict(a.workload_param)))

@@ -15,8 +15,9 @@ from .log import LogArrays, TransferLog
 from .resources import MOVES, RESOURCE_NAMES, WRITE_BACKS, Resources
 
 CLASS_NAMES = ("demand", "prefetch", "background")
-_WRITE_BACK_CODES = [MOVES.index(k) for k in WRITE_BACKS]
-_FETCH_CODES = [i for i, k in enumerate(MOVES) if k.endswith("->hbm")]
+#: Per move code: a write-back; a fetch into HBM.
+_IS_WRITE_BACK = np.asarray([k in WRITE_BACKS for k in MOVES])
+_IS_FETCH = np.asarray([k.endswith("->hbm") for k in MOVES])
 
 
 def step_times(log: LogArrays, s: ScheduleArrays, n_steps: int) -> np.ndarray:
@@ -71,11 +72,12 @@ def report(
         }
     # entries a read waits for whose prefetch arrives after the read's request time
     waiter = np.repeat(np.arange(log.read.size), np.diff(log.wait_off))
-    arrival = np.nan_to_num(s.pf_arrival[log.wait_rec], nan=0.0)
+    arrival = s.pf_arrival[log.wait_rec]
+    arrival[np.isnan(arrival)] = 0.0  # (a record without prefetch: arrived at 0)
     late = int(log.wait_n[arrival > s.a[waiter]].sum())
     entries = s.tr_entries
-    wb = int(entries[np.isin(s.tr_move, _WRITE_BACK_CODES)].sum()) * eb
-    fetched = int(entries[(s.tr_cls == 1) & np.isin(s.tr_move, _FETCH_CODES)].sum()) * eb
+    wb = int(entries[_IS_WRITE_BACK[s.tr_move]].sum()) * eb
+    fetched = int(entries[(s.tr_cls == 1) & _IS_FETCH[s.tr_move]].sum()) * eb
     link = INPUTS["link_pj_per_bit"].value
     pj = {"link_rd": link, "link_wr": link, "dram": INPUTS["dram_pj_per_bit"].value,
           "nvme": nvme_pj_per_bit(res.nvme_gbps)}  # fmt: skip

@@ -43,7 +43,7 @@ _COL_CLS = np.asarray(
     [BACKGROUND if k == CXL_NVME else _ROLE[role] for role, k in COLUMNS], np.int64
 )
 _SPILL = MOVES.index(CXL_NVME)
-_READY, _END, _TIMER = 0, 1, 2
+_READY, _END = 0, 1
 
 
 def stage_table(res: Resources) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -130,17 +130,17 @@ def _wpop(heap, base, size, cls, ready):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _epush(et, eseq, ekind, eid, size, seq, t, kind, x):  # type: ignore[no-untyped-def]
-    """The event heap, by (time, push number)."""
+def _epush(et, ev, size, t, x):  # type: ignore[no-untyped-def]
+    """The event heap by time (``x`` = stage number × 2 + kind).  The order of the events
+    of one instant does not matter: all are handled before the chain moves and dispatch
+    runs."""
     i = size
-    et[i], eseq[i], ekind[i], eid[i] = t, seq, kind, x
+    et[i], ev[i] = t, x
     while i > 0:
         p = (i - 1) // 2
-        if et[i] < et[p] or (et[i] == et[p] and eseq[i] < eseq[p]):
+        if et[i] < et[p]:
             et[i], et[p] = et[p], et[i]
-            eseq[i], eseq[p] = eseq[p], eseq[i]
-            ekind[i], ekind[p] = ekind[p], ekind[i]
-            eid[i], eid[p] = eid[p], eid[i]
+            ev[i], ev[p] = ev[p], ev[i]
             i = p
         else:
             break
@@ -148,21 +148,21 @@ def _epush(et, eseq, ekind, eid, size, seq, t, kind, x):  # type: ignore[no-unty
 
 
 @njit(cache=True)
-def _epop(et, eseq, ekind, eid, size):  # type: ignore[no-untyped-def]
+def _epop(et, ev, size):  # type: ignore[no-untyped-def]
     size -= 1
-    et[0], eseq[0], ekind[0], eid[0] = et[size], eseq[size], ekind[size], eid[size]
+    et[0], ev[0] = et[size], ev[size]
     i = 0
     while True:
         lo = i
-        for c in (2 * i + 1, 2 * i + 2):
-            if c < size and (et[c] < et[lo] or (et[c] == et[lo] and eseq[c] < eseq[lo])):
-                lo = c
+        c = 2 * i + 1
+        if c < size and et[c] < et[lo]:
+            lo = c
+        if c + 1 < size and et[c + 1] < et[lo]:
+            lo = c + 1
         if lo == i:
             return size
         et[i], et[lo] = et[lo], et[i]
-        eseq[i], eseq[lo] = eseq[lo], eseq[i]
-        ekind[i], ekind[lo] = ekind[lo], ekind[i]
-        eid[i], eid[lo] = eid[lo], eid[i]
+        ev[i], ev[lo] = ev[lo], ev[i]
         i = lo
 
 
@@ -212,14 +212,12 @@ def _schedule(  # type: ignore[no-untyped-def]
     free = servers.copy()
     busy = np.zeros(4, np.float64)
     nbytes = np.zeros(4, np.int64)
-    # events: a READY and an END per stage, a TIMER per read record
-    cap = 2 * n_st + n_rec + 1
+    # events: a READY and an END per stage (a compute's end is the chain's own next time,
+    # not an event: the engine's timer only wakes the chain, which this loop does)
+    cap = 2 * n_st + 1
     et = np.empty(cap, np.float64)
-    eseq = np.empty(cap, np.int64)
-    ekind = np.empty(cap, np.int64)
-    eid = np.empty(cap, np.int64)
+    ev = np.empty(cap, np.int64)
     esize = 0
-    seq = 0
     gate = np.empty(n_tr + 1, np.int64)
     n_gate = 0
     pend = np.empty(n_tr + 1, np.int64)
@@ -233,8 +231,8 @@ def _schedule(  # type: ignore[no-untyped-def]
     while True:
         while True:
             while esize > 0 and et[0] == t:
-                kind, x = ekind[0], eid[0]
-                esize = _epop(et, eseq, ekind, eid, esize)
+                kind, x = ev[0] & 1, ev[0] >> 1
+                esize = _epop(et, ev, esize)
                 if kind == _READY:
                     ms = mask[tr_move[st_tr[x]], st_k[x]]
                     wsize[ms] = _wpush(wheap, base[ms], wsize[ms], x, st_cls, st_ready)
@@ -248,8 +246,7 @@ def _schedule(  # type: ignore[no-untyped-def]
                     if k + 1 < nst[mv]:
                         y = x + 1
                         st_ready[y] = t + _latency(fixed, per_round, mv, k + 1, tr_n[tid], qd)
-                        esize = _epush(et, eseq, ekind, eid, esize, seq, st_ready[y], _READY, y)
-                        seq += 1
+                        esize = _epush(et, ev, esize, st_ready[y], 2 * y + _READY)
                     else:
                         tr_end[tid] = t
             # the compute chain, as far as it goes at t
@@ -278,9 +275,7 @@ def _schedule(  # type: ignore[no-untyped-def]
                             st_k[nst_used + k] = k
                             st_cls[nst_used + k] = col_cls[c]
                         st_ready[nst_used] = t + _latency(fixed, per_round, m, 0, n, qd)
-                        esize = _epush(et, eseq, ekind, eid, esize, seq, st_ready[nst_used],
-                                       _READY, nst_used)  # fmt: skip
-                        seq += 1
+                        esize = _epush(et, ev, esize, st_ready[nst_used], 2 * nst_used + _READY)
                         if m != _SPILL:
                             if read[i]:
                                 gate[n_gate] = ntr
@@ -330,9 +325,7 @@ def _schedule(  # type: ignore[no-untyped-def]
                             st_k[nst_used + k] = k
                             st_cls[nst_used + k] = col_cls[c]
                         st_ready[nst_used] = t + _latency(fixed, per_round, m, 0, n, qd)
-                        esize = _epush(et, eseq, ekind, eid, esize, seq, st_ready[nst_used],
-                                       _READY, nst_used)  # fmt: skip
-                        seq += 1
+                        esize = _epush(et, ev, esize, st_ready[nst_used], 2 * nst_used + _READY)
                         if m != _SPILL:
                             any_gated = True
                         nst_used += nst[m]
@@ -341,8 +334,6 @@ def _schedule(  # type: ignore[no-untyped-def]
                         grp_lo[i], grp_hi[i] = lo, ntr
                     compute_end = t + compute_ns[i]
                     cc[i] = compute_end
-                    esize = _epush(et, eseq, ekind, eid, esize, seq, compute_end, _TIMER, 0)
-                    seq += 1
                     state = 2
                     i += 1
             if not (esize > 0 and et[0] == t):
@@ -381,11 +372,13 @@ def _schedule(  # type: ignore[no-untyped-def]
                     nbytes[q] += b
             st_start[best] = t
             st_end[best] = t + dur
-            esize = _epush(et, eseq, ekind, eid, esize, seq, t + dur, _END, best)
-            seq += 1
-        if esize == 0:
+            esize = _epush(et, ev, esize, t + dur, 2 * best + _END)
+        if state == 2 and compute_end > t and (esize == 0 or compute_end < et[0]):
+            t = compute_end  # (the chain's next time comes before any event)
+        elif esize == 0:
             break
-        t = et[0]
+        else:
+            t = et[0]
     ok = i == n_rec and wsize.sum() == 0
     for j in range(n_rec):
         if grp_lo[j] >= 0:

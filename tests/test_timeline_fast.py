@@ -205,7 +205,7 @@ def test_a_dropped_write_back_in_the_fast_log_is_caught() -> None:
     bad = dataclasses.replace(log, moves=log.moves.copy())
     row = int(np.flatnonzero(bad.moves[:, 2])[-1])
     bad.moves[row, 2] -= 1
-    with pytest.raises(AssertionError, match="log.moves"):
+    with pytest.raises(AssertionError, match=r"log\.moves"):
         _same(rn.tl.arrays(), bad, "log")  # type: ignore[union-attr]
 
 

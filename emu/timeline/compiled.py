@@ -82,13 +82,13 @@ def run(log: LogArrays, res: Resources) -> ScheduleArrays:
     return ScheduleArrays(*arrays, horizon_ns=float(horizon))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _latency(fixed, per_round, m, k, n, qd):  # type: ignore[no-untyped-def]
     """Stage ``k`` of move ``m`` of ``n`` entries: its latency (rounds = ceil(n / qd))."""
     return fixed[m, k] + per_round[m, k] * ((n + qd - 1) // qd)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _less(cls, ready, a, b):  # type: ignore[no-untyped-def]
     """Stage ``a`` goes before stage ``b``: (class, ready, stage number) — stage numbers
     run in (transfer, stage) order."""
@@ -99,7 +99,7 @@ def _less(cls, ready, a, b):  # type: ignore[no-untyped-def]
     return a < b
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _wpush(heap, base, size, sid, cls, ready):  # type: ignore[no-untyped-def]
     i = size
     heap[base + i] = sid
@@ -113,7 +113,7 @@ def _wpush(heap, base, size, sid, cls, ready):  # type: ignore[no-untyped-def]
     return size + 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _wpop(heap, base, size, cls, ready):  # type: ignore[no-untyped-def]
     size -= 1
     heap[base] = heap[base + size]
@@ -129,7 +129,7 @@ def _wpop(heap, base, size, cls, ready):  # type: ignore[no-untyped-def]
         i = lo
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _epush(et, ev, size, t, x):  # type: ignore[no-untyped-def]
     """The event heap by time (``x`` = stage number × 2 + kind).  The order of the events
     of one instant does not matter: all are handled before the chain moves and dispatch
@@ -147,7 +147,7 @@ def _epush(et, ev, size, t, x):  # type: ignore[no-untyped-def]
     return size + 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _epop(et, ev, size):  # type: ignore[no-untyped-def]
     size -= 1
     et[0], ev[0] = et[size], ev[size]
@@ -188,6 +188,7 @@ def _schedule(  # type: ignore[no-untyped-def]
     for s in range(1, 16):
         base[s] = base[s - 1] + per_mask[s - 1]
     wheap = np.empty(n_st, np.int64)
+    used = np.flatnonzero(per_mask)  # the resource sets any stage needs
     wsize = np.zeros(16, np.int64)
     # transfers and stages
     tr_rec = np.empty(n_tr, np.int64)
@@ -341,7 +342,7 @@ def _schedule(  # type: ignore[no-untyped-def]
         # dispatch: the least startable head, again and again (see the module's docstring)
         while True:
             best = -1
-            for ms in range(1, 16):
+            for ms in used:
                 if wsize[ms] == 0:
                     continue
                 ok = True

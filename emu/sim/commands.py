@@ -215,7 +215,7 @@ def _add_run_options(p: argparse.ArgumentParser, *, steps: int = 200) -> None:
         "--timeline",
         action="store_true",
         help="schedule every transfer (demand, prefetch, write-back, CXL->NVMe) on the link "
-        "(full duplex), device DRAM and NVMe with queueing (docs/timeline.md; numpy engine): "
+        "(full duplex), device DRAM and NVMe with queueing (docs/timeline.md; either engine): "
         "step times, tokens/s and the serving metrics come from it",
     )
     g.add_argument(

@@ -52,10 +52,10 @@ def unsupported(opts: Any) -> str | None:
     if have_numba and _mode_of(opts) not in __getattr__("POLICY_CODES"):
         covered = __getattr__("COVERED")
         return f"the fast engine does not cover policy {opts.policy} (it covers {covered})"
+    if opts.prefetch and getattr(opts, "timeline", False):  # (its log has no prefetch rows)
+        return "the fast engine's transfer log does not record prefetches yet"
     if opts.prefetch:
         return "the fast engine does not prefetch yet"
-    if getattr(opts, "timeline", False):
-        return "the transfer timeline runs on the numpy engine"
     cfg = opts.config  # tier rules of docs/policy.md the kernel does not replicate yet
     for name, today in (("eviction_passes", "exact"), ("cxl_order", "fifo"),
                         ("tier_management", "static")):  # fmt: skip
@@ -135,6 +135,8 @@ def run(rep: _Replay) -> None:
     stats and dump."""
     from .compose import modules, replay_for
     from .hooks import Media, Plan, Run, Setup, Table, trait
+    from .timeline import arrays as log_arrays
+    from .timeline import buffer as log_buffer
 
     opts, stream, fw = rep.opts, rep.stream, rep.fw
     cfg = fw.config
@@ -167,6 +169,7 @@ def run(rep: _Replay) -> None:
     state = module.build(setup)
     t, tiers = opts.timing, rep.tiers
     ctx_tokens = np.zeros(plan["n_ctx"] if trait(module, "BY_AGE") else 0, np.int64)
+    tlog = log_buffer(bool(opts.timeline), plan["read"].size, plan["ids"].size, per_request)
     out = replay_for(module)(
         Plan(plan["read"], plan["step"], plan["tokens"], plan["off"], plan["ids"], w,
              plan["loff"], plan["l_ctx"], plan["l_tok"]),
@@ -181,6 +184,7 @@ def run(rep: _Replay) -> None:
               nvme_lat=float(t.nvme_latency_ns), nvme_gbps=float(t.nvme_gbps)),
         Table(plan["e_ctx"], plan["e_block"], int(stream.shape.block_tokens), ctx_tokens),
         state,
+        tlog,
     )  # fmt: skip
     reads, hits, miss, stall, tokens, moved, tier, tcount, stats = out[:9]
     d_id, d_pr, d_key, d_call, call_batch, err = out[9:]
@@ -190,6 +194,8 @@ def run(rep: _Replay) -> None:
             f"NVMe tier full: {nv} entries placed, capacity {cap} ({cap * tiers.entry_bytes} B);"
             " raise --nvme or --cxl"
         )
+    if opts.timeline:
+        rep.tl_arrays = log_arrays(tlog, int(rep.eb))
     k = books.n
     books.reads[:] = reads[:k]
     books.hits[:] = hits[:k]

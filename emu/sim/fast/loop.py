@@ -31,6 +31,9 @@ from kvcxl.emu.sim.fast.kernel import (
     key_of,
 )
 from kvcxl.emu.sim.fast.policies import lru as P  # kvcxl-policy-module (compose.py)
+from kvcxl.emu.sim.fast.timeline import close as log_close
+from kvcxl.emu.sim.fast.timeline import hit_records as log_hits
+from kvcxl.emu.sim.fast.timeline import open_record as log_open
 
 # The policy's traits and hooks, frozen as constants when numba compiles the loop.
 STATIC = hooks.trait(P, "STATIC")
@@ -54,9 +57,10 @@ select = hooks.hook(P, "select")
 
 
 @njit(cache=True)
-def replay(plan, run, media, tab, ps):  # type: ignore[no-untyped-def]
+def replay(plan, run, media, tab, ps, tlog):  # type: ignore[no-untyped-def]
     """Replay ``plan`` (a :class:`~kvcxl.emu.sim.fast.hooks.Plan`) with the policy state
-    ``ps``; returns (books, tiers, stats, victim dump, error)."""
+    ``ps``, emitting the transfer log into ``tlog`` (:mod:`kvcxl.emu.sim.fast.timeline`);
+    returns (books, tiers, stats, victim dump, error)."""
     b_read, b_step, b_off, b_tokens = plan.read, plan.step, plan.off, plan.tokens
     p_ids, p_w = plan.ids, plan.w
     b_loff, l_ctx, l_tok = plan.loff, plan.l_ctx, plan.l_tok
@@ -72,6 +76,7 @@ def replay(plan, run, media, tab, ps):  # type: ignore[no-untyped-def]
     ctx_tokens, e_ctx, e_block, bt = tab.ctx_tokens, tab.e_ctx, tab.e_block, tab.bt
     ps = borrowed(ps)  # (the caller's ps and tab keep their arrays alive)
     tab = borrowed(tab)
+    tlog = borrowed(tlog)
     # books
     reads = np.zeros(npos, np.int64)
     hits = np.zeros(npos, np.int64)
@@ -193,6 +198,7 @@ def replay(plan, run, media, tab, ps):  # type: ignore[no-untyped-def]
                 reads[pos] += h
                 hits[pos] += h
                 tokens[pos] += tok
+                log_hits(tlog, h, pos, step, tok, moved)
                 nxt_sb = sb + h
                 continue
             # Up to two calls per batch: a write (the batch's own, or a trace's entries written
@@ -235,6 +241,7 @@ def replay(plan, run, media, tab, ps):  # type: ignore[no-untyped-def]
                         stamp[e] = call
                     tcount[HBM] += na
                     moved[pos, HOST, HBM] += na
+                    log_open(tlog, False, pos, step, 0, 0, 0, 0, 0, moved)
                 else:
                     if not b_read[b]:
                         continue
@@ -284,6 +291,7 @@ def replay(plan, run, media, tab, ps):  # type: ignore[no-untyped-def]
                         tcount[src] -= 1
                         tier[e] = HBM
                     tcount[HBM] += na
+                    log_open(tlog, True, pos, step, tok, nh, m, c_cxl, c_nvme, moved)
                 # --- PolicyCache._admit(adm[:na]) ---
                 n_res += na
                 s_ins += na
@@ -514,6 +522,7 @@ def replay(plan, run, media, tab, ps):  # type: ignore[no-untyped-def]
                 break
         if err:
             break
+    log_close(tlog, moved)
     stats = np.array([s_hits, s_miss, s_ins, s_evict, s_pass, n_pinned, n_res, n_desc])
     return (
         reads, hits, miss, stall, tokens, moved, tier, tcount, stats,

@@ -47,7 +47,7 @@ reuse, with the synthetic attention on top.  The sweep:
   at ``ci`` also the two ``seed`` placements per-step; at ``mid`` every users-timeline
   series both ways, on both published traces (the synthetic one has requests
   longer than S1's 128 K tokens: they are cut there, and the table says how many).
-  The transfer timeline is on (numpy engine), and every resource's utilisation is
+  The transfer timeline is on (either engine), and every resource's utilisation is
   checked to be ≤ 1.
 * **Seeds and statistics.** The arrivals are deterministic (the trace): a seed changes
   only the synthetic attention, so the 95 % CIs cover the attention alone, not the

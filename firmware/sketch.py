@@ -107,7 +107,7 @@ class FrequencySketch:
             )
         self.n = int(counters)
         self.k = int(hashes)
-        self.count = np.zeros(self.n, dtype=np.int64)
+        self.count = np.zeros(self.n, dtype=np.uint32)  # libCacheSim: unsigned int
         self._idx: dict[int, NDArray] = {}  # id -> its indices (hashing is the costly part)
 
     def indices(self, x: int) -> NDArray:

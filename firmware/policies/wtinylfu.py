@@ -4,9 +4,9 @@ frequency sketch that decides whether the window's victim replaces the main's vi
 libCacheSim's WTinyLFU, the form checked hit for hit in tests/test_policies_wtinylfu.py:
 
 * New entries join the head of the window (an LRU of trunc(capacity × ``wtinylfu_window``)
-  entries; the main cache holds the rest, M entries).  While the cache fills, every entry
-  stays in the window; the first eviction moves window tails into the main cache until it
-  is full.
+  entries, at least one; the main cache holds the rest, M entries).  While the cache
+  fills, every entry stays in the window; the first eviction moves window tails into the
+  main cache until it is full.
 * A reuse in the window moves the entry to the window's head; a reuse in the main cache
   is the main policy's (``wtinylfu_main``): ``slru`` (the published default: probation of
   trunc(M × ``wtinylfu_probation``) and protected of trunc(M × (1 − that)) entries; a
@@ -49,7 +49,7 @@ from numpy.typing import NDArray
 
 from ..params import REAL, Param, in_range, one_of
 from ..sketch import FrequencySketch, counters_per_element, hashes_for
-from .base import CapacityTooSmall, Tick, register
+from .base import Tick, register
 from .queued import NONE, QueuePolicy
 
 WINDOW, PROBATION, PROTECTED = 1, 2, 3
@@ -60,8 +60,8 @@ WTINYLFU_WINDOW = Param(
     "(0, 1)",
     in_range(0.0, 1.0, lo_open=True, hi_open=True),
     REAL,
-    "W-TinyLFU's window LRU share of the capacity, trunc(capacity × share) ≥ 1 entries "
-    "(libCacheSim window-size).",
+    "W-TinyLFU's window LRU share of the capacity: trunc(capacity × share) entries, at "
+    "least 1 (libCacheSim window-size).",
     default=0.01,
 )
 WTINYLFU_MAIN = Param(
@@ -123,13 +123,9 @@ class WTinyLfuPolicy(QueuePolicy):
         p = self.params
         if p.wtinylfu_main not in MAINS:  # (the Param refuses it first; a direct caller)
             raise ValueError(f"wtinylfu_main = {p.wtinylfu_main!r}: choose from {MAINS}")
-        window = int(capacity * p.wtinylfu_window)  # trunc, as libCacheSim's size_t cast
-        if capacity and window < 1:
-            raise CapacityTooSmall(
-                f"wtinylfu: the window holds trunc({capacity} × wtinylfu_window="
-                f"{p.wtinylfu_window}) = {window} entries; it must hold at least 1 (a larger "
-                "capacity or window)"
-            )
+        # trunc, as libCacheSim's integer cast; where that is 0 (libCacheSim then admits
+        # nothing at all) the window holds one entry
+        window = min(capacity, max(1, int(capacity * p.wtinylfu_window)))
         self.main_share = capacity - window
         if p.wtinylfu_main == "slru":
             # libCacheSim's segment sizes: trunc(share × M) each (their sum may fall short

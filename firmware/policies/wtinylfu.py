@@ -61,7 +61,8 @@ WTINYLFU_WINDOW = Param(
     in_range(0.0, 1.0, lo_open=True, hi_open=True),
     REAL,
     "W-TinyLFU's window LRU share of the capacity: trunc(capacity × share) entries, at "
-    "least 1 (libCacheSim window-size).",
+    "least 1 (libCacheSim window-size); larger favours recency (bursts of new entries "
+    "survive), smaller favours frequency.",
     default=0.01,
 )
 WTINYLFU_MAIN = Param(
@@ -77,21 +78,23 @@ WTINYLFU_PROBATION = Param(
     in_range(0.0, 1.0, lo_open=True, hi_open=True),
     REAL,
     "W-TinyLFU's SLRU main: the probation segment's share of the main cache (protected "
-    "holds the rest; libCacheSim seg-size=1:4).",
+    "holds the rest; libCacheSim seg-size=1:4); larger protects fewer reused entries.",
     default=0.2,
 )
 WTINYLFU_SKETCH_WIDTH = Param(
     "(0, 1048576] counters per entry",
     in_range(0.0, float(1 << 20), lo_open=True),
     REAL,
-    "W-TinyLFU's sketch counters per main-cache entry (libCacheSim: −ln 0.001 / ln²2).",
+    "W-TinyLFU's sketch counters per main-cache entry (libCacheSim: −ln 0.001 / ln²2); "
+    "wider: fewer collisions, estimates nearer the true counts.",
     default=counters_per_element(_DEFAULT_ERROR),
 )
 WTINYLFU_SKETCH_HASHES = Param(
     "[1, 32] hashes",
     in_range(1, 32),
     int,
-    "W-TinyLFU's counters per id in the sketch; the estimate is their minimum.",
+    "W-TinyLFU's counters per id in the sketch, the estimate their minimum; more (up to "
+    "ln 2 × width) overestimate less.",
     default=hashes_for(counters_per_element(_DEFAULT_ERROR)),
 )
 WTINYLFU_SAMPLE = Param(
@@ -99,7 +102,7 @@ WTINYLFU_SAMPLE = Param(
     in_range(1, 1 << 30),
     int,
     "W-TinyLFU's reset period: every counter halves after sample × main entries "
-    "main-cache reuses (libCacheSim 32).",
+    "main-cache reuses (libCacheSim 32); larger remembers old popularity longer.",
     default=32,
 )
 

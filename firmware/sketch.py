@@ -21,9 +21,9 @@ exercised; the general form is kept so it can be checked on the spec's test vect
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 
 import numpy as np
-from numpy.typing import NDArray
 
 _M64 = (1 << 64) - 1
 _P1 = 0x9E3779B185EBCA87
@@ -108,9 +108,9 @@ class FrequencySketch:
         self.n = int(counters)
         self.k = int(hashes)
         self.count = np.zeros(self.n, dtype=np.uint32)  # libCacheSim: unsigned int
-        self._idx: dict[int, NDArray] = {}  # id -> its indices (hashing is the costly part)
+        self._idx: dict[int, tuple[int, ...]] = {}  # id -> its indices (hashing is costly)
 
-    def indices(self, x: int) -> NDArray:
+    def indices(self, x: int) -> tuple[int, ...]:
         """The ``hashes`` counter indices of id ``x`` (repeats possible)."""
         idx = self._idx.get(x)
         if idx is None:
@@ -118,20 +118,26 @@ class FrequencySketch:
             a = xxh64(key, SEED_A) & 0xFFFFFFFF
             b = xxh64(key, SEED_B) & 0xFFFFFFFF
             # unsigned 32-bit arithmetic, as the C code's `unsigned int` does
-            idx = np.array([((a + i * b) & 0xFFFFFFFF) % self.n for i in range(self.k)], np.int64)
+            idx = tuple(((a + i * b) & 0xFFFFFFFF) % self.n for i in range(self.k))
             self._idx[x] = idx
         return idx
 
     def add(self, x: int) -> None:
-        np.add.at(self.count, self.indices(x), 1)
+        self.add_all([x])
 
-    def estimate(self, x: int, extra: dict[int, int] | None = None) -> int:
+    def add_all(self, xs: Iterable[int]) -> None:
+        """Add each of ``xs`` once (adds commute: one pass for a batch of them)."""
+        flat = [j for x in xs for j in self.indices(x)]
+        if flat:
+            np.add.at(self.count, flat, 1)  # (a repeated index counts twice)
+
+    def estimate(self, x: int, extra: Mapping[int, int] | None = None) -> int:
         """min over ``x``'s counters; ``extra`` holds pending increments by index (a walk's
         adds not yet committed)."""
-        idx = self.indices(x)
+        c = self.count
         if not extra:
-            return int(self.count[idx].min())
-        return min(int(self.count[i]) + extra.get(int(i), 0) for i in idx)
+            return int(min(c.item(j) for j in self.indices(x)))
+        return int(min(c.item(j) + extra.get(j, 0) for j in self.indices(x)))
 
     def halve(self) -> None:
         self.count >>= 1

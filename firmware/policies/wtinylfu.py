@@ -42,7 +42,7 @@ so ``priority`` is the rank in the walk, as for S3-FIFO.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 
 import numpy as np
 from numpy.typing import NDArray
@@ -148,8 +148,7 @@ class WTinyLfuPolicy(QueuePolicy):
 
     # --- the sketch's order of events ------------------------------------------------
     def _flush(self) -> None:
-        for i in self._pending:
-            self.sketch.add(i)
+        self.sketch.add_all(self._pending)
         self._pending = []
 
     def on_insert(self, ids: NDArray, tick: Tick) -> None:
@@ -193,8 +192,7 @@ class WTinyLfuPolicy(QueuePolicy):
         plan = self._plan
         super().on_evict(ids, tick)
         if plan is not None and np.array_equal(np.sort(ids), plan["victims"]):
-            for i in plan["counted"]:
-                self.sketch.add(i)
+            self.sketch.add_all(plan["counted"])
         self._flush()  # the batch's arrivals, after the pass (libCacheSim inserts last)
 
     # --- the pass --------------------------------------------------------------------
@@ -206,7 +204,7 @@ class WTinyLfuPolicy(QueuePolicy):
         extra: dict[int, deque[int]] = {PROBATION: deque(), PROTECTED: deque()}
         heads = {PROBATION: NONE, PROTECTED: NONE}  # each segment's next offered entry
         n = {q: self.live(q) for q in (PROBATION, PROTECTED)}
-        pending: dict[int, int] = {}  # sketch increments of this walk, by counter index
+        pending: Counter[int] = Counter()  # this walk's sketch increments, by counter index
         victims: list[int] = []
         moved: list[tuple[int, int]] = []
         counted: list[int] = []
@@ -235,8 +233,7 @@ class WTinyLfuPolicy(QueuePolicy):
 
         def count(i: int) -> None:
             counted.append(i)
-            for j in self.sketch.indices(i).tolist():
-                pending[j] = pending.get(j, 0) + 1
+            pending.update(self.sketch.indices(i))
 
         while len(victims) < k:
             w = next(window, NONE)

@@ -63,7 +63,7 @@ TIMING_OPTIONS = (
 DEMO_BUDGETS = ("5%", "10%", "20%", "40%")
 DEMO_POLICIES = (
     "belady", "ema", "fifo", "h2o", "lfu", "lrfu", "lru", "random", "sink-window",
-    "arc", "clock", "s3fifo", "sieve", "slru",
+    "arc", "clock", "s3fifo", "sieve", "slru", "wtinylfu",
 )  # fmt: skip
 
 

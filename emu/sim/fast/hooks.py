@@ -20,9 +20,10 @@ that share an order, as ``lru`` and ``lru-anchor``).  It holds, at module level:
     changed (read only for ``STATIC`` policies).
 
 and, where the default below is not the policy's, any of (njit).  The loop inlines every
-hook but ``end_step``, ``on_admit`` and ``select`` (:func:`inlined`) and passes each the state with its
-arrays' reference counts detached (:func:`kvcxl.emu.sim.fast.kernel.borrowed`): a hook may
-index, slice and copy them, but must not return one of them (or a view) out of the loop.
+hook but ``end_step``, ``on_admit`` and ``select`` (:func:`inlined`) and passes each the
+state with its arrays' reference counts detached
+(:func:`kvcxl.emu.sim.fast.kernel.borrowed`): a hook may index, slice and copy them, but
+must not return one of them (or a view) out of the loop.
 
 ``on_insert(ps, e, t)``
     ``e`` became resident (after ``forget`` when metadata is not persistent).
@@ -36,7 +37,8 @@ index, slice and copy them, but must not return one of them (or a view) out of t
 ``forget(ps, e)``
     back to the column fills: the metadata a non-persistent policy drops on insert and evict.
 ``on_evict(ps, e, t)``
-    ``e`` is leaving (before ``forget``): ghost lists, queue moves.
+    ``e`` is leaving (before ``forget``): ghost lists, queue moves.  The victims of one
+    pass leave one after another, after ``select`` and the dump's ``priority`` of each.
 ``end_step(ps, n)``
     a decode step ended; entries ``0 … n−1`` are described (the EMA's step).
 ``score(ps, e) -> float``

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from numba import njit
 
-from kvcxl.firmware.policies.slru import _SPAN, _MAX_SEGMENTS
+from kvcxl.firmware.policies.slru import _MAX_SEGMENTS, _SPAN
 
 from ..hooks import Setup
 from . import _queued as Q

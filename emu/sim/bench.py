@@ -42,9 +42,10 @@ def _replay_ci(quick: bool) -> dict[str, Any]:
         "compile_s": round(time.perf_counter() - t0, 3),
     }
     runs = [("lru", "float"), ("ema", "float"), ("ema", "int")]
+    runs += [(p, "float") for p in ("arc", "clock", "s3fifo", "sieve", "slru")]  # queues
     for policy, mode in runs:
         for gran in ("layer", "step"):
-            name = policy if policy == "lru" else f"{policy}_{mode}"
+            name = f"{policy}_{mode}" if policy == "ema" else policy
             rate = {}
             for engine in ("numpy", "fast"):
                 opts = SimOptions(

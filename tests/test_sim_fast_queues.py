@@ -141,3 +141,30 @@ def test_a_capacity_too_small_is_refused_alike(params: dict[str, Any]) -> None:
     for gran in GRANULARITIES:
         _replay(stream, "s3fifo", params, f"s3fifo {params} {gran} at {too_small + 1} entries",
                 granularity=gran, budget_bytes=(too_small + 1) * eb)  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", QUEUES)
+def test_the_fast_engine_matches_the_plain_reference(policy: str) -> None:
+    """The fast engine against the second implementation written from the docs
+    (tests/reference_queues.py through tests/reference_engine.py), as
+    tests/test_sim_differential.py checks the numpy engine: victims step by step."""
+    from test_sim_differential import QUEUE_WORKLOADS, WL_SHAPE, _stream, compare, ref
+
+    for workload in QUEUE_WORKLOADS:
+        stream = _stream(workload, "topk:2")
+        eb = WL_SHAPE.entry_bytes
+        for gran, share in (("layer", 0.3), ("step", 0.5), ("request", 0.3)):
+            budget = max(int(stream.n_entries * share), 12)
+            config = PolicyConfig.from_mapping({"pinned_fraction": 0.0})
+            sim = simulate(
+                stream,
+                SimOptions(engine="fast", policy=policy, budget_bytes=budget * eb, config=config,
+                           granularity=gran, record_victims=True),
+            )  # fmt: skip
+            assert sim["engine"] == "fast"
+            want = ref.replay_stream(
+                stream, policy=policy, budget_bytes=budget * eb, config=config, granularity=gran
+            )
+            desc = f"fast policy={policy} workload={workload} granularity={gran} budget={budget}"
+            assert sum(len(v) for v in want["victims"].values()) > 0, desc
+            compare(sim, stream, want, desc)

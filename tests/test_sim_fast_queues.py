@@ -9,6 +9,8 @@ sweep covers workloads and traces (entries written on first read), the three
 granularities, budgets from capacity misses only to mostly hits, small CXL DRAM (spill),
 metadata not persistent with pins asked for, and each policy's own parameters; a
 capacity the firmware refuses (S3-FIFO's small queue under two entries) is refused alike.
+The fast engine is also checked against the plain queues written from the docs
+(tests/reference_queues.py), as tests/test_sim_differential.py checks the numpy engine.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ ONCE = hooks.trait(P, "ONCE")
 STEPS = hooks.has(P, "end_step")
 SCORED = hooks.has(P, "score")
 SELECT = hooks.has(P, "select")
+ADMIT = hooks.has(P, "on_admit")
 # The per-read and per-entry hooks are inlined into the loop (numba IR), where the state's
 # reference counts are detached (kernel.borrowed): a call of its own would count them.
 priority = hooks.inlined(P.priority)
@@ -54,6 +55,7 @@ score = hooks.inlined(hooks.hook(P, "score"))
 now_of = hooks.inlined(hooks.hook(P, "now"))
 end_step = hooks.hook(P, "end_step")  # (once per step and pass: calls)
 select = hooks.hook(P, "select")
+on_admit = hooks.hook(P, "on_admit")  # (once per call that admits)
 
 
 @njit(cache=True)
@@ -315,6 +317,8 @@ def replay(plan, run, media, tab, ps, tlog):  # type: ignore[no-untyped-def]
                         dirty[e] = True
                         dirty_list[n_dirty] = e
                         n_dirty += 1
+                if ADMIT and na:
+                    on_admit(ps, adm, na, t)
                 # --- on_access (reads only) ---
                 if not is_write:
                     for j in range(a, z):

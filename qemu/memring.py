@@ -110,9 +110,12 @@ class MemRingServer(threading.Thread):
         return ctypes.addressof(self._view) + L.MR_HDR[name]
 
     def stop(self) -> None:
+        """End the loop (woken until it has: a wake-up can land just before its sleep)."""
         self.halt.set()
-        futex_wake(self._addr("req_tail"))
-        self.join(timeout=5)
+        t0 = time.monotonic()
+        while self.is_alive() and time.monotonic() - t0 < 5:
+            futex_wake(self._addr("req_tail"))
+            self.join(timeout=0.01)
 
     def close(self) -> None:
         del self._view

@@ -220,8 +220,14 @@ MR_REQ_FMT = struct.Struct("<HHIQQ")  # op flags seq addr byte_enable, at MR_REC
 MR_OP_READ, MR_OP_WRITE = 1, 2  # MemRd, MemWrPtl
 MR_ST_OK, MR_ST_POISON, MR_ST_REFUSED = 0, 1, 2  # REFUSED: a bad record, one access fails
 MR_FAULT_BAD_INDEX = 1  # req_tail ran more than DEPTH ahead of req_head
-MR_HOST_SPIN_NS = 50_000  # QEMU spins this long for an answer before it sleeps
-MR_DEVICE_SPIN_S = 0.0005  # the device spins this long after its last request
+# Waiting, each side: a busy spin first (an answer or the next request of a burst comes
+# within microseconds), then a spin that yields the CPU at each turn (sched_yield: on a
+# machine with more runnable threads than cores a plain spinner takes the CPU the other
+# side needs to answer), then futex.
+MR_HOST_BUSY_NS = 2_000  # QEMU: busy spin for an answer
+MR_HOST_SPIN_NS = 50_000  # QEMU: then yielding spin, up to this, then it sleeps
+MR_DEVICE_BUSY_S = 20e-6  # the device: busy spin after its last request
+MR_DEVICE_SPIN_S = 200e-6  # then yielding spin, up to this, then it sleeps
 MR_WAIT_NS = 1_000_000  # each futex sleep is bounded: a lost wake-up costs at most this
 
 # The window the machine's CFMW lands at with -m 2G,maxmem=8G,slots=4 (the guest reports
@@ -229,7 +235,7 @@ MR_WAIT_NS = 1_000_000  # each futex sleep is bounded: a lost wake-up costs at m
 WINDOW_BASE = 0x390000000
 WINDOW_SIZE = 4 << 30
 
-assert MR_REQ_FMT.size == MR_REC['status'] and MR_REC['data'] + 64 <= MR_REC_BYTES
+assert MR_REQ_FMT.size == MR_REC["status"] and MR_REC["data"] + 64 <= MR_REC_BYTES
 for _s in (DEV_HDR_FMT, HOST_HDR_FMT, SQE_FMT, CQE_FMT, TRACE_HDR_FMT, ACC_HDR_FMT, FUZZ_HDR_FMT):
     assert _s.size == 64, _s.format
 

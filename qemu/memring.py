@@ -2,16 +2,17 @@
 
 QEMU (``kvcxl-ring=FILE``) writes each trapped access as one record of the file this
 module creates and publishes ``req_tail``; :class:`MemRingServer` answers in the same
-record and publishes ``req_head`` (layout: :mod:`kvcxl.qemu.layout`, ``MR_*``; docs/
-qemu.md, "The CXL.mem request ring").  The socket stays for the mailbox and as the other
+record and publishes ``req_head`` (layout: :mod:`kvcxl.qemu.layout`, ``MR_*``;
+docs/qemu.md, "The CXL.mem request ring").  The socket stays for the mailbox and as the other
 way to send CXL.mem requests (QEMU uses the socket when ``kvcxl-ring`` is not given).
 
-Wake-up: the server spins on ``req_tail`` for ``MR_DEVICE_SPIN_S`` after its last
-request (a guest touching trapped memory makes its next request within microseconds),
-then raises ``dev_sleep`` and sleeps in futex(2) on ``req_tail``; QEMU calls futex wake
-only when it sees ``dev_sleep`` set.  QEMU does the same on ``req_head`` (``host_sleep``).
-A busy link therefore makes no system call.  Every sleep is bounded (``MR_WAIT_NS``),
-so a wake-up lost to a race costs a millisecond, never a hang.
+Wake-up: the server spins on ``req_tail`` after its last request (a guest touching
+trapped memory makes its next request within microseconds): busily for
+``MR_DEVICE_BUSY_S``, then yielding the CPU at each turn up to ``MR_DEVICE_SPIN_S``;
+then it raises ``dev_sleep`` and sleeps in futex(2) on ``req_tail``.  QEMU calls futex
+wake only when it sees ``dev_sleep`` set, and does the same on ``req_head``
+(``host_sleep``).  A busy link therefore makes no system call.  Every sleep is bounded
+(``MR_WAIT_NS``), so a wake-up lost to a race costs a millisecond, never a hang.
 
 A bad record (unknown opcode, a read with byte enables, a write with none, a sequence
 number that is not its index) is answered ``MR_ST_REFUSED`` — that one access fails in
@@ -93,7 +94,7 @@ class MemRingServer(threading.Thread):
     def __init__(self, engine: Engine, path: str | Path) -> None:
         super().__init__(daemon=True, name="kvcxl-memring")
         self.engine, self.path = engine, Path(path)
-        self._f = open(path, "r+b")  # noqa: SIM115  (kept open with the mapping)
+        self._f = open(path, "r+b")
         self.mm = mmap.mmap(self._f.fileno(), L.MR_BYTES)
         if _U32.unpack_from(self.mm, L.MR_HDR["magic"])[0] != L.MR_MAGIC:
             raise ValueError(f"{path} is not a kvcxl request ring (magic)")
@@ -139,13 +140,16 @@ class MemRingServer(threading.Thread):
         o_tail, o_head, o_dsleep = hdr["req_tail"], hdr["req_head"], hdr["dev_sleep"]
         unpack = _U32.unpack_from
         head = unpack(mm, o_head)[0]
-        spin_s, wait_ns = L.MR_DEVICE_SPIN_S, L.MR_WAIT_NS
-        clock = time.perf_counter
+        busy_s, spin_s, wait_ns = L.MR_DEVICE_BUSY_S, L.MR_DEVICE_SPIN_S, L.MR_WAIT_NS
+        clock, yield_cpu = time.perf_counter, os.sched_yield
         while not self.halt.is_set():
             idle_since = clock()
             tail = unpack(mm, o_tail)[0]
-            while tail == head:  # spin, then sleep on req_tail
-                if clock() - idle_since > spin_s:
+            while tail == head:  # spin, spin yielding, then sleep on req_tail
+                idle = clock() - idle_since
+                if idle > busy_s:
+                    yield_cpu()
+                if idle > spin_s:
                     _U32.pack_into(mm, o_dsleep, 1)
                     with self.engine.lock:  # a locked instruction: the flag before the index
                         tail = unpack(mm, o_tail)[0]

@@ -1,13 +1,14 @@
 """The patched QEMU: the patch kept in ``qemu/patch/``, its generated header, the build.
 
-``qemu/patch/kvcxl-type3.patch`` adds two properties to QEMU's ``cxl-type3``
-(``kvcxl=SOCKET``, ``kvcxl-state=FILE``) and the link code
+``qemu/patch/kvcxl-type3.patch`` adds properties to QEMU's ``cxl-type3``
+(``kvcxl=SOCKET``, ``kvcxl-state=FILE``, ``kvcxl-ring=FILE``, ``kvcxl-alias=on``) and the link code
 (``hw/mem/cxl_type3_kvcxl.c.inc``) that sends the guest's accesses to the kvcxl
 device (docs/qemu.md, "The patched QEMU").  The C side's message layouts and
 constants are not written by hand: :func:`render_header` generates
 ``hw/mem/cxl_type3_kvcxl.h`` from the tables that define them —
 :mod:`kvcxl.firmware.cxl.mem` (CXL.mem messages), :mod:`kvcxl.emu.device.service`
-(the socket framing) and :mod:`kvcxl.emu.device.pagestate` (the shared page table), :mod:`kvcxl.qemu.layout` (the CXL.mem request ring).
+(the socket framing), :mod:`kvcxl.emu.device.pagestate` (the shared page table) and
+:mod:`kvcxl.qemu.layout` (the CXL.mem request ring).
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def render_header() -> str:
         f"#define KVCXL_MR_ST_OK {L.MR_ST_OK}",
         f"#define KVCXL_MR_ST_POISON {L.MR_ST_POISON}",
         f"#define KVCXL_MR_ST_REFUSED {L.MR_ST_REFUSED}",
+        f"#define KVCXL_MR_HOST_BUSY_NS {L.MR_HOST_BUSY_NS}",
         f"#define KVCXL_MR_HOST_SPIN_NS {L.MR_HOST_SPIN_NS}",
         f"#define KVCXL_MR_WAIT_NS {L.MR_WAIT_NS}",
         "",

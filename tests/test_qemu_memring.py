@@ -34,7 +34,7 @@ class HostEnd:
     """QEMU's side of the ring (one request at a time, as QEMU holds its link lock)."""
 
     def __init__(self, path: Path) -> None:
-        self._f = open(path, "r+b")  # noqa: SIM115
+        self._f = open(path, "r+b")
         self.mm = mmap.mmap(self._f.fileno(), L.MR_BYTES)
         self._view = (ctypes.c_uint32 * (L.MR_BYTES // 4)).from_buffer(self.mm)
         self.base = ctypes.addressof(self._view)
@@ -146,9 +146,10 @@ def test_answers_equal_the_sockets_for_random_reads_and_writes(served) -> None:
     a, b = engine.device.counters, twin.device.counters
     for k in ("mem_requests", "reads", "writes", "write_bytes", "poisoned_reads"):
         assert a[k] == b[k], k
-    assert engine.device.read(L.WIDTHS_BASE, L.WIDTHS_BYTES).data == twin.device.read(
-        L.WIDTHS_BASE, L.WIDTHS_BYTES
-    ).data
+    assert (
+        engine.device.read(L.WIDTHS_BASE, L.WIDTHS_BYTES).data
+        == twin.device.read(L.WIDTHS_BASE, L.WIDTHS_BYTES).data
+    )
     assert srv.statuses["poison"] > 0 and srv.fault is None
 
 

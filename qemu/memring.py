@@ -7,8 +7,7 @@ docs/qemu.md, "The CXL.mem request ring").  The socket stays for the mailbox and
 way to send CXL.mem requests (QEMU uses the socket when ``kvcxl-ring`` is not given).
 
 Wake-up: the server spins on ``req_tail`` after its last request (a guest touching
-trapped memory makes its next request within microseconds): busily for
-``MR_DEVICE_BUSY_S``, then yielding the CPU at each turn up to ``MR_DEVICE_SPIN_S``;
+trapped memory makes its next request within microseconds) for ``MR_DEVICE_SPIN_S``,
 then it raises ``dev_sleep`` and sleeps in futex(2) on ``req_tail``.  QEMU calls futex
 wake only when it sees ``dev_sleep`` set, and does the same on ``req_head``
 (``host_sleep``).  A busy link therefore makes no system call.  Every sleep is bounded
@@ -140,16 +139,13 @@ class MemRingServer(threading.Thread):
         o_tail, o_head, o_dsleep = hdr["req_tail"], hdr["req_head"], hdr["dev_sleep"]
         unpack = _U32.unpack_from
         head = unpack(mm, o_head)[0]
-        busy_s, spin_s, wait_ns = L.MR_DEVICE_BUSY_S, L.MR_DEVICE_SPIN_S, L.MR_WAIT_NS
-        clock, yield_cpu = time.perf_counter, os.sched_yield
+        spin_s, wait_ns = L.MR_DEVICE_SPIN_S, L.MR_WAIT_NS
+        clock = time.perf_counter
         while not self.halt.is_set():
             idle_since = clock()
             tail = unpack(mm, o_tail)[0]
-            while tail == head:  # spin, spin yielding, then sleep on req_tail
-                idle = clock() - idle_since
-                if idle > busy_s:
-                    yield_cpu()
-                if idle > spin_s:
+            while tail == head:  # spin, then sleep on req_tail
+                if clock() - idle_since > spin_s:
                     _U32.pack_into(mm, o_dsleep, 1)
                     with self.engine.lock:  # a locked instruction: the flag before the index
                         tail = unpack(mm, o_tail)[0]

@@ -111,7 +111,6 @@ def render_header() -> str:
         f"#define KVCXL_MR_ST_OK {L.MR_ST_OK}",
         f"#define KVCXL_MR_ST_POISON {L.MR_ST_POISON}",
         f"#define KVCXL_MR_ST_REFUSED {L.MR_ST_REFUSED}",
-        f"#define KVCXL_MR_HOST_BUSY_NS {L.MR_HOST_BUSY_NS}",
         f"#define KVCXL_MR_HOST_SPIN_NS {L.MR_HOST_SPIN_NS}",
         f"#define KVCXL_MR_WAIT_NS {L.MR_WAIT_NS}",
         "",

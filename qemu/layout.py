@@ -233,7 +233,8 @@ MR_WAIT_NS = 1_000_000  # each futex sleep is bounded: a lost wake-up costs at m
 WINDOW_BASE = 0x390000000
 WINDOW_SIZE = 4 << 30
 
-assert MR_REQ_FMT.size == MR_REC["status"] and MR_REC["data"] + 64 <= MR_REC_BYTES
+assert MR_REC["op"] == 0 and MR_REQ_FMT.size == MR_REC["status"]  # one unpack at the record
+assert MR_REC["data"] + 64 <= MR_REC_BYTES
 for _s in (DEV_HDR_FMT, HOST_HDR_FMT, SQE_FMT, CQE_FMT, TRACE_HDR_FMT, ACC_HDR_FMT, FUZZ_HDR_FMT):
     assert _s.size == 64, _s.format
 

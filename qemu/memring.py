@@ -28,7 +28,6 @@ import os
 import struct
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 from kvcxl.emu.device.service import Engine, LineRefused
@@ -101,7 +100,7 @@ class MemRingServer(threading.Thread):
         self._view = self._words.from_buffer(self.mm)  # the futex words' addresses
         self.halt = threading.Event()
         self.served = 0
-        self.statuses: Counter[str] = Counter()
+        self._counts = [0] * (max(_STATUS_NAMES) + 1)  # answers by status
         self.wakes = self.sleeps = 0
         self.refusals: list[str] = []  # the first reasons, for the report
         self.fault: str | None = None
@@ -122,11 +121,16 @@ class MemRingServer(threading.Thread):
         self.mm.close()
         self._f.close()
 
+    @property
+    def statuses(self) -> dict[str, int]:
+        """Answers by status name."""
+        return {name: self._counts[st] for st, name in _STATUS_NAMES.items()}
+
     def stats(self) -> dict:
         return {
             "path": str(self.path),
             "served": self.served,
-            "statuses": dict(self.statuses),
+            "statuses": self.statuses,
             "device_sleeps": self.sleeps,
             "host_wakes": self.wakes,
             "refusals": self.refusals,
@@ -180,22 +184,24 @@ class MemRingServer(threading.Thread):
         """Answer record ``i``: its status and, for a read, the line."""
         mm = self.mm
         at = L.MR_RECORDS + (i % L.MR_DEPTH) * L.MR_REC_BYTES
-        op, flags, seq, addr, be = L.MR_REQ_FMT.unpack_from(mm, at + L.MR_REC["op"])
-        data = L.MR_REC["data"] + at
+        op, flags, seq, addr, be = L.MR_REQ_FMT.unpack_from(mm, at)
+        data = at + L.MR_REC["data"]
         why = check(op, flags, seq, i, addr, be)
         status = L.MR_ST_REFUSED
         if why is None:
             try:
-                write = op == L.MR_OP_WRITE
-                flag, line = self.engine.line(write, addr, be, mm[data : data + 64])
-                if not write:
-                    mm[data : data + 64] = line
+                if op == L.MR_OP_READ:
+                    flag, mm[data : data + 64] = self.engine.line(False, addr, 0, b"")
+                else:
+                    flag, _ = self.engine.line(True, addr, be, mm[data : data + 64])
                 status = L.MR_ST_POISON if flag else L.MR_ST_OK
             except LineRefused as exc:
                 why = str(exc)
-        if why is not None and len(self.refusals) < 16:
+            if why is not None and len(self.refusals) < 16:
+                self.refusals.append(f"record {i}: {why}")
+        elif len(self.refusals) < 16:
             self.refusals.append(f"record {i}: {why}")
-        self.statuses[_STATUS_NAMES[status]] += 1
+        self._counts[status] += 1
         _U16.pack_into(mm, at + L.MR_REC["status"], status)
 
 
@@ -204,6 +210,8 @@ _STATUS_NAMES = {L.MR_ST_OK: "ok", L.MR_ST_POISON: "poison", L.MR_ST_REFUSED: "r
 
 def check(op: int, flags: int, seq: int, index: int, addr: int, be: int) -> str | None:
     """Why record ``index`` (its fields as read) cannot be served, or None."""
+    if op == L.MR_OP_READ and not (flags or be or addr >> mem.ADDR_BITS) and seq == index:
+        return None  # the common case, in one test
     if op not in (L.MR_OP_READ, L.MR_OP_WRITE):
         return f"unknown opcode {op}"
     if flags:

@@ -223,9 +223,11 @@ MR_FAULT_BAD_INDEX = 1  # req_tail ran more than DEPTH ahead of req_head
 # Waiting, each side: a busy spin (an answer, or the next request of a burst, comes
 # within microseconds), then futex.  No sched_yield in the spin: on this loaded machine
 # a yielding spinner gave its CPU away for whole time slices (one boot: trapped loads
-# at 84 µs p50, 2.4 ms p95); a thread woken from futex is scheduled sooner.
-MR_HOST_SPIN_NS = 100_000  # QEMU: busy spin for an answer (a doorbell's batch), then sleep
-MR_DEVICE_SPIN_S = 200e-6  # the device: busy spin after its last request, then it sleeps
+# at 84 µs p50, 2.4 ms p95); a thread woken from futex is scheduled sooner.  Longer
+# busy spins did worse too (100 µs / 200 µs: 340 µs p50 in one boot): two spinners of
+# ours take both cores from the guest's vCPU (docs/qemu.md, the request ring's table).
+MR_HOST_SPIN_NS = 20_000  # QEMU: busy spin for an answer, then it sleeps
+MR_DEVICE_SPIN_S = 50e-6  # the device: busy spin after its last request, then it sleeps
 MR_WAIT_NS = 1_000_000  # each futex sleep is bounded: a lost wake-up costs at most this
 
 # The window the machine's CFMW lands at with -m 2G,maxmem=8G,slots=4 (the guest reports

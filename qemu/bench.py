@@ -9,6 +9,9 @@
   boot without the TCG plugin: boot to /init and to region ready, guest-measured ring
   round trip (stock: the polling service; patched: the doorbell), attention records/s
   through the ring during the replay, guest memcpy to and from CXL memory beside plain guest RAM.
+* ``qemu_boot_kvcxl`` sends the patched QEMU's CXL.mem requests over the device's socket,
+  ``qemu_boot_kvcxl_ring`` through the shared-memory request ring (qemu/memring.py), in
+  the same run: trapped 8-byte loads and the doorbell, socket against ring.
 * ``qemu_boot_kvcxl_alias``: the patched QEMU with ``--alias`` (DRAM-tier pages mapped
   into the guest as RAM), in the same run.
 * ``qemu_boot_plugin``: the same with the plugin streaming every CXL-window access
@@ -102,7 +105,9 @@ def _shm() -> str | None:
     return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 
 
-def _boot(plugin: bool, qemu: str = "stock", alias: bool = False) -> dict[str, Any]:
+def _boot(
+    plugin: bool, qemu: str = "stock", alias: bool = False, mem_link: str = "ring"
+) -> dict[str, Any]:
     try:
         host = load_host()
     except SetupError as exc:
@@ -115,7 +120,7 @@ def _boot(plugin: bool, qemu: str = "stock", alias: bool = False) -> dict[str, A
     r, _b = boot(
         BootOptions(
             qemu=qemu, jobs=("replay", "bench"), plugin=plugin, trap=trap, alias=alias,
-            timeout=600,
+            mem_link=mem_link, timeout=600,
         )
     )  # fmt: skip
     g = r["guest"]
@@ -124,6 +129,7 @@ def _boot(plugin: bool, qemu: str = "stock", alias: bool = False) -> dict[str, A
         "qemu": qemu,
         "plugin": "on" if plugin else "off",
         "alias": "on" if alias else "off",
+        "mem_link": mem_link if qemu == "kvcxl" else None,
         "qemu_exit_code": r["qemu"]["exit_code"],
         "guest_failures": r["guest_failures"],
         "load_average_1min": os.getloadavg()[0],
@@ -154,7 +160,10 @@ def benches() -> dict:
         "qemu_ring_host_doorbell": _ring_host_doorbell,
         # stock and patched QEMU side by side in one run (docs/qemu.md, "Measured timings")
         "qemu_boot": lambda quick: _boot(False),
-        "qemu_boot_kvcxl": lambda quick: _boot(False, "kvcxl"),
+        # the patched QEMU's CXL.mem requests over the device's socket, then through the
+        # shared-memory request ring (the default), in the same run
+        "qemu_boot_kvcxl": lambda quick: _boot(False, "kvcxl", mem_link="socket"),
+        "qemu_boot_kvcxl_ring": lambda quick: _boot(False, "kvcxl", mem_link="ring"),
         # the patched QEMU with its DRAM-tier pages mapped into the guest as RAM
         "qemu_boot_kvcxl_alias": lambda quick: _boot(False, "kvcxl", alias=True),
         "qemu_boot_plugin": lambda quick: {"skipped": "--quick"} if quick else _boot(True),

@@ -76,6 +76,10 @@ class BootOptions:
     # guest reaches them at RAM speed, but its accesses to them are no longer counted per
     # page, so the firmware's learned reads miss them (docs/qemu.md, "DIRECT pages as RAM")
     alias: bool = False
+    # (--qemu kvcxl) how QEMU sends CXL.mem requests to the device: "ring", the shared-
+    # memory request ring (kvcxl-ring=, qemu/memring.py), or "socket", the device's socket
+    # (the mailbox always takes the socket)
+    mem_link: str = "ring"
     # (--alias) share of the KV cache's DIRECT pages the device traps each step to learn
     # the reads from their first touches (emu/device/sampling.py); 0: off
     sample_rate: float = 0.0
@@ -133,6 +137,10 @@ class Boot:
         return self.workdir / "page-state.bin"
 
     @property
+    def mem_ring(self) -> Path:
+        return self.workdir / "mem-ring.bin"
+
+    @property
     def service_stats(self) -> Path:
         return self.workdir / "service.json"
 
@@ -154,6 +162,8 @@ class Boot:
                 f"--sample-rate {self.opts.sample_rate} needs --alias: without it the "
                 "device counts every access and has nothing to sample"
             )
+        if self.opts.mem_link not in ("ring", "socket"):
+            raise ValueError(f"--mem-link {self.opts.mem_link!r} is not 'ring' or 'socket'")
         if self.opts.qemu != "kvcxl" and (self.opts.trap or self.opts.churn or self.opts.alias):
             raise ValueError(
                 "--trap, --churn and --alias need --qemu kvcxl: stock QEMU serves the "
@@ -287,6 +297,8 @@ class Boot:
             cmd += ["--churn", f"{dpa:#x}:{length}"]
         if self.opts.sample_rate:
             cmd += ["--sample-rate", repr(self.opts.sample_rate)]
+        if self.opts.mem_link == "ring":
+            cmd += ["--mem-ring", str(self.mem_ring)]
         for key, value in self.opts.health:
             cmd += ["--health", f"{key}={value}"]
         log = open(self.workdir / "device.log", "w")
@@ -338,6 +350,8 @@ class Boot:
             t3 += f",kvcxl={sock},kvcxl-state={self.page_state}"
             if self.opts.alias:
                 t3 += ",kvcxl-alias=on"
+            if self.opts.mem_link == "ring":
+                t3 += f",kvcxl-ring={self.mem_ring}"
         cmd = [
             h.qemu_kvcxl if kvcxl else h.qemu,
             *(_MINIMAL_BUILD if kvcxl else []),

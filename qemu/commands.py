@@ -187,6 +187,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="(--alias) share of the KV cache's DIRECT pages trapped each step to learn the "
         "replay's reads from their first touches (default 0: off)",
     )
+    b.add_argument(
+        "--mem-link",
+        choices=("ring", "socket"),
+        default="ring",
+        help="(--qemu kvcxl) how QEMU sends CXL.mem requests to the device: the shared-"
+        "memory request ring (default) or the device's socket",
+    )
     b.add_argument("--console", action="store_true", help="echo the guest console")
     b.add_argument("--keep", action="store_true", help="keep the work directory (media, logs)")
     b.add_argument("--json", dest="json_out", help="write the full report to this file")
@@ -345,6 +352,7 @@ def _boot(args: argparse.Namespace) -> int:
         churn=tuple(args.churn),
         alias=args.alias,
         sample_rate=args.sample_rate,
+        mem_link=args.mem_link,
     )
     report, b = boot(opts)  # SetupError (not set up): one line, exit status 1
     if args.json_out:

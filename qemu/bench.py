@@ -10,7 +10,9 @@
   round trip (stock: the polling service; patched: the doorbell), attention records/s
   through the ring during the replay, guest memcpy to and from CXL memory beside plain guest RAM.
 * ``qemu_boot_kvcxl_alias``: the patched QEMU with ``--alias`` (DRAM-tier pages mapped
-  into the guest as RAM), in the same run.
+  into the guest as RAM), in the same run; ``qemu_boot_kvcxl_alias_kvm``: the same under
+  KVM (``--accel kvm``; skipped with the reason where KVM is not usable), so that
+  ``--only qemu_boot_kvcxl_alias`` gives both side by side.
 * ``qemu_boot_plugin``: the same with the plugin streaming every CXL-window access
   (skipped with --quick, and when the plugin was not built).
 """
@@ -27,6 +29,7 @@ from typing import Any
 from kvcxl.emu.device.service import Client, serving
 
 from . import layout as L
+from .accel import accel_unusable
 from .boot import BootOptions, boot
 from .ring_client import RingClient, mem_doorbell, replay
 from .ring_device import build
@@ -102,20 +105,25 @@ def _shm() -> str | None:
     return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 
 
-def _boot(plugin: bool, qemu: str = "stock", alias: bool = False) -> dict[str, Any]:
+def _boot(
+    plugin: bool, qemu: str = "stock", alias: bool = False, accel: str = "tcg"
+) -> dict[str, Any]:
     try:
         host = load_host()
     except SetupError as exc:
         return {"skipped": str(exc)}
     if plugin and not host.plugin_available:
         return {"skipped": f"ring-only mode: {host.plugin_error}"}
+    why = accel_unusable(accel, str(host.qemu_kvcxl if qemu == "kvcxl" else host.qemu))
+    if why is not None:
+        return {"skipped": why}
     # On the patched QEMU the widths area is trapped: the guest's timed loads there are the
     # slow path (a CXL.mem request answered by the device), its end block's the direct one.
     trap = ((L.WIDTHS_BASE, L.WIDTHS_BYTES),) if qemu == "kvcxl" else ()
     r, _b = boot(
         BootOptions(
             qemu=qemu, jobs=("replay", "bench"), plugin=plugin, trap=trap, alias=alias,
-            timeout=600,
+            accel=accel, timeout=600,
         )
     )  # fmt: skip
     g = r["guest"]
@@ -124,10 +132,13 @@ def _boot(plugin: bool, qemu: str = "stock", alias: bool = False) -> dict[str, A
         "qemu": qemu,
         "plugin": "on" if plugin else "off",
         "alias": "on" if alias else "off",
+        "accel": accel,
         "qemu_exit_code": r["qemu"]["exit_code"],
         "guest_failures": r["guest_failures"],
         "load_average_1min": os.getloadavg()[0],
     }
+    if "kvm_internal_error" in r:
+        out["kvm_internal_error"] = r["kvm_internal_error"]
     if "console_tail" in r:
         out["console_tail"] = r["console_tail"][-10:]
     out.update(r["timings"])
@@ -157,5 +168,7 @@ def benches() -> dict:
         "qemu_boot_kvcxl": lambda quick: _boot(False, "kvcxl"),
         # the patched QEMU with its DRAM-tier pages mapped into the guest as RAM
         "qemu_boot_kvcxl_alias": lambda quick: _boot(False, "kvcxl", alias=True),
+        # the same under KVM: DIRECT pages at the host's RAM speed, trapped loads as exits
+        "qemu_boot_kvcxl_alias_kvm": lambda quick: _boot(False, "kvcxl", alias=True, accel="kvm"),
         "qemu_boot_plugin": lambda quick: {"skipped": "--quick"} if quick else _boot(True),
     }

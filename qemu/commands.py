@@ -399,10 +399,15 @@ def _summary(r: dict) -> None:
             print(f"FAILED: {e['event']} {e}")
     if r.get("kvm_internal_error"):
         k = r["kvm_internal_error"]
+        where = (
+            f"after the guest's {k['last_guest_event']!r}"
+            if k["last_guest_event"]
+            else "before the guest's /init (in its kernel's boot)"
+        )
         print(
-            f"FAILED: KVM internal error at {k['t']} s, after the guest's "
-            f"{k['last_guest_event']!r}: KVM could not emulate a guest access to the device's "
-            f"MMIO window (use --alias, or --accel tcg): {' | '.join(k['qemu_said'])}"
+            f"FAILED: KVM internal error at {k['t']} s, {where}: KVM could not emulate a "
+            "guest instruction (an access to the device's MMIO window: use --alias; or "
+            f"KVM's emulator itself: use --accel tcg): {' | '.join(k['qemu_said'])}"
         )
     t = r.get("timings", {})
     print(

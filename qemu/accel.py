@@ -73,9 +73,13 @@ def accel_unusable(accel: str, binary: str) -> str | None:
         why = kvm_unusable()
         if why is not None:
             return f"--accel kvm: {why}"
-    if accel not in qemu_accels(binary):
+    try:
+        have = qemu_accels(binary)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"--accel {accel}: cannot ask {binary} for its accelerators: {exc}"
+    if accel not in have:
         return (
             f"--accel {accel}: {binary} was built without {accel} (it has "
-            f"{', '.join(sorted(qemu_accels(binary))) or 'none'}); run `kvcxl qemu setup`"
+            f"{', '.join(sorted(have)) or 'none'}); run `kvcxl qemu setup`"
         )
     return None

@@ -114,7 +114,8 @@ def _boot(
         return {"skipped": str(exc)}
     if plugin and not host.plugin_available:
         return {"skipped": f"ring-only mode: {host.plugin_error}"}
-    why = accel_unusable(accel, str(host.qemu_kvcxl if qemu == "kvcxl" else host.qemu))
+    binary = host.qemu_kvcxl if qemu == "kvcxl" else host.qemu
+    why = accel_unusable(accel, str(binary)) if binary else None  # boot() names a missing one
     if why is not None:
         return {"skipped": why}
     # On the patched QEMU the widths area is trapped: the guest's timed loads there are the

@@ -52,6 +52,7 @@ def test_a_qemu_built_without_kvm_is_named(tmp_path: Path, monkeypatch) -> None:
     assert accel.accel_unusable("tcg", exe) is None
     assert accel.accel_unusable("kvm", _fake_qemu(tmp_path, "tcg\\nkvm\\n")) is None
     assert "choose one of tcg, kvm" in accel.accel_unusable("hvf", exe)
+    assert "cannot ask" in accel.accel_unusable("tcg", str(tmp_path / "no-such-qemu"))
 
 
 def test_kvm_unusable_reason_reaches_accel_unusable(tmp_path: Path, monkeypatch) -> None:
@@ -109,3 +110,11 @@ def test_a_kvm_internal_error_ends_the_boot_with_the_reason(tmp_path: Path) -> N
     }
     assert not boot_ok(report)
     assert "kvm_internal_error" in failure_summary(report)
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_the_patched_build_has_kvm(patched_host) -> None:
+    """Setup's build passes --enable-kvm: the binary lists kvm beside tcg (wherever it was
+    built; whether this machine can run it is kvm_unusable's question)."""
+    assert {"tcg", "kvm"} <= accel.qemu_accels(str(patched_host.qemu_kvcxl))

@@ -626,9 +626,17 @@ class Boot:
         }
         if self.kvm_error_t is not None:
             at = next(i for i, ln in enumerate(self.console) if ln.startswith(KVM_INTERNAL_ERROR))
+            said = (
+                [self.console[at]]
+                + [  # the error, where, and the instruction's bytes
+                    ln
+                    for ln in self.console[at + 1 : at + 40]
+                    if ln.startswith(("emulation failure", "RIP=", "Code="))
+                ]
+            )
             out["kvm_internal_error"] = {
                 "t": ev["kvm_internal_error"]["t"],
-                "qemu_said": self.console[at : at + 4],  # the error, the failed instruction
+                "qemu_said": said,
                 "last_guest_event": next(
                     (
                         e["event"]

@@ -124,6 +124,7 @@ CONFIGURE = (
     "--target-list=x86_64-softmmu",
     "--without-default-features",
     "--enable-tcg",
+    "--enable-kvm",  # `--accel kvm` where /dev/kvm is usable (docs/qemu.md, "KVM")
     "--enable-plugins",
     "--disable-docs",
     "--disable-werror",

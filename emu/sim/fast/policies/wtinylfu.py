@@ -2,10 +2,10 @@
 probation (2) and protected (3) segments, and the TinyLFU sketch that decides whether the
 window's victim replaces the main's.
 
-The sketch is the firmware's (:mod:`kvcxl.firmware.sketch`): every entry id's two hashes
-are computed at build by its own functions (``ha``/``hb``), and the counter indices by its
-:func:`~kvcxl.firmware.sketch.counter_index`, compiled here; the counters (``cnt``) have
-its dtype.  The walk keeps its increments in ``padd`` (the firmware's ``pending``
+The sketch is the firmware's (:mod:`kvcxl.firmware.sketch`): every entry id's counter
+indices are computed at build by its own functions (``idx``, one row an id), so no hash is
+compiled here (numba's cache would not see an edit of the firmware's); the counters
+(``cnt``) have its dtype.  The walk keeps its increments in ``padd`` (the firmware's ``pending``
 Counter), reset when it ends.  A walk's scratch is one row each (``ws``, ``ws2`` for the
 rank walk): the entries moved to probation's and protected's heads (FIFO rings read after
 each segment's offered entries), the moved ids and their queues, and the counted ids.
@@ -28,7 +28,7 @@ from . import _queued as Q
 COVERS = (("wtinylfu", "float"),)
 State = Q.state_class(
     __name__,
-    ("ha", "hb", "cnt", "padd", "pend", "ws", "ws2", "arrv2", "rk",
+    ("idx", "cnt", "padd", "pend", "ws", "ws2", "arrv2", "rk",
      "main", "p_share", "s_share", "main_share", "period", "hashes", "counters"),
 )  # fmt: skip
 # own scalars: main-cache reuses since the halving, pending arrivals and their batch time,
@@ -37,16 +37,17 @@ _REUSES, _NPEND, _PTIME, _NM, _NC = Q.OWN, Q.OWN + 1, Q.OWN + 2, Q.OWN + 3, Q.OW
 # rows of a walk's scratch
 _EXT_P, _EXT_S, _MOVED, _MOVED_Q, _COUNTED = 0, 1, 2, 3, 4
 _SLRU, _LRU = MAINS.index("slru"), MAINS.index("lru")
-_index = njit(inline="always")(counter_index)
 
 
 def build(setup: Setup) -> State:
     n, policy = setup.n, setup.policy
-    ha, hb = id_hashes(np.arange(n, dtype=np.int64))
     sketch = policy.sketch  # WTinyLfuPolicy.set_capacity's, its counters all 0
+    ha, hb = id_hashes(np.arange(n, dtype=np.int64))
+    idx = counter_index(ha[:, None], hb[:, None], np.arange(sketch.k), sketch.n)
+    small = np.int32 if sketch.n <= np.iinfo(np.int32).max else np.int64  # (half the bytes)
     st = State(
         **Q.base(setup, 3),
-        ha=ha, hb=hb, cnt=np.zeros_like(sketch.count),
+        idx=idx.astype(small), cnt=np.zeros_like(sketch.count),
         padd=np.zeros(sketch.n, np.int64), pend=np.zeros(n, np.int64),
         ws=np.zeros((5, n), np.int64), ws2=np.zeros((5, n), np.int64),
         arrv2=np.zeros(n, np.int64), rk=np.zeros(n, np.int64),
@@ -64,8 +65,7 @@ def build(setup: Setup) -> State:
 def _add(ps, i):  # type: ignore[no-untyped-def]
     """FrequencySketch.add: every one of ``i``'s counters (a repeated index twice)."""
     for h in range(ps.hashes):
-        j = _index(ps.ha[i], ps.hb[i], h, ps.counters)
-        ps.cnt[j] += np.uint32(1)
+        ps.cnt[ps.idx[i, h]] += np.uint32(1)
 
 
 @njit(cache=True, inline="always")
@@ -73,7 +73,7 @@ def _estimate(ps, i):  # type: ignore[no-untyped-def]
     """FrequencySketch.estimate with the walk's increments (``padd``)."""
     best = np.int64(-1)
     for h in range(ps.hashes):
-        j = _index(ps.ha[i], ps.hb[i], h, ps.counters)
+        j = ps.idx[i, h]
         v = np.int64(ps.cnt[j]) + ps.padd[j]
         if best < 0 or v < best:
             best = v
@@ -191,11 +191,11 @@ def _walk(ps, k, out, ws):  # type: ignore[no-untyped-def]
         ws[_COUNTED, nc] = w  # counted once more, whatever became of it
         nc += 1
         for h in range(ps.hashes):
-            ps.padd[_index(ps.ha[w], ps.hb[w], h, ps.counters)] += 1
+            ps.padd[ps.idx[w, h]] += 1
     for c in range(nc):  # the walk's increments, back to none
         w = ws[_COUNTED, c]
         for h in range(ps.hashes):
-            ps.padd[_index(ps.ha[w], ps.hb[w], h, ps.counters)] = 0
+            ps.padd[ps.idx[w, h]] = 0
     return nv, nm, nc
 
 

@@ -16,14 +16,20 @@ estimate a frequency from the minimum of a few hashed counters.
 
 XXH64 below is written from the xxHash specification (only what an 8-byte key needs is
 exercised; the general form is kept so it can be checked on the spec's test vectors).
+Its integer steps and the counter indexing are plain functions of unsigned integers that
+work alike on Python ints and on numpy ``uint64`` arrays (which wrap silently): the fast
+engine hashes every entry id at once with them (:func:`id_hashes`), so the sketch has one
+definition on both engines.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 _M64 = (1 << 64) - 1
 _P1 = 0x9E3779B185EBCA87
@@ -38,18 +44,56 @@ _LN2_SQUARED = 0.480453013918201
 _LN2 = 0.693147180559945
 
 
-def _rotl(x: int, r: int) -> int:
+# The steps below take Python ints or numpy uint64 arrays (``Any``): the masks keep a
+# Python int to 64 bits, and an array wraps by itself.
+def _rotl(x: Any, r: int) -> Any:
     return ((x << r) | (x >> (64 - r))) & _M64
 
 
-def _round(acc: int, lane: int) -> int:
+def _round(acc: Any, lane: Any) -> Any:
     acc = (acc + lane * _P2) & _M64
     return (_rotl(acc, 31) * _P1) & _M64
 
 
-def _merge(acc: int, v: int) -> int:
+def _merge(acc: Any, v: Any) -> Any:
     acc ^= _round(0, v)
     return (acc * _P1 + _P4) & _M64
+
+
+def _lane8(acc: Any, lane: Any) -> Any:
+    """One 8-byte lane of the tail."""
+    acc ^= _round(0, lane)
+    return (_rotl(acc, 27) * _P1 + _P4) & _M64
+
+
+def _avalanche(acc: Any) -> Any:
+    acc ^= acc >> 33
+    acc = (acc * _P2) & _M64
+    acc ^= acc >> 29
+    acc = (acc * _P3) & _M64
+    return acc ^ (acc >> 32)
+
+
+def xxh64_u64(x: Any, seed: int) -> Any:
+    """XXH64 of the 8 little-endian bytes of ``x`` (an int below 2**64, or a uint64 array
+    of them, elementwise) under ``seed``: :func:`xxh64` of ``x.to_bytes(8, "little")``."""
+    return _avalanche(_lane8((seed + _P5 + 8) & _M64, x))
+
+
+def counter_index(a: Any, b: Any, i: int, counters: int) -> Any:
+    """The ``i``-th counter of an id whose two hashes have low 32 bits ``a`` and ``b``:
+    (a + i·b mod 2**32) mod counters (unsigned 32-bit arithmetic, as the C code's
+    ``unsigned int``)."""
+    return ((a + i * b) & 0xFFFFFFFF) % counters
+
+
+def id_hashes(ids: NDArray) -> tuple[NDArray, NDArray]:
+    """The low 32 bits of both hashes (seeds :data:`SEED_A`, :data:`SEED_B`) of every id of
+    ``ids`` (non-negative), as int64 arrays: what :func:`counter_index` takes."""
+    u = np.asarray(ids).astype(np.uint64)
+    return tuple(  # type: ignore[return-value]
+        (xxh64_u64(u, seed) & 0xFFFFFFFF).astype(np.int64) for seed in (SEED_A, SEED_B)
+    )
 
 
 def xxh64(data: bytes, seed: int = 0) -> int:
@@ -69,8 +113,7 @@ def xxh64(data: bytes, seed: int = 0) -> int:
         acc = (seed + _P5) & _M64
     acc = (acc + n) & _M64
     while p + 8 <= n:
-        acc ^= _round(0, int.from_bytes(data[p : p + 8], "little"))
-        acc = (_rotl(acc, 27) * _P1 + _P4) & _M64
+        acc = _lane8(acc, int.from_bytes(data[p : p + 8], "little"))
         p += 8
     if p + 4 <= n:
         acc ^= (int.from_bytes(data[p : p + 4], "little") * _P1) & _M64
@@ -80,11 +123,7 @@ def xxh64(data: bytes, seed: int = 0) -> int:
         acc ^= (data[p] * _P5) & _M64
         acc = (_rotl(acc, 11) * _P1) & _M64
         p += 1
-    acc ^= acc >> 33
-    acc = (acc * _P2) & _M64
-    acc ^= acc >> 29
-    acc = (acc * _P3) & _M64
-    return acc ^ (acc >> 32)
+    return _avalanche(acc)
 
 
 def counters_per_element(error: float) -> float:
@@ -114,11 +153,9 @@ class FrequencySketch:
         """The ``hashes`` counter indices of id ``x`` (repeats possible)."""
         idx = self._idx.get(x)
         if idx is None:
-            key = int(x).to_bytes(8, "little")
-            a = xxh64(key, SEED_A) & 0xFFFFFFFF
-            b = xxh64(key, SEED_B) & 0xFFFFFFFF
-            # unsigned 32-bit arithmetic, as the C code's `unsigned int` does
-            idx = tuple(((a + i * b) & 0xFFFFFFFF) % self.n for i in range(self.k))
+            a = xxh64_u64(int(x), SEED_A) & 0xFFFFFFFF
+            b = xxh64_u64(int(x), SEED_B) & 0xFFFFFFFF
+            idx = tuple(counter_index(a, b, i, self.n) for i in range(self.k))
             self._idx[x] = idx
         return idx
 

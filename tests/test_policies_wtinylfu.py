@@ -33,7 +33,14 @@ from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.params import ConfigError
 from kvcxl.firmware.policies.wtinylfu import MAINS
 from kvcxl.firmware.replay import replay
-from kvcxl.firmware.sketch import counters_per_element, xxh64
+from kvcxl.firmware.sketch import (
+    SEED_A,
+    SEED_B,
+    counters_per_element,
+    id_hashes,
+    xxh64,
+    xxh64_u64,
+)
 
 CLASSIC = PolicyConfig(persistent_metadata=False)
 
@@ -42,6 +49,20 @@ def test_xxh64_matches_the_specification_vectors():
     assert xxh64(b"", 0) == 0xEF46DB3751D8E999
     assert xxh64(b"a", 0) == 0xD24EC4F1A98C6E5B
     assert xxh64(b"abc", 0) == 0x44BC2CF5AD770999
+
+
+def test_the_integer_form_of_xxh64_is_the_byte_form():
+    """The sketch hashes an id as its 8 little-endian bytes; the integer steps that both
+    engines use (on Python ints and on uint64 arrays) give the byte form's hash."""
+    rng = np.random.default_rng(7)
+    ids = np.concatenate([np.arange(40), rng.integers(0, 1 << 62, 200), [(1 << 63) + 5]])
+    ids = ids.astype(np.uint64)
+    ha, hb = id_hashes(ids)
+    for j, x in enumerate(ids.tolist()):
+        for seed, h in ((SEED_A, ha), (SEED_B, hb)):
+            want = xxh64(x.to_bytes(8, "little"), seed)
+            assert xxh64_u64(x, seed) == want, (x, seed)
+            assert int(h[j]) == want & 0xFFFFFFFF, (x, seed)
 
 
 def test_a_main_outside_the_list_is_refused_by_name():
@@ -233,14 +254,13 @@ def test_matches_the_plain_reference(settings):
             compare(sim, stream, want, desc)
 
 
-def test_the_fast_engine_falls_back_to_numpy_with_one_notice(capsys):
+def test_the_fast_engine_replays_it_without_a_notice(capsys):
+    """W-TinyLFU has a fast module (emu/sim/fast/policies/wtinylfu.py): no fallback, no
+    notice; tests/test_sim_fast_queues.py holds the two engines equal."""
     import kvcxl.emu.sim.fast as fast
 
     opts = SimOptions(policy="wtinylfu", budget_bytes=1 << 20)
-    why = fast.unsupported(opts)
-    assert why is not None  # the fast engine has no W-TinyLFU kernel (or no numba at all)
-    fast._noticed.discard(why)
-    assert pick_engine(opts) == "numpy"
-    assert pick_engine(opts) == "numpy"
-    err = capsys.readouterr().err
-    assert err.count(f"kvcxl: replaying with the numpy engine: {why}") == 1, err
+    assert fast.unsupported(opts) is None
+    assert fast.POLICY_CODES[("wtinylfu", "float")] == "wtinylfu"
+    assert pick_engine(opts) == "fast"
+    assert "replaying with the numpy engine" not in capsys.readouterr().err

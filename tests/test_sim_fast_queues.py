@@ -1,5 +1,6 @@
-"""The queue policies (ARC, CLOCK, S3-FIFO, SIEVE, SLRU) on the fast engine against the numpy
-engine, which runs the firmware's own walks (firmware/policies/queued.py and one file each).
+"""The queue policies (ARC, CLOCK, S3-FIFO, SIEVE, SLRU, W-TinyLFU) on the fast engine against
+the numpy engine, which runs the firmware's own walks (firmware/policies/queued.py and one
+file each).
 
 Every replay goes through both engines with the victims recorded, and the whole result
 must be equal: hits, misses, bytes moved per tier pair and step, stall, cache statistics,
@@ -9,6 +10,9 @@ sweep covers workloads and traces (entries written on first read), the three
 granularities, budgets from capacity misses only to mostly hits, small CXL DRAM (spill),
 metadata not persistent with pins asked for, and each policy's own parameters; a
 capacity the firmware refuses (S3-FIFO's small queue under two entries) is refused alike.
+W-TinyLFU's sweep covers its three mains and sketches that collide and halve (checked
+on the firmware's sketch as the sweep runs), and capacities of a few entries (no main
+cache: nothing to refuse, both engines replay them alike).
 The fast engine is also checked against the plain queues written from the docs
 (tests/reference_queues.py), as tests/test_sim_differential.py checks the numpy engine.
 """
@@ -26,7 +30,7 @@ from kvcxl.emu.workloads import compile_workload, make_workload
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.policies import CapacityTooSmall
 
-QUEUES = ("arc", "clock", "s3fifo", "sieve", "slru")
+QUEUES = ("arc", "clock", "s3fifo", "sieve", "slru", "wtinylfu")
 # Each policy's own parameters (firmware/policies/*.py `parameters`), defaults first.
 PARAMS: dict[str, list[dict[str, Any]]] = {
     "arc": [{}],
@@ -39,6 +43,31 @@ PARAMS: dict[str, list[dict[str, Any]]] = {
     ],
     "sieve": [{}],
     "slru": [{}, {"slru_segments": 1}, {"slru_segments": 3}, {"slru_segments": 8}],
+    "wtinylfu": [
+        {},  # SLRU main, 1 % window, libCacheSim's sketch (10 hashes, 14.4 counters a main entry)
+        {"wtinylfu_main": "lru", "wtinylfu_window": 0.2, "wtinylfu_sample": 2},
+        # few counters (collisions), a halving every main-cache reuse, a wide window
+        {
+            "wtinylfu_main": "fifo",
+            "wtinylfu_window": 0.3,
+            "wtinylfu_sketch_width": 0.5,
+            "wtinylfu_sketch_hashes": 2,
+            "wtinylfu_sample": 1,
+        },
+        {
+            "wtinylfu_window": 0.5,
+            "wtinylfu_probation": 0.8,
+            "wtinylfu_sketch_width": 0.25,
+            "wtinylfu_sketch_hashes": 32,
+            "wtinylfu_sample": 1,
+        },
+        {
+            "wtinylfu_probation": 0.05,
+            "wtinylfu_sketch_width": 2.0,
+            "wtinylfu_sketch_hashes": 1,
+            "wtinylfu_sample": 3,
+        },
+    ],
 }
 # The engine's own settings the sweep varies (the fast engine's other rules are defaults).
 SETTINGS: list[dict[str, Any]] = [
@@ -170,3 +199,85 @@ def test_the_fast_engine_matches_the_plain_reference(policy: str) -> None:
             desc = f"fast policy={policy} workload={workload} granularity={gran} budget={budget}"
             assert sum(len(v) for v in want["victims"].values()) > 0, desc
             compare(sim, stream, want, desc)
+
+
+@pytest.fixture
+def sketch_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Each halving of a firmware sketch: (its counters, the ids it has hashed so far)."""
+    from kvcxl.firmware.sketch import FrequencySketch
+
+    seen: list[tuple[int, int]] = []
+    halve = FrequencySketch.halve
+
+    def counted(self: FrequencySketch) -> None:
+        seen.append((self.n, len(self._idx)))
+        halve(self)
+
+    monkeypatch.setattr(FrequencySketch, "halve", counted)
+    return seen
+
+
+@pytest.mark.parametrize("main", ["slru", "lru", "fifo"])
+def test_wtinylfu_sketches_that_halve_and_collide_replay_identically(
+    main: str, sketch_events: list[tuple[int, int]]
+) -> None:
+    """Each main at budgets from capacity misses to mostly hits, both granularities that
+    batch, with sketches narrower than the ids they hash (collisions: more ids than
+    counters) and short reset periods (halvings) — both seen on the numpy engine's sketch."""
+    streams = _sweep_streams()
+    for name in ("zipf-sessions", "trace-v2"):
+        stream = streams[name]
+        kv = stream.kv_bytes
+        for gran in ("layer", "step"):
+            for budget in (0.05, 0.2, 0.5, 0.7):
+                for params in PARAMS["wtinylfu"][2:]:
+                    cfg = {**params, "wtinylfu_main": main}
+                    desc = f"wtinylfu {name} {gran} budget {budget} {cfg}"
+                    _replay(stream, "wtinylfu", cfg, desc, granularity=gran,
+                            budget_bytes=int(kv * budget))  # fmt: skip
+    assert sketch_events, "no sketch halved"
+    assert any(ids > counters for counters, ids in sketch_events), "no sketch collided"
+
+
+@pytest.mark.parametrize("entries", [0, 1, 2, 3, 5])
+def test_wtinylfu_at_a_few_entries_replays_identically(entries: int) -> None:
+    """A cache of a few entries: a window of one, a main cache of none or a few (a sketch
+    of one counter, a reset period of 0 or a few reuses).  The firmware refuses none of
+    these capacities (no CapacityTooSmall): both engines replay each alike."""
+    stream = _sweep_streams()["zipf-sessions"]
+    eb = stream.shape.entry_bytes
+    for gran in GRANULARITIES:
+        for main in ("slru", "lru", "fifo"):
+            cfg = {"wtinylfu_main": main}
+            desc = f"wtinylfu {main} {gran} at {entries} entries"
+            config = PolicyConfig.from_mapping(cfg)
+            a, b = _both(stream, policy="wtinylfu", config=config, granularity=gran,
+                         budget_bytes=entries * eb)  # fmt: skip
+            assert_same(a, b, desc)
+
+
+@pytest.mark.parametrize("main", ["slru", "lru", "fifo"])
+def test_wtinylfu_with_a_narrow_sketch_matches_the_plain_reference(main: str) -> None:
+    """The fast engine against tests/reference_queues.py (its own sketch: a list of
+    counters over the byte form of XXH64) where the counters collide and halve, so the
+    victims depend on which counters each id hashes to, not on its true counts only."""
+    from test_sim_differential import _stream, compare, ref
+
+    settings = {**PARAMS["wtinylfu"][2], "wtinylfu_main": main}
+    stream = _stream("zipf-sessions", "topk:2")
+    for gran, share in (("layer", 0.3), ("request", 0.3), ("step", 0.5)):
+        budget = max(int(stream.n_entries * share), 12)
+        eb = stream.shape.entry_bytes
+        config = PolicyConfig.from_mapping({"pinned_fraction": 0.0, **settings})
+        sim = simulate(
+            stream,
+            SimOptions(engine="fast", policy="wtinylfu", budget_bytes=budget * eb, config=config,
+                       granularity=gran, record_victims=True),
+        )  # fmt: skip
+        assert sim["engine"] == "fast"
+        want = ref.replay_stream(
+            stream, policy="wtinylfu", budget_bytes=budget * eb, config=config, granularity=gran
+        )
+        desc = f"fast wtinylfu {settings} granularity={gran} budget={budget}"
+        assert sum(len(v) for v in want["victims"].values()) > 0, desc
+        compare(sim, stream, want, desc)

@@ -43,7 +43,7 @@ def _replay_ci(quick: bool) -> dict[str, Any]:
         "compile_s": round(time.perf_counter() - t0, 3),
     }
     goals = [("lru", "float"), ("ema", "float"), ("ema", "int")]  # the speed goals' runs
-    runs = goals + [(p, "float") for p in ("arc", "clock", "s3fifo", "sieve", "slru")]
+    runs = goals + [(p, "float") for p in ("arc", "clock", "s3fifo", "sieve", "slru", "wtinylfu")]
     for policy, mode in runs:
         for gran in ("layer", "step"):
             name = f"{policy}_{mode}" if policy == "ema" else policy

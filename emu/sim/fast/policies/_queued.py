@@ -1,4 +1,4 @@
-"""What the five queue policies' fast modules share (clock, sieve, slru, s3fifo, arc): the
+"""What the queue policies' fast modules share (the modules that import it): the
 mechanics of :mod:`kvcxl.firmware.policies.queued` as numba arrays.  Not a policy itself
 (the registry skips modules whose name starts with ``_``).
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import kvcxl.firmware as firmware
 from kvcxl.common.cachedir import cache_root
 
 from . import hooks
@@ -59,9 +60,13 @@ def cache_dir() -> Path:
     return cache_root() / "fast"
 
 
-#: Sources outside the engine's folder that a compiled loop bakes in (the timeline log's
-#: column numbers and move codes).
-BAKED_IN = tuple(HERE.parent.parent / "timeline" / f for f in ("log.py", "resources.py"))
+#: Sources outside the engine's folder that a compiled loop bakes in: the timeline log's
+#: column numbers and move codes, and the firmware (policy constants and the sketch's
+#: functions the modules call or read at compile time).
+BAKED_IN = (
+    *(HERE.parent.parent / "timeline" / f for f in ("log.py", "resources.py")),
+    *sorted(Path(firmware.__file__).parent.rglob("*.py")),
+)
 
 
 @cache
@@ -71,7 +76,7 @@ def _engine_hash() -> str:
     outside its own file."""
     h = hashlib.sha256()
     for path in [*sorted(HERE.rglob("*.py")), *BAKED_IN]:
-        h.update(path.name.encode() if path in BAKED_IN else str(path.relative_to(HERE)).encode())
+        h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 

@@ -35,6 +35,9 @@ index, slice and copy them, but must not return one of them (or a view) out of t
 ``score(ps, e) -> float``
     the attention score placement reads (a victim scored below ``evict_threshold`` goes to
     NVMe); defining it says the policy is scored, as ``Policy.score`` does.
+``idle_steps(ps, e) -> int``
+    steps since ``e``'s last touch, as ``Policy.idle_steps`` (weighted placement's recency;
+    default 0, a policy that counts none).
 ``now(ps, t)``
     what ``priority`` receives as ``now`` during the eviction pass at batch time ``t``
     (default ``t``; random: its per-pass hash base).
@@ -66,7 +69,7 @@ from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.policies.base import Policy
 
 TRAITS = ("STATIC", "QUEUE", "BY_AGE", "ONCE")
-HOOKS = ("on_insert", "forget", "on_evict", "end_step", "score", "now", "select")
+HOOKS = ("on_insert", "forget", "on_evict", "end_step", "score", "idle_steps", "now", "select")
 REQUIRED = ("COVERS", "build", "priority", "on_access")
 
 
@@ -174,6 +177,11 @@ def end_step(ps, n):  # type: ignore[no-untyped-def]
 @njit
 def score(ps, e):  # type: ignore[no-untyped-def]
     return 0.0
+
+
+@njit
+def idle_steps(ps, e):  # type: ignore[no-untyped-def]
+    return 0
 
 
 @njit

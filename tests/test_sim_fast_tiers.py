@@ -34,6 +34,9 @@ MODES: dict[str, dict[str, Any]] = {
     "managed": {"tier_management": "managed", "evict_threshold": 0.05},
     "managed-keep": {"tier_management": "managed", "keep_threshold": 0.3,
                      "evict_threshold": 0.01, "background_moves": 2},
+    # scores spread below evict_threshold, one move a boundary: the sink order decides
+    "managed-sink-order": {"tier_management": "managed", "evict_threshold": 0.09,
+                           "keep_threshold": 0.3, "background_moves": 1, "alpha": 0.3},
     "managed-still": {"tier_management": "managed", "background_moves": 0,
                       "persistent_metadata": False},
     "weighted": {"tier_management": "managed", "placement_mode": "weighted",

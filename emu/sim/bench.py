@@ -42,20 +42,25 @@ def _replay_ci(quick: bool) -> dict[str, Any]:
         "compile_s": round(time.perf_counter() - t0, 3),
     }
     runs = [("lru", "float"), ("ema", "float"), ("ema", "int")]
-    for policy, mode in runs:
-        for gran in ("layer", "step"):
-            name = policy if policy == "lru" else f"{policy}_{mode}"
-            rate = {}
-            for engine in ("numpy", "fast"):
-                opts = SimOptions(
-                    policy=policy, mode=mode, budget_bytes=stream.kv_bytes // 10,
-                    granularity=gran, engine=engine,
-                )  # fmt: skip
-                r, dt = _timed(stream, opts)
-                rate[engine] = r["reads"] / dt
-                out[f"{name}_{gran}_{engine}_entry_reads_per_s"] = round(rate[engine])
-            out[f"{name}_{gran}_fast_over_numpy"] = round(rate["fast"] / rate["numpy"], 2)
-            out[f"{name}_{gran}_hit_rate_simulated"] = round(r["hit_rate"], 4)
+    # The default tier rules, then the managed tiers with CXL DRAM in the policy's order
+    # (the intended defaults; CXL DRAM 5 % of the KV, so that its overflow is ranked).
+    tiered = PolicyConfig(tier_management="managed", cxl_order="policy")
+    for rules, config, cxl in (("", PolicyConfig(), None),
+                               ("_managed", tiered, stream.kv_bytes // 20)):  # fmt: skip
+        for policy, mode in runs:
+            for gran in ("layer", "step"):
+                name = (policy if policy == "lru" else f"{policy}_{mode}") + rules
+                rate = {}
+                for engine in ("numpy", "fast"):
+                    opts = SimOptions(
+                        policy=policy, mode=mode, budget_bytes=stream.kv_bytes // 10,
+                        granularity=gran, engine=engine, config=config, cxl_bytes=cxl,
+                    )  # fmt: skip
+                    r, dt = _timed(stream, opts)
+                    rate[engine] = r["reads"] / dt
+                    out[f"{name}_{gran}_{engine}_entry_reads_per_s"] = round(rate[engine])
+                out[f"{name}_{gran}_fast_over_numpy"] = round(rate["fast"] / rate["numpy"], 2)
+                out[f"{name}_{gran}_hit_rate_simulated"] = round(r["hit_rate"], 4)
     return out
 
 

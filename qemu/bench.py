@@ -9,8 +9,13 @@
   boot without the TCG plugin: boot to /init and to region ready, guest-measured ring
   round trip (stock: the polling service; patched: the doorbell), attention records/s
   through the ring during the replay, guest memcpy to and from CXL memory beside plain guest RAM.
+* ``qemu_boot_kvcxl`` sends the patched QEMU's CXL.mem requests over the device's socket,
+  ``qemu_boot_kvcxl_ring`` through the shared-memory request ring (qemu/memring.py), in
+  the same run: trapped 8-byte loads and the doorbell, socket against ring.
 * ``qemu_boot_kvcxl_alias``: the patched QEMU with ``--alias`` (DRAM-tier pages mapped
-  into the guest as RAM), in the same run.
+  into the guest as RAM), in the same run; ``qemu_boot_kvcxl_alias_kvm``: the same under
+  KVM (``--accel kvm``; skipped with the reason where KVM is not usable), so that
+  ``--only qemu_boot_kvcxl_alias`` gives both side by side.
 * ``qemu_boot_plugin``: the same with the plugin streaming every CXL-window access
   (skipped with --quick, and when the plugin was not built).
 """
@@ -27,6 +32,7 @@ from typing import Any
 from kvcxl.emu.device.service import Client, serving
 
 from . import layout as L
+from .accel import accel_unusable
 from .boot import BootOptions, boot
 from .ring_client import RingClient, mem_doorbell, replay
 from .ring_device import build
@@ -102,20 +108,30 @@ def _shm() -> str | None:
     return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 
 
-def _boot(plugin: bool, qemu: str = "stock", alias: bool = False) -> dict[str, Any]:
+def _boot(
+    plugin: bool,
+    qemu: str = "stock",
+    alias: bool = False,
+    mem_link: str = "ring",
+    accel: str = "tcg",
+) -> dict[str, Any]:
     try:
         host = load_host()
     except SetupError as exc:
         return {"skipped": str(exc)}
     if plugin and not host.plugin_available:
         return {"skipped": f"ring-only mode: {host.plugin_error}"}
+    binary = host.qemu_kvcxl if qemu == "kvcxl" else host.qemu
+    why = accel_unusable(accel, str(binary)) if binary else None  # boot() names a missing one
+    if why is not None:
+        return {"skipped": why}
     # On the patched QEMU the widths area is trapped: the guest's timed loads there are the
     # slow path (a CXL.mem request answered by the device), its end block's the direct one.
     trap = ((L.WIDTHS_BASE, L.WIDTHS_BYTES),) if qemu == "kvcxl" else ()
     r, _b = boot(
         BootOptions(
             qemu=qemu, jobs=("replay", "bench"), plugin=plugin, trap=trap, alias=alias,
-            timeout=600,
+            mem_link=mem_link, accel=accel, timeout=600,
         )
     )  # fmt: skip
     g = r["guest"]
@@ -124,10 +140,14 @@ def _boot(plugin: bool, qemu: str = "stock", alias: bool = False) -> dict[str, A
         "qemu": qemu,
         "plugin": "on" if plugin else "off",
         "alias": "on" if alias else "off",
+        "mem_link": mem_link if qemu == "kvcxl" else None,
+        "accel": accel,
         "qemu_exit_code": r["qemu"]["exit_code"],
         "guest_failures": r["guest_failures"],
         "load_average_1min": os.getloadavg()[0],
     }
+    if "kvm_internal_error" in r:
+        out["kvm_internal_error"] = r["kvm_internal_error"]
     if "console_tail" in r:
         out["console_tail"] = r["console_tail"][-10:]
     out.update(r["timings"])
@@ -154,8 +174,13 @@ def benches() -> dict:
         "qemu_ring_host_doorbell": _ring_host_doorbell,
         # stock and patched QEMU side by side in one run (docs/qemu.md, "Measured timings")
         "qemu_boot": lambda quick: _boot(False),
-        "qemu_boot_kvcxl": lambda quick: _boot(False, "kvcxl"),
+        # the patched QEMU's CXL.mem requests over the device's socket, then through the
+        # shared-memory request ring (the default), in the same run
+        "qemu_boot_kvcxl": lambda quick: _boot(False, "kvcxl", mem_link="socket"),
+        "qemu_boot_kvcxl_ring": lambda quick: _boot(False, "kvcxl", mem_link="ring"),
         # the patched QEMU with its DRAM-tier pages mapped into the guest as RAM
         "qemu_boot_kvcxl_alias": lambda quick: _boot(False, "kvcxl", alias=True),
+        # the same under KVM: DIRECT pages at the host's RAM speed, trapped loads as exits
+        "qemu_boot_kvcxl_alias_kvm": lambda quick: _boot(False, "kvcxl", alias=True, accel="kvm"),
         "qemu_boot_plugin": lambda quick: {"skipped": "--quick"} if quick else _boot(True),
     }

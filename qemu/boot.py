@@ -37,6 +37,7 @@ from kvcxl.firmware.cxl import mailbox as mb
 
 from . import guest_fuzz, ring_fuzz
 from . import layout as L
+from .accel import KVM_INTERNAL_ERROR, accel_unusable
 from .qmp import Qmp
 from .setup import SetupError, load_host
 from .trace_image import default_trace, encode
@@ -76,9 +77,15 @@ class BootOptions:
     # guest reaches them at RAM speed, but its accesses to them are no longer counted per
     # page, so the firmware's learned reads miss them (docs/qemu.md, "DIRECT pages as RAM")
     alias: bool = False
+    # (--qemu kvcxl) how QEMU sends CXL.mem requests to the device: "ring", the shared-
+    # memory request ring (kvcxl-ring=, qemu/memring.py), or "socket", the device's socket
+    # (the mailbox always takes the socket)
+    mem_link: str = "ring"
     # (--alias) share of the KV cache's DIRECT pages the device traps each step to learn
     # the reads from their first touches (emu/device/sampling.py); 0: off
     sample_rate: float = 0.0
+    # the guest's accelerator: "tcg", or "kvm" where /dev/kvm is usable (docs/qemu.md, "KVM")
+    accel: str = "tcg"
     # (--qemu kvcxl) what the device's Get Health Info says, e.g. (("life_used", 7),)
     health: tuple[tuple[str, int], ...] = ()
     on_event: Callable[[dict, Boot], None] | None = None
@@ -110,6 +117,7 @@ class Boot:
     t0: float = 0.0
     workdir: Path | None = None
     last_line_t: float = 0.0  # monotonic time of the last console line
+    kvm_error_t: float | None = None  # monotonic time QEMU printed a KVM internal error
 
     # --- paths --------------------------------------------------------------------------
     @property
@@ -133,6 +141,10 @@ class Boot:
         return self.workdir / "page-state.bin"
 
     @property
+    def mem_ring(self) -> Path:
+        return self.workdir / "mem-ring.bin"
+
+    @property
     def service_stats(self) -> Path:
         return self.workdir / "service.json"
 
@@ -154,6 +166,8 @@ class Boot:
                 f"--sample-rate {self.opts.sample_rate} needs --alias: without it the "
                 "device counts every access and has nothing to sample"
             )
+        if self.opts.mem_link not in ("ring", "socket"):
+            raise ValueError(f"--mem-link {self.opts.mem_link!r} is not 'ring' or 'socket'")
         if self.opts.qemu != "kvcxl" and (self.opts.trap or self.opts.churn or self.opts.alias):
             raise ValueError(
                 "--trap, --churn and --alias need --qemu kvcxl: stock QEMU serves the "
@@ -163,8 +177,17 @@ class Boot:
     def run(self) -> dict:
         self._check_options()
         self.host = load_host()
+        binary = self.host.qemu_kvcxl if self.opts.qemu == "kvcxl" else self.host.qemu
+        why = accel_unusable(self.opts.accel, str(binary)) if binary else None
+        if why is not None:
+            raise ValueError(why)
+        tcg = self.opts.accel == "tcg"
+        if self.opts.plugin and not tcg:
+            raise ValueError(
+                f"--plugin is a TCG plugin: it cannot run with --accel {self.opts.accel}"
+            )
         use_plugin = (
-            self.opts.plugin if self.opts.plugin is not None else self.host.plugin_available
+            self.opts.plugin if self.opts.plugin is not None else self.host.plugin_available and tcg
         )
         if use_plugin and not self.host.plugin_available:
             raise ValueError(f"the TCG plugin is not available: {self.host.plugin_error}")
@@ -287,6 +310,8 @@ class Boot:
             cmd += ["--churn", f"{dpa:#x}:{length}"]
         if self.opts.sample_rate:
             cmd += ["--sample-rate", repr(self.opts.sample_rate)]
+        if self.opts.mem_link == "ring":
+            cmd += ["--mem-ring", str(self.mem_ring)]
         for key, value in self.opts.health:
             cmd += ["--health", f"{key}={value}"]
         log = open(self.workdir / "device.log", "w")
@@ -338,6 +363,8 @@ class Boot:
             t3 += f",kvcxl={sock},kvcxl-state={self.page_state}"
             if self.opts.alias:
                 t3 += ",kvcxl-alias=on"
+            if self.opts.mem_link == "ring":
+                t3 += f",kvcxl-ring={self.mem_ring}"
         cmd = [
             h.qemu_kvcxl if kvcxl else h.qemu,
             *(_MINIMAL_BUILD if kvcxl else []),
@@ -345,7 +372,7 @@ class Boot:
             "-m", "2G,maxmem=8G,slots=4",
             "-smp", str(self.opts.smp),
             "-cpu", "max,hypervisor=off",
-            "-accel", "tcg",
+            "-accel", self.opts.accel,
             "-display", "none",
             "-serial", "stdio",
             "-monitor", "none",
@@ -406,6 +433,14 @@ class Boot:
         for raw in self.qemu.stdout:
             line = raw.decode(errors="replace").rstrip("\r\n")
             self.last_line_t = time.monotonic()
+            if line.startswith(KVM_INTERNAL_ERROR) and self.kvm_error_t is None:
+                # KVM could not emulate a guest access (e.g. an AVX load from MMIO): QEMU
+                # stops the VM and would wait for ever; _wait ends the boot, failed.
+                self.kvm_error_t = self.last_line_t
+                self.events.append(
+                    {"event": "kvm_internal_error", "line": line,
+                     "t": round(self.last_line_t - self.t0, 3)}
+                )  # fmt: skip
             log.write(line + "\n")
             self.console.append(line)
             if self.opts.console:
@@ -458,7 +493,9 @@ class Boot:
                 rc = self.qemu.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
                 now = time.monotonic()
-                if now >= deadline:
+                if self.kvm_error_t is not None and now - self.kvm_error_t >= 1.0:
+                    pass  # QEMU stopped the VM; its register dump has been printed
+                elif now >= deadline:
                     self.events.append({"event": "host_timeout", "timeout_s": self.opts.timeout})
                 elif now - self.last_line_t >= stall:
                     self.events.append(
@@ -559,6 +596,7 @@ class Boot:
                 if use_plugin
                 else (self.host.plugin_error or "TCG plugin built but not enabled (--plugin)"),
                 "smp": self.opts.smp,
+                "accel": self.opts.accel,
             },
             "kernel": self.host.kernel_version,
             "trace": {
@@ -600,6 +638,28 @@ class Boot:
             "kvcxl_device": _device_summary(device) if self.opts.qemu == "kvcxl" else None,
             "events": self.events,
         }
+        if self.kvm_error_t is not None:
+            at = next(i for i, ln in enumerate(self.console) if ln.startswith(KVM_INTERNAL_ERROR))
+            said = (
+                [self.console[at]]
+                + [  # the error, where, and the instruction's bytes
+                    ln
+                    for ln in self.console[at + 1 : at + 40]
+                    if ln.startswith(("emulation failure", "RIP=", "Code="))
+                ]
+            )
+            out["kvm_internal_error"] = {
+                "t": ev["kvm_internal_error"]["t"],
+                "qemu_said": said,
+                "last_guest_event": next(
+                    (
+                        e["event"]
+                        for e in reversed(self.events)
+                        if not e["event"].startswith(("host_", "kvm_", "hook_"))
+                    ),
+                    None,
+                ),
+            }
         if "poweroff" not in ev or rc != 0:
             # The guest did not finish: keep what the console said last.
             out["console_tail"] = self.console[-40:]
@@ -711,7 +771,7 @@ def _device_summary(stats: dict | None) -> dict | None:
 def failure_summary(report: dict) -> dict:
     """The parts of a boot report that say why QEMU or the guest did not finish cleanly
     (what a failed check should print)."""
-    keys = ("guest_failures", "qemu_crash", "console_tail")
+    keys = ("guest_failures", "qemu_crash", "kvm_internal_error", "console_tail")
     return {k: report[k] for k in keys if report.get(k)}
 
 

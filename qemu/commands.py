@@ -19,6 +19,8 @@ from kvcxl.common.argtypes import (
 from kvcxl.common.jsonout import wrote
 from kvcxl.common.sizes import dpa_range
 
+from .accel import ACCELS
+
 JOBS = (
     "datapath", "replay", "malformed", "fuzz", "widths", "widths_in_line", "bench", "poison",
     "wait",
@@ -187,6 +189,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="(--alias) share of the KV cache's DIRECT pages trapped each step to learn the "
         "replay's reads from their first touches (default 0: off)",
     )
+    b.add_argument(
+        "--mem-link",
+        choices=("ring", "socket"),
+        default="ring",
+        help="(--qemu kvcxl) how QEMU sends CXL.mem requests to the device: the shared-"
+        "memory request ring (default) or the device's socket",
+    )
+    b.add_argument(
+        "--accel",
+        choices=ACCELS,
+        default="tcg",
+        help="the guest's accelerator: tcg (default), or kvm where /dev/kvm is usable and the "
+        "QEMU has it; with kvm, device memory the guest copies with wide (AVX) instructions "
+        'needs --alias (docs/qemu.md, "KVM")',
+    )
     b.add_argument("--console", action="store_true", help="echo the guest console")
     b.add_argument("--keep", action="store_true", help="keep the work directory (media, logs)")
     b.add_argument("--json", dest="json_out", help="write the full report to this file")
@@ -345,6 +362,8 @@ def _boot(args: argparse.Namespace) -> int:
         churn=tuple(args.churn),
         alias=args.alias,
         sample_rate=args.sample_rate,
+        mem_link=args.mem_link,
+        accel=args.accel,
     )
     report, b = boot(opts)  # SetupError (not set up): one line, exit status 1
     if args.json_out:
@@ -364,7 +383,7 @@ def boot_ok(report: dict) -> bool:
         report["qemu"]["exit_code"] == 0
         and not report["guest_failures"]
         and "poweroff" in names
-        and not names & {"host_timeout", "host_stall"}
+        and not names & {"host_timeout", "host_stall", "kvm_internal_error"}
     )
 
 
@@ -386,10 +405,23 @@ def _summary(r: dict) -> None:
     for e in r["events"]:
         if e["event"] in ("host_timeout", "host_stall"):
             print(f"FAILED: {e['event']} {e}")
+    if r.get("kvm_internal_error"):
+        k = r["kvm_internal_error"]
+        where = (
+            f"after the guest's {k['last_guest_event']!r}"
+            if k["last_guest_event"]
+            else "before the guest's /init (in its kernel's boot)"
+        )
+        print(
+            f"FAILED: KVM internal error at {k['t']} s, {where}: KVM could not emulate a "
+            "guest instruction (an access to the device's MMIO window: use --alias; or "
+            f"KVM's emulator itself: use --accel tcg): {' | '.join(k['qemu_said'])}"
+        )
     t = r.get("timings", {})
     print(
         f"boot to /init {t.get('boot_to_init_s', '?')} s, region ready "
-        f"{t.get('boot_to_region_ready_s', '?')} s (Measured, TCG, plugin {r['qemu']['plugin']})"
+        f"{t.get('boot_to_region_ready_s', '?')} s (Measured, {r['qemu']['accel'].upper()}, "
+        f"plugin {r['qemu']['plugin']})"
     )
     if r["qemu"]["plugin"] == "off":
         print(f"ring-only mode: {r['qemu']['plugin_note']}")

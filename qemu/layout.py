@@ -184,11 +184,59 @@ ACC_ARMED_OFFSET = 40
 ACC_REC = np.dtype([("gpa", "<u8"), ("size_flags", "<u4"), ("vcpu", "<u4")])
 ACC_STORE = 1 << 16
 
+# --- CXL.mem request ring (patched QEMU <-> the kvcxl device, shared memory) ------------
+# A file both map (QEMU's ``kvcxl-ring=FILE``): a header, then DEPTH records.  QEMU writes
+# a request into record ``tail % DEPTH`` and publishes ``req_tail = tail + 1``; the device
+# answers in the same record and publishes ``req_head``.  Each index sits on its own cache
+# line.  A side that finds nothing spins, then sleeps in futex(2) on the index it waits
+# for after raising its ``*_sleep`` word; the other side wakes it only when that word is
+# set, so a busy link makes no system call (docs/qemu.md, "The CXL.mem request ring").
+# These tables are the only definition: the C header is generated from them
+# (kvcxl.qemu.qemu_patch.render_header) and kvcxl.qemu.memring reads them.
+MR_MAGIC = 0x514D524B  # "KRMQ"
+MR_VERSION = 1
+MR_DEPTH = 16
+MR_REC_BYTES = 128
+MR_HDR = {  # byte offsets of the header's u32 fields
+    "magic": 0, "version": 4, "depth": 8, "rec_bytes": 12,
+    "fault": 16,  # the device stopped serving: nonzero (a bad index), QEMU fails the link
+    "req_tail": 64,  # QEMU: requests published
+    "req_head": 128,  # device: requests answered
+    "dev_sleep": 192,  # device: asleep in futex on req_tail
+    "host_sleep": 256,  # QEMU: asleep in futex on req_head
+}  # fmt: skip
+MR_RECORDS = 4096  # offset of record 0
+MR_BYTES = MR_RECORDS + MR_DEPTH * MR_REC_BYTES
+MR_REC = {  # byte offsets inside one record: the request, then the device's answer
+    "op": 0,  # u16 MR_OP_*
+    "flags": 2,  # u16, 0
+    "seq": 4,  # u32, the request's index (tail) for the device to check
+    "addr": 8,  # u64, the line's address as CXL.mem's Addr (DPA >> 6 under decoder 0)
+    "byte_enable": 16,  # u64, MemWrPtl's byte enables (0 for a read)
+    "status": 24,  # u16 MR_ST_*, written by the device
+    "data": 32,  # 64 bytes: the line (read: the answer; write: bytes under byte_enable)
+}
+MR_REQ_FMT = struct.Struct("<HHIQQ")  # op flags seq addr byte_enable, at MR_REC["op"]
+MR_OP_READ, MR_OP_WRITE = 1, 2  # MemRd, MemWrPtl
+MR_ST_OK, MR_ST_POISON, MR_ST_REFUSED = 0, 1, 2  # REFUSED: a bad record, one access fails
+MR_FAULT_BAD_INDEX = 1  # req_tail ran more than DEPTH ahead of req_head
+# Waiting, each side: a busy spin (an answer, or the next request of a burst, comes
+# within microseconds), then futex.  No sched_yield in the spin: on this loaded machine
+# a yielding spinner gave its CPU away for whole time slices (one boot: trapped loads
+# at 84 µs p50, 2.4 ms p95); a thread woken from futex is scheduled sooner.  Longer
+# busy spins did worse too (100 µs / 200 µs: 340 µs p50 in one boot): two spinners of
+# ours take both cores from the guest's vCPU (docs/qemu.md, the request ring's table).
+MR_HOST_SPIN_NS = 20_000  # QEMU: busy spin for an answer, then it sleeps
+MR_DEVICE_SPIN_S = 50e-6  # the device: busy spin after its last request, then it sleeps
+MR_WAIT_NS = 1_000_000  # each futex sleep is bounded: a lost wake-up costs at most this
+
 # The window the machine's CFMW lands at with -m 2G,maxmem=8G,slots=4 (the guest reports
 # decoder0.0/start; the service checks it against this on OPEN).
 WINDOW_BASE = 0x390000000
 WINDOW_SIZE = 4 << 30
 
+assert MR_REC["op"] == 0 and MR_REQ_FMT.size == MR_REC["status"]  # one unpack at the record
+assert MR_REC["data"] + 64 <= MR_REC_BYTES
 for _s in (DEV_HDR_FMT, HOST_HDR_FMT, SQE_FMT, CQE_FMT, TRACE_HDR_FMT, ACC_HDR_FMT, FUZZ_HDR_FMT):
     assert _s.size == 64, _s.format
 

@@ -1,13 +1,14 @@
 """The patched QEMU: the patch kept in ``qemu/patch/``, its generated header, the build.
 
-``qemu/patch/kvcxl-type3.patch`` adds two properties to QEMU's ``cxl-type3``
-(``kvcxl=SOCKET``, ``kvcxl-state=FILE``) and the link code
+``qemu/patch/kvcxl-type3.patch`` adds properties to QEMU's ``cxl-type3``
+(``kvcxl=SOCKET``, ``kvcxl-state=FILE``, ``kvcxl-ring=FILE``, ``kvcxl-alias=on``) and the link code
 (``hw/mem/cxl_type3_kvcxl.c.inc``) that sends the guest's accesses to the kvcxl
 device (docs/qemu.md, "The patched QEMU").  The C side's message layouts and
 constants are not written by hand: :func:`render_header` generates
 ``hw/mem/cxl_type3_kvcxl.h`` from the tables that define them —
 :mod:`kvcxl.firmware.cxl.mem` (CXL.mem messages), :mod:`kvcxl.emu.device.service`
-(the socket framing) and :mod:`kvcxl.emu.device.pagestate` (the shared page table).
+(the socket framing), :mod:`kvcxl.emu.device.pagestate` (the shared page table) and
+:mod:`kvcxl.qemu.layout` (the CXL.mem request ring).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from kvcxl.emu.device import pagestate as ps
 from kvcxl.emu.device import service
 from kvcxl.firmware.cxl import mailbox as mb
 from kvcxl.firmware.cxl import mem
+
+from . import layout as L
 
 PATCH = Path(__file__).parent / "patch" / "kvcxl-type3.patch"
 HEADER_PATH = "hw/mem/cxl_type3_kvcxl.h"
@@ -94,6 +97,23 @@ def render_header() -> str:
         f"#define KVCXL_PS_DIRECT {ps.DIRECT}",
         f"#define KVCXL_PS_TRAP {ps.TRAP}",
         "",
+        "/* the CXL.mem request ring in shared memory (kvcxl/qemu/layout.py, MR_*) */",
+        f"#define KVCXL_MR_MAGIC 0x{L.MR_MAGIC:08x}",
+        f"#define KVCXL_MR_VERSION {L.MR_VERSION}",
+        f"#define KVCXL_MR_DEPTH {L.MR_DEPTH}",
+        f"#define KVCXL_MR_REC_BYTES {L.MR_REC_BYTES}",
+        f"#define KVCXL_MR_RECORDS {L.MR_RECORDS}",
+        f"#define KVCXL_MR_BYTES {L.MR_BYTES}",
+        *(f"#define KVCXL_MR_OFF_{k.upper()} {v}" for k, v in L.MR_HDR.items()),
+        *(f"#define KVCXL_MR_REC_{k.upper()} {v}" for k, v in L.MR_REC.items()),
+        f"#define KVCXL_MR_OP_READ {L.MR_OP_READ}",
+        f"#define KVCXL_MR_OP_WRITE {L.MR_OP_WRITE}",
+        f"#define KVCXL_MR_ST_OK {L.MR_ST_OK}",
+        f"#define KVCXL_MR_ST_POISON {L.MR_ST_POISON}",
+        f"#define KVCXL_MR_ST_REFUSED {L.MR_ST_REFUSED}",
+        f"#define KVCXL_MR_HOST_SPIN_NS {L.MR_HOST_SPIN_NS}",
+        f"#define KVCXL_MR_WAIT_NS {L.MR_WAIT_NS}",
+        "",
         "#endif",
         "",
     ]
@@ -104,6 +124,7 @@ CONFIGURE = (
     "--target-list=x86_64-softmmu",
     "--without-default-features",
     "--enable-tcg",
+    "--enable-kvm",  # `--accel kvm` where /dev/kvm is usable (docs/qemu.md, "KVM")
     "--enable-plugins",
     "--disable-docs",
     "--disable-werror",

@@ -14,8 +14,12 @@ the TCG plugin's stream); if a submission stays unserved for
 ``MISSED_DOORBELL_S`` (its doorbell never arrived), the ring's status becomes FAULT,
 which the guest reports instead of waiting forever.
 
+CXL.mem requests reach the device over its socket, or — with ``--mem-ring FILE``, which
+the device creates and QEMU's ``kvcxl-ring=FILE`` names — through a request ring in
+shared memory (:mod:`kvcxl.qemu.memring`); the socket then carries the mailbox only.
+
 Run as ``python -m kvcxl.qemu.ring_device --socket S --media FILE --page-state FILE
---out STATS.json``; SIGTERM stops it and writes the ring's statistics.
+--out STATS.json [--mem-ring FILE]``; SIGTERM stops it and writes the ring's statistics.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from kvcxl.emu.device.service import Churn, Engine, Server
 from kvcxl.firmware.config import PolicyConfig
 
 from . import layout as L
+from . import memring
 from .service import HEARTBEAT_S, FirmwareService, _jsonable
 
 MISSED_DOORBELL_S = 1.0  # a submission unserved this long: its doorbell never came
@@ -136,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         help="share of the KV cache's DIRECT pages trapped each step to learn its reads "
         "when QEMU maps them as guest RAM (0: off)",
     )  # fmt: skip
+    ap.add_argument(
+        "--mem-ring", metavar="FILE",
+        help="create this shared request ring and serve QEMU's CXL.mem requests there "
+        "(QEMU's kvcxl-ring=FILE); without it they come over the socket",
+    )  # fmt: skip
     args = ap.parse_args(argv)
 
     cfg = PolicyConfig.load(args.config) if args.config else PolicyConfig()
@@ -151,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)  # before the socket exists: a client may stop us
+    mr = None
+    if args.mem_ring:  # before the socket exists: QEMU maps the ring once it connects
+        memring.create(args.mem_ring)
+        mr = memring.MemRingServer(engine, args.mem_ring)
+        mr.start()
     server = Server(args.socket, engine)
     beat = Heartbeat(engine, ring)
     beat.start()
@@ -163,12 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         beat.halt.set()
         server.server_close()
+        if mr is not None:
+            mr.stop()
         with engine.lock:
             ring.stop()
             if ring.plugin_path is not None:
                 ring.drain_plugin()
             stats = ring.stats()
             stats["doorbell_writes"] = engine.rung
+            stats["mem_link"] = "socket" if mr is None else {"ring": mr.stats()}
             dev.close()
         tmp = args.out + ".tmp"
         with open(tmp, "w") as f:

@@ -14,3 +14,23 @@ def patched_host():
     h = setup(force=False)
     assert h.qemu_kvcxl, "setup did not build the patched QEMU"
     return h
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Whether the KVM boots can run here, at the top of every run's output (CI's log)."""
+    from kvcxl.qemu.accel import kvm_unusable
+
+    why = kvm_unusable()
+    return "kvm: usable" if why is None else f"kvm: not usable here ({why}): KVM tests skip"
+
+
+@pytest.fixture(scope="session")
+def kvm_host(patched_host):
+    """The patched host when its QEMU can run a guest under KVM here; otherwise the test
+    is skipped with the reason, which ``-ra`` prints in the run's summary."""
+    from kvcxl.qemu.accel import accel_unusable
+
+    why = accel_unusable("kvm", str(patched_host.qemu_kvcxl))
+    if why is not None:
+        pytest.skip(f"KVM unavailable: {why}")
+    return patched_host

@@ -1,7 +1,7 @@
-"""Plain CLOCK, SIEVE, S3-FIFO, SLRU and ARC for tests/reference_engine.py.
+"""Plain CLOCK, SIEVE, S3-FIFO, SLRU, ARC and W-TinyLFU for tests/reference_engine.py.
 
-Written from docs/policy.md ("Queue policies", the S3-FIFO, SLRU and ARC paragraphs and
-their parameter table) and docs/simulator.md ("Replay, exactly"), not from
+Written from docs/policy.md ("Queue policies", the S3-FIFO, SLRU, ARC and W-TinyLFU
+paragraphs and their parameter table) and docs/simulator.md ("Replay, exactly"), not from
 ``kvcxl.firmware``: queues are Python lists, oldest (tail) first; a walk runs over a
 copy and simply rewrites the lists.
 
@@ -25,10 +25,13 @@ READING: an arriving entry evicted because the batch alone overflows leaves no g
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from typing import Any
 
-QUEUE_POLICIES = ("clock", "sieve", "s3fifo", "slru", "arc")
+from kvcxl.firmware.sketch import SEED_A, SEED_B, xxh64
+
+QUEUE_POLICIES = ("clock", "sieve", "s3fifo", "slru", "arc", "wtinylfu")
 
 
 class QueueRef:
@@ -383,3 +386,119 @@ REFS = {"clock": ClockRef, "sieve": SieveRef, "s3fifo": S3FifoRef, "slru": SlruR
 
 def make(policy: str, capacity: int, cfg: Any) -> QueueRef:
     return REFS[policy](capacity, cfg)
+
+
+class WTinyLfuRef(QueueRef):
+    """docs/policy.md, W-TinyLFU (libCacheSim's): a window LRU, a main cache (SLRU
+    probation/protected, LRU or FIFO), and a counting Bloom filter of frequencies.
+
+    The sketch here is a plain list of counters; only the hash (XXH64, a primitive checked
+    on the specification's vectors in tests/test_policies_wtinylfu.py) is the firmware's.
+    """
+
+    def __init__(self, capacity: int, cfg: Any) -> None:
+        super().__init__(capacity, cfg)
+        # trunc(capacity × share), at least one entry
+        window = min(capacity, max(1, int(capacity * float(cfg.param("wtinylfu_window")))))
+        self.m = capacity - window  # main cache entries
+        self.main = cfg.param("wtinylfu_main")
+        r = float(cfg.param("wtinylfu_probation"))
+        self.share = (
+            (int(r * self.m), int((1 - r) * self.m)) if self.main == "slru" else (self.m, 0)
+        )
+        self.window: list[int] = []  # oldest first
+        self.prob: list[int] = []
+        self.prot: list[int] = []
+        self.n = max(1, math.ceil(float(cfg.param("wtinylfu_sketch_width")) * self.m))
+        self.k = int(cfg.param("wtinylfu_sketch_hashes"))
+        self.counters = [0] * self.n
+        self.period = int(cfg.param("wtinylfu_sample")) * self.m
+        self.reuses = 0
+
+    # the sketch
+    def _idx(self, i: int) -> list[int]:
+        key = i.to_bytes(8, "little")
+        a = xxh64(key, SEED_A) % 2**32
+        b = xxh64(key, SEED_B) % 2**32
+        return [(a + j * b) % 2**32 % self.n for j in range(self.k)]
+
+    def _add(self, i: int) -> None:
+        for x in self._idx(i):
+            self.counters[x] += 1
+
+    def _est(self, i: int) -> int:
+        return min(self.counters[x] for x in self._idx(i))
+
+    # the queues
+    def place(self, i: int) -> None:
+        self.window.append(i)
+
+    def unplace(self, i: int) -> None:
+        for q in (self.window, self.prob, self.prot):
+            _out(q, i)
+
+    def reuse(self, i: int) -> None:
+        if i in self.window:
+            self.window.remove(i)
+            self.window.append(i)
+            return
+        if self.main == "slru":
+            self.unplace(i)
+            self.prot.append(i)
+            while len(self.prot) > self.share[1]:
+                self.prob.append(self.prot.pop(0))
+        elif self.main == "lru":
+            self.prob.remove(i)
+            self.prob.append(i)
+        self._add(i)
+        self.reuses += 1
+        if self.reuses >= self.period:
+            self.reuses = 0
+            self.counters = [c // 2 for c in self.counters]
+
+    def _to_main(self, i: int) -> None:
+        if len(self.prob) < self.share[0]:
+            self.prob.append(i)
+        elif len(self.prot) < self.share[1]:
+            self.prot.append(i)
+        else:
+            self.prob.append(i)
+
+    def _main_victim(self, offered: set[int]) -> int | None:
+        return next((e for e in self.prob + self.prot if e in offered), None)
+
+    def walk(self, offered: set[int], k: int) -> list[int]:
+        victims: list[int] = []
+        while len(victims) < k:
+            w = next((e for e in self.window if e in offered), None)
+            if w is None:
+                m = self._main_victim(offered)
+                assert m is not None
+                self.unplace(m)
+                victims.append(m)
+                continue
+            self.window.remove(w)
+            if len(self.prob) + len(self.prot) < self.m:
+                self._to_main(w)
+            else:
+                m = self._main_victim(offered)
+                if m is not None and self._est(w) > self._est(m):
+                    self.unplace(m)
+                    victims.append(m)
+                    self._to_main(w)
+                else:
+                    victims.append(w)
+            self._add(w)
+        return victims
+
+    def evicted(self, victims: list[int]) -> None:
+        for i in self.arriving:  # counted once the pass has made room (libCacheSim's order)
+            self._add(i)
+
+    def end_op(self) -> None:
+        for i in self.arriving:
+            self._add(i)
+        super().end_op()
+
+
+REFS["wtinylfu"] = WTinyLfuRef

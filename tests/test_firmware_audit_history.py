@@ -27,7 +27,9 @@ HISTORY_KEYS = ("priority_mismatches", "outranked_by_history", "pin_violations")
 # (docs/policy.md): random and offline keys are inputs; the queue policies' keys are
 # queue state (positions, hands, ghosts), checked against libCacheSim and the reference
 # engine instead.
-TOP_K_ONLY = ("random", "belady", "belady-nobypass", "clock", "sieve", "s3fifo", "slru", "arc")
+TOP_K_ONLY = (
+    "random", "belady", "belady-nobypass", "clock", "sieve", "s3fifo", "slru", "arc", "wtinylfu",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -177,3 +177,41 @@ def test_bad_parameters_are_refused() -> None:
         make_workload("mooncake", SHAPE, itl_ms=0)
     with pytest.raises(ValueError, match="token_scale"):
         make_workload("mooncake", SHAPE, token_scale=2)
+
+
+def plain_requests(name: str) -> list[dict]:
+    with lzma.open(FILES[name], "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.mark.parametrize("rate", [0.5, 2.0])
+def test_the_rate_factor_compresses_the_clock(rate: float) -> None:
+    """Timestamps divided by ``rate``: request i arrives in step floor(t_i / rate / step_ms)
+    (recomputed here from the file), so ``steps`` steps at rate r replay the requests of
+    r · steps steps at rate 1, at r times their concurrency."""
+    steps, itl = 96, 40.0  # long beside the requests' ~11 decode steps
+    step_ms = itl * 512 / SHAPE.block_tokens
+    scale = SHAPE.block_tokens / 512
+    rows = plain_requests("conversation")
+    want = [set() for _ in range(steps)]
+    for i, r in enumerate(rows):
+        a = math.floor(r["timestamp"] / rate / step_ms)
+        for s in range(a, min(steps, a + max(1, math.ceil(r["output_length"] * scale)))):
+            want[s].add(i)
+    wl = make_workload("mooncake", SHAPE, seed=0, itl_ms=itl, rate=rate)
+    assert [set(p.decode) for p in wl.plans(steps)] == want
+    # the same requests as rate 1 over rate · steps steps (so, every decode step counted,
+    # exactly rate times the mean concurrency) ...
+    one = make_workload("mooncake", SHAPE, seed=0, itl_ms=itl)
+    wide = round(rate * steps)
+    assert wl.window(steps) == one.window(wide)
+    # ... and as replayed (decode steps past the window's end cut): within 10 % of it
+    got = sum(len(s) for s in want) / steps
+    base = sum(len(p.decode) for p in one.plans(wide)) / wide
+    assert got / base == pytest.approx(rate, rel=0.1)
+
+
+@pytest.mark.parametrize("bad", [0, 1e-4, 1e4, float("nan"), float("inf")])
+def test_a_rate_out_of_range_is_refused(bad: float) -> None:
+    with pytest.raises(ValueError, match=r"rate = .* out of range"):
+        make_workload("mooncake", SHAPE, rate=bad)

@@ -100,6 +100,13 @@ ROWS = [
     Row("s3fifo_ghost_ratio", 0.0, 0.9, policy="s3fifo"),
     Row("s3fifo_move_threshold", 1, 4, policy="s3fifo", workload=("uniform", 256)),
     Row("slru_segments", 1, 4, policy="slru"),
+    # W-TinyLFU: its admission decisions differ once the sketch's counts do (sparse reads).
+    Row("wtinylfu_window", 0.01, 0.3, policy="wtinylfu", workload=("uniform", 256)),
+    Row("wtinylfu_main", "slru", "fifo", policy="wtinylfu", workload=("uniform", 256)),
+    Row("wtinylfu_probation", 0.2, 0.8, policy="wtinylfu", workload=("uniform", 256)),
+    Row("wtinylfu_sketch_width", 0.05, 14.0, policy="wtinylfu", workload=("uniform", 256)),
+    Row("wtinylfu_sketch_hashes", 1, 10, policy="wtinylfu", workload=("uniform", 256)),
+    Row("wtinylfu_sample", 1, 32, policy="wtinylfu", workload=("uniform", 1024)),
 ]
 
 

@@ -145,7 +145,7 @@ def test_trapped_pages_go_through_the_device_and_read_back_right(kvcxl_boot) -> 
     assert r["host_check"]["guest_to_host_bad_bytes"] == 0
     assert r["host_check"]["kv_bad_bytes"] == 0
     dev = r["kvcxl_device"]
-    # Every byte of both buffers crossed the socket (TCG loads and stores ≤ 8 bytes).
+    # Every byte of both buffers reached the device (TCG loads and stores ≤ 8 bytes).
     assert dev["reads"] >= L.XFER_BYTES // 8 and dev["writes"] >= L.XFER_BYTES // 8
     assert dev["mem_requests"] == dev["reads"] + dev["writes"]
     # The rest of the guest's traffic (the ring, the KV cache) went direct, and was counted.

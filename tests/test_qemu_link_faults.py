@@ -4,7 +4,12 @@ impossible length, a frame cut short, no answer within QEMU's timeout, or a refu
 (an ERROR frame).  The first three mark the link down at once (the guest's accesses to
 trapped pages then fail, it reports them and QEMU exits by itself); a refusal fails that
 one access and the link stays up.  Compared against: the console line the patch prints
-for each case and the guest's own read-back of the trapped buffer."""
+for each case and the guest's own read-back of the trapped buffer.
+
+These boots send CXL.mem requests over the socket (``mem_link="socket"``), where the
+proxy sits.  The shared-memory request ring (the default) has its own: the device
+stopped (SIGSTOP) past QEMU's timeout, the ring's fault word set, and a record made bad
+while the device is stopped (a refusal)."""
 
 from __future__ import annotations
 
@@ -95,7 +100,7 @@ def _boot(fault: str, alias: bool):
     t = time.monotonic()
     opts = BootOptions(
         qemu="kvcxl", jobs=("wait", "datapath"), wait_s=2, plugin=False, trap=TRAP,
-        on_event=hook, link=link, alias=alias, timeout=300,
+        on_event=hook, link=link, alias=alias, mem_link="socket", timeout=300,
     )  # fmt: skip
     r, b = boot(opts)
     return r, b, link, time.monotonic() - t
@@ -142,3 +147,94 @@ def test_a_refusal_fails_one_access_and_the_link_stays_up(patched_host, alias) -
     assert 0 < dp["host_to_guest_bad"] <= 8
     assert r["host_check"]["guest_to_host_bad_bytes"] == 0
     assert r["qemu"]["exit_code"] == 0
+
+
+class RingFault:
+    """Once the guest waits: stop the device (SIGSTOP), wait for QEMU's next request on the
+    ring, then break it — ``late``: stay stopped 7 s (past QEMU's 5 s); ``fault``: set the
+    ring's fault word; ``refusal``: make the pending record's opcode unknown — and let the
+    device go on (SIGCONT)."""
+
+    def __init__(self, fault: str) -> None:
+        self.fault = fault
+        self.faulted_at: float | None = None
+        self.error: str | None = None
+
+    def __call__(self, ev: dict, b) -> None:
+        if ev.get("event") == "waiting" and self.faulted_at is None:
+            threading.Thread(target=self._run, args=(b,), daemon=True).start()
+
+    def _run(self, b) -> None:
+        import mmap
+        import os
+        import signal
+
+        pid = b.device.pid
+        with open(b.mem_ring, "r+b") as f:
+            mm = mmap.mmap(f.fileno(), L.MR_BYTES)
+            word = lambda name: struct.unpack_from("<I", mm, L.MR_HDR[name])[0]  # noqa: E731
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                while word("req_tail") == word("req_head"):  # QEMU's next request
+                    if time.monotonic() - t0 > 60:
+                        self.error = "no request on the ring after the guest waited"
+                        return
+                    time.sleep(0.001)
+                self.faulted_at = time.monotonic()
+                if self.fault == "late":
+                    time.sleep(7.0)
+                elif self.fault == "fault":
+                    struct.pack_into("<I", mm, L.MR_HDR["fault"], L.MR_FAULT_BAD_INDEX)
+                elif self.fault == "refusal":
+                    i = word("req_head")
+                    at = L.MR_RECORDS + (i % L.MR_DEPTH) * L.MR_REC_BYTES
+                    struct.pack_into("<H", mm, at + L.MR_REC["op"], 0xFFFF)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+                mm.close()
+
+
+def _ring_boot(fault: str):
+    from kvcxl.qemu.boot import BootOptions, boot
+
+    rf = RingFault(fault)
+    opts = BootOptions(
+        qemu="kvcxl", jobs=("wait", "datapath"), wait_s=2, plugin=False, trap=TRAP,
+        on_event=rf, mem_link="ring", timeout=300,
+    )  # fmt: skip
+    r, b = boot(opts)
+    assert rf.error is None, rf.error
+    assert rf.faulted_at is not None, "the guest made no CXL.mem request after waiting"
+    return r, b, rf
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+@pytest.mark.parametrize(
+    ("fault", "says"),
+    [("late", "no response on its request ring"), ("fault", "faulted its request ring")],
+)
+def test_a_broken_request_ring_takes_the_link_down_and_nothing_hangs(
+    patched_host, fault, says
+) -> None:
+    r, b, rf = _ring_boot(fault)
+    assert any(f"kvcxl: device link {says}" in line for line in b.console), b.console[-20:]
+    assert r["guest"]["datapath"]["host_to_guest_bad"] > 0
+    assert r["qemu"]["exit_code"] == 0 and b.qemu.poll() is not None
+    done = next(e["t"] for e in r["events"] if e["event"] == "datapath")
+    assert done - (rf.faulted_at - b.t0) < (20 if fault == "late" else 10), r["events"]
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_a_refused_ring_record_fails_one_access_and_the_link_stays_up(patched_host) -> None:
+    r, b, _rf = _ring_boot("refusal")
+    assert any("kvcxl: device refused a request on its ring" in line for line in b.console)
+    assert not any("kvcxl: device link" in line for line in b.console)
+    dp = r["guest"]["datapath"]
+    assert 0 < dp["host_to_guest_bad"] <= 8
+    assert r["host_check"]["guest_to_host_bad_bytes"] == 0
+    assert r["qemu"]["exit_code"] == 0
+    ring = r["firmware"]["mem_link"]["ring"]
+    assert ring["statuses"]["refused"] == 1 and "unknown opcode" in ring["refusals"][0]

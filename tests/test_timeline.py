@@ -3,6 +3,7 @@ hand-worked logs, and its invariants (no resource busier than its servers)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -219,27 +220,28 @@ def test_stage_table_refuses_bad_input():
 
 
 # --- through simulate() -------------------------------------------------------------------
-def test_simulate_reports_the_timeline_and_fast_refuses_it():
+def test_simulate_reports_the_timeline_on_either_engine():
     st = build_stream(SweepSpec(workload="multi-turn", steps=30), 0)
     eb = st.shape.entry_bytes
     o = SimOptions(policy="lru", budget_bytes=int(0.1 * st.n_entries) * eb, timeline=True,
                    warmup_steps=3)  # fmt: skip
     r = simulate(st, o)
     tl = r["timeline"]
-    assert r["engine"] == "numpy"
+    assert r["engine"] == "fast"  # (the fast engine runs the timeline: test_timeline_fast.py)
     assert all(0 <= u <= 1 for u in tl["utilisation"].values())
     assert tl["tokens_per_s"] == r["tokens_per_s"]
     assert r["tokens_per_s_analytic"] > 0
     step = np.asarray(r["per_step"]["step_ns"])
     assert step.size == r["steps"] + r["warmup_steps"] and (step >= 0).all()
     assert r["tokens"] / (step[3:].sum() * 1e-9) == pytest.approx(tl["tokens_per_s"])
-    r0 = simulate(st, SimOptions(policy="lru", budget_bytes=o.budget_bytes, timeline=True))
-    moved = r0["bytes_moved"]  # (over the measured steps: all of them without a warm-up)
-    wb = moved.get("hbm->cxl", 0) + moved.get("hbm->nvme", 0)
-    assert r0["timeline"]["write_back_bytes"] == wb > 0
-    with pytest.raises(ValueError, match="timeline"):
-        simulate(st, SimOptions(policy="lru", budget_bytes=o.budget_bytes, timeline=True,
-                                engine="fast"))  # fmt: skip
+    for engine_name in ("numpy", "fast"):
+        r0 = simulate(st, SimOptions(policy="lru", budget_bytes=o.budget_bytes, timeline=True,
+                                     engine=engine_name))  # fmt: skip
+        moved = r0["bytes_moved"]  # (over the measured steps: all of them without a warm-up)
+        wb = moved.get("hbm->cxl", 0) + moved.get("hbm->nvme", 0)
+        assert r0["timeline"]["write_back_bytes"] == wb > 0
+    r1 = simulate(st, dataclasses.replace(o, engine="numpy"))
+    assert r1["engine"] == "numpy" and r1["timeline"] == tl
 
 
 def test_timing_presets_carry_their_sources():

@@ -484,9 +484,10 @@ class Type3Device:
         ``msg`` must be a validated M2S message (as :func:`mem.decode` returns);
         an S2M message is a host error and raises RequestError.
         """
-        self.counters["mem_requests"] += 1
         if isinstance(msg, mem.M2SReq):
             op = msg.opcode
+            if op in (mem.M2SReqOpcode.MEM_INV, mem.M2SReqOpcode.MEM_SPEC_RD):
+                self.counters["mem_requests"] += 1  # read_line / write_line count the rest
             if op == mem.M2SReqOpcode.MEM_INV:
                 # Host-only coherent memory keeps no device-side copy to invalidate.
                 self.counters["invalidates"] += 1
@@ -495,50 +496,72 @@ class Type3Device:
                 # A speculative read is a hint: no completion is returned for it.
                 self.counters["spec_reads"] += 1
                 return None
-            dpa = self.hdm.translate(msg.addr << 6)
-            t = self._arrival(at)
-            if dpa is None:
-                self.counters["unmapped_reads"] += 1
-                self._advance(t, t)
-                return mem.S2MDRS(
-                    mem.S2MDRSOpcode.MEM_DATA_NXM, msg.tag, zeros(LINE), poison=1, ld_id=msg.ld_id
-                )
-            self._host_access(dpa >> self.page_shift)
-            data, done = self._dpa_read(dpa, LINE, t)
-            poisoned = (dpa >> 6) in self.poison
-            self.counters["reads"] += 1
-            self.counters["read_bytes"] += LINE
-            self.counters["poisoned_reads"] += poisoned
-            self._advance(t, done)
-            return mem.S2MDRS(
-                mem.S2MDRSOpcode.MEM_DATA, msg.tag, data, poison=int(poisoned), ld_id=msg.ld_id
-            )
+            data, status = self.read_line(msg.addr, at)
+            op = mem.S2MDRSOpcode.MEM_DATA_NXM if status == 2 else mem.S2MDRSOpcode.MEM_DATA
+            return mem.S2MDRS(op, msg.tag, data, poison=int(status > 0), ld_id=msg.ld_id)
         if isinstance(msg, mem.M2SRwD):
-            dpa = self.hdm.translate(msg.addr << 6)
-            t = self._arrival(at)
-            if dpa is None:
-                self.counters["unmapped_writes"] += 1
-                self._advance(t, t)
-            else:
-                self._host_access(dpa >> self.page_shift)
-                be = msg.byte_enable
-                if be == mem.ALL_BYTES:
-                    done = self._dpa_write(dpa, msg.data, t)
-                    self._update_poison(dpa, LINE, bool(msg.poison))
-                else:
-                    old, _ = self._dpa_read(dpa, LINE, t)
-                    line = bytearray(old)
-                    for i in range(LINE):
-                        if be >> i & 1:
-                            line[i] = msg.data[i]
-                    done = self._dpa_write(dpa, bytes(line), t)
-                    if msg.poison:
-                        self.poison.add(dpa >> 6, dpa >> 6)
-                self.counters["writes"] += 1
-                self.counters["write_bytes"] += be.bit_count()
-                self._advance(t, done)
+            self.write_line(msg.addr, msg.data, msg.byte_enable, bool(msg.poison), at)
             return mem.S2MNDR(mem.S2MNDROpcode.CMP, msg.tag, ld_id=msg.ld_id)
+        self.counters["mem_requests"] += 1
         raise RequestError(f"{type(msg).__name__} is a device-to-host message, not a request")
+
+    def read_line(self, addr: int, at: float | None = None) -> tuple[bytes, int]:
+        """MemRd of the line at CXL.mem address ``addr`` (HPA >> 6): its 64 bytes and
+        0 (data), 1 (poisoned) or 2 (no decoder maps it: zeros).  The request counts as
+        one CXL.mem request; :meth:`handle` and the shared request ring both end here."""
+        self.counters["mem_requests"] += 1
+        dpa = self.hdm.translate(addr << 6)
+        t = self._arrival(at)
+        if dpa is None:
+            self.counters["unmapped_reads"] += 1
+            self._advance(t, t)
+            return zeros(LINE), 2
+        self._host_access(dpa >> self.page_shift)
+        data, done = self._dpa_read(dpa, LINE, t)
+        poisoned = (dpa >> 6) in self.poison
+        c = self.counters
+        c["reads"] += 1
+        c["read_bytes"] += LINE
+        c["poisoned_reads"] += poisoned
+        self._advance(t, done)
+        return data, int(poisoned)
+
+    def write_line(
+        self, addr: int, data: bytes, byte_enable: int, poison: bool = False,
+        at: float | None = None,
+    ) -> None:  # fmt: skip
+        """MemWr (all bytes enabled) or MemWrPtl of the line at CXL.mem address ``addr``:
+        the bytes of ``data`` under ``byte_enable`` land (``data`` is the whole line)."""
+        self.counters["mem_requests"] += 1
+        dpa = self.hdm.translate(addr << 6)
+        t = self._arrival(at)
+        if dpa is None:
+            self.counters["unmapped_writes"] += 1
+            self._advance(t, t)
+            return
+        self._host_access(dpa >> self.page_shift)
+        be = byte_enable
+        if be == mem.ALL_BYTES:
+            done = self._dpa_write(dpa, data, t)
+            self._update_poison(dpa, LINE, poison)
+        else:
+            old, _ = self._dpa_read(dpa, LINE, t)
+            lo = (be & -be).bit_length() - 1
+            n = be.bit_count()
+            if be == ((1 << n) - 1) << lo:  # one run of bytes (every access QEMU sends)
+                line = old[:lo] + bytes(data[lo : lo + n]) + old[lo + n :]
+            else:
+                buf = bytearray(old)
+                for i in range(LINE):
+                    if be >> i & 1:
+                        buf[i] = data[i]
+                line = bytes(buf)
+            done = self._dpa_write(dpa, line, t)
+            if poison:
+                self.poison.add(dpa >> 6, dpa >> 6)
+        self.counters["writes"] += 1
+        self.counters["write_bytes"] += be.bit_count()
+        self._advance(t, done)
 
     # --- poison (the mailbox's Inject / Clear Poison) ---------------------------------------
     def inject_poison(self, dpa: int) -> None:

@@ -108,6 +108,39 @@ class Engine:
                 self.device.counters["internal_errors"] += 1
                 return ERROR, f"internal: {type(exc).__name__}: {exc}".encode()
 
+    def _ring_bell(self, addr: int, byte_enable: int) -> None:
+        """A write of the line at CXL.mem address ``addr`` rings the doorbell whose byte
+        it enables (after the write landed)."""
+        dpa = self.device.hdm.translate(addr << 6)
+        bell = None if dpa is None else self.doorbells.get(dpa >> 6)
+        if bell is not None and byte_enable >> bell[0] & 1:
+            self.rung += 1
+            bell[1]()
+
+    def line(self, write: bool, addr: int, byte_enable: int, data: bytes) -> tuple[int, bytes]:
+        """One CXL.mem line request without the framing (the shared request ring's path,
+        as fast as the device allows): a read returns (0, 1 poisoned or 2 unmapped; the
+        line), a write (0, b"") after any doorbell it rings was served.  Raises
+        LineRefused, counted as :meth:`handle` counts its errors, when the device fails."""
+        with self.lock:
+            dev = self.device
+            if dev.leaving:  # demotions waiting for QEMU to unmap their pages
+                dev.settle_leaving()
+            try:
+                if not write:
+                    line, status = dev.read_line(addr)
+                    return status, line
+                dev.write_line(addr, data, byte_enable)
+                if self.doorbells:
+                    self._ring_bell(addr, byte_enable)
+                return 0, b""
+            except MediaError as exc:
+                dev.counters["media_errors"] += 1
+                raise LineRefused(f"media_error: {exc}") from None
+            except Exception as exc:
+                dev.counters["internal_errors"] += 1
+                raise LineRefused(f"internal: {type(exc).__name__}: {exc}") from None
+
     def _handle(self, kind: int, body: bytes) -> tuple[int, bytes]:
         dev = self.device
         if kind == MEM:
@@ -119,11 +152,7 @@ class Engine:
                 raise _FrameError(f"mem_wrong_direction: {msg.CLASS.name} is not a request")
             rsp = dev.handle(msg)
             if self.doorbells and isinstance(msg, mem.M2SRwD):
-                dpa = dev.hdm.translate(msg.addr << 6)
-                bell = None if dpa is None else self.doorbells.get(dpa >> 6)
-                if bell is not None and msg.byte_enable >> bell[0] & 1:
-                    self.rung += 1
-                    bell[1]()
+                self._ring_bell(msg.addr, msg.byte_enable)
             return MEM, b"" if rsp is None else mem.encode(rsp)
         if kind == CCI:
             return CCI, self.mailbox.execute(body)
@@ -200,6 +229,11 @@ class Engine:
 
 class _FrameError(Exception):
     pass
+
+
+class LineRefused(Exception):
+    """A line request the device could not serve (its reason: ``media_error: …`` or
+    ``internal: …``, as the socket's ERROR frame says it)."""
 
 
 # --- socket plumbing ---------------------------------------------------------------------

@@ -28,7 +28,8 @@ from .simulator import SimOptions, simulate
 
 
 def _replay_ci(quick: bool) -> dict[str, Any]:
-    """Entry reads per second on the ci preset (zipf-sessions), both engines side by side."""
+    """Entry reads per second on the ci preset (zipf-sessions), both engines side by side,
+    without and with the transfer timeline."""
 
     steps = 60 if quick else 240
     t0 = time.perf_counter()
@@ -41,15 +42,17 @@ def _replay_ci(quick: bool) -> dict[str, Any]:
         "entry_reads": stream.n_reads,
         "compile_s": round(time.perf_counter() - t0, 3),
     }
-    runs = [("lru", "float"), ("ema", "float"), ("ema", "int")]
-    # The default tier rules, then the managed tiers with CXL DRAM in the policy's order
-    # (the intended defaults; CXL DRAM 5 % of the KV, so that its overflow is ranked).
+    goals = [("lru", "float"), ("ema", "float"), ("ema", "int")]  # the speed goals' runs
+    runs = goals + [(p, "float") for p in ("arc", "clock", "s3fifo", "sieve", "slru")]
+    # The default tier rules for every run, then, for the goals' runs, the managed tiers with
+    # CXL DRAM in the policy's order (the intended defaults; CXL DRAM 5 % of the KV, so that
+    # its overflow is ranked).
     tiered = PolicyConfig(tier_management="managed", cxl_order="policy")
-    for rules, config, cxl in (("", PolicyConfig(), None),
-                               ("_managed", tiered, stream.kv_bytes // 20)):  # fmt: skip
-        for policy, mode in runs:
+    cases = (("", PolicyConfig(), None, runs), ("_managed", tiered, stream.kv_bytes // 20, goals))
+    for rules, config, cxl, which in cases:
+        for policy, mode in which:
             for gran in ("layer", "step"):
-                name = (policy if policy == "lru" else f"{policy}_{mode}") + rules
+                name = (f"{policy}_{mode}" if policy == "ema" else policy) + rules
                 rate = {}
                 for engine in ("numpy", "fast"):
                     opts = SimOptions(
@@ -61,6 +64,28 @@ def _replay_ci(quick: bool) -> dict[str, Any]:
                     out[f"{name}_{gran}_{engine}_entry_reads_per_s"] = round(rate[engine])
                 out[f"{name}_{gran}_fast_over_numpy"] = round(rate["fast"] / rate["numpy"], 2)
                 out[f"{name}_{gran}_hit_rate_simulated"] = round(r["hit_rate"], 4)
+                if not rules and (policy, mode) in goals:  # the timeline's goals: LRU, EMA
+                    out |= _replay_ci_timeline(stream, policy, mode, gran, f"{name}_{gran}")
+    return out
+
+
+def _replay_ci_timeline(stream: Any, policy: str, mode: str, gran: str, key: str) -> dict[str, Any]:
+    """The same replay with the transfer timeline on (docs/timeline.md), both engines side by
+    side; the two timelines must be equal (the numpy engine's on the readable scheduler, the
+    fast engine's on the compiled one)."""
+    out: dict[str, Any] = {}
+    rate, tl = {}, {}
+    for engine, repeat in (("numpy", 1), ("fast", 3)):  # (numpy: ~0.4 s a run)
+        opts = SimOptions(
+            policy=policy, mode=mode, budget_bytes=stream.kv_bytes // 10,
+            granularity=gran, engine=engine, timeline=True,
+        )  # fmt: skip
+        r, dt = _timed(stream, opts, repeat)
+        rate[engine], tl[engine] = r["reads"] / dt, r["timeline"]
+        out[f"{key}_timeline_{engine}_entry_reads_per_s"] = round(rate[engine])
+    out[f"{key}_timeline_fast_over_numpy"] = round(rate["fast"] / rate["numpy"], 2)
+    out[f"{key}_timeline_equal"] = tl["fast"] == tl["numpy"]
+    out[f"{key}_timeline_transfers"] = tl["fast"]["transfers"]
     return out
 
 

@@ -63,7 +63,7 @@ TIMING_OPTIONS = (
 DEMO_BUDGETS = ("5%", "10%", "20%", "40%")
 DEMO_POLICIES = (
     "belady", "ema", "fifo", "h2o", "lfu", "lrfu", "lru", "random", "sink-window",
-    "arc", "clock", "s3fifo", "sieve", "slru",
+    "arc", "clock", "s3fifo", "sieve", "slru", "wtinylfu",
 )  # fmt: skip
 
 
@@ -215,7 +215,7 @@ def _add_run_options(p: argparse.ArgumentParser, *, steps: int = 200) -> None:
         "--timeline",
         action="store_true",
         help="schedule every transfer (demand, prefetch, write-back, CXL->NVMe) on the link "
-        "(full duplex), device DRAM and NVMe with queueing (docs/timeline.md; numpy engine): "
+        "(full duplex), device DRAM and NVMe with queueing (docs/timeline.md; either engine): "
         "step times, tokens/s and the serving metrics come from it",
     )
     g.add_argument(
@@ -467,7 +467,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     tim.add_argument("--read", default="topk:8", help="dense, topk:K or threshold:T (with -o)")
     tim.add_argument(
         "--workload-param", action="append", type=_kv, default=[], metavar="K=V",
-        help="itl_ms (real ms per token, default 25), token_scale (default block_tokens/512)",
+        help="itl_ms (real ms per token, default 25), token_scale (default block_tokens/512), "
+        "rate (arrival-rate factor, default 1)",
     )  # fmt: skip
     _add_model_options(tim)
     tim.set_defaults(func=lambda a: trace_import.main(a, _shape(a), dict(a.workload_param)))

@@ -38,7 +38,7 @@ from kvcxl.firmware.table import EntryTable, unique_ids
 from ..metrics import linear_percentiles
 from ..timeline import Record, TransferLog
 from ..timeline import engine as timeline_engine
-from ..timeline.log import EVICT_MOVES, FETCH_MOVES, moves_of
+from ..timeline.log import EVICT_MOVES, FETCH_MOVES, LogArrays, moves_of
 from ..timeline.report import report as timeline_report
 from ..timeline.resources import Resources
 from ..timing import TierTiming
@@ -277,7 +277,8 @@ class _Replay:
         self.lazy = stream.has_lazy_creates  # some entries are created on first read
         self.created = np.zeros(n_rows, dtype=bool)
         # The timeline's transfer log (docs/timeline.md), and which record prefetched an entry.
-        self.tl = TransferLog(eb) if opts.timeline else None
+        self.tl = TransferLog(eb) if opts.timeline and self.engine == "numpy" else None
+        self.tl_arrays: LogArrays | None = None  # the fast engine's log (its array form)
         self.pf_rec = np.full(n_rows if opts.timeline else 0, -1, np.int64)
         self.books = _StepBooks(
             stream.derived(
@@ -532,7 +533,7 @@ class _Replay:
                 "bytes_moved": tiers.bytes_moved_rows(books.moved[: books.n]),
             },
         }
-        if self.tl is not None:
+        if opts.timeline:
             self._timeline(out, books)
         if opts.record_victims:
             out["_victims"] = self.dump
@@ -540,13 +541,24 @@ class _Replay:
 
     def _timeline(self, out: dict[str, Any], books: _StepBooks) -> None:
         """Schedule the transfer log; its step times replace the analytic ones (kept as
-        ``step_ns_analytic``, ``tokens_per_s_analytic``), so the serving metrics use them."""
-        tl, t = self.tl, self.opts.timing
-        assert tl is not None
-        tl.finish(t)
+        ``step_ns_analytic``, ``tokens_per_s_analytic``), so the serving metrics use them.
+        The numpy engine's log on the readable scheduler (:mod:`kvcxl.emu.timeline.engine`),
+        the fast engine's on the compiled one (:mod:`kvcxl.emu.timeline.compiled`)."""
+        t = self.opts.timing
         res = Resources.of(t)
-        sched = timeline_engine.run(tl, res)
-        rep = timeline_report(tl, sched, res, books.n, books.warm, self.pf_wasted)
+        rep: dict[str, Any]
+        if self.tl is not None:
+            self.tl.finish(t)
+            sched = timeline_engine.run(self.tl, res)
+            rep = timeline_report(self.tl, sched, res, books.n, books.warm, self.pf_wasted)
+        else:
+            from ..timeline import compiled
+
+            log = self.tl_arrays
+            assert log is not None
+            log.finish(t)
+            fsched = compiled.run(log, res)
+            rep = timeline_report(log, fsched, res, books.n, books.warm, self.pf_wasted)
         ps = out["per_step"]
         ps["step_ns_analytic"], ps["step_ns"] = ps["step_ns"], rep.pop("step_ns")
         out["tokens_per_s_analytic"], out["tokens_per_s"] = out["tokens_per_s"], rep["tokens_per_s"]

@@ -11,8 +11,20 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
+import numpy as np
+from numpy.typing import NDArray
+
 from .log import EVICT_MOVES, FETCH_MOVES, TransferLog
-from .resources import BACKGROUND, CXL_NVME, DEMAND, PREFETCH, Resources, stages
+from .resources import (
+    BACKGROUND,
+    CXL_NVME,
+    DEMAND,
+    MOVES,
+    PREFETCH,
+    RESOURCE_NAMES,
+    Resources,
+    stages,
+)  # fmt: skip
 
 #: The class of a record's fetches and write-backs by the role of the transfer; a CXL ->
 #: NVMe spill is always background.
@@ -36,6 +48,61 @@ class Schedule:
     busy_ns: dict[str, float] = field(default_factory=dict)
     bytes: dict[str, int] = field(default_factory=dict)
     horizon_ns: float = 0.0
+
+    def arrays(self) -> ScheduleArrays:
+        """The schedule as arrays (the form the compiled scheduler gives)."""
+        tr, st = self.transfers, self.stages
+        nan = float("nan")
+        pf = np.full(len(self.a), nan)
+        for j, x in self.pf_arrival.items():
+            pf[j] = x
+        return ScheduleArrays(
+            np.asarray([x["record"] for x in tr], np.int64),
+            np.asarray([MOVES.index(x["move"]) for x in tr], np.int64),
+            np.asarray([x["cls"] for x in tr], np.int64),
+            np.asarray([x["entries"] for x in tr], np.int64),
+            np.asarray([x["issue"] for x in tr], np.float64),
+            np.asarray([x["end"] for x in tr], np.float64),
+            np.asarray([x["transfer"] for x in st], np.int64),
+            np.asarray([x["stage"] for x in st], np.int64),
+            np.asarray([x["ready"] for x in st], np.float64),
+            np.asarray([x["start"] for x in st], np.float64),
+            np.asarray([x["end"] for x in st], np.float64),
+            *(np.asarray([nan if v is None else v for v in x], np.float64)
+              for x in (self.a, self.r, self.c)),
+            pf,
+            np.asarray([self.busy_ns[k] for k in RESOURCE_NAMES], np.float64),
+            np.asarray([self.bytes[k] for k in RESOURCE_NAMES], np.int64),
+            float(self.horizon_ns),
+        )  # fmt: skip
+
+
+@dataclass
+class ScheduleArrays:
+    """A schedule as arrays: per transfer (record, move code of
+    :data:`~.resources.MOVES`, class, entries, issue, end); per stage, ordered by (transfer,
+    stage), (transfer, stage, ready, start, end); per record a, r, c and its prefetch's
+    arrival (NaN: a write record / no prefetch); per resource of
+    :data:`~.resources.RESOURCE_NAMES` busy server-ns and bytes; the horizon."""
+
+    tr_record: NDArray
+    tr_move: NDArray
+    tr_cls: NDArray
+    tr_entries: NDArray
+    tr_issue: NDArray
+    tr_end: NDArray
+    st_transfer: NDArray
+    st_stage: NDArray
+    st_ready: NDArray
+    st_start: NDArray
+    st_end: NDArray
+    a: NDArray
+    r: NDArray
+    c: NDArray
+    pf_arrival: NDArray
+    busy_ns: NDArray
+    bytes: NDArray
+    horizon_ns: float
 
 
 class _Loop:

@@ -4,13 +4,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+from numpy.typing import NDArray
+
 from ..timing import TierTiming
-from .resources import CXL_HBM, CXL_NVME, HBM_CXL, HBM_NVME, NVME_HBM
+from .resources import CXL_HBM, CXL_NVME, HBM_CXL, HBM_NVME, MOVES, NVME_HBM
 
 #: The moves an eviction makes, in the order a record issues them.
 EVICT_MOVES = (HBM_CXL, HBM_NVME, CXL_NVME)
 #: A prefetch's fetches, in issue order.
 FETCH_MOVES = (CXL_HBM, NVME_HBM)
+#: The count columns of the array form (:class:`LogArrays`), in a record's issue order:
+#: its demand fetches, its eviction's moves, its prefetch (fetches, then its eviction's).
+COLUMNS = (
+    tuple(("demand", k) for k in FETCH_MOVES)
+    + tuple(("evict", k) for k in EVICT_MOVES)
+    + tuple(("prefetch", k) for k in FETCH_MOVES + EVICT_MOVES)
+)
+#: Each column's move code (an index into :data:`~.resources.MOVES`).
+COLUMN_MOVE = tuple(MOVES.index(k) for _role, k in COLUMNS)
 
 
 @dataclass
@@ -46,21 +58,76 @@ class TransferLog:
         return len(self.records) - 1
 
     def finish(self, t: TierTiming) -> None:
-        """Fill every read record's compute time: its hits read from HBM, plus the GB10
-        decode model of its step (with ``compute_model``) spread over the step's reads."""
-        per_step: dict[int, int] = {}
-        for r in self.records:
+        """Fill every read record's compute time (:func:`compute_ns`)."""
+        a = self.arrays()
+        ns = compute_ns(a.read, a.pos, a.hits, a.reads, self.entry_bytes, t)
+        for r, x in zip(self.records, ns.tolist(), strict=True):
             if r.read:
-                per_step[r.pos] = per_step.get(r.pos, 0) + 1
-        eb = self.entry_bytes
-        for r in self.records:
-            if not r.read:
-                continue
-            ns = r.hits * eb / t.hbm_gbps
-            if t.compute_model:
-                ns += (t.compute_base_ms / per_step[r.pos]
-                       + t.compute_ms_per_gib * r.reads * eb / 2**30) * 1e6  # fmt: skip
-            r.compute_ns = ns
+                r.compute_ns = x
+
+    def arrays(self) -> LogArrays:
+        """The log as arrays (what the fast engine emits, and the compiled scheduler reads)."""
+        recs = self.records
+        n = len(recs)
+        cols = np.zeros((n, len(COLUMNS)), np.int64)
+        for i, r in enumerate(recs):
+            for c, (role, k) in enumerate(COLUMNS):
+                cols[i, c] = getattr(r, role).get(k, 0)
+        waits = [w for r in recs for w in r.waits]
+        w = np.asarray(waits, np.int64).reshape(-1, 2)
+        return LogArrays(
+            self.entry_bytes,
+            np.fromiter((r.read for r in recs), np.bool_, n),
+            np.fromiter((r.pos for r in recs), np.int64, n),
+            np.fromiter((r.step for r in recs), np.int64, n),
+            np.fromiter((r.tokens for r in recs), np.int64, n),
+            np.fromiter((r.hits for r in recs), np.int64, n),
+            np.fromiter((r.reads for r in recs), np.int64, n),
+            cols,
+            np.concatenate([[0], np.cumsum([len(r.waits) for r in recs])]).astype(np.int64),
+            w[:, 0].copy(),
+            w[:, 1].copy(),
+            np.fromiter((r.compute_ns for r in recs), np.float64, n),
+        )
+
+
+@dataclass
+class LogArrays:
+    """A transfer log as arrays, one row per record: ``moves[i, c]`` the entries of column
+    :data:`COLUMNS` ``[c]``; record ``i``'s waits are ``wait_rec``/``wait_n`` over
+    ``wait_off[i] : wait_off[i + 1]``.  A write record has pos, tokens, hits, reads 0."""
+
+    entry_bytes: int
+    read: NDArray  # bool
+    pos: NDArray
+    step: NDArray
+    tokens: NDArray
+    hits: NDArray
+    reads: NDArray
+    moves: NDArray  # (records, len(COLUMNS))
+    wait_off: NDArray
+    wait_rec: NDArray
+    wait_n: NDArray
+    compute_ns: NDArray
+
+    def finish(self, t: TierTiming) -> None:
+        """Fill the read records' compute time (:func:`compute_ns`)."""
+        self.compute_ns = compute_ns(self.read, self.pos, self.hits, self.reads,
+                                     self.entry_bytes, t)  # fmt: skip
+
+
+def compute_ns(
+    read: NDArray, pos: NDArray, hits: NDArray, reads: NDArray, eb: int, t: TierTiming
+) -> NDArray:
+    """Every read record's compute time ``C`` (docs/timeline.md, "Input"): its hits read from
+    HBM, plus the GB10 decode model of its step (with ``compute_model``) spread over the
+    step's read records; 0 for a write record."""
+    ns = hits * eb / t.hbm_gbps
+    if t.compute_model:
+        per_step = np.bincount(pos[read], minlength=int(pos.max(initial=0)) + 1)
+        k = np.maximum(per_step[pos], 1)  # (a write record's pos may hold no read)
+        ns = ns + (t.compute_base_ms / k + t.compute_ms_per_gib * reads * eb / 2**30) * 1e6
+    return np.where(read, ns, 0.0)
 
 
 def moves_of(delta: dict[str, int], eb: int, keys: tuple[str, ...]) -> dict[str, int]:

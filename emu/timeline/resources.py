@@ -11,7 +11,11 @@ from ..timing import TierTiming
 CXL_HBM, NVME_HBM, HBM_CXL, HBM_NVME, CXL_NVME = (
     "cxl->hbm", "nvme->hbm", "hbm->cxl", "hbm->nvme", "cxl->nvme",
 )  # fmt: skip
+#: Every move, in the order of its code in the array forms (log columns, schedule arrays).
+MOVES = (CXL_HBM, NVME_HBM, HBM_CXL, HBM_NVME, CXL_NVME)
 WRITE_BACKS = (HBM_CXL, HBM_NVME)
+#: The resources, in the order of their code in the array forms (:meth:`Resources.servers`).
+RESOURCE_NAMES = ("link_rd", "link_wr", "dram", "nvme")
 #: Scheduling classes: lower goes first (docs/timeline.md, "Discipline").
 DEMAND, PREFETCH, BACKGROUND = 0, 1, 2
 #: NVMe commands whose latency the drive overlaps (assumption: Gen5 data-centre drives reach
@@ -54,12 +58,12 @@ class Resources:
 
     def servers(self) -> dict[str, int]:
         """Servers per resource name."""
-        return {"link_rd": 1, "link_wr": 1, "dram": self.dram_servers, "nvme": 1}
+        return dict(zip(RESOURCE_NAMES, (1, 1, self.dram_servers, 1), strict=True))
 
     def gbps(self) -> dict[str, float]:
         """Bandwidth per server, per resource name."""
-        return {"link_rd": self.link_gbps, "link_wr": self.link_gbps,
-                "dram": self.dram_gbps, "nvme": self.nvme_gbps}  # fmt: skip
+        bw = (self.link_gbps, self.link_gbps, self.dram_gbps, self.nvme_gbps)
+        return dict(zip(RESOURCE_NAMES, bw, strict=True))
 
 
 def stages(move: str, entries: int, res: Resources) -> list[tuple[float, tuple[str, ...]]]:

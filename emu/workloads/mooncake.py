@@ -22,9 +22,16 @@ The mapping (docs/trace-format.md, "Mooncake arrivals"):
   step ``floor(timestamp / step_ms)``, with no cap on concurrency (continuous batching).
   The concurrency is then the trace's arrival rate times its output lengths times
   ``itl_ms``, as in production at that inter-token latency;
-* ``steps`` simulated steps replay the trace's first ``steps · step_ms`` ms (a window from
-  its start, so every earlier request whose prefix a later one shares is in it);
-  deterministic: the seed only changes the synthetic attention.
+* ``rate`` (default 1) scales the arrival rate: every timestamp is divided by it (the
+  trace time-compressed by ``rate``), so a request arrives in step
+  ``floor(timestamp / (rate · step_ms))``.  Lengths and prefixes are untouched, so the
+  concurrency scales by ``rate`` (Little's law: arrival rate × residence): ``steps``
+  steps at ``rate`` r replay the requests of ``r · steps`` steps at rate 1, each decoding
+  the same steps, at r times their mean concurrency (up to the requests cut off at the
+  window's end);
+* ``steps`` simulated steps replay the trace's first ``rate · steps · step_ms`` ms (a
+  window from its start, so every earlier request whose prefix a later one shares is in
+  it); deterministic: the seed only changes the synthetic attention.
 """
 
 from __future__ import annotations
@@ -48,6 +55,10 @@ TRACES: dict[str, str] = {
     "synthetic": "synthetic_trace.jsonl.xz",
 }
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+# The arrival-rate factor's range: from 1/1000 of the trace's rate (one request every few
+# minutes) to 1000 times it (the whole hour in under 4 s); outside it a window is empty or
+# one step.
+RATE_MIN, RATE_MAX = 1e-3, 1e3
 
 
 class MooncakeError(ValueError):
@@ -177,8 +188,9 @@ class MooncakeArrivals(Workload):
 
     trace: ClassVar[str] = ""
     # itl_ms: real ms per decoded token (an assumption, not in the data); token_scale: 0
-    # means block_tokens / 512 (one hash block = one KV block).
-    defaults = {"itl_ms": 25.0, "token_scale": 0.0}
+    # means block_tokens / 512 (one hash block = one KV block); rate: the arrival-rate
+    # factor (timestamps divided by it), in [RATE_MIN, RATE_MAX].
+    defaults = {"itl_ms": 25.0, "token_scale": 0.0, "rate": 1.0}
 
     def __init__(
         self,
@@ -200,11 +212,18 @@ class MooncakeArrivals(Workload):
         itl = float(self.params["itl_ms"])
         if itl <= 0.0:
             raise ValueError(f"workload {self.name!r}: itl_ms = {itl} must be > 0")
+        rate = float(self.params["rate"])
+        if not RATE_MIN <= rate <= RATE_MAX:  # also refuses nan
+            raise ValueError(
+                f"workload {self.name!r}: rate = {rate} is out of range: must be in "
+                f"[{RATE_MIN:g}, {RATE_MAX:g}] (the factor the arrival rate is scaled by)"
+            )
+        self.rate = rate
         self.step_ms = itl / self.token_scale
         self._shared: dict[int, int] = {}
 
     def arrival_step(self, r: Request) -> int:
-        return int(r.timestamp_ms // self.step_ms)
+        return int(r.timestamp_ms // (self.step_ms * self.rate))
 
     def scaled(self, tokens: int) -> int:
         return max(1, math.ceil(tokens * self.token_scale))

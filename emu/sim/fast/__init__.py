@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 
 from kvcxl.firmware.policies import POLICIES, make_policy
 from kvcxl.firmware.policies.base import Policy
+from kvcxl.firmware.policies.queued import QueuePolicy
 from kvcxl.firmware.table import EntryTable
 
 from ...workloads.stream import CREATE, ReadStream
@@ -52,10 +53,18 @@ def unsupported(opts: Any) -> str | None:
     if have_numba and _mode_of(opts) not in __getattr__("POLICY_CODES"):
         covered = __getattr__("COVERED")
         return f"the fast engine does not cover policy {opts.policy} (it covers {covered})"
+    if opts.prefetch and getattr(opts, "timeline", False):  # (its log has no prefetch rows)
+        return "the fast engine's transfer log does not record prefetches yet"
     if opts.prefetch:
         return "the fast engine does not prefetch yet"
-    if getattr(opts, "timeline", False):
-        return "the transfer timeline runs on the numpy engine"
+    cls = POLICIES.get(opts.policy)
+    if opts.config.cxl_order == "policy" and cls is not None and issubclass(cls, QueuePolicy):
+        # A queue policy ranks by its walk over the queued (resident) entries: CXL DRAM's
+        # entries are in no queue, so its ranking of them is the firmware's alone.
+        return (
+            f"the fast engine does not rank CXL DRAM by queue policy {opts.policy}'s walk"
+            " (cxl_order = 'policy')"
+        )
     if opts.audit:
         return "the eviction audit runs on the numpy engine"
     if opts.check:
@@ -131,6 +140,8 @@ def run(rep: _Replay) -> None:
     from .compose import modules, replay_for
     from .hooks import Media, Plan, Run, Setup, Table, trait
     from .tiers import rules_of
+    from .timeline import arrays as log_arrays
+    from .timeline import buffer as log_buffer
 
     opts, stream, fw = rep.opts, rep.stream, rep.fw
     cfg = fw.config
@@ -164,6 +175,7 @@ def run(rep: _Replay) -> None:
     state = module.build(setup)
     t, tiers = opts.timing, rep.tiers
     ctx_tokens = np.zeros(plan["n_ctx"] if trait(module, "BY_AGE") else 0, np.int64)
+    tlog = log_buffer(bool(opts.timeline), plan["read"].size, plan["ids"].size, per_request)
     out = replay_for(module)(
         Plan(plan["read"], plan["step"], plan["tokens"], plan["off"], plan["ids"], w,
              plan["loff"], plan["l_ctx"], plan["l_tok"]),
@@ -178,6 +190,7 @@ def run(rep: _Replay) -> None:
               nvme_lat=float(t.nvme_latency_ns), nvme_gbps=float(t.nvme_gbps)),
         Table(plan["e_ctx"], plan["e_block"], int(stream.shape.block_tokens), ctx_tokens),
         state,
+        tlog,
         rules_of(fw, int(np.count_nonzero(np.diff(plan["step"]))) + 2),
     )  # fmt: skip
     reads, hits, miss, stall, tokens, moved, tier, tcount, stats = out[:9]
@@ -188,6 +201,8 @@ def run(rep: _Replay) -> None:
             f"NVMe tier full: {nv} entries placed, capacity {cap} ({cap * tiers.entry_bytes} B);"
             " raise --nvme or --cxl"
         )
+    if opts.timeline:
+        rep.tl_arrays = log_arrays(tlog, int(rep.eb))
     k = books.n
     books.reads[:] = reads[:k]
     books.hits[:] = hits[:k]

@@ -59,13 +59,19 @@ def cache_dir() -> Path:
     return cache_root() / "fast"
 
 
+#: Sources outside the engine's folder that a compiled loop bakes in (the timeline log's
+#: column numbers and move codes).
+BAKED_IN = tuple(HERE.parent.parent / "timeline" / f for f in ("log.py", "resources.py"))
+
+
 @cache
 def _engine_hash() -> str:
-    """The hash of every source of the engine (loop, kernel, hooks, policies): a compiled
-    loop embeds all of them, and numba would not notice a change outside its own file."""
+    """The hash of every source of the engine (loop, kernel, hooks, policies) and of what
+    it bakes in: a compiled loop embeds all of them, and numba would not notice a change
+    outside its own file."""
     h = hashlib.sha256()
-    for path in sorted(HERE.rglob("*.py")):
-        h.update(str(path.relative_to(HERE)).encode())
+    for path in [*sorted(HERE.rglob("*.py")), *BAKED_IN]:
+        h.update(path.name.encode() if path in BAKED_IN else str(path.relative_to(HERE)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 

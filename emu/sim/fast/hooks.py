@@ -20,16 +20,25 @@ that share an order, as ``lru`` and ``lru-anchor``).  It holds, at module level:
     changed (read only for ``STATIC`` policies).
 
 and, where the default below is not the policy's, any of (njit).  The loop inlines every
-hook but ``end_step`` and ``select`` (:func:`inlined`) and passes each the state with its
-arrays' reference counts detached (:func:`kvcxl.emu.sim.fast.kernel.borrowed`): a hook may
-index, slice and copy them, but must not return one of them (or a view) out of the loop.
+hook but ``end_step``, ``on_admit`` and ``select`` (:func:`inlined`) and passes each the
+state with its arrays' reference counts detached
+(:func:`kvcxl.emu.sim.fast.kernel.borrowed`): a hook may index, slice and copy them, but
+must not return one of them (or a view) out of the loop.
 
 ``on_insert(ps, e, t)``
     ``e`` became resident (after ``forget`` when metadata is not persistent).
+``on_admit(ps, adm, na, t)``
+    after the ``on_insert`` of each: the call's admissions ``adm[:na]`` together (the
+    loop's scratch, in no particular order: read it, do not keep it), as the firmware's
+    ``Policy.on_insert`` receives them.  For policies whose insertion depends on the whole
+    set: the queue policies place a call's arrivals in ascending id order and keep them
+    out of the walk that follows, which per-entry ``on_insert`` cannot do (two writes in
+    a row at the same batch time would look like one call).
 ``forget(ps, e)``
     back to the column fills: the metadata a non-persistent policy drops on insert and evict.
 ``on_evict(ps, e, t)``
-    ``e`` is leaving (before ``forget``): ghost lists, queue moves.
+    ``e`` is leaving (before ``forget``): ghost lists, queue moves.  The victims of one
+    pass leave one after another, after ``select`` and the dump's ``priority`` of each.
 ``end_step(ps, n)``
     a decode step ended; entries ``0 … n−1`` are described (the EMA's step).
 ``score(ps, e) -> float``
@@ -69,7 +78,10 @@ from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.policies.base import Policy
 
 TRAITS = ("STATIC", "QUEUE", "BY_AGE", "ONCE")
-HOOKS = ("on_insert", "forget", "on_evict", "end_step", "score", "idle_steps", "now", "select")
+HOOKS = (
+    "on_insert", "on_admit", "forget", "on_evict", "end_step", "score", "idle_steps", "now",
+    "select",
+)  # fmt: skip
 REQUIRED = ("COVERS", "build", "priority", "on_access")
 
 
@@ -156,6 +168,11 @@ class Setup:
 # and every later replay fail.  The compiled loops that call them are cached whole.
 @njit
 def on_insert(ps, e, t):  # type: ignore[no-untyped-def]
+    pass
+
+
+@njit
+def on_admit(ps, adm, na, t):  # type: ignore[no-untyped-def]
     pass
 
 

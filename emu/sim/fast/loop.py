@@ -33,6 +33,11 @@ from kvcxl.emu.sim.fast.kernel import (
     key_of,
 )
 from kvcxl.emu.sim.fast.policies import lru as P  # kvcxl-policy-module (compose.py)
+from kvcxl.emu.sim.fast.timeline import close as log_close
+from kvcxl.emu.sim.fast.timeline import hit_records as log_hits
+from kvcxl.emu.sim.fast.timeline import inside as log_inside
+from kvcxl.emu.sim.fast.timeline import open_record as log_open
+from kvcxl.emu.sim.fast.timeline import outside as log_outside
 
 # The policy's traits and hooks, frozen as constants when numba compiles the loop.
 STATIC = hooks.trait(P, "STATIC")
@@ -43,6 +48,7 @@ STEPS = hooks.has(P, "end_step")
 SCORED = hooks.has(P, "score")
 SELECT = hooks.has(P, "select")
 LAYERED = SCORED  # managed tiers' eviction layers (FirmwareSession.managed: scored policies)
+ADMIT = hooks.has(P, "on_admit")
 # The per-read and per-entry hooks are inlined into the loop (numba IR), where the state's
 # reference counts are detached (kernel.borrowed): a call of its own would count them.
 priority = hooks.inlined(P.priority)
@@ -55,6 +61,7 @@ now_of = hooks.inlined(hooks.hook(P, "now"))
 idle_steps = hooks.inlined(hooks.hook(P, "idle_steps"))
 end_step = hooks.hook(P, "end_step")  # (once per step and pass: calls)
 select = hooks.hook(P, "select")
+on_admit = hooks.hook(P, "on_admit")  # (once per call that admits)
 
 
 @njit(cache=True)
@@ -205,9 +212,10 @@ def _bg_lower(ps, rules, t, pos, n_desc, cxl_cap, nvme_cap, tier, since, tcount,
 
 
 @njit(cache=True)
-def replay(plan, run, media, tab, ps, rules):  # type: ignore[no-untyped-def]
+def replay(plan, run, media, tab, ps, tlog, rules):  # type: ignore[no-untyped-def]
     """Replay ``plan`` (a :class:`~kvcxl.emu.sim.fast.hooks.Plan`) with the policy state
-    ``ps`` under the tier rules ``rules`` (:class:`~kvcxl.emu.sim.fast.tiers.Rules`);
+    ``ps`` under the tier rules ``rules`` (:class:`~kvcxl.emu.sim.fast.tiers.Rules`),
+    emitting the transfer log into ``tlog`` (:mod:`kvcxl.emu.sim.fast.timeline`);
     returns (books, tiers, stats, victim dump, error)."""
     b_read, b_step, b_off, b_tokens = plan.read, plan.step, plan.off, plan.tokens
     p_ids, p_w = plan.ids, plan.w
@@ -225,6 +233,7 @@ def replay(plan, run, media, tab, ps, rules):  # type: ignore[no-untyped-def]
     ctx_tokens, e_ctx, e_block, bt = tab.ctx_tokens, tab.e_ctx, tab.e_block, tab.bt
     ps = borrowed(ps)  # (the caller's ps and tab keep their arrays alive)
     tab = borrowed(tab)
+    tlog = borrowed(tlog)
     # books
     reads = np.zeros(npos, np.int64)
     hits = np.zeros(npos, np.int64)
@@ -315,6 +324,7 @@ def replay(plan, run, media, tab, ps, rules):  # type: ignore[no-untyped-def]
             stale = True
         if LAYERED and managed and boundary and rules.moves > 0:
             # --- FirmwareSession._background, at the closing step's last read time ---
+            log_outside(tlog, moved)  # (no record holds a boundary's moves)
             t = max(time - 1, 0)
             if rules.weighted:  # HBM entries placement wants in CXL DRAM leave
                 nv = _bg_victims(ps, tab, rules, res_list, n_list, cand_k, cand_id, vic, mark)
@@ -352,6 +362,7 @@ def replay(plan, run, media, tab, ps, rules):  # type: ignore[no-untyped-def]
                 )  # fmt: skip
                 if full:
                     err = 1
+            log_inside(tlog, moved)
             if err:
                 break
         if bb == nb:
@@ -399,6 +410,7 @@ def replay(plan, run, media, tab, ps, rules):  # type: ignore[no-untyped-def]
                 reads[pos] += h
                 hits[pos] += h
                 tokens[pos] += tok
+                log_hits(tlog, h, pos, step, tok, moved)
                 nxt_sb = sb + h
                 continue
             # Up to two calls per batch: a write (the batch's own, or a trace's entries written
@@ -441,6 +453,7 @@ def replay(plan, run, media, tab, ps, rules):  # type: ignore[no-untyped-def]
                         stamp[e] = call
                     tcount[HBM] += na
                     moved[pos, HOST, HBM] += na
+                    log_open(tlog, False, pos, step, 0, 0, 0, 0, 0, moved)
                 else:
                     if not b_read[b]:
                         continue
@@ -490,6 +503,7 @@ def replay(plan, run, media, tab, ps, rules):  # type: ignore[no-untyped-def]
                         tcount[src] -= 1
                         tier[e] = HBM
                     tcount[HBM] += na
+                    log_open(tlog, True, pos, step, tok, nh, m, c_cxl, c_nvme, moved)
                 # --- PolicyCache._admit(adm[:na]) ---
                 n_res += na
                 s_ins += na
@@ -513,6 +527,8 @@ def replay(plan, run, media, tab, ps, rules):  # type: ignore[no-untyped-def]
                         dirty[e] = True
                         dirty_list[n_dirty] = e
                         n_dirty += 1
+                if ADMIT and na:
+                    on_admit(ps, adm, na, t)
                 # --- on_access (reads only) ---
                 if not is_write:
                     for j in range(a, z):
@@ -722,6 +738,7 @@ def replay(plan, run, media, tab, ps, rules):  # type: ignore[no-untyped-def]
                 break
         if err:
             break
+    log_close(tlog, moved)
     stats = np.array([s_hits, s_miss, s_ins, s_evict, s_pass, n_pinned, n_res, n_desc])
     return (
         reads, hits, miss, stall, tokens, moved, tier, tcount, stats,

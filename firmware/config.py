@@ -191,8 +191,8 @@ PARAMS: dict[str, Param] = {
         "How an overflow is evicted. 'exact': exactly the overflow, the exact top-k of one "
         "ranking (eviction_batch only counts passes). 'batched': passes of eviction_batch "
         "victims, each ranked when it begins, until the overflow is covered; the last pass "
-        "may evict past it (the RTL's batch slots). Default 'exact' until the fast engine "
-        "replays passes.",
+        "may evict past it (the RTL's batch slots). Default 'exact' until a calibration "
+        "against the RTL's batch size says otherwise.",
     ),
     "cxl_order": Param(
         "'fifo' or 'policy'",

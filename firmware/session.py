@@ -422,7 +422,7 @@ class FirmwareSession:
         if over == 0:
             return
         prio = None
-        if self.config.cxl_order == "policy":
+        if self.config.cxl_order == "policy" and self.policy.ranks_lower_tiers:
             in_cxl = self.lower.members(TIER_CXL)
             prio = self.policy.priority(in_cxl, self._tick)
         out = self.lower.spill_order(over, prio)

@@ -22,7 +22,7 @@ from kvcxl.emu.sim.simulator import GRANULARITIES, SimOptions, _Replay, simulate
 from kvcxl.emu.sim.sweep import SweepSpec, build_stream
 from kvcxl.emu.timeline import compiled, engine
 from kvcxl.emu.timeline.engine import ScheduleArrays
-from kvcxl.emu.timeline.log import LogArrays
+from kvcxl.emu.timeline.log import COLUMNS, EVICT_MOVES, LogArrays
 from kvcxl.emu.timeline.resources import PRESETS, RESOURCE_NAMES, Resources, offload_preset
 from kvcxl.emu.workloads import compile_workload, make_workload
 from kvcxl.emu.workloads.stream import from_trace
@@ -229,3 +229,61 @@ def test_the_log_buffer_has_room_for_every_record() -> None:
     plan = fast.flat_plan(stream, "request")
     assert fast_log.buffer(True, plan["read"].size, plan["ids"].size, True).rows.shape[0] >= n
     assert RESOURCE_NAMES == tuple(Resources.of(rf.opts.timing).servers())
+
+
+# --- the tier rules (docs/policy.md, "Tiers below HBM") ---------------------------------
+# Managed tiers move entries at a step boundary, between two calls: numpy settles those
+# moves before the next call's record opens, so no record holds them.
+TIER_MODES: dict[str, dict[str, Any]] = {
+    "managed": {"tier_management": "managed", "evict_threshold": 0.05},
+    "managed-sink": {"tier_management": "managed", "evict_threshold": 0.09,
+                     "keep_threshold": 0.3, "background_moves": 1, "alpha": 0.3},
+    "weighted-policy": {"tier_management": "managed", "placement_mode": "weighted",
+                        "background_moves": 3, "cxl_order": "policy",
+                        "placement_cuts": (0.5, 0.7)},
+    "all": {"tier_management": "managed", "cxl_order": "policy", "eviction_passes": "batched",
+            "eviction_batch": 5, "evict_threshold": 0.05, "keep_threshold": 0.2},
+    "all-weighted": {"tier_management": "managed", "placement_mode": "weighted",
+                     "cxl_order": "policy", "eviction_passes": "batched", "eviction_batch": 2,
+                     "background_moves": 8, "placement_cuts": (0.5, 0.7)},
+}  # fmt: skip
+TIER_POLICIES = [("ema", "float"), ("ema", "int"), ("lru", "float"), ("arc", "float"),
+                 ("sieve", "float")]  # fmt: skip
+
+
+def _background_moved(rp: _Replay) -> int:
+    """Entries the numpy replay moved outside every record (the step boundaries' moves)."""
+    assert rp.tl is not None
+    cols = [COLUMNS.index(("evict", k)) for k in EVICT_MOVES]
+    logged = rp.tl.arrays().moves[:, cols].sum()
+    m = rp.tiers.moved  # [from, to]: HBM 1, CXL DRAM 2, NVMe 3
+    return int(m[1, 2] + m[1, 3] + m[2, 3] - logged)
+
+
+@pytest.mark.parametrize("mode", list(TIER_MODES))
+@pytest.mark.parametrize("gran", GRANULARITIES)
+def test_fast_timeline_equals_numpys_under_the_tier_rules(mode: str, gran: str) -> None:
+    """Log, schedule and result under managed tiers, the policy's CXL DRAM order and
+    batched passes; some replays move entries at step boundaries (else this proves
+    nothing about them)."""
+    stream = STREAMS["workload"]
+    kv = stream.kv_bytes
+    cfg = PolicyConfig.from_mapping(TIER_MODES[mode])
+    outside = 0
+    for k, (policy, pmode) in enumerate(TIER_POLICIES):
+        cxl = (kv // 20, kv // 8)[k % 2]
+        kw = dict(policy=policy, mode=pmode, granularity=gran, budget_bytes=kv // 10,
+                  cxl_bytes=cxl, config=cfg, warmup_steps=k % 2)  # fmt: skip
+        desc = f"{mode} {policy}/{pmode} {gran} cxl {cxl}"
+        if fast.unsupported(SimOptions(**kw)):  # (a queue policy's CXL DRAM order)
+            continue
+        rn, a, rf, b = _replays(stream, **kw)
+        outside += _background_moved(rn)
+        _same(rn.tl.arrays(), rf.tl_arrays, f"{desc}: log")  # type: ignore[union-attr]
+        res = Resources.of(rf.opts.timing)
+        _same(engine.run(rn.tl, res).arrays(), compiled.run(rf.tl_arrays, res),
+              f"{desc}: schedule")  # fmt: skip
+        assert a.pop("engine") == "numpy" and b.pop("engine") == "fast"
+        for key in a:
+            assert a[key] == b[key], f"{desc}: {key}: numpy {a[key]!r}, fast {b[key]!r}"
+    assert outside > 0, f"{mode} {gran}: no step-boundary move"

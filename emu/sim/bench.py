@@ -44,22 +44,28 @@ def _replay_ci(quick: bool) -> dict[str, Any]:
     }
     goals = [("lru", "float"), ("ema", "float"), ("ema", "int")]  # the speed goals' runs
     runs = goals + [(p, "float") for p in ("arc", "clock", "s3fifo", "sieve", "slru", "wtinylfu")]
-    for policy, mode in runs:
-        for gran in ("layer", "step"):
-            name = f"{policy}_{mode}" if policy == "ema" else policy
-            rate = {}
-            for engine in ("numpy", "fast"):
-                opts = SimOptions(
-                    policy=policy, mode=mode, budget_bytes=stream.kv_bytes // 10,
-                    granularity=gran, engine=engine,
-                )  # fmt: skip
-                r, dt = _timed(stream, opts)
-                rate[engine] = r["reads"] / dt
-                out[f"{name}_{gran}_{engine}_entry_reads_per_s"] = round(rate[engine])
-            out[f"{name}_{gran}_fast_over_numpy"] = round(rate["fast"] / rate["numpy"], 2)
-            out[f"{name}_{gran}_hit_rate_simulated"] = round(r["hit_rate"], 4)
-            if (policy, mode) in goals:  # the timeline's goals are LRU's and the EMA's
-                out |= _replay_ci_timeline(stream, policy, mode, gran, f"{name}_{gran}")
+    # The default tier rules for every run, then, for the goals' runs, the managed tiers with
+    # CXL DRAM in the policy's order (the intended defaults; CXL DRAM 5 % of the KV, so that
+    # its overflow is ranked).
+    tiered = PolicyConfig(tier_management="managed", cxl_order="policy")
+    cases = (("", PolicyConfig(), None, runs), ("_managed", tiered, stream.kv_bytes // 20, goals))
+    for rules, config, cxl, which in cases:
+        for policy, mode in which:
+            for gran in ("layer", "step"):
+                name = (f"{policy}_{mode}" if policy == "ema" else policy) + rules
+                rate = {}
+                for engine in ("numpy", "fast"):
+                    opts = SimOptions(
+                        policy=policy, mode=mode, budget_bytes=stream.kv_bytes // 10,
+                        granularity=gran, engine=engine, config=config, cxl_bytes=cxl,
+                    )  # fmt: skip
+                    r, dt = _timed(stream, opts)
+                    rate[engine] = r["reads"] / dt
+                    out[f"{name}_{gran}_{engine}_entry_reads_per_s"] = round(rate[engine])
+                out[f"{name}_{gran}_fast_over_numpy"] = round(rate["fast"] / rate["numpy"], 2)
+                out[f"{name}_{gran}_hit_rate_simulated"] = round(r["hit_rate"], 4)
+                if not rules and (policy, mode) in goals:  # the timeline's goals: LRU, EMA
+                    out |= _replay_ci_timeline(stream, policy, mode, gran, f"{name}_{gran}")
     return out
 
 

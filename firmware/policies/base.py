@@ -74,6 +74,9 @@ class Policy(ABC):
     # This policy's own parameters (name → Param with its default); the values in use are
     # ``self.params``, taken from the configuration's policy_params (docs/policy.md).
     parameters: ClassVar[dict[str, Param]] = {}
+    # Whether ``priority`` ranks entries outside HBM, so that ``cxl_order = "policy"``
+    # orders CXL DRAM by it; False: CXL DRAM keeps its arrival order (docs/policy.md).
+    ranks_lower_tiers: ClassVar[bool] = True
 
     def __init__(self, config: PolicyConfig, table: EntryTable) -> None:
         self.config = config

@@ -53,6 +53,9 @@ class QueuePolicy(Policy):
     # Columns that describe where a resident entry sits; forget() keeps them.
     _place_cols: ClassVar[tuple[str, ...]] = ("seq", "queue")
     n_queues: ClassVar[int] = 1
+    # The order is a walk over the queued (resident) entries: an entry in CXL DRAM is in
+    # no queue, so CXL DRAM keeps its arrival order under cxl_order = "policy".
+    ranks_lower_tiers = False
 
     def __init__(self, config: PolicyConfig, table: EntryTable) -> None:
         super().__init__(config, table)

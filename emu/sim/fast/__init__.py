@@ -56,11 +56,6 @@ def unsupported(opts: Any) -> str | None:
         return "the fast engine's transfer log does not record prefetches yet"
     if opts.prefetch:
         return "the fast engine does not prefetch yet"
-    cfg = opts.config  # tier rules of docs/policy.md the kernel does not replicate yet
-    for name, today in (("eviction_passes", "exact"), ("cxl_order", "fifo"),
-                        ("tier_management", "static")):  # fmt: skip
-        if getattr(cfg, name) != today:
-            return f"the fast engine does not replay {name} = {getattr(cfg, name)!r} yet"
     if opts.audit:
         return "the eviction audit runs on the numpy engine"
     if opts.check:
@@ -135,6 +130,7 @@ def run(rep: _Replay) -> None:
     stats and dump."""
     from .compose import modules, replay_for
     from .hooks import Media, Plan, Run, Setup, Table, trait
+    from .tiers import rules_of
     from .timeline import arrays as log_arrays
     from .timeline import buffer as log_buffer
 
@@ -163,7 +159,8 @@ def run(rep: _Replay) -> None:
     # Weights as the stream holds them (float32, widened exactly in the loop).
     w = plan["w"] if plan["w"].dtype == np.float32 else np.asarray(plan["w"], np.float64)
     nvme_below = -np.inf
-    if fw.placement == "policy" and fw.policy.scored and cfg.placement_mode == "thresholds":
+    if (fw.placement == "policy" and fw.policy.scored and cfg.placement_mode == "thresholds"
+            and not fw.managed):  # (managed tiers: every victim lands in CXL DRAM)  # fmt: skip
         nvme_below = float(cfg.evict_threshold)
     setup = Setup(fw.policy, cfg, mode, plan, n, per_request, bool(fw.offline))
     state = module.build(setup)
@@ -185,9 +182,10 @@ def run(rep: _Replay) -> None:
         Table(plan["e_ctx"], plan["e_block"], int(stream.shape.block_tokens), ctx_tokens),
         state,
         tlog,
+        rules_of(fw, int(np.count_nonzero(np.diff(plan["step"]))) + 2),
     )  # fmt: skip
     reads, hits, miss, stall, tokens, moved, tier, tcount, stats = out[:9]
-    d_id, d_pr, d_key, d_call, call_batch, err = out[9:]
+    d_id, d_pr, d_key, d_call, d_grp, call_batch, err = out[9:]
     if err:
         nv, cap = int(tcount[3]), tiers.cap[3]
         raise ValueError(
@@ -215,9 +213,9 @@ def run(rep: _Replay) -> None:
     fw.cache.n_resident = int(stats[6])
     rep.n_described = int(stats[7])
     if opts.record_victims and d_id.size:
-        # Each call's victims in the contract order: priority descending (key ascending),
-        # then entry id ascending.
-        o = np.lexsort((d_id, d_key, d_call))
+        # Each call's victims in the contract order: pass by pass, layer by layer (managed
+        # tiers), each by priority descending (key ascending), then entry id ascending.
+        o = np.lexsort((d_id, d_key, d_grp, d_call))
         d_id, d_pr, d_call = d_id[o], d_pr[o], d_call[o]
         cut = np.flatnonzero(np.diff(d_call)) + 1
         for ids_, pr_, c_ in zip(

@@ -44,6 +44,9 @@ must not return one of them (or a view) out of the loop.
 ``score(ps, e) -> float``
     the attention score placement reads (a victim scored below ``evict_threshold`` goes to
     NVMe); defining it says the policy is scored, as ``Policy.score`` does.
+``idle_steps(ps, e) -> int``
+    steps since ``e``'s last touch, as ``Policy.idle_steps`` (weighted placement's recency;
+    default 0, a policy that counts none).
 ``now(ps, t)``
     what ``priority`` receives as ``now`` during the eviction pass at batch time ``t``
     (default ``t``; random: its per-pass hash base).
@@ -75,7 +78,10 @@ from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.policies.base import Policy
 
 TRAITS = ("STATIC", "QUEUE", "BY_AGE", "ONCE")
-HOOKS = ("on_insert", "on_admit", "forget", "on_evict", "end_step", "score", "now", "select")
+HOOKS = (
+    "on_insert", "on_admit", "forget", "on_evict", "end_step", "score", "idle_steps", "now",
+    "select",
+)  # fmt: skip
 REQUIRED = ("COVERS", "build", "priority", "on_access")
 
 
@@ -188,6 +194,11 @@ def end_step(ps, n):  # type: ignore[no-untyped-def]
 @njit
 def score(ps, e):  # type: ignore[no-untyped-def]
     return 0.0
+
+
+@njit
+def idle_steps(ps, e):  # type: ignore[no-untyped-def]
+    return 0
 
 
 @njit

@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit
 
 from kvcxl.emu.sim.fast import hooks
+from kvcxl.emu.sim.fast import tiers as T
 from kvcxl.emu.sim.fast.kernel import (
     CXL,
     HBM,
@@ -28,12 +29,15 @@ from kvcxl.emu.sim.fast.kernel import (
     _select,
     _sort_items,
     borrowed,
+    float_key,
     key_of,
 )
 from kvcxl.emu.sim.fast.policies import lru as P  # kvcxl-policy-module (compose.py)
 from kvcxl.emu.sim.fast.timeline import close as log_close
 from kvcxl.emu.sim.fast.timeline import hit_records as log_hits
+from kvcxl.emu.sim.fast.timeline import inside as log_inside
 from kvcxl.emu.sim.fast.timeline import open_record as log_open
+from kvcxl.emu.sim.fast.timeline import outside as log_outside
 
 # The policy's traits and hooks, frozen as constants when numba compiles the loop.
 STATIC = hooks.trait(P, "STATIC")
@@ -43,6 +47,7 @@ ONCE = hooks.trait(P, "ONCE")
 STEPS = hooks.has(P, "end_step")
 SCORED = hooks.has(P, "score")
 SELECT = hooks.has(P, "select")
+LAYERED = SCORED  # managed tiers' eviction layers (FirmwareSession.managed: scored policies)
 ADMIT = hooks.has(P, "on_admit")
 # The per-read and per-entry hooks are inlined into the loop (numba IR), where the state's
 # reference counts are detached (kernel.borrowed): a call of its own would count them.
@@ -53,15 +58,164 @@ forget = hooks.inlined(hooks.hook(P, "forget"))
 on_evict = hooks.inlined(hooks.hook(P, "on_evict"))
 score = hooks.inlined(hooks.hook(P, "score"))
 now_of = hooks.inlined(hooks.hook(P, "now"))
+idle_steps = hooks.inlined(hooks.hook(P, "idle_steps"))
 end_step = hooks.hook(P, "end_step")  # (once per step and pass: calls)
 select = hooks.hook(P, "select")
 on_admit = hooks.hook(P, "on_admit")  # (once per call that admits)
 
 
 @njit(cache=True)
-def replay(plan, run, media, tab, ps, tlog):  # type: ignore[no-untyped-def]
+def _leave(ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc, resident, res_list,
+           res_pos, n_list, tier, tcount, moved, since, cxl_k, cxl_i, cxl_v, cxl_ver,
+           cxl_size):  # type: ignore[no-untyped-def]  # fmt: skip
+    """Victims ``vic[:nv]`` leave HBM: placement (as each leaves, before it is forgotten),
+    on_evict, tiers.demote; returns (resident list length, CXL arrivals heap size)."""
+    ps = borrowed(ps)
+    compact = nv * 4 > n_list  # many leave: one pass over the list, not a swap each
+    for j in range(nv):
+        e = vic[j]
+        dest = CXL  # session.place
+        if SCORED and score(ps, e) < nvme_below:
+            dest = NVME
+        resident[e] = False
+        if not compact:
+            p_ = res_pos[e]
+            moved_e = res_list[n_list - 1]
+            res_list[p_] = moved_e
+            res_pos[moved_e] = p_
+            res_pos[e] = -1
+            n_list -= 1
+        on_evict(ps, e, t)
+        if not persistent:  # Policy.on_evict: the policy forgets the entry
+            forget(ps, e)
+        src = tier[e]
+        moved[pos, src, dest] += 1
+        tcount[src] -= 1
+        tcount[dest] += 1
+        tier[e] = dest
+        if since.size:
+            since[e] = t
+            if cxl_fifo and dest == CXL:
+                cxl_size = T.fifo_push(e, t, n_desc, tier, since, cxl_k, cxl_i, cxl_v, cxl_ver,
+                                       cxl_size)  # fmt: skip
+    if compact:
+        k = 0
+        for j in range(n_list):
+            e = res_list[j]
+            if resident[e]:
+                res_list[k] = e
+                res_pos[e] = k
+                k += 1
+            else:
+                res_pos[e] = -1
+        n_list = k
+    return n_list, cxl_size
+
+
+@njit(cache=True)
+def _spill(ps, tab, rules, t, pos, n_desc, cxl_cap, tier, since, tcount, moved, cxl_k, cxl_i,
+           cxl_v, cxl_ver, cxl_size, keys, ids, out, mark):  # type: ignore[no-untyped-def]  # fmt: skip
+    """FirmwareSession._spill: CXL DRAM over its capacity sends the surplus to NVMe, by the
+    policy's order (cxl_order = "policy", ranked at the latest eviction's time ``t``) or
+    the earliest arrivals first; returns the arrivals heap's size."""
+    ps = borrowed(ps)
+    tab = borrowed(tab)
+    spill = tcount[CXL] - cxl_cap
+    if spill <= 0:
+        return cxl_size
+    if rules.cxl_policy:
+        now = now_of(ps, t)
+        m = 0
+        for e in range(n_desc):
+            if tier[e] == CXL:
+                ids[m] = e
+                keys[m] = key_of(priority(ps, tab, e, now))
+                m += 1
+        got = T.smallest(keys, ids, m, spill, out, mark)
+        T.move(out, got, CXL, NVME, t, tier, since, tcount, moved, pos)
+        return cxl_size
+    while spill > 0 and cxl_size > 0:  # by (arrival, id)
+        _, e, v, cxl_size = _pop(cxl_k, cxl_i, cxl_v, cxl_size)
+        if tier[e] != CXL or v != cxl_ver[e]:
+            continue
+        tier[e] = NVME
+        since[e] = t
+        moved[pos, CXL, NVME] += 1
+        tcount[CXL] -= 1
+        tcount[NVME] += 1
+        spill -= 1
+    return cxl_size
+
+
+@njit(cache=True)
+def _value(ps, tab, rules, e):  # type: ignore[no-untyped-def]
+    """FirmwareSession.placement_value of entry ``e``."""
+    return T.value(rules, score(ps, e), idle_steps(ps, e), tab.e_block[e] * tab.bt)
+
+
+@njit(cache=True)
+def _bg_victims(ps, tab, rules, res_list, n_list, keys, ids, out, mark):  # type: ignore[no-untyped-def]  # fmt: skip
+    """Weighted managed tiers at a step boundary: the resident, unpinned entries placement
+    wants in CXL DRAM (P < low), lowest P first (ties lower id), at most background_moves;
+    into ``out`` unordered, returning how many (the dump orders them by P's key)."""
+    ps = borrowed(ps)
+    tab = borrowed(tab)
+    m = 0
+    for j in range(n_list):
+        e = res_list[j]
+        v = _value(ps, tab, rules, e)
+        if T.wants_cxl(rules, v):
+            ids[m] = e
+            keys[m] = float_key(v)
+            m += 1
+    return T.smallest(keys, ids, m, rules.moves, out, mark)
+
+
+@njit(cache=True)
+def _bg_lower(ps, rules, t, pos, n_desc, cxl_cap, nvme_cap, tier, since, tcount, moved,
+              cxl_fifo, cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, keys, ids, down, up,
+              mark):  # type: ignore[no-untyped-def]  # fmt: skip
+    """Threshold managed tiers at a step boundary (tiering.background_plan): CXL DRAM
+    entries scored below evict_threshold sink to NVMe (lowest first), then NVMe entries at
+    or above it rise into CXL DRAM's free room (highest first), at most background_moves in
+    all; returns (arrivals heap size, NVMe overflowed)."""
+    ps = borrowed(ps)
+    m = 0
+    n_cxl = 0
+    for e in range(n_desc):
+        if tier[e] == CXL:
+            n_cxl += 1
+            v = score(ps, e)
+            if v < rules.evict:
+                ids[m] = e
+                keys[m] = float_key(v)
+                m += 1
+    nd = T.smallest(keys, ids, m, rules.moves, down, mark)
+    m = 0
+    for e in range(n_desc):  # (the NVMe entries before the demotions land)
+        if tier[e] == NVME:
+            v = score(ps, e)
+            if v >= rules.evict:
+                ids[m] = e
+                keys[m] = float_key(-v)
+                m += 1
+    nu = T.smallest(keys, ids, m, min(rules.moves - nd, max(cxl_cap - n_cxl, 0) + nd), up, mark)
+    T.move(down, nd, CXL, NVME, t, tier, since, tcount, moved, pos)
+    if tcount[NVME] > nvme_cap:
+        return cxl_size, True
+    T.move(up, nu, NVME, CXL, t, tier, since, tcount, moved, pos)
+    if cxl_fifo:
+        for j in range(nu):
+            cxl_size = T.fifo_push(up[j], t, n_desc, tier, since, cxl_k, cxl_i, cxl_v, cxl_ver,
+                                   cxl_size)  # fmt: skip
+    return cxl_size, False
+
+
+@njit(cache=True)
+def replay(plan, run, media, tab, ps, tlog, rules):  # type: ignore[no-untyped-def]
     """Replay ``plan`` (a :class:`~kvcxl.emu.sim.fast.hooks.Plan`) with the policy state
-    ``ps``, emitting the transfer log into ``tlog`` (:mod:`kvcxl.emu.sim.fast.timeline`);
+    ``ps`` under the tier rules ``rules`` (:class:`~kvcxl.emu.sim.fast.tiers.Rules`),
+    emitting the transfer log into ``tlog`` (:mod:`kvcxl.emu.sim.fast.timeline`);
     returns (books, tiers, stats, victim dump, error)."""
     b_read, b_step, b_off, b_tokens = plan.read, plan.step, plan.off, plan.tokens
     p_ids, p_w = plan.ids, plan.w
@@ -71,6 +225,7 @@ def replay(plan, run, media, tab, ps, tlog):  # type: ignore[no-untyped-def]
     persistent, eviction_batch, nvme_below = run.persistent, run.eviction_batch, run.nvme_below
     record, per_request, offline, bypass = run.record, run.per_request, run.offline, run.bypass
     lazy = run.lazy
+    batched, managed = rules.batched, rules.managed
     cxl_cap, nvme_cap, eb = media.cxl_cap, media.nvme_cap, media.entry_bytes
     cxl_lat, cxl_gbps, nvme_lat, nvme_gbps = (
         media.cxl_lat, media.cxl_gbps, media.nvme_lat, media.nvme_gbps
@@ -122,6 +277,8 @@ def replay(plan, run, media, tab, ps, tlog):  # type: ignore[no-untyped-def]
     cxl_v = np.empty(ccap, np.int64)
     cxl_size = 0
     cxl_ver = np.zeros(n if spills else 0, np.int64)
+    cxl_fifo = spills and not rules.cxl_policy  # the arrivals heap serves fifo spills only
+    lay = np.zeros(n if LAYERED else 0, np.int8)  # managed: each eligible entry's layer
     # scratch, every array at its largest size up front: an array variable reassigned in
     # the loop costs reference counting on every iteration (20x on one-read batches)
     stamp = np.zeros(n, np.int64)  # the call that last marked an entry (a batch member)
@@ -131,12 +288,16 @@ def replay(plan, run, media, tab, ps, tlog):  # type: ignore[no-untyped-def]
     vic = np.empty(n, np.int64)
     stash = np.empty(2 * n, np.int64)
     mark = np.zeros(n, np.bool_)
+    vic2 = np.empty(n, np.int64)
+    vgrp = np.empty(n if record else 0, np.int64)  # each victim's pass and layer (dump order)
     # dump
     d_id = np.empty(p_ids.size + n if record else 0, np.int64)  # victims <= admissions
     d_pr = np.empty(p_ids.size + n if record else 0, np.float64)
     d_key = np.empty(p_ids.size + n if record else 0, np.int64)
     d_call = np.empty(p_ids.size + n if record else 0, np.int64)  # the call of each victim
-    call_batch = np.zeros(2 * (b_step.size + p_ids.size) + 2 if record else 0, np.int64)
+    d_grp = np.empty(p_ids.size + n if record else 0, np.int64)  # its pass and layer
+    # (two calls per batch, one per step boundary)
+    call_batch = np.zeros(3 * (b_step.size + p_ids.size) + 3 if record else 0, np.int64)
     n_dump = 0
     err = 0
     time = 0
@@ -147,16 +308,65 @@ def replay(plan, run, media, tab, ps, tlog):  # type: ignore[no-untyped-def]
 
     nb = b_step.size
     pos_step = -1
-    for b in range(nb):
-        if per_request and b_read[b] and b_off[b + 1] == b_off[b]:
-            continue  # a layer without reads is no request at all
-        step = b_step[b]
-        if b == 0 or step != pos_step:  # _StepBooks.position: the first read step at or
-            pos = min(np.searchsorted(read_steps, step), npos - 1)  # after this one
-            pos_step = step
-        if STEPS and have_open and step != open_step:
+    step = 0
+    for bb in range(nb + 1):  # every batch, then the last step's boundary
+        b = min(bb, nb - 1)
+        if bb < nb:
+            if per_request and b_read[b] and b_off[b + 1] == b_off[b]:
+                continue  # a layer without reads is no request at all
+            step = b_step[b]
+            if b == 0 or step != pos_step:  # _StepBooks.position: the first read step at or
+                pos = min(np.searchsorted(read_steps, step), npos - 1)  # after this one
+                pos_step = step
+        boundary = have_open and (bb == nb or step != open_step)
+        if STEPS and boundary:
             end_step(ps, n_desc)  # of the open step, over every described entry
             stale = True
+        if LAYERED and managed and boundary and rules.moves > 0:
+            # --- FirmwareSession._background, at the closing step's last read time ---
+            log_outside(tlog, moved)  # (no record holds a boundary's moves)
+            t = max(time - 1, 0)
+            if rules.weighted:  # HBM entries placement wants in CXL DRAM leave
+                nv = _bg_victims(ps, tab, rules, res_list, n_list, cand_k, cand_id, vic, mark)
+                if nv:
+                    call += 1
+                    if record:
+                        call_batch[call] = b
+                        now = now_of(ps, t)
+                        for j in range(nv):
+                            e = vic[j]
+                            d_id[n_dump + j] = e
+                            d_call[n_dump + j] = call
+                            d_grp[n_dump + j] = 0
+                            d_pr[n_dump + j] = float(priority(ps, tab, e, now))
+                            d_key[n_dump + j] = float_key(_value(ps, tab, rules, e))
+                        n_dump += nv
+                    n_list, cxl_size = _leave(
+                        ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc,
+                        resident, res_list, res_pos, n_list, tier, tcount, moved, since,
+                        cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size,
+                    )  # fmt: skip
+                    n_res -= nv
+                    s_evict += nv
+                    cxl_size = _spill(
+                        ps, tab, rules, t, pos, n_desc, cxl_cap, tier, since, tcount, moved,
+                        cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, cand_k, cand_id, vic, mark,
+                    )  # fmt: skip
+                    if tcount[NVME] > nvme_cap:
+                        err = 1
+            else:  # CXL DRAM and NVMe exchange entries
+                cxl_size, full = _bg_lower(
+                    ps, rules, t, pos, n_desc, cxl_cap, nvme_cap, tier, since, tcount, moved,
+                    cxl_fifo, cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, cand_k, cand_id, vic,
+                    vic2, mark,
+                )  # fmt: skip
+                if full:
+                    err = 1
+            log_inside(tlog, moved)
+            if err:
+                break
+        if bb == nb:
+            break
         open_step = step
         have_open = True
         a0, z0 = b_off[b], b_off[b + 1]
@@ -345,180 +555,182 @@ def replay(plan, run, media, tab, ps, tlog):  # type: ignore[no-untyped-def]
                     continue
                 # else the call's entries compete too (the bypassing optimum: always)
                 protect = n_list - n_prot >= over and not bypass
-                now = now_of(ps, t)  # what priority reads as the pass's time
-                nv = 0
-                if STATIC and not SELECT and over * 16 <= n_list:
-                    # the heap: few victims among many
-                    if QUEUE and not stale and hsize + n_dirty > hcap:
-                        hsize = _compact(hk, hi, hv, hhead, hsize, ver, resident, pinned)
-                        hhead = 0
-                    if stale or hsize + n_dirty > hcap:
-                        hsize = n_list
-                        hhead = 0
+                if LAYERED and managed:  # the eviction layers, fixed for the whole call
+                    for j in range(n_list):
+                        e = res_list[j]
+                        s_ = score(ps, e)
+                        lay[e] = T.layer(rules, s_, T.value(rules, s_, idle_steps(ps, e),
+                                                            e_block[e] * bt))  # fmt: skip
+                left = over
+                n_pass = 0
+                n_out = 0
+                while left > 0:  # one pass (exact: the only one; batched: eviction_batch each)
+                    k_pass = eviction_batch if batched else over
+                    now = now_of(ps, t)  # what priority reads as the pass's time
+                    nv = 0
+                    if (STATIC and not SELECT and k_pass * 16 <= n_list
+                            and not (LAYERED and managed)):  # fmt: skip
+                        # the heap: few victims among many
+                        if QUEUE and not stale and hsize + n_dirty > hcap:
+                            hsize = _compact(hk, hi, hv, hhead, hsize, ver, resident, pinned)
+                            hhead = 0
+                        if stale or hsize + n_dirty > hcap:
+                            hsize = n_list
+                            hhead = 0
+                            for j in range(n_list):
+                                e = res_list[j]
+                                ver[e] += 1
+                                hi[j] = e
+                                hv[j] = ver[e]
+                                hk[j] = key_of(priority(ps, tab, e, now))
+                            if QUEUE:
+                                _sort_items(hk, hi, hv, 0, hsize, ver)
+                            else:
+                                _heapify(hk, hi, hv, hsize)
+                            for j in range(n_dirty):
+                                dirty[dirty_list[j]] = False
+                            n_dirty = 0
+                            stale = False
+                        else:
+                            nd = 0
+                            for j in range(n_dirty):
+                                e = dirty_list[j]
+                                dirty[e] = False
+                                if resident[e] and not pinned[e]:
+                                    dirty_list[nd] = e
+                                    cand_k[nd] = key_of(priority(ps, tab, e, now))
+                                    nd += 1
+                            if QUEUE:
+                                if nd > 16:  # sorted first, so that each lands at the tail
+                                    for j in range(nd):
+                                        hk[hsize + j] = cand_k[j]
+                                        hi[hsize + j] = dirty_list[j]
+                                    _sort_items(hk, hi, hv, hsize, hsize + nd, ver)
+                                    for j in range(nd):
+                                        cand_k[j] = hk[hsize + j]
+                                        dirty_list[j] = hi[hsize + j]
+                                for j in range(nd):
+                                    e = dirty_list[j]
+                                    ver[e] += 1
+                                    hsize = _enqueue(hk, hi, hv, hhead, hsize, cand_k[j], e, ver[e])
+                            else:
+                                for j in range(nd):
+                                    e = dirty_list[j]
+                                    ver[e] += 1
+                                    hsize = _push(hk, hi, hv, hsize, cand_k[j], e, ver[e])
+                            n_dirty = 0
+                        n_st = 0
+                        while nv < k_pass and hsize > hhead:
+                            if QUEUE:
+                                key, e, v = hk[hhead], hi[hhead], hv[hhead]
+                                hhead += 1
+                            else:
+                                key, e, v, hsize = _pop(hk, hi, hv, hsize)
+                            if not resident[e] or pinned[e] or v != ver[e]:
+                                continue
+                            if protect and stamp[e] == call:
+                                stash[2 * n_st] = e
+                                stash[2 * n_st + 1] = key  # (unchanged: the item was current)
+                                n_st += 1
+                                continue
+                            vic[nv] = e
+                            nv += 1
+                        if QUEUE:  # back to the head, in their order (they were popped from it)
+                            for j in range(n_st - 1, -1, -1):
+                                e = stash[2 * j]
+                                hhead -= 1
+                                hk[hhead], hi[hhead], hv[hhead] = stash[2 * j + 1], e, ver[e]
+                        else:
+                            for j in range(n_st):
+                                e = stash[2 * j]
+                                hsize = _push(hk, hi, hv, hsize, stash[2 * j + 1], e, ver[e])
+                        if record:
+                            for j in range(nv):
+                                vgrp[j] = n_pass * T.LAYERS
+                    elif LAYERED and managed:  # layer by layer, each by the policy's order
+                        for g in range(T.LAYERS):
+                            if nv >= k_pass:
+                                break
+                            mc = 0
+                            for j in range(n_list):
+                                e = res_list[j]
+                                if lay[e] != g or (protect and stamp[e] == call):
+                                    continue
+                                cand_id[mc] = e
+                                mc += 1
+                            if mc == 0:
+                                continue
+                            if SELECT:
+                                got = select(ps, tab, cand_id, mc, k_pass - nv, now, vic2)
+                            else:
+                                for j in range(mc):
+                                    cand_k[j] = key_of(priority(ps, tab, cand_id[j], now))
+                                got = T.smallest(cand_k, cand_id, mc, k_pass - nv, vic2, mark)
+                            for j in range(got):
+                                vic[nv + j] = vic2[j]
+                                if record:
+                                    vgrp[nv + j] = n_pass * T.LAYERS + g
+                            nv += got
+                    else:  # the selection over the eligible resident entries
+                        mc = 0
                         for j in range(n_list):
                             e = res_list[j]
-                            ver[e] += 1
-                            hi[j] = e
-                            hv[j] = ver[e]
-                            hk[j] = key_of(priority(ps, tab, e, now))
-                        if QUEUE:
-                            _sort_items(hk, hi, hv, 0, hsize, ver)
+                            if protect and stamp[e] == call:
+                                continue
+                            cand_id[mc] = e
+                            mc += 1
+                        if SELECT:
+                            nv = select(ps, tab, cand_id, mc, k_pass, now, vic)
                         else:
-                            _heapify(hk, hi, hv, hsize)
-                        for j in range(n_dirty):
-                            dirty[dirty_list[j]] = False
-                        n_dirty = 0
-                        stale = False
+                            kmin = 0
+                            kmax = 0
+                            for j in range(mc):
+                                k = key_of(priority(ps, tab, cand_id[j], now))
+                                cand_k[j] = k
+                                if j == 0 or k < kmin:
+                                    kmin = k
+                                if j == 0 or k > kmax:
+                                    kmax = k
+                            nv = _select(cand_k, cand_id, mc, k_pass, kmin, kmax, vic, mark)
+                        if record:
+                            for j in range(nv):
+                                vgrp[j] = n_pass * T.LAYERS
+                    if nv == 0:
+                        break
+                    if batched:
+                        s_pass += 1
                     else:
-                        nd = 0
-                        for j in range(n_dirty):
-                            e = dirty_list[j]
-                            dirty[e] = False
-                            if resident[e] and not pinned[e]:
-                                dirty_list[nd] = e
-                                cand_k[nd] = key_of(priority(ps, tab, e, now))
-                                nd += 1
-                        if QUEUE:
-                            if nd > 16:  # sorted first, so that each lands at the tail
-                                for j in range(nd):
-                                    hk[hsize + j] = cand_k[j]
-                                    hi[hsize + j] = dirty_list[j]
-                                _sort_items(hk, hi, hv, hsize, hsize + nd, ver)
-                                for j in range(nd):
-                                    cand_k[j] = hk[hsize + j]
-                                    dirty_list[j] = hi[hsize + j]
-                            for j in range(nd):
-                                e = dirty_list[j]
-                                ver[e] += 1
-                                hsize = _enqueue(hk, hi, hv, hhead, hsize, cand_k[j], e, ver[e])
-                        else:
-                            for j in range(nd):
-                                e = dirty_list[j]
-                                ver[e] += 1
-                                hsize = _push(hk, hi, hv, hsize, cand_k[j], e, ver[e])
-                        n_dirty = 0
-                    n_st = 0
-                    while nv < over and hsize > hhead:
-                        if QUEUE:
-                            key, e, v = hk[hhead], hi[hhead], hv[hhead]
-                            hhead += 1
-                        else:
-                            key, e, v, hsize = _pop(hk, hi, hv, hsize)
-                        if not resident[e] or pinned[e] or v != ver[e]:
-                            continue
-                        if protect and stamp[e] == call:
-                            stash[2 * n_st] = e
-                            stash[2 * n_st + 1] = key  # (unchanged: the item was current)
-                            n_st += 1
-                            continue
-                        vic[nv] = e
-                        nv += 1
-                    if QUEUE:  # back to the head, in their order (they were popped from it)
-                        for j in range(n_st - 1, -1, -1):
-                            e = stash[2 * j]
-                            hhead -= 1
-                            hk[hhead], hi[hhead], hv[hhead] = stash[2 * j + 1], e, ver[e]
-                    else:
-                        for j in range(n_st):
-                            e = stash[2 * j]
-                            hsize = _push(hk, hi, hv, hsize, stash[2 * j + 1], e, ver[e])
-                else:  # the selection over the eligible resident entries
-                    mc = 0
-                    for j in range(n_list):
-                        e = res_list[j]
-                        if protect and stamp[e] == call:
-                            continue
-                        cand_id[mc] = e
-                        mc += 1
-                    if SELECT:
-                        nv = select(ps, tab, cand_id, mc, over, now, vic)
-                    else:
-                        kmin = 0
-                        kmax = 0
-                        for j in range(mc):
-                            k = key_of(priority(ps, tab, cand_id[j], now))
-                            cand_k[j] = k
-                            if j == 0 or k < kmin:
-                                kmin = k
-                            if j == 0 or k > kmax:
-                                kmax = k
-                        nv = _select(cand_k, cand_id, mc, over, kmin, kmax, vic, mark)
-                s_pass += (nv + eviction_batch - 1) // eviction_batch
-                # --- the victims leave: dump, placement, on_evict, tiers.demote ---
-                if record:  # each victim with its priority and key (ordered afterwards)
-                    call_batch[call] = b
-                    for j in range(nv):
-                        e = vic[j]
-                        p = priority(ps, tab, e, now)
-                        d_id[n_dump + j] = e
-                        d_call[n_dump + j] = call
-                        d_pr[n_dump + j] = float(p)
-                        # (a policy's own selection orders its victims itself)
-                        d_key[n_dump + j] = j if SELECT else key_of(p)
-                    n_dump += nv
-                compact = nv * 4 > n_list  # many leave: one pass over the list, not a swap each
-                for j in range(nv):
-                    e = vic[j]
-                    dest = CXL  # session.place, as the victim leaves (before it is forgotten)
-                    if SCORED and score(ps, e) < nvme_below:
-                        dest = NVME
-                    resident[e] = False
-                    if not compact:
-                        p_ = res_pos[e]
-                        moved_e = res_list[n_list - 1]
-                        res_list[p_] = moved_e
-                        res_pos[moved_e] = p_
-                        res_pos[e] = -1
-                        n_list -= 1
-                    on_evict(ps, e, t)
-                    if not persistent:  # Policy.on_evict: the policy forgets the entry
-                        forget(ps, e)
-                    src = tier[e]
-                    moved[pos, src, dest] += 1
-                    tcount[src] -= 1
-                    tcount[dest] += 1
-                    tier[e] = dest
-                    if spills:
-                        since[e] = t
-                        if dest == CXL:
-                            if cxl_size >= ccap:
-                                cxl_size = 0
-                                for x in range(n_desc):
-                                    if tier[x] == CXL:
-                                        cxl_k[cxl_size] = since[x]
-                                        cxl_i[cxl_size] = x
-                                        cxl_v[cxl_size] = cxl_ver[x]
-                                        cxl_size += 1
-                                _heapify(cxl_k, cxl_i, cxl_v, cxl_size)
-                            else:
-                                cxl_ver[e] += 1
-                                cxl_size = _push(cxl_k, cxl_i, cxl_v, cxl_size, t, e, cxl_ver[e])
-                if compact:
-                    k = 0
-                    for j in range(n_list):
-                        e = res_list[j]
-                        if resident[e]:
-                            res_list[k] = e
-                            res_pos[e] = k
-                            k += 1
-                        else:
-                            res_pos[e] = -1
-                    n_list = k
-                n_res -= nv
-                s_evict += nv
-                if nv:
-                    # tiers._spill: the earliest arrivals in CXL DRAM go down to NVMe
-                    spill = tcount[CXL] - cxl_cap
-                    while spill > 0 and cxl_size > 0:
-                        key, e, v, cxl_size = _pop(cxl_k, cxl_i, cxl_v, cxl_size)
-                        if tier[e] != CXL or v != cxl_ver[e]:
-                            continue
-                        tier[e] = NVME
-                        since[e] = t
-                        moved[pos, CXL, NVME] += 1
-                        tcount[CXL] -= 1
-                        tcount[NVME] += 1
-                        spill -= 1
+                        s_pass += (nv + eviction_batch - 1) // eviction_batch
+                    # --- the victims leave: dump, placement, on_evict, tiers.demote ---
+                    if record:  # each victim with its priority and key (ordered afterwards)
+                        call_batch[call] = b
+                        for j in range(nv):
+                            e = vic[j]
+                            p = priority(ps, tab, e, now)
+                            d_id[n_dump + j] = e
+                            d_call[n_dump + j] = call
+                            d_grp[n_dump + j] = vgrp[j]
+                            d_pr[n_dump + j] = float(p)
+                            # (a policy's own selection orders its victims itself)
+                            d_key[n_dump + j] = j if SELECT else key_of(p)
+                        n_dump += nv
+                    n_list, cxl_size = _leave(
+                        ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc,
+                        resident, res_list, res_pos, n_list, tier, tcount, moved, since,
+                        cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size,
+                    )  # fmt: skip
+                    n_res -= nv
+                    s_evict += nv
+                    left -= nv
+                    n_out += nv
+                    n_pass += 1
+                    if not batched:
+                        break
+                if n_out:
+                    cxl_size = _spill(
+                        ps, tab, rules, t, pos, n_desc, cxl_cap, tier, since, tcount, moved,
+                        cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, cand_k, cand_id, vic, mark,
+                    )  # fmt: skip
                     if tcount[NVME] > nvme_cap:
                         err = 1
                         break
@@ -530,5 +742,6 @@ def replay(plan, run, media, tab, ps, tlog):  # type: ignore[no-untyped-def]
     stats = np.array([s_hits, s_miss, s_ins, s_evict, s_pass, n_pinned, n_res, n_desc])
     return (
         reads, hits, miss, stall, tokens, moved, tier, tcount, stats,
-        d_id[:n_dump], d_pr[:n_dump], d_key[:n_dump], d_call[:n_dump], call_batch, err,
+        d_id[:n_dump], d_pr[:n_dump], d_key[:n_dump], d_call[:n_dump], d_grp[:n_dump],
+        call_batch, err,
     )  # fmt: skip

@@ -5,9 +5,12 @@ The loop calls :func:`open_record` once per write call and per read call (and
 :func:`hit_records` for a run of one-read hits the request granularity serves without
 calls), and :func:`close` at its end.  A record's eviction moves are not counted where
 they happen: a record takes a snapshot of the three eviction counters of ``moved`` at its
-read step when it opens, and the next record (or :func:`close`) books the difference,
-since nothing moves between two calls of the loop.  Prefetch columns and waits stay empty:
-the fast engine does not prefetch with the timeline (:func:`kvcxl.emu.sim.fast.unsupported`).
+read step when it opens, and the next record (or :func:`close`) books the difference.
+Only a step boundary moves entries between two calls (managed tiers' background moves),
+and no record holds those (the numpy engine settles them before the next call's record
+opens): the loop brackets them with :func:`outside` and :func:`inside`.  Prefetch columns
+and waits stay empty: the fast engine does not prefetch with the timeline
+(:func:`kvcxl.emu.sim.fast.unsupported`).
 """
 
 from __future__ import annotations
@@ -101,6 +104,26 @@ def hit_records(log, h, pos, step, tokens, moved):  # type: ignore[no-untyped-de
         return
     for q in range(h):
         open_record(log, True, pos, step, tokens if q == 0 else 0, 1, 1, 0, 0, moved)
+
+
+@njit(inline="always")
+def outside(log, moved):  # type: ignore[no-untyped-def]
+    """Entries are about to move outside every call: book the open record's moves now."""
+    if log.rows.shape[0] > 0 and log.st[0] > 0:
+        _book(log.rows, log.st, moved)
+
+
+@njit(inline="always")
+def inside(log, moved):  # type: ignore[no-untyped-def]
+    """The moves since :func:`outside` are done: move the open record's snapshots past
+    them, so that its later booking leaves them out."""
+    rows, st = log.rows, log.st
+    if rows.shape[0] == 0 or st[0] == 0:
+        return
+    k, p = st[0] - 1, st[1]
+    st[2] = moved[p, HBM, CXL] - rows[k, EV_CXL]
+    st[3] = moved[p, HBM, NVME] - rows[k, EV_NVME]
+    st[4] = moved[p, CXL, NVME] - rows[k, EV_SPILL]
 
 
 @njit(inline="always")

@@ -92,6 +92,11 @@ def score(ps, e):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
+def idle_steps(ps, e):  # type: ignore[no-untyped-def]
+    return ps.idle[e]
+
+
+@njit(cache=True)
 def forget(ps, e):  # type: ignore[no-untyped-def]
     ps.score[e] = 0
     ps.w_step[e] = 0

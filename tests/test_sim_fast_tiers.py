@@ -131,7 +131,7 @@ def test_queue_policies_run_every_tier_rule_and_keep_cxl_dram_in_arrival_order()
     def run(policy: str, order: str) -> dict:
         cfg = PolicyConfig.from_mapping({"cxl_order": order})
         opts = SimOptions(policy=policy, budget_bytes=kv // 10, cxl_bytes=kv // 20,
-                          config=cfg, engine="numpy")  # fmt: skip
+                          config=cfg, engine="numpy", record_victims=True)  # fmt: skip
         assert fast.unsupported(opts) is None, policy
         return simulate(stream, opts)
 

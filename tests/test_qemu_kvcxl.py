@@ -324,7 +324,14 @@ def test_pages_moving_under_guest_load_lose_no_byte(patched_host, alias) -> None
     dev = r["kvcxl_device"]
     assert dev["migrations_to_nvme"] > 32 and dev["migrations_to_dram"] > 32  # >1 round
     assert dev["nvme_fills"] > 0  # the guest did meet pages on the NVMe tier
-    assert dev["direct_accesses"] > 0 and dev["mem_requests"] > 0
+    assert dev["mem_requests"] > 0
+    if alias:
+        # DRAM-tier pages are guest RAM: their accesses reach no counter (an MMIO direct
+        # access happens only when the guest touches a page between its move and its
+        # mapping, which the timing may not produce). The mappings followed the moves:
+        assert dev["alias"]["map_ack"] > 32 and dev["unmaps_awaited"] > 0
+    else:
+        assert dev["direct_accesses"] > 0
     assert dev["alias_violations"] == 0
 
 

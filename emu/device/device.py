@@ -548,7 +548,7 @@ class Type3Device:
             old, _ = self._dpa_read(dpa, LINE, t)
             lo = (be & -be).bit_length() - 1
             n = be.bit_count()
-            if be == ((1 << n) - 1) << lo:  # one run of bytes (every access QEMU sends)
+            if n and be == ((1 << n) - 1) << lo:  # one run of bytes (every access QEMU sends)
                 line = old[:lo] + bytes(data[lo : lo + n]) + old[lo + n :]
             else:
                 buf = bytearray(old)

@@ -445,9 +445,13 @@ def format_serving(rows: list[dict[str, Any]]) -> str:
     def f(v: Any, spec: str) -> str:
         return "—" if v is None else format(v, spec)
 
+    # Without the timeline the link figure is demand over capacity (it can exceed 1: the
+    # analytic model does not time write-backs), not a utilisation: it is named so.
+    timed = all(r.get("link_utilisation_analytic") is not None for r in rows)
+    link = "link use" if timed else "link demand"
     head = (
         f"{'policy':<14}{'budget':>8}{'tok/s':>10}{'tok/s/user':>12}{'ITL p50/p99 ms':>18}"
-        f"{'TTFT p50/p99 ms':>19}{'link use':>10}{'mJ/token':>11}{'metadata SRAM/DRAM B':>24}"
+        f"{'TTFT p50/p99 ms':>19}{link:>12}{'mJ/token':>11}{'metadata SRAM/DRAM B':>24}"
     )
     lines = [head]
     for r in rows:
@@ -457,7 +461,7 @@ def format_serving(rows: list[dict[str, Any]]) -> str:
             f"{f(r['tokens_per_s_per_user'], ',.1f'):>12}"
             f"{f(r['itl_ms_p50'], '.3f') + '/' + f(r['itl_ms_p99'], '.3f'):>18}"
             f"{f(r['ttft_ms_p50'], '.3f') + '/' + f(r['ttft_ms_p99'], '.3f'):>19}"
-            f"{f(r['link_utilisation'], '.3f'):>10}{f(r['energy_mj_per_token'], '.3f'):>11}"
+            f"{f(r['link_utilisation'], '.3f'):>12}{f(r['energy_mj_per_token'], '.3f'):>11}"
             f"{meta:>24}"
         )
     return "\n".join(lines)
@@ -490,9 +494,11 @@ def format_versus(setups: list[tuple[str, list[dict[str, Any]]]]) -> str:
     def f(v: Any, spec: str) -> str:
         return "—" if v is None else format(v, spec)
 
+    timed = all(r.get("link_utilisation_analytic") is not None for _, rows in setups for r in rows)
+    link = "link use" if timed else "link demand"  # (as in format_serving)
     lines = [
         f"{'setup':<24}{'policy':<12}{'budget':>8}{'tok/s':>11}{'TTFT p50/p99 ms':>19}"
-        f"{'ITL p50/p99 ms':>18}{'link use':>10}"
+        f"{'ITL p50/p99 ms':>18}{link:>12}"
     ]
     for name, rows in setups:
         for r in rows:
@@ -500,6 +506,6 @@ def format_versus(setups: list[tuple[str, list[dict[str, Any]]]]) -> str:
                 f"{name:<24}{r['policy']:<12}{r['budget']:>8}{f(r['tokens_per_s'], ',.0f'):>11}"
                 f"{f(r['ttft_ms_p50'], '.3f') + '/' + f(r['ttft_ms_p99'], '.3f'):>19}"
                 f"{f(r['itl_ms_p50'], '.3f') + '/' + f(r['itl_ms_p99'], '.3f'):>18}"
-                f"{f(r['link_utilisation'], '.3f'):>10}"
+                f"{f(r['link_utilisation'], '.3f'):>12}"
             )
     return "\n".join(lines)

@@ -249,7 +249,19 @@ def test_simulate_serving_cli(tmp_path, capsys):
             "--policy", "lru", "--backend", "serial", "--no-progress", "--serving",
             "--json", str(out)]  # fmt: skip
     assert main(argv) == 0
-    assert "serving metrics" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "serving metrics" in printed
+    # Untimed, the link figure is demand over capacity (it may exceed 1), named so; with
+    # the timeline it is the busier direction's utilisation.
+    assert "link demand" in printed and "link use" not in printed
+    assert main([*argv, "--timeline"]) == 0
+    printed = capsys.readouterr().out
+    assert (
+        "link use"
+        in printed.splitlines()[
+            next(i for i, line in enumerate(printed.splitlines()) if "serving metrics" in line) + 1
+        ]
+    )
     doc = json.loads(out.read_text())
     (row,) = doc["results"]
     (srv,) = doc["serving"]

@@ -117,7 +117,7 @@ class Users(Experiment):
     name = "users"
     question = (
         "At S1's sizing, how many concurrent long-context users keep ≥ 10 tokens/s each, "
-        "and what do TTFT, ITL, link use, metadata and energy per token do from 1 to 24 users?"
+        "and what do TTFT, ITL, link demand, metadata and energy per token do from 1 to 24 users?"
     )
     claim = "16 users is the bound of S1's HBM split (design §K.6; the 16-user sizing)"
 
@@ -272,7 +272,7 @@ def _fmt(v: Any, spec: str, ci: Any = None) -> str:
 def _table(summary: list[dict[str, Any]]) -> str:
     head = (
         "| placement | hot set | users | seeds | hit rate | tok/s per user | tok/s aggregate | "
-        "ITL p50 / p95 / p99 (ms) | TTFT p50 / p95 / p99 (s) | link use | J/token | "
+        "ITL p50 / p95 / p99 (ms) | TTFT p50 / p95 / p99 (s) | link demand | J/token | "
         "tok/s per user, link-bound | meets 10 tok/s (simulated / link-bound) |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )

@@ -4,8 +4,8 @@ The same scaled S1, workload, policy and seeds as :mod:`.users`, one series per 
 preset (the design's 200 ns / 64 GB/s and its 121 / 32 GB/s ends; CXL-DMSim's ASIC and
 FPGA expanders), with every transfer — demand misses, write-backs to CXL DRAM and NVMe,
 spills — queued on the link, device DRAM and NVMe.  Hot set 1/16 of the context (16
-users' hot sets just fit the 47 GB), the firmware's placement, and one series with CXL
-DRAM first (the users experiment's series whose analytic bound was 16).  A count meets
+users' hot sets just fit the 47 GB), the firmware's placement, and CXL DRAM first (the
+users experiment's series whose analytic bound was 16) at each CXL preset.  A count meets
 the target when its per-user tokens/s CI is wholly ≥ 10.
 """
 
@@ -26,11 +26,14 @@ SERIES = {
     "asic": ("asic", None, "policy"),
     "fpga": ("fpga", None, "policy"),
     "seed-fill": ("seed", None, "fill"),
+    "asic-fill": ("asic", None, "fill"),
+    "fpga-fill": ("fpga", None, "fill"),
     "seed-121": ("seed", 121.0, "policy"),
     "seed-32": ("seed", 32.0, "policy"),
 }
 #: The series per scale; shapes, user counts, steps and warm-up are the users experiment's.
-SERIES_AT = {"tiny": ["seed"], "ci": ["seed", "asic", "fpga", "seed-fill"], "mid": list(SERIES)}
+SERIES_AT = {"tiny": ["seed"], "mid": list(SERIES),
+             "ci": ["seed", "asic", "fpga", "seed-fill", "asic-fill", "fpga-fill"]}  # fmt: skip
 SCALES: dict[str, dict[str, Any]] = {
     k: {**USERS_SCALES[k], "series": v} for k, v in SERIES_AT.items()
 }

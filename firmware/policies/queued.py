@@ -1,4 +1,5 @@
-"""Shared mechanics of the queue-based policies (CLOCK, SIEVE, S3-FIFO, SLRU, ARC).
+"""Shared mechanics of the queue-based policies (CLOCK, SIEVE, S3-FIFO, SLRU, ARC and
+W-TinyLFU, whose window and main cache are queues).
 
 Their victim choice is a walk over queues that changes state as it goes (a hand clears
 visited bits, a tail entry is moved to the head), not a ranking of independent keys.

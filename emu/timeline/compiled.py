@@ -166,6 +166,24 @@ def _epop(et, ev, size):  # type: ignore[no-untyped-def]
         i = lo
 
 
+@njit(cache=True, inline="always")
+def _issue(tr, st, x, s0, i, m, cls, n, t, nst, fixed, per_round, qd, et, ev, esize):  # type: ignore[no-untyped-def]
+    """Issue transfer ``x`` (record ``i``, move ``m``, class ``cls``, ``n`` entries) at ``t``:
+    its stages from number ``s0`` on, the first one ready after its latency.  Returns the
+    event heap's new size."""
+    tr_rec, tr_move, tr_cls, tr_n, tr_issue, tr_st0 = tr
+    st_tr, st_k, st_cls, st_ready = st
+    tr_rec[x], tr_move[x], tr_cls[x], tr_n[x] = i, m, cls, n
+    tr_issue[x] = t
+    tr_st0[x] = s0
+    for k in range(nst[m]):
+        st_tr[s0 + k] = x
+        st_k[s0 + k] = k
+        st_cls[s0 + k] = cls
+    st_ready[s0] = t + _latency(fixed, per_round, m, 0, n, qd)
+    return _epush(et, ev, esize, st_ready[s0], 2 * s0 + _READY)
+
+
 @njit(cache=True)
 def _schedule(  # type: ignore[no-untyped-def]
     read, moves, wait_off, wait_rec, compute_ns, eb, col_move, col_cls,
@@ -268,15 +286,10 @@ def _schedule(  # type: ignore[no-untyped-def]
                         if n <= 0:
                             continue
                         m = col_move[c]
-                        tr_rec[ntr], tr_move[ntr], tr_cls[ntr], tr_n[ntr] = i, m, col_cls[c], n
-                        tr_issue[ntr] = t
-                        tr_st0[ntr] = nst_used
-                        for k in range(nst[m]):
-                            st_tr[nst_used + k] = ntr
-                            st_k[nst_used + k] = k
-                            st_cls[nst_used + k] = col_cls[c]
-                        st_ready[nst_used] = t + _latency(fixed, per_round, m, 0, n, qd)
-                        esize = _epush(et, ev, esize, st_ready[nst_used], 2 * nst_used + _READY)
+                        tr = (tr_rec, tr_move, tr_cls, tr_n, tr_issue, tr_st0)
+                        st = (st_tr, st_k, st_cls, st_ready)
+                        esize = _issue(tr, st, ntr, nst_used, i, m, col_cls[c], n, t, nst,
+                                       fixed, per_round, qd, et, ev, esize)  # fmt: skip
                         if m != _SPILL:
                             if read[i]:
                                 gate[n_gate] = ntr
@@ -318,15 +331,10 @@ def _schedule(  # type: ignore[no-untyped-def]
                         if n <= 0:
                             continue
                         m = col_move[c]
-                        tr_rec[ntr], tr_move[ntr], tr_cls[ntr], tr_n[ntr] = i, m, col_cls[c], n
-                        tr_issue[ntr] = t
-                        tr_st0[ntr] = nst_used
-                        for k in range(nst[m]):
-                            st_tr[nst_used + k] = ntr
-                            st_k[nst_used + k] = k
-                            st_cls[nst_used + k] = col_cls[c]
-                        st_ready[nst_used] = t + _latency(fixed, per_round, m, 0, n, qd)
-                        esize = _epush(et, ev, esize, st_ready[nst_used], 2 * nst_used + _READY)
+                        tr = (tr_rec, tr_move, tr_cls, tr_n, tr_issue, tr_st0)
+                        st = (st_tr, st_k, st_cls, st_ready)
+                        esize = _issue(tr, st, ntr, nst_used, i, m, col_cls[c], n, t, nst,
+                                       fixed, per_round, qd, et, ev, esize)  # fmt: skip
                         if m != _SPILL:
                             any_gated = True
                         nst_used += nst[m]

@@ -306,9 +306,9 @@ class FirmwareSession:
         src = ids[touched]
         if src.size == 0 or self.config.prefetch_depth == 0:
             return _EMPTY
-        if src.size > limit:  # the strongest, ties to the earlier read (one answer, which
+        if src.size > limit:  # the strongest, ties to the lower entry id (one answer, which
             # the compiled replay reproduces; a partition would leave ties to its pivots)
-            src = src[np.argsort(-w[touched], kind="stable")[:limit]]
+            src = src[np.lexsort((src, -w[touched]))[:limit]]
         t = self.table
         if self._unindexed:  # grids are built only for a session that prefetches
             self._index(unique_ids(np.concatenate(self._unindexed)))

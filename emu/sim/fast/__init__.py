@@ -52,8 +52,6 @@ def unsupported(opts: Any) -> str | None:
     if have_numba and _mode_of(opts) not in __getattr__("POLICY_CODES"):
         covered = __getattr__("COVERED")
         return f"the fast engine does not cover policy {opts.policy} (it covers {covered})"
-    if opts.prefetch and getattr(opts, "timeline", False):  # (its log has no prefetch rows)
-        return "the fast engine's transfer log does not record prefetches yet"
     if opts.audit:
         return "the eviction audit runs on the numpy engine"
     if opts.check:

@@ -41,11 +41,14 @@ from kvcxl.emu.sim.fast.prefetch import gather as pf_gather
 from kvcxl.emu.sim.fast.prefetch import order as pf_order
 from kvcxl.emu.sim.fast.prefetch import rank_float as pf_rank_float
 from kvcxl.emu.sim.fast.prefetch import rank_q16 as pf_rank_q16
+from kvcxl.emu.sim.fast.timeline import add_waits as log_waits
 from kvcxl.emu.sim.fast.timeline import close as log_close
 from kvcxl.emu.sim.fast.timeline import hit_records as log_hits
 from kvcxl.emu.sim.fast.timeline import inside as log_inside
 from kvcxl.emu.sim.fast.timeline import open_record as log_open
 from kvcxl.emu.sim.fast.timeline import outside as log_outside
+from kvcxl.emu.sim.fast.timeline import prefetch_begins as log_prefetch
+from kvcxl.emu.sim.fast.timeline import seal as log_seal
 
 # The policy's traits and hooks, frozen as constants when numba compiles the loop.
 STATIC = hooks.trait(P, "STATIC")
@@ -257,6 +260,9 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
     # prefetch: which entries are marked prefetched, and the counts (prefetch.TOTAL ...)
     pf_mark = np.zeros(n if pf_on else 0, np.bool_)
     pf_cnt = np.zeros(4, np.int64)
+    pf_log = pf_on and tlog.rows.shape[0] > 0
+    pf_rec = np.full(n if pf_log else 0, -1, np.int64)  # the read record that prefetched each
+    pf_recs = np.empty(n if pf_log else 0, np.int64)  # a read's useful ones' pf_rec
     # books
     reads = np.zeros(npos, np.int64)
     hits = np.zeros(npos, np.int64)
@@ -493,6 +499,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                     c_cxl = 0
                     c_nvme = 0
                     na = 0
+                    n_w = 0
                     for j in range(a, z):  # hits: resident at the batch's start
                         e = p_ids[j]
                         first = stamp[e] != call
@@ -504,6 +511,9 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                             if pf_on and pf_mark[e]:  # a useful prefetch (counted once)
                                 pf_mark[e] = False
                                 pf_cnt[PF_USEFUL] += 1
+                                if pf_log:  # (the read waits on the record that fetched it)
+                                    pf_recs[n_w] = pf_rec[e]
+                                    n_w += 1
                         else:
                             tr = tier[e]
                             miss[pos, tr] += 1
@@ -526,6 +536,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                     # the order matters only to pinning (ascending ids take free slots)
                     if na > 1 and pinned_capacity - n_pinned > 0:
                         adm[:na] = np.sort(adm[:na])
+                    log_seal(tlog, moved)
                     # tiers.promote
                     for j in range(na):
                         e = adm[j]
@@ -535,6 +546,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                         tier[e] = HBM
                     tcount[HBM] += na
                     log_open(tlog, True, pos, step, tok, nh, m, c_cxl, c_nvme, moved)
+                    log_waits(tlog, pf_recs, n_w)
                 else:  # FirmwareSession.prefetch_candidates, then .prefetch at the read's time
                     if not pf_on or not b_read[b]:
                         continue
@@ -554,9 +566,12 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                     pf_cnt[PF_TOTAL] += na
                     if na > 1:  # PolicyCache.insert admits in ascending id order
                         adm[:na] = np.sort(adm[:na])
+                    log_prefetch(tlog, moved)
                     for j in range(na):  # tiers.promote; marked before its evictions settle
                         e = adm[j]
                         pf_mark[e] = True
+                        if pf_log:
+                            pf_rec[e] = tlog.st[0] - 1  # (the open read record)
                         stamp[e] = call
                         src = tier[e]
                         moved[pos, src, HBM] += 1

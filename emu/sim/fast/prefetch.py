@@ -2,7 +2,7 @@
 (:meth:`kvcxl.firmware.session.FirmwareSession.prefetch_candidates`, docs/policy.md).
 
 After a read batch the loop calls :func:`gather` (the batch's ``limit`` strongest touches,
-ties to the earlier read, propose blocks ``b − Wb … b + Wb`` of the same head in layers
+ties to the lower entry id, propose blocks ``b − Wb … b + Wb`` of the same head in layers
 ``l+1 … l+depth``; each described, non-resident entry once, at its smallest distance),
 ranks each candidate with its policy's score (:func:`rank_float` or :func:`rank_q16`)
 and takes the fetch order from :func:`order` (rank descending, id ascending).  The
@@ -60,7 +60,7 @@ class Prefetch(NamedTuple):
     p_blocks: NDArray
     grid: NDArray  # (context, layer, head, block) → entry id, −1 for none
     # scratch
-    src_w: NDArray  # the batch's touches: −weight, and the record of each
+    src_w: NDArray  # the batch's touches: −weight, and the plan record of each
     src_j: NDArray
     cand: NDArray  # the candidates of one call, their distances, rank and the call's stamp
     dist: NDArray
@@ -156,9 +156,13 @@ def gather(pf, p_ids, p_w, a, z, e_ctx, e_block, n_desc, resident):  # type: ign
             ns += 1
     if ns == 0:
         return 0
-    if ns > pf.limit:  # the strongest, ties to the earlier read
-        o = np.argsort(pf.src_w[:ns], kind="mergesort")[: pf.limit]
-        pf.src_j[: pf.limit] = pf.src_j[:ns][o]
+    if ns > pf.limit:  # the strongest, ties to the lower entry id (two stable sorts)
+        ids = np.empty(ns, np.int64)
+        for q in range(ns):
+            ids[q] = p_ids[pf.src_j[q]]
+        by_id = np.argsort(ids, kind="mergesort")
+        o = np.argsort(pf.src_w[:ns][by_id], kind="mergesort")[: pf.limit]
+        pf.src_j[: pf.limit] = pf.src_j[:ns][by_id][o]
         ns = pf.limit
     pf.tick[0] += 1
     tick = pf.tick[0]

@@ -34,7 +34,7 @@ from kvcxl.firmware.session import FirmwareSession
 from kvcxl.firmware.table import EntryTable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_sim_fast import SHAPE, assert_same
+from test_sim_fast import SHAPE, _streams, assert_same
 from test_timeline_fast import _same
 
 ONLINE = [(p, m) for p, m in sorted(fast.POLICY_CODES) if POLICIES[p].online]
@@ -209,6 +209,22 @@ def test_the_emas_prefetch_parameters_replay_identically(mode: str, name: str) -
         wasted += got["wasted"]
     if name != "depth-0":
         assert useful and wasted
+
+
+@pytest.mark.parametrize("source", ["trace-v1", "trace-v2"])
+def test_traces_prefetch_identically(source: str) -> None:
+    """Entries written on their first read (a trace's lazy creates): prefetch proposes only
+    the entries described so far."""
+    stream = _streams()[source]
+    kv = stream.kv_bytes
+    fetched = 0
+    for k, (policy, mode) in enumerate([("ema", "float"), ("ema", "int"), ("lru", "float")]):
+        for gran in GRANULARITIES:
+            got = _check(stream, f"{source} {policy}/{mode} {gran}", policy=policy, mode=mode,
+                         granularity=gran, budget_bytes=kv // 5, cxl_bytes=kv // 10,
+                         prefetch_limit=(4, 64, 16)[k], warmup_steps=k % 2)  # fmt: skip
+            fetched += got["result"]["prefetched_entries"]
+    assert fetched > 0
 
 
 TIER_RULES = {

@@ -298,16 +298,17 @@ class FirmwareSession:
         return (self.table.first_token(ids) < self.config.anchor_zone_size).astype(np.float64)
 
     def prefetch_candidates(self, ids: NDArray, weights: NDArray, limit: int) -> NDArray:
-        """The best ``limit`` non-resident neighbours of this batch's strongest touches
-        (docs/policy.md, prefetch), in fetch order: rank descending, id ascending."""
+        """The best ``limit`` non-resident neighbours of this batch's ``limit`` strongest
+        touches (docs/policy.md, prefetch), in fetch order: rank descending, id ascending."""
         ids = np.asarray(ids, dtype=np.int64)
         w = np.asarray(weights, dtype=np.float64)
         touched = w >= self.config.touch_threshold
         src = ids[touched]
         if src.size == 0 or self.config.prefetch_depth == 0:
             return _EMPTY
-        if src.size > limit:
-            src = src[np.argpartition(-w[touched], limit - 1)[:limit]]
+        if src.size > limit:  # the strongest, ties to the lower entry id (one answer, which
+            # the compiled replay reproduces; a partition would leave ties to its pivots)
+            src = src[np.lexsort((src, -w[touched]))[:limit]]
         t = self.table
         if self._unindexed:  # grids are built only for a session that prefetches
             self._index(unique_ids(np.concatenate(self._unindexed)))

@@ -468,19 +468,19 @@ def test_the_real_model_capture_replays_identically() -> None:
 def test_an_uncovered_run_falls_back_with_one_notice(capsys: pytest.CaptureFixture) -> None:
     stream = _streams()["workload"]
     fast._noticed.clear()
-    for _ in range(2):  # prefetch: not in the fast engine
+    for _ in range(2):  # per-event tier checks: not in the fast engine
         r = simulate(
-            stream, SimOptions(policy="lru", budget_bytes=stream.kv_bytes // 4, prefetch=True)
+            stream, SimOptions(policy="lru", budget_bytes=stream.kv_bytes // 4, check=True)
         )
         assert r["engine"] == "numpy"
     err = capsys.readouterr().err
-    assert err.count("replaying with the numpy engine") == 1 and "prefetch" in err
+    assert err.count("replaying with the numpy engine") == 1 and "tier checks" in err
     r = simulate(stream, SimOptions(policy="lru", budget_bytes=stream.kv_bytes // 4))
     assert r["engine"] == "fast"
     r = simulate(stream, SimOptions(policy="lru", budget_bytes=stream.kv_bytes // 4, audit=True))
     assert r["engine"] == "numpy" and r["audit_faults"] == 0
-    with pytest.raises(ValueError, match=r"--engine fast: .*prefetch"):
-        simulate(stream, SimOptions(policy="lrfu", engine="fast", prefetch=True, budget_bytes=4096))
+    with pytest.raises(ValueError, match=r"--engine fast: .*tier checks"):
+        simulate(stream, SimOptions(policy="lrfu", engine="fast", check=True, budget_bytes=4096))
 
 
 def test_results_sweep_is_the_same_on_both_engines(tmp_path: Any) -> None:

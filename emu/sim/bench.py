@@ -29,7 +29,7 @@ from .simulator import SimOptions, simulate
 
 def _replay_ci(quick: bool) -> dict[str, Any]:
     """Entry reads per second on the ci preset (zipf-sessions), both engines side by side,
-    without and with the transfer timeline."""
+    without and with the transfer timeline, and the EMA with prefetch."""
 
     steps = 60 if quick else 240
     t0 = time.perf_counter()
@@ -66,6 +66,29 @@ def _replay_ci(quick: bool) -> dict[str, Any]:
                 out[f"{name}_{gran}_hit_rate_simulated"] = round(r["hit_rate"], 4)
                 if not rules and (policy, mode) in goals:  # the timeline's goals: LRU, EMA
                     out |= _replay_ci_timeline(stream, policy, mode, gran, f"{name}_{gran}")
+    for gran in ("layer", "step"):
+        out |= _replay_ci_prefetch(stream, gran)
+    return out
+
+
+def _replay_ci_prefetch(stream: Any, gran: str) -> dict[str, Any]:
+    """The float EMA with prefetch (default limit), both engines side by side; the two
+    results must be equal."""
+    out: dict[str, Any] = {}
+    rate, res = {}, {}
+    key = f"ema_float_prefetch_{gran}"
+    for engine in ("numpy", "fast"):
+        opts = SimOptions(
+            policy="ema", budget_bytes=stream.kv_bytes // 10, granularity=gran, engine=engine,
+            prefetch=True,
+        )  # fmt: skip
+        r, dt = _timed(stream, opts)
+        rate[engine] = r["reads"] / dt
+        res[engine] = {k: v for k, v in r.items() if k != "engine"}
+        out[f"{key}_{engine}_entry_reads_per_s"] = round(rate[engine])
+    out[f"{key}_fast_over_numpy"] = round(rate["fast"] / rate["numpy"], 2)
+    out[f"{key}_equal"] = res["fast"] == res["numpy"]
+    out[f"{key}_precision_simulated"] = res["fast"]["prefetch_precision"]
     return out
 
 

@@ -52,10 +52,6 @@ def unsupported(opts: Any) -> str | None:
     if have_numba and _mode_of(opts) not in __getattr__("POLICY_CODES"):
         covered = __getattr__("COVERED")
         return f"the fast engine does not cover policy {opts.policy} (it covers {covered})"
-    if opts.prefetch and getattr(opts, "timeline", False):  # (its log has no prefetch rows)
-        return "the fast engine's transfer log does not record prefetches yet"
-    if opts.prefetch:
-        return "the fast engine does not prefetch yet"
     if opts.audit:
         return "the eviction audit runs on the numpy engine"
     if opts.check:
@@ -130,6 +126,8 @@ def run(rep: _Replay) -> None:
     stats and dump."""
     from .compose import modules, replay_for
     from .hooks import Media, Plan, Run, Setup, Table, trait
+    from .prefetch import TOTAL, USEFUL, USEFUL_WARM, WASTED
+    from .prefetch import build as prefetch_state
     from .tiers import rules_of
     from .timeline import arrays as log_arrays
     from .timeline import buffer as log_buffer
@@ -175,7 +173,7 @@ def run(rep: _Replay) -> None:
             capacity=int(fw.cache.capacity), pinned_capacity=int(fw.cache.pinned_capacity),
             persistent=bool(cfg.persistent_metadata), eviction_batch=int(cfg.eviction_batch),
             nvme_below=nvme_below, record=bool(opts.record_victims), per_request=per_request,
-            offline=bool(fw.offline), bypass=bool(fw.policy.may_bypass)),
+            offline=bool(fw.offline), bypass=bool(fw.policy.may_bypass), warm=int(books.warm)),
         Media(cxl_cap=int(tiers.cap[2]), nvme_cap=int(tiers.cap[3]), entry_bytes=int(rep.eb),
               cxl_lat=float(t.cxl_latency_ns), cxl_gbps=float(t.cxl_gbps),
               nvme_lat=float(t.nvme_latency_ns), nvme_gbps=float(t.nvme_gbps)),
@@ -183,9 +181,12 @@ def run(rep: _Replay) -> None:
         state,
         tlog,
         rules_of(fw, int(np.count_nonzero(np.diff(plan["step"]))) + 2),
+        prefetch_state(stream, cfg, on=bool(opts.prefetch), int_mode=fw.mode == "int",
+                       limit=int(opts.prefetch_limit),
+                       max_batch=int(np.diff(plan["off"]).max(initial=0))),
     )  # fmt: skip
     reads, hits, miss, stall, tokens, moved, tier, tcount, stats = out[:9]
-    d_id, d_pr, d_key, d_call, d_grp, call_batch, err = out[9:]
+    d_id, d_pr, d_key, d_call, d_grp, call_batch, err, pf_cnt = out[9:]
     if err:
         nv, cap = int(tcount[3]), tiers.cap[3]
         raise ValueError(
@@ -194,6 +195,8 @@ def run(rep: _Replay) -> None:
         )
     if opts.timeline:
         rep.tl_arrays = log_arrays(tlog, int(rep.eb))
+    rep.pf_total, rep.pf_useful = int(pf_cnt[TOTAL]), int(pf_cnt[USEFUL])
+    rep.pf_wasted, rep.pf_useful_warm = int(pf_cnt[WASTED]), int(pf_cnt[USEFUL_WARM])
     k = books.n
     books.reads[:] = reads[:k]
     books.hits[:] = hits[:k]

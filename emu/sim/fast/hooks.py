@@ -44,6 +44,9 @@ must not return one of them (or a view) out of the loop.
 ``score(ps, e) -> float``
     the attention score placement reads (a victim scored below ``evict_threshold`` goes to
     NVMe); defining it says the policy is scored, as ``Policy.score`` does.
+``score_q16(ps, e) -> int``
+    the score as a Q0.16 integer, as ``Policy.score_q16`` (what integer-mode prefetch
+    ranks by); a module covering an ``"int"`` mode must define it (default 0, never read).
 ``idle_steps(ps, e) -> int``
     steps since ``e``'s last touch, as ``Policy.idle_steps`` (weighted placement's recency;
     default 0, a policy that counts none).
@@ -79,8 +82,8 @@ from kvcxl.firmware.policies.base import Policy
 
 TRAITS = ("STATIC", "QUEUE", "BY_AGE", "ONCE")
 HOOKS = (
-    "on_insert", "on_admit", "forget", "on_evict", "end_step", "score", "idle_steps", "now",
-    "select",
+    "on_insert", "on_admit", "forget", "on_evict", "end_step", "score", "score_q16",
+    "idle_steps", "now", "select",
 )  # fmt: skip
 REQUIRED = ("COVERS", "build", "priority", "on_access")
 
@@ -118,6 +121,7 @@ class Run(NamedTuple):
     per_request: bool  # every read its own batch
     offline: bool  # the policy sees −1 before any read (Belady)
     bypass: bool  # the policy may evict the entries of the batch just read
+    warm: int  # the warm-up's read steps (_StepBooks.warm)
 
 
 class Media(NamedTuple):
@@ -197,6 +201,11 @@ def score(ps, e):  # type: ignore[no-untyped-def]
 
 
 @njit
+def score_q16(ps, e):  # type: ignore[no-untyped-def]
+    return 0
+
+
+@njit
 def idle_steps(ps, e):  # type: ignore[no-untyped-def]
     return 0
 
@@ -243,4 +252,9 @@ def check(module: ModuleType) -> None:
         if not (isinstance(pair, tuple) and len(pair) == 2):
             raise TypeError(
                 f"{module.__name__}.COVERS holds {pair!r}: must be (policy, mode) pairs"
+            )
+        if pair[1] == "int" and not has(module, "score_q16"):
+            raise TypeError(
+                f"fast-engine policy module {module.__name__} covers {pair!r} but lacks "
+                "score_q16 (integer-mode prefetch ranks by it)"
             )

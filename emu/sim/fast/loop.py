@@ -33,11 +33,22 @@ from kvcxl.emu.sim.fast.kernel import (
     key_of,
 )
 from kvcxl.emu.sim.fast.policies import lru as P  # kvcxl-policy-module (compose.py)
+from kvcxl.emu.sim.fast.prefetch import TOTAL as PF_TOTAL
+from kvcxl.emu.sim.fast.prefetch import USEFUL as PF_USEFUL
+from kvcxl.emu.sim.fast.prefetch import USEFUL_WARM as PF_USEFUL_WARM
+from kvcxl.emu.sim.fast.prefetch import WASTED as PF_WASTED
+from kvcxl.emu.sim.fast.prefetch import gather as pf_gather
+from kvcxl.emu.sim.fast.prefetch import order as pf_order
+from kvcxl.emu.sim.fast.prefetch import rank_float as pf_rank_float
+from kvcxl.emu.sim.fast.prefetch import rank_q16 as pf_rank_q16
+from kvcxl.emu.sim.fast.timeline import add_waits as log_waits
 from kvcxl.emu.sim.fast.timeline import close as log_close
 from kvcxl.emu.sim.fast.timeline import hit_records as log_hits
 from kvcxl.emu.sim.fast.timeline import inside as log_inside
 from kvcxl.emu.sim.fast.timeline import open_record as log_open
 from kvcxl.emu.sim.fast.timeline import outside as log_outside
+from kvcxl.emu.sim.fast.timeline import prefetch_begins as log_prefetch
+from kvcxl.emu.sim.fast.timeline import seal as log_seal
 
 # The policy's traits and hooks, frozen as constants when numba compiles the loop.
 STATIC = hooks.trait(P, "STATIC")
@@ -57,6 +68,7 @@ on_insert = hooks.inlined(hooks.hook(P, "on_insert"))
 forget = hooks.inlined(hooks.hook(P, "forget"))
 on_evict = hooks.inlined(hooks.hook(P, "on_evict"))
 score = hooks.inlined(hooks.hook(P, "score"))
+score_q16 = hooks.inlined(hooks.hook(P, "score_q16"))
 now_of = hooks.inlined(hooks.hook(P, "now"))
 idle_steps = hooks.inlined(hooks.hook(P, "idle_steps"))
 end_step = hooks.hook(P, "end_step")  # (once per step and pass: calls)
@@ -67,10 +79,16 @@ on_admit = hooks.hook(P, "on_admit")  # (once per call that admits)
 @njit(cache=True)
 def _leave(ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc, resident, res_list,
            res_pos, n_list, tier, tcount, moved, since, cxl_k, cxl_i, cxl_v, cxl_ver,
-           cxl_size):  # type: ignore[no-untyped-def]  # fmt: skip
+           cxl_size, pf_mark, pf_cnt):  # type: ignore[no-untyped-def]  # fmt: skip
     """Victims ``vic[:nv]`` leave HBM: placement (as each leaves, before it is forgotten),
-    on_evict, tiers.demote; returns (resident list length, CXL arrivals heap size)."""
+    on_evict, tiers.demote, a prefetched one counted wasted; returns (resident list length,
+    CXL arrivals heap size)."""
     ps = borrowed(ps)
+    if pf_mark.size:  # (the simulator's _settle: evicted while still marked prefetched)
+        for j in range(nv):
+            if pf_mark[vic[j]]:
+                pf_mark[vic[j]] = False
+                pf_cnt[PF_WASTED] += 1
     compact = nv * 4 > n_list  # many leave: one pass over the list, not a swap each
     for j in range(nv):
         e = vic[j]
@@ -212,11 +230,13 @@ def _bg_lower(ps, rules, t, pos, n_desc, cxl_cap, nvme_cap, tier, since, tcount,
 
 
 @njit(cache=True)
-def replay(plan, run, media, tab, ps, tlog, rules):  # type: ignore[no-untyped-def]
+def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyped-def]
     """Replay ``plan`` (a :class:`~kvcxl.emu.sim.fast.hooks.Plan`) with the policy state
     ``ps`` under the tier rules ``rules`` (:class:`~kvcxl.emu.sim.fast.tiers.Rules`),
-    emitting the transfer log into ``tlog`` (:mod:`kvcxl.emu.sim.fast.timeline`);
-    returns (books, tiers, stats, victim dump, error)."""
+    prefetching after each read batch as ``pf`` says
+    (:class:`~kvcxl.emu.sim.fast.prefetch.Prefetch`), emitting the transfer log into
+    ``tlog`` (:mod:`kvcxl.emu.sim.fast.timeline`); returns (books, tiers, stats, victim
+    dump, error, prefetch counts)."""
     b_read, b_step, b_off, b_tokens = plan.read, plan.step, plan.off, plan.tokens
     p_ids, p_w = plan.ids, plan.w
     b_loff, l_ctx, l_tok = plan.loff, plan.l_ctx, plan.l_tok
@@ -234,6 +254,15 @@ def replay(plan, run, media, tab, ps, tlog, rules):  # type: ignore[no-untyped-d
     ps = borrowed(ps)  # (the caller's ps and tab keep their arrays alive)
     tab = borrowed(tab)
     tlog = borrowed(tlog)
+    pf = borrowed(pf)
+    pf_on = pf.on
+    warm = run.warm
+    # prefetch: which entries are marked prefetched, and the counts (prefetch.TOTAL ...)
+    pf_mark = np.zeros(n if pf_on else 0, np.bool_)
+    pf_cnt = np.zeros(4, np.int64)
+    pf_log = pf_on and tlog.rows.shape[0] > 0
+    pf_rec = np.full(n if pf_log else 0, -1, np.int64)  # the read record that prefetched each
+    pf_recs = np.empty(n if pf_log else 0, np.int64)  # a read's useful ones' pf_rec
     # books
     reads = np.zeros(npos, np.int64)
     hits = np.zeros(npos, np.int64)
@@ -290,14 +319,16 @@ def replay(plan, run, media, tab, ps, tlog, rules):  # type: ignore[no-untyped-d
     mark = np.zeros(n, np.bool_)
     vic2 = np.empty(n, np.int64)
     vgrp = np.empty(n if record else 0, np.int64)  # each victim's pass and layer (dump order)
-    # dump
-    d_id = np.empty(p_ids.size + n if record else 0, np.int64)  # victims <= admissions
-    d_pr = np.empty(p_ids.size + n if record else 0, np.float64)
-    d_key = np.empty(p_ids.size + n if record else 0, np.int64)
-    d_call = np.empty(p_ids.size + n if record else 0, np.int64)  # the call of each victim
-    d_grp = np.empty(p_ids.size + n if record else 0, np.int64)  # its pass and layer
-    # (two calls per batch, one per step boundary)
-    call_batch = np.zeros(3 * (b_step.size + p_ids.size) + 3 if record else 0, np.int64)
+    # dump: victims <= admissions (writes, misses, prefetches: at most limit per read call)
+    n_calls = b_step.size + (p_ids.size if per_request else 0)
+    d_cap = p_ids.size + n + (min(pf.limit, n) * n_calls if pf_on else 0) if record else 0
+    d_id = np.empty(d_cap, np.int64)
+    d_pr = np.empty(d_cap, np.float64)
+    d_key = np.empty(d_cap, np.int64)
+    d_call = np.empty(d_cap, np.int64)  # the call of each victim
+    d_grp = np.empty(d_cap, np.int64)  # its pass and layer
+    # (three calls per batch, one per step boundary)
+    call_batch = np.zeros(4 * (b_step.size + p_ids.size) + 4 if record else 0, np.int64)
     n_dump = 0
     err = 0
     time = 0
@@ -316,7 +347,10 @@ def replay(plan, run, media, tab, ps, tlog, rules):  # type: ignore[no-untyped-d
                 continue  # a layer without reads is no request at all
             step = b_step[b]
             if b == 0 or step != pos_step:  # _StepBooks.position: the first read step at or
-                pos = min(np.searchsorted(read_steps, step), npos - 1)  # after this one
+                new_pos = min(np.searchsorted(read_steps, step), npos - 1)  # after this one
+                if pos_step >= 0 and new_pos != pos and new_pos == warm:
+                    pf_cnt[PF_USEFUL_WARM] = pf_cnt[PF_USEFUL]  # (the warm-up's useful ones)
+                pos = new_pos
                 pos_step = step
         boundary = have_open and (bb == nb or step != open_step)
         if STEPS and boundary:
@@ -344,7 +378,7 @@ def replay(plan, run, media, tab, ps, tlog, rules):  # type: ignore[no-untyped-d
                     n_list, cxl_size = _leave(
                         ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc,
                         resident, res_list, res_pos, n_list, tier, tcount, moved, since,
-                        cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size,
+                        cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, pf_mark, pf_cnt,
                     )  # fmt: skip
                     n_res -= nv
                     s_evict += nv
@@ -383,7 +417,7 @@ def replay(plan, run, media, tab, ps, tlog, rules):  # type: ignore[no-untyped-d
             if sb == 0 and BY_AGE:  # FirmwareSession.lengths before the batch (never shrink)
                 for j in range(b_loff[b], b_loff[b + 1]):
                     ctx_tokens[l_ctx[j]] = max(ctx_tokens[l_ctx[j]], l_tok[j])
-            if n_sub > 1 and n_res <= capacity and resident[p_ids[a]]:
+            if n_sub > 1 and n_res <= capacity and resident[p_ids[a]] and not pf_on:
                 # Reads of resident entries, one after another: what the two calls below do
                 # for each, without them (most of a mostly-hit request replay): the write call
                 # has nothing to write, the read call one hit, on_access, and no room to
@@ -413,9 +447,9 @@ def replay(plan, run, media, tab, ps, tlog, rules):  # type: ignore[no-untyped-d
                 log_hits(tlog, h, pos, step, tok, moved)
                 nxt_sb = sb + h
                 continue
-            # Up to two calls per batch: a write (the batch's own, or a trace's entries written
-            # just before their first read), then the reads.
-            for phase in range(2):
+            # Up to three calls per batch: a write (the batch's own, or a trace's entries
+            # written just before their first read), the reads, then their prefetch.
+            for phase in range(3):
                 n_prot = 0  # this call's entries, resident and unpinned after admission
                 if phase == 0:  # the write
                     call += 1
@@ -454,7 +488,7 @@ def replay(plan, run, media, tab, ps, tlog, rules):  # type: ignore[no-untyped-d
                     tcount[HBM] += na
                     moved[pos, HOST, HBM] += na
                     log_open(tlog, False, pos, step, 0, 0, 0, 0, 0, moved)
-                else:
+                elif phase == 1:
                     if not b_read[b]:
                         continue
                     call += 1
@@ -465,6 +499,7 @@ def replay(plan, run, media, tab, ps, tlog, rules):  # type: ignore[no-untyped-d
                     c_cxl = 0
                     c_nvme = 0
                     na = 0
+                    n_w = 0
                     for j in range(a, z):  # hits: resident at the batch's start
                         e = p_ids[j]
                         first = stamp[e] != call
@@ -473,6 +508,12 @@ def replay(plan, run, media, tab, ps, tlog, rules):  # type: ignore[no-untyped-d
                             nh += 1
                             if first and not pinned[e]:
                                 n_prot += 1
+                            if pf_on and pf_mark[e]:  # a useful prefetch (counted once)
+                                pf_mark[e] = False
+                                pf_cnt[PF_USEFUL] += 1
+                                if pf_log:  # (the read waits on the record that fetched it)
+                                    pf_recs[n_w] = pf_rec[e]
+                                    n_w += 1
                         else:
                             tr = tier[e]
                             miss[pos, tr] += 1
@@ -495,6 +536,7 @@ def replay(plan, run, media, tab, ps, tlog, rules):  # type: ignore[no-untyped-d
                     # the order matters only to pinning (ascending ids take free slots)
                     if na > 1 and pinned_capacity - n_pinned > 0:
                         adm[:na] = np.sort(adm[:na])
+                    log_seal(tlog, moved)
                     # tiers.promote
                     for j in range(na):
                         e = adm[j]
@@ -504,6 +546,38 @@ def replay(plan, run, media, tab, ps, tlog, rules):  # type: ignore[no-untyped-d
                         tier[e] = HBM
                     tcount[HBM] += na
                     log_open(tlog, True, pos, step, tok, nh, m, c_cxl, c_nvme, moved)
+                    log_waits(tlog, pf_recs, n_w)
+                else:  # FirmwareSession.prefetch_candidates, then .prefetch at the read's time
+                    if not pf_on or not b_read[b]:
+                        continue
+                    mc = pf_gather(pf, p_ids, p_w, a, z, e_ctx, e_block, n_desc, resident)
+                    if mc == 0:
+                        continue
+                    for j in range(mc):
+                        e = pf.cand[j]
+                        if pf.int_mode:  # (Q0.16 ranks are exact as floats)
+                            pf.rank[j] = float(pf_rank_q16(pf, pf.dist[e], score_q16(ps, e)))
+                        else:
+                            pf.rank[j] = pf_rank_float(pf, pf.dist[e], score(ps, e))
+                    na = pf_order(pf, mc, adm)
+                    call += 1
+                    is_write = True
+                    t = time - 1
+                    pf_cnt[PF_TOTAL] += na
+                    if na > 1:  # PolicyCache.insert admits in ascending id order
+                        adm[:na] = np.sort(adm[:na])
+                    log_prefetch(tlog, moved)
+                    for j in range(na):  # tiers.promote; marked before its evictions settle
+                        e = adm[j]
+                        pf_mark[e] = True
+                        if pf_log:
+                            pf_rec[e] = tlog.st[0] - 1  # (the open read record)
+                        stamp[e] = call
+                        src = tier[e]
+                        moved[pos, src, HBM] += 1
+                        tcount[src] -= 1
+                        tier[e] = HBM
+                    tcount[HBM] += na
                 # --- PolicyCache._admit(adm[:na]) ---
                 n_res += na
                 s_ins += na
@@ -717,7 +791,7 @@ def replay(plan, run, media, tab, ps, tlog, rules):  # type: ignore[no-untyped-d
                     n_list, cxl_size = _leave(
                         ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc,
                         resident, res_list, res_pos, n_list, tier, tcount, moved, since,
-                        cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size,
+                        cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, pf_mark, pf_cnt,
                     )  # fmt: skip
                     n_res -= nv
                     s_evict += nv
@@ -743,5 +817,5 @@ def replay(plan, run, media, tab, ps, tlog, rules):  # type: ignore[no-untyped-d
     return (
         reads, hits, miss, stall, tokens, moved, tier, tcount, stats,
         d_id[:n_dump], d_pr[:n_dump], d_key[:n_dump], d_call[:n_dump], d_grp[:n_dump],
-        call_batch, err,
+        call_batch, err, pf_cnt,
     )  # fmt: skip

@@ -8,9 +8,10 @@ they happen: a record takes a snapshot of the three eviction counters of ``moved
 read step when it opens, and the next record (or :func:`close`) books the difference.
 Only a step boundary moves entries between two calls (managed tiers' background moves),
 and no record holds those (the numpy engine settles them before the next call's record
-opens): the loop brackets them with :func:`outside` and :func:`inside`.  Prefetch columns
-and waits stay empty: the fast engine does not prefetch with the timeline
-(:func:`kvcxl.emu.sim.fast.unsupported`).
+opens): the loop brackets them with :func:`outside` and :func:`inside`.  A read's
+prefetch belongs to its record: :func:`prefetch_begins` books the read's eviction and
+snapshots the prefetch columns (its fetches, then its eviction's moves), which the next
+booking fills; :func:`add_waits` gives the read record its waits on earlier prefetches.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from numpy.typing import NDArray
 
 from kvcxl.emu.sim.fast.kernel import CXL, HBM, NVME
 from kvcxl.emu.timeline.log import COLUMNS, FETCH_MOVES, LogArrays
-from kvcxl.emu.timeline.resources import CXL_NVME, HBM_CXL, HBM_NVME
+from kvcxl.emu.timeline.resources import CXL_HBM, CXL_NVME, HBM_CXL, HBM_NVME, NVME_HBM
 
 # The row layout: read, pos, step, tokens, hits, reads, then the log's COLUMNS.
 _META = 6
@@ -31,40 +32,65 @@ DEMAND_CXL, DEMAND_NVME = (_META + COLUMNS.index(("demand", k)) for k in FETCH_M
 EV_CXL, EV_NVME, EV_SPILL = (
     _META + COLUMNS.index(("evict", k)) for k in (HBM_CXL, HBM_NVME, CXL_NVME)
 )
+PF_CXL, PF_NVME, PF_EV_CXL, PF_EV_NVME, PF_EV_SPILL = (
+    _META + COLUMNS.index(("prefetch", k)) for k in (CXL_HBM, NVME_HBM, HBM_CXL, HBM_NVME,
+                                                      CXL_NVME)
+)  # fmt: skip
 WIDTH = _META + len(COLUMNS)
+# st: records so far, the open record's read step, its three eviction snapshots, whether it
+# books its eviction (0), its prefetch (1) or nothing more (2: sealed), the prefetch's five
+# snapshots, waits so far
+_MODE, _PF0, _NW = 5, 6, 11
 
 
 class Log(NamedTuple):
-    """The loop's log: ``rows`` (records × :data:`WIDTH`; no rows: the timeline is off) and
-    ``st`` = (records so far, the open record's read step, its three snapshots)."""
+    """The loop's log: ``rows`` (records × :data:`WIDTH`; no rows: the timeline is off),
+    ``st`` (the emission's state, above), and the waits: ``w_cnt`` per record, ``w_rec`` and
+    ``w_n`` (the record whose prefetch brought them, how many) in record order."""
 
     rows: NDArray
     st: NDArray
+    w_cnt: NDArray
+    w_rec: NDArray
+    w_n: NDArray
 
 
 def buffer(on: bool, n_batches: int, n_reads: int, per_request: bool) -> Log:
     """An empty log with room for every record of the plan: at most a write and a read call
-    per batch, per read at the request granularity (none when ``on`` is False)."""
+    per batch, per read at the request granularity, and a wait per read (none when ``on``
+    is False)."""
     cap = 2 * (n_batches + (n_reads if per_request else 0)) if on else 0
-    return Log(np.empty((cap, WIDTH), np.int64), np.zeros(5, np.int64))
+    nw = n_reads if on else 0
+    return Log(np.empty((cap, WIDTH), np.int64), np.zeros(12, np.int64), np.zeros(cap, np.int64),
+               np.empty(nw, np.int64), np.empty(nw, np.int64))  # fmt: skip
 
 
 def arrays(log: Log, entry_bytes: int) -> LogArrays:
     """The emitted records as the timeline's array form (compute times not yet filled)."""
-    n = int(log.st[0])
+    n, nw = int(log.st[0]), int(log.st[_NW])
     rows = log.rows[:n]
-    zeros = np.zeros(n + 1, np.int64)
+    wait_off = np.concatenate([[0], np.cumsum(log.w_cnt[:n])]).astype(np.int64)
     return LogArrays(
         entry_bytes, rows[:, 0].astype(np.bool_), rows[:, 1].copy(), rows[:, 2].copy(),
         rows[:, 3].copy(), rows[:, 4].copy(), rows[:, 5].copy(), rows[:, _META:].copy(),
-        zeros, zeros[:0], zeros[:0], np.zeros(n, np.float64),
+        wait_off, log.w_rec[:nw].copy(), log.w_n[:nw].copy(), np.zeros(n, np.float64),
     )  # fmt: skip
 
 
 @njit(inline="always")
 def _book(rows, st, moved):  # type: ignore[no-untyped-def]
-    """The open record's eviction moves: the counters now minus its snapshots."""
+    """The open record's eviction moves (or, once its prefetch began, the prefetch's): the
+    counters now minus its snapshots."""
     k, p = st[0] - 1, st[1]
+    if st[_MODE] == 2:
+        return
+    if st[_MODE]:
+        rows[k, PF_CXL] = moved[p, CXL, HBM] - st[_PF0]
+        rows[k, PF_NVME] = moved[p, NVME, HBM] - st[_PF0 + 1]
+        rows[k, PF_EV_CXL] = moved[p, HBM, CXL] - st[_PF0 + 2]
+        rows[k, PF_EV_NVME] = moved[p, HBM, NVME] - st[_PF0 + 3]
+        rows[k, PF_EV_SPILL] = moved[p, CXL, NVME] - st[_PF0 + 4]
+        return
     rows[k, EV_CXL] = moved[p, HBM, CXL] - st[2]
     rows[k, EV_NVME] = moved[p, HBM, NVME] - st[3]
     rows[k, EV_SPILL] = moved[p, CXL, NVME] - st[4]
@@ -90,8 +116,10 @@ def open_record(log, read, pos, step, tokens, hits, reads, c_cxl, c_nvme, moved)
         rows[k, DEMAND_CXL] = c_cxl
         rows[k, DEMAND_NVME] = c_nvme
     rows[k, 2] = step
+    log.w_cnt[k] = 0
     st[0] = k + 1
     st[1] = pos
+    st[_MODE] = 0
     st[2] = moved[pos, HBM, CXL]
     st[3] = moved[pos, HBM, NVME]
     st[4] = moved[pos, CXL, NVME]
@@ -121,6 +149,15 @@ def inside(log, moved):  # type: ignore[no-untyped-def]
     if rows.shape[0] == 0 or st[0] == 0:
         return
     k, p = st[0] - 1, st[1]
+    if st[_MODE] == 2:
+        return
+    if st[_MODE]:
+        st[_PF0] = moved[p, CXL, HBM] - rows[k, PF_CXL]
+        st[_PF0 + 1] = moved[p, NVME, HBM] - rows[k, PF_NVME]
+        st[_PF0 + 2] = moved[p, HBM, CXL] - rows[k, PF_EV_CXL]
+        st[_PF0 + 3] = moved[p, HBM, NVME] - rows[k, PF_EV_NVME]
+        st[_PF0 + 4] = moved[p, CXL, NVME] - rows[k, PF_EV_SPILL]
+        return
     st[2] = moved[p, HBM, CXL] - rows[k, EV_CXL]
     st[3] = moved[p, HBM, NVME] - rows[k, EV_NVME]
     st[4] = moved[p, CXL, NVME] - rows[k, EV_SPILL]
@@ -131,3 +168,53 @@ def close(log, moved):  # type: ignore[no-untyped-def]
     """The loop ended: book the last record's moves."""
     if log.rows.shape[0] > 0 and log.st[0] > 0:
         _book(log.rows, log.st, moved)
+
+
+@njit(inline="always")
+def prefetch_begins(log, moved):  # type: ignore[no-untyped-def]
+    """The open read record's prefetch is about to fetch: book its eviction now; what moves
+    from here on is its prefetch's."""
+    rows, st = log.rows, log.st
+    if rows.shape[0] == 0 or st[0] == 0:
+        return
+    _book(rows, st, moved)
+    p = st[1]
+    st[_MODE] = 1
+    st[_PF0] = moved[p, CXL, HBM]
+    st[_PF0 + 1] = moved[p, NVME, HBM]
+    st[_PF0 + 2] = moved[p, HBM, CXL]
+    st[_PF0 + 3] = moved[p, HBM, NVME]
+    st[_PF0 + 4] = moved[p, CXL, NVME]
+
+
+@njit(inline="always")
+def seal(log, moved):  # type: ignore[no-untyped-def]
+    """A read call is about to promote its misses: a record that books its prefetch books it
+    now (the next record's fetches are not its own)."""
+    st = log.st
+    if log.rows.shape[0] > 0 and st[0] > 0 and st[_MODE] == 1:
+        _book(log.rows, st, moved)
+        st[_MODE] = 2
+
+
+@njit(cache=True)
+def add_waits(log, recs, m):  # type: ignore[no-untyped-def]
+    """The open read record reads ``m`` prefetched entries first, brought by the records
+    ``recs[:m]``: its waits, one per record (ascending), with how many each brought."""
+    if log.rows.shape[0] == 0 or m == 0:
+        return
+    st = log.st
+    r = np.sort(recs[:m])
+    k = st[0] - 1
+    nw = st[_NW]
+    j = 0
+    while j < m:
+        q = j
+        while q < m and r[q] == r[j]:
+            q += 1
+        log.w_rec[nw] = r[j]
+        log.w_n[nw] = q - j
+        nw += 1
+        log.w_cnt[k] += 1
+        j = q
+    st[_NW] = nw

@@ -92,6 +92,11 @@ def score(ps, e):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
+def score_q16(ps, e):  # type: ignore[no-untyped-def]
+    return ps.score[e]  # (already Q0.16: EmaPolicy.score_q16 in integer mode)
+
+
+@njit(cache=True)
 def idle_steps(ps, e):  # type: ignore[no-untyped-def]
     return ps.idle[e]
 

@@ -112,6 +112,7 @@ class _Soak:
     def __init__(self, path: Path, seconds: float, seed: int, until=None) -> None:
         self.path, self.seconds, self.rng = path, seconds, random.Random(seed)
         self.until = until  # keep going past ``seconds`` (up to 30 s) until it holds
+        self.acted: list | None = None  # a planted defect's: no report once it has acted
         self.shadow = bytearray(PAGES * PAGE)
         self.writes = self.resets = self.completed = self.rolled_back = 0
         self.errors: list[str] = []
@@ -130,6 +131,8 @@ class _Soak:
                     self.errors.append(f"write at {off:#x} flagged")
                 self.shadow[off : off + n] = data  # acknowledged
                 self.writes += 1
+                if self.acted:  # a report could migrate the page and heal the defect
+                    break
                 if self.writes % 4 == 0:
                     pages = np.array(sorted({off // PAGE, self.rng.randrange(PAGES)}))
                     rec = np.zeros(pages.size, mb.ATTENTION_RECORD)
@@ -157,12 +160,31 @@ class _Soak:
                 self.rolled_back += back
 
 
+class _Acted(list):
+    """Where a planted defect acted.  The moment it does, the churn halts (``halt``, set by
+    the soak): a later move of the same page could heal what the defect did before the
+    writer's loop next looks (a page rolled back onto the wrong copy, then moved again by
+    the churn, ends consistent)."""
+
+    halt: threading.Event | None = None
+
+    def append(self, p: object) -> None:
+        super().append(p)
+        if self.halt is not None:
+            self.halt.set()
+
+    def extend(self, ps: object) -> None:
+        super().extend(ps)  # type: ignore[arg-type]
+        if self and self.halt is not None:
+            self.halt.set()
+
+
 def _soak(
-    tmp: Path, seconds: float = 2.0, seed: int = 0, files: bool = True, until=None,
+    tmp: Path, seconds: float = 2.0, seed: int = 0, files: bool = True, acted=None,
     enough: bool = False,
 ) -> dict:  # fmt: skip
     """Writes, attention reports, churn and resets for ``seconds``.  A planted defect's test
-    runs until the defect has acted a few times (``until``, at most 30 s) and stops there:
+    runs until the defect has acted once (``acted``, at most 30 s) and stops there:
     a slow machine, where few resets land mid-migration, still exercises it, and later
     migrations of the same pages have little time to heal what it did.  ``enough``: go on
     past ``seconds`` (up to 30 s) until the soak has done what the sound test asks of it
@@ -178,16 +200,17 @@ def _soak(
                 and soak.completed > 0 and soak.rolled_back > 0
             )  # fmt: skip
 
-    elif until is not None:
-        done = until  # once it holds, the churn stops at once: its next move would heal
+    elif acted is not None:
+        acted.halt = churn.halt  # the churn stops as the defect acts: its next move could heal
 
         def until() -> bool:
-            if done():
-                churn.halt.set()
-                return True
-            return False
+            return len(acted) >= 1
+
+    else:
+        until = None
 
     soak = _Soak(tmp / "dev.sock", seconds, seed, until)
+    soak.acted = acted
     stop = threading.Event()
     with svc.serving(engine, soak.path):
         churn.start()
@@ -236,7 +259,7 @@ def _caught(r: dict) -> bool:
 
 
 def test_the_soak_sees_a_reset_that_rolls_back_the_wrong_copy(tmp_path, monkeypatch) -> None:
-    acted = []
+    acted = _Acted()
 
     def wrong_roll_back(self: Migrations, p: int) -> None:
         m = self.inflight.pop(p)
@@ -249,12 +272,12 @@ def test_the_soak_sees_a_reset_that_rolls_back_the_wrong_copy(tmp_path, monkeypa
         old.drop(p)  # drops the old copy: the one the map names
 
     monkeypatch.setattr(Migrations, "_roll_back", wrong_roll_back)
-    r = _soak(tmp_path, seconds=0.0, files=False, until=lambda: len(acted) >= 1)
+    r = _soak(tmp_path, seconds=0.0, files=False, acted=acted)
     assert _caught(r), r
 
 
 def test_the_soak_sees_a_write_that_misses_the_copy(tmp_path, monkeypatch) -> None:
-    acted = []
+    acted = _Acted()
 
     def no_mirror(self: Migrations, p: int, off: int, data: bytes) -> None:
         m = self.inflight.get(p)
@@ -262,14 +285,14 @@ def test_the_soak_sees_a_write_that_misses_the_copy(tmp_path, monkeypatch) -> No
             acted.append(p)
 
     monkeypatch.setattr(Migrations, "mirror", no_mirror)
-    r = _soak(tmp_path, seconds=0.0, files=False, until=lambda: len(acted) >= 1)
+    r = _soak(tmp_path, seconds=0.0, files=False, acted=acted)
     assert _caught(r), r
 
 
 def test_the_soak_sees_a_reset_that_forgets_its_migrations(tmp_path, monkeypatch) -> None:
     real = Type3Device.reset
 
-    acted = []
+    acted = _Acted()
 
     def forgetful(self: Type3Device) -> dict:
         # a copy left in DRAM of a page the map puts on NVMe: the reset's realignment
@@ -279,5 +302,5 @@ def test_the_soak_sees_a_reset_that_forgets_its_migrations(tmp_path, monkeypatch
         return real(self)
 
     monkeypatch.setattr(Type3Device, "reset", forgetful)
-    r = _soak(tmp_path, seconds=0.0, files=False, until=lambda: len(acted) >= 1)
+    r = _soak(tmp_path, seconds=0.0, files=False, acted=acted)
     assert _caught(r) and r["completed"] == r["rolled_back"] == 0, r

@@ -30,10 +30,12 @@ access); there is no doorkeeper and counters are 32-bit (the paper: 4-bit counte
 behind a Bloom filter); one eviction decides one window victim (libCacheSim's source
 loops on after an admission, but the 0.3.5 wheel decides one per eviction, measured).
 
-Only main policies whose victim is a plain read of ordered lists fit (a victim chosen
-without changing state, as the comparison needs): LRU, FIFO and SLRU.  CLOCK, SIEVE,
-S3-FIFO and ARC move or clear entries while they look for a victim; the attention
-policies rank scores the sketch does not keep.
+The mains are, for now, those whose victim is a plain read of ordered lists (a victim
+chosen without changing state, as the comparison needs): LRU, FIFO and SLRU.  CLOCK,
+SIEVE, S3-FIFO and ARC move or clear entries while they look for a victim; their
+``select`` computes that walk without changing state (``on_evict`` commits it), which is
+how they could serve as mains, not built yet.  The attention policies rank scores the
+sketch does not keep.
 
 The victim order has no closed form (it depends on the sketch and on the main's room),
 so ``priority`` is the rank in the walk, as for S3-FIFO.

@@ -439,16 +439,20 @@ def serving_rows(
     return [{**keys[k], **combine_serving(runs)} for k, runs in groups.items()]
 
 
+def _link_label(rows: list[dict[str, Any]]) -> str:
+    """The link column's name.  Without the timeline the figure is demand over capacity (it
+    can exceed 1: the analytic model does not time write-backs), not a utilisation."""
+    timed = all(r.get("link_utilisation_analytic") is not None for r in rows)
+    return "link use" if timed else "link demand"
+
+
 def format_serving(rows: list[dict[str, Any]]) -> str:
     """The serving rows as an aligned text table (means over seeds)."""
 
     def f(v: Any, spec: str) -> str:
         return "—" if v is None else format(v, spec)
 
-    # Without the timeline the link figure is demand over capacity (it can exceed 1: the
-    # analytic model does not time write-backs), not a utilisation: it is named so.
-    timed = all(r.get("link_utilisation_analytic") is not None for r in rows)
-    link = "link use" if timed else "link demand"
+    link = _link_label(rows)
     head = (
         f"{'policy':<14}{'budget':>8}{'tok/s':>10}{'tok/s/user':>12}{'ITL p50/p99 ms':>18}"
         f"{'TTFT p50/p99 ms':>19}{link:>12}{'mJ/token':>11}{'metadata SRAM/DRAM B':>24}"
@@ -494,8 +498,7 @@ def format_versus(setups: list[tuple[str, list[dict[str, Any]]]]) -> str:
     def f(v: Any, spec: str) -> str:
         return "—" if v is None else format(v, spec)
 
-    timed = all(r.get("link_utilisation_analytic") is not None for _, rows in setups for r in rows)
-    link = "link use" if timed else "link demand"  # (as in format_serving)
+    link = _link_label([r for _, rows in setups for r in rows])
     lines = [
         f"{'setup':<24}{'policy':<12}{'budget':>8}{'tok/s':>11}{'TTFT p50/p99 ms':>19}"
         f"{'ITL p50/p99 ms':>18}{link:>12}"

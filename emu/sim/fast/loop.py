@@ -76,6 +76,18 @@ select = hooks.hook(P, "select")
 on_admit = hooks.hook(P, "on_admit")  # (once per call that admits)
 
 
+@njit(cache=True, inline="always")
+def _promote(adm, na, pos, tier, tcount, moved):  # type: ignore[no-untyped-def]
+    """tiers.promote: ``adm[:na]`` come up to HBM from their tiers (step position ``pos``)."""
+    for j in range(na):
+        e = adm[j]
+        src = tier[e]
+        moved[pos, src, HBM] += 1
+        tcount[src] -= 1
+        tier[e] = HBM
+    tcount[HBM] += na
+
+
 @njit(cache=True)
 def _leave(ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc, resident, res_list,
            res_pos, n_list, tier, tcount, moved, since, cxl_k, cxl_i, cxl_v, cxl_ver,
@@ -537,14 +549,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                     if na > 1 and pinned_capacity - n_pinned > 0:
                         adm[:na] = np.sort(adm[:na])
                     log_seal(tlog, moved)
-                    # tiers.promote
-                    for j in range(na):
-                        e = adm[j]
-                        src = tier[e]
-                        moved[pos, src, HBM] += 1
-                        tcount[src] -= 1
-                        tier[e] = HBM
-                    tcount[HBM] += na
+                    _promote(adm, na, pos, tier, tcount, moved)
                     log_open(tlog, True, pos, step, tok, nh, m, c_cxl, c_nvme, moved)
                     log_waits(tlog, pf_recs, n_w)
                 else:  # FirmwareSession.prefetch_candidates, then .prefetch at the read's time
@@ -567,17 +572,13 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                     if na > 1:  # PolicyCache.insert admits in ascending id order
                         adm[:na] = np.sort(adm[:na])
                     log_prefetch(tlog, moved)
-                    for j in range(na):  # tiers.promote; marked before its evictions settle
+                    for j in range(na):  # marked before its evictions settle
                         e = adm[j]
                         pf_mark[e] = True
                         if pf_log:
                             pf_rec[e] = tlog.st[0] - 1  # (the open read record)
                         stamp[e] = call
-                        src = tier[e]
-                        moved[pos, src, HBM] += 1
-                        tcount[src] -= 1
-                        tier[e] = HBM
-                    tcount[HBM] += na
+                    _promote(adm, na, pos, tier, tcount, moved)
                 # --- PolicyCache._admit(adm[:na]) ---
                 n_res += na
                 s_ins += na

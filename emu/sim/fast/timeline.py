@@ -37,10 +37,17 @@ PF_CXL, PF_NVME, PF_EV_CXL, PF_EV_NVME, PF_EV_SPILL = (
                                                       CXL_NVME)
 )  # fmt: skip
 WIDTH = _META + len(COLUMNS)
+# What a record books, as (its column, the move's source tier, its destination): its
+# eviction's moves, and once its prefetch began, the prefetch's fetches and its eviction's.
+_EVICT = np.array([[EV_CXL, HBM, CXL], [EV_NVME, HBM, NVME], [EV_SPILL, CXL, NVME]], np.int64)
+_PREFETCH = np.array(
+    [[PF_CXL, CXL, HBM], [PF_NVME, NVME, HBM], [PF_EV_CXL, HBM, CXL],
+     [PF_EV_NVME, HBM, NVME], [PF_EV_SPILL, CXL, NVME]], np.int64,
+)  # fmt: skip
 # st: records so far, the open record's read step, its three eviction snapshots, whether it
 # books its eviction (0), its prefetch (1) or nothing more (2: sealed), the prefetch's five
 # snapshots, waits so far
-_MODE, _PF0, _NW = 5, 6, 11
+_EV0, _MODE, _PF0, _NW = 2, 5, 6, 11
 
 
 class Log(NamedTuple):
@@ -78,22 +85,29 @@ def arrays(log: Log, entry_bytes: int) -> LogArrays:
 
 
 @njit(inline="always")
+def _booking(st):  # type: ignore[no-untyped-def]
+    """What the open record books now (its table and where its snapshots start in ``st``)."""
+    if st[_MODE] == 1:
+        return _PREFETCH, _PF0
+    return _EVICT, _EV0
+
+
+@njit(inline="always")
+def _snap(st, at, table, moved, p):  # type: ignore[no-untyped-def]
+    for i in range(table.shape[0]):
+        st[at + i] = moved[p, table[i, 1], table[i, 2]]
+
+
+@njit(inline="always")
 def _book(rows, st, moved):  # type: ignore[no-untyped-def]
     """The open record's eviction moves (or, once its prefetch began, the prefetch's): the
     counters now minus its snapshots."""
-    k, p = st[0] - 1, st[1]
     if st[_MODE] == 2:
         return
-    if st[_MODE]:
-        rows[k, PF_CXL] = moved[p, CXL, HBM] - st[_PF0]
-        rows[k, PF_NVME] = moved[p, NVME, HBM] - st[_PF0 + 1]
-        rows[k, PF_EV_CXL] = moved[p, HBM, CXL] - st[_PF0 + 2]
-        rows[k, PF_EV_NVME] = moved[p, HBM, NVME] - st[_PF0 + 3]
-        rows[k, PF_EV_SPILL] = moved[p, CXL, NVME] - st[_PF0 + 4]
-        return
-    rows[k, EV_CXL] = moved[p, HBM, CXL] - st[2]
-    rows[k, EV_NVME] = moved[p, HBM, NVME] - st[3]
-    rows[k, EV_SPILL] = moved[p, CXL, NVME] - st[4]
+    k, p = st[0] - 1, st[1]
+    table, at = _booking(st)
+    for i in range(table.shape[0]):
+        rows[k, table[i, 0]] = moved[p, table[i, 1], table[i, 2]] - st[at + i]
 
 
 @njit(inline="always")
@@ -120,9 +134,7 @@ def open_record(log, read, pos, step, tokens, hits, reads, c_cxl, c_nvme, moved)
     st[0] = k + 1
     st[1] = pos
     st[_MODE] = 0
-    st[2] = moved[pos, HBM, CXL]
-    st[3] = moved[pos, HBM, NVME]
-    st[4] = moved[pos, CXL, NVME]
+    _snap(st, _EV0, _EVICT, moved, pos)
 
 
 @njit(inline="always")
@@ -148,19 +160,12 @@ def inside(log, moved):  # type: ignore[no-untyped-def]
     rows, st = log.rows, log.st
     if rows.shape[0] == 0 or st[0] == 0:
         return
-    k, p = st[0] - 1, st[1]
     if st[_MODE] == 2:
         return
-    if st[_MODE]:
-        st[_PF0] = moved[p, CXL, HBM] - rows[k, PF_CXL]
-        st[_PF0 + 1] = moved[p, NVME, HBM] - rows[k, PF_NVME]
-        st[_PF0 + 2] = moved[p, HBM, CXL] - rows[k, PF_EV_CXL]
-        st[_PF0 + 3] = moved[p, HBM, NVME] - rows[k, PF_EV_NVME]
-        st[_PF0 + 4] = moved[p, CXL, NVME] - rows[k, PF_EV_SPILL]
-        return
-    st[2] = moved[p, HBM, CXL] - rows[k, EV_CXL]
-    st[3] = moved[p, HBM, NVME] - rows[k, EV_NVME]
-    st[4] = moved[p, CXL, NVME] - rows[k, EV_SPILL]
+    k, p = st[0] - 1, st[1]
+    table, at = _booking(st)
+    for i in range(table.shape[0]):
+        st[at + i] = moved[p, table[i, 1], table[i, 2]] - rows[k, table[i, 0]]
 
 
 @njit(inline="always")
@@ -178,13 +183,8 @@ def prefetch_begins(log, moved):  # type: ignore[no-untyped-def]
     if rows.shape[0] == 0 or st[0] == 0:
         return
     _book(rows, st, moved)
-    p = st[1]
     st[_MODE] = 1
-    st[_PF0] = moved[p, CXL, HBM]
-    st[_PF0 + 1] = moved[p, NVME, HBM]
-    st[_PF0 + 2] = moved[p, HBM, CXL]
-    st[_PF0 + 3] = moved[p, HBM, NVME]
-    st[_PF0 + 4] = moved[p, CXL, NVME]
+    _snap(st, _PF0, _PREFETCH, moved, st[1])
 
 
 @njit(inline="always")

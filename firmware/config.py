@@ -198,18 +198,18 @@ PARAMS: dict[str, Param] = {
         "'fifo' or 'policy'",
         one_of("fifo", "policy"),
         str,
-        "Which CXL DRAM entries go down to NVMe when CXL DRAM is full. 'fifo': the earliest "
-        "arrivals (the comparison baseline); 'policy': the running policy's own eviction "
-        "order (highest priority first), so the policy ranks the lower tiers too.",
+        "Which CXL DRAM entries go down to NVMe when CXL DRAM is full. 'policy' (default): "
+        "the running policy's own eviction order (highest priority first), so the policy "
+        "ranks the lower tiers too; 'fifo': the earliest arrivals (the comparison baseline).",
     ),
     "tier_management": Param(
         "'static' or 'managed'",
         one_of("static", "managed"),
         str,
-        "'static': placement decides once, as a victim leaves HBM. 'managed' (scored "
-        "policies): the placement rule also decides which HBM entries are evicted last "
-        "(score ≥ keep, or P ≥ the low cut) and moves lower-tier entries at each step "
-        "boundary (docs/policy.md, managed tiers).",
+        "'managed' (default; scored policies): the placement rule also decides which HBM "
+        "entries are evicted last (score ≥ keep, or P ≥ the low cut) and moves lower-tier "
+        "entries at each step boundary (docs/policy.md, managed tiers). 'static' (the "
+        "comparison baseline): placement decides once, as a victim leaves HBM.",
     ),
     "background_moves": Param(
         "[0, 1048576] entries per step",
@@ -246,8 +246,8 @@ class PolicyConfig:
     decay_shift: int = 4
     pcie_contention: float = 0.32
     eviction_passes: str = "exact"
-    cxl_order: str = "fifo"
-    tier_management: str = "static"
+    cxl_order: str = "policy"
+    tier_management: str = "managed"
     background_moves: int = 256
     # Parameters that belong to one policy (declared by it: ``Policy.parameters``), as
     # set here; a policy reads its own through ``policy.params``.

@@ -597,7 +597,7 @@ def replay_trace(
 ) -> dict[str, Any]:
     """Replay trace records ``(step, context, layer, head, block, weight)``."""
     ops, idents = plan_trace(records, shape, granularity)
-    return Replay(
+    return TieredReplay(  # every tier rule, so the defaults are followed
         ops,
         idents,
         shape,
@@ -623,7 +623,7 @@ def replay_stream(
 ) -> dict[str, Any]:
     """Replay a compiled workload stream's events."""
     ops, idents = plan_stream(stream, granularity)
-    return Replay(
+    return TieredReplay(  # every tier rule, so the defaults are followed
         ops,
         idents,
         stream.shape,

@@ -18,7 +18,9 @@ double-counts recency") and scores every point two ways:
 Stage 2 takes the best (α, β) and sweeps the threshold placement's keep/evict
 pair on the EMA score trajectories: for each keep, the hot set (entries with
 score ≥ keep, as a share of all entries) and the share of reads it serves; for
-each evict, the share of reads that would come from NVMe (score < evict).
+each evict, the share of reads that would come from NVMe (score < evict).  Then
+every pair decides residency itself: each trace replayed under managed tiers
+(:mod:`.managed`), reads counted by the tier that served them.
 
 The best point is reported with a 95 % confidence interval over prompts
 (Student's t on the per-prompt values).
@@ -45,6 +47,7 @@ from kvcxl.firmware.session import FirmwareSession
 
 from ..metrics import mean_ci
 from .capture import load_model
+from .managed import managed_sweep
 from .quality import PolicySpec, run
 
 
@@ -315,6 +318,11 @@ def sweep(
     }
     cfg = base.with_(alpha=alphas[ib], beta=betas[jb])
     report["touch_threshold"] = touch_sweep(dense, cfg, touches, budget_tokens, bt, read_threshold)
+    # The same pairs deciding residency: replayed under managed tiers at the α stage 2 used.
+    report["managed"] = managed_sweep(
+        dense, cfg.with_(alpha=best_a), keeps, evicts, budget_tokens, bt, read_threshold,
+        traces[0][1].shape.entry_bytes,
+    )  # fmt: skip
     return report
 
 
@@ -481,6 +489,25 @@ def _print(r: dict[str, Any]) -> None:
             print(line)
     for b in r["baselines"]:
         print(f"  {b['policy']:<17} hit {_fmt(b['hit_rate'])}  mass {_fmt(b['mass_hit_rate'])}")
+    m = r.get("managed")
+    if m:
+        print(
+            f"  keep/evict under managed tiers at α={m['alpha']:g} (Simulated; latency "
+            "Analytical model), mean over traces:"
+        )
+        for row in m["rows"]:
+            pt = row["per_trace"]
+            mean = {k: float(np.mean([p[k] for p in pt])) for k in pt[0]}
+            mark = (
+                "  ← lowest latency"
+                if (row["keep"], row["evict"])
+                == (m["best_by_latency"]["keep"], m["best_by_latency"]["evict"])
+                else ""
+            )
+            print(f"    keep {row['keep']:<6g} evict {row['evict']:<6g} hit {mean['hit_rate']:.4f}"
+                  f"  CXL {mean['cxl_read_fraction']:.4f}  NVMe {mean['nvme_read_fraction']:.4f}"
+                  f"  held {mean['held_fraction']:.3f}  {mean['effective_latency_ns']:,.0f} ns"
+                  f"{mark}")  # fmt: skip
     t = r.get("touch_threshold")
     if t:
         print(f"  touch threshold at α={t['alpha']:g} β={t['beta']:g} (hit rate, Simulated):")

@@ -51,11 +51,14 @@ def replay(
     mode: str = "float",
     protect_batch: bool | None = None,
     policy_kwargs: dict | None = None,
+    placement: str = "fill",
 ) -> ReplayResult:
     """Hits and misses of ``policy`` on ``batches`` with ``capacity`` resident entries.
 
     Without ``steps`` every batch is its own decode step; without ``table`` every
-    entry id is a block of its own context (no anchors, no positions).
+    entry id is a block of its own context (no anchors, no positions).  ``placement``
+    "policy" runs the firmware's placement rule (with managed tiers, its eviction layers),
+    as the device does; "fill" (default) sends every victim to the next tier.
     """
     n = 1 + max((int(np.max(b)) for b in batches if len(b)), default=-1)
     if table is None:
@@ -69,7 +72,7 @@ def replay(
         mode=mode,
         table=table,
         audit=audit,
-        placement="fill",
+        placement=placement,
         future=Future.from_batches(list(batches)) if offline else None,  # given the future
         victim_priority=record_victims,
         policy_kwargs=policy_kwargs,

@@ -583,6 +583,13 @@ class Replay:
         }
 
 
+def _replay_class(policy: str) -> type:
+    """Every tier rule (so the defaults are followed) for the policies it ranks; the queue
+    policies keep the base rules, which are theirs under every setting: they are not
+    scored (managed tiers leave them static) and rank CXL DRAM by arrival (as ``fifo``)."""
+    return Replay if policy in QUEUE_POLICIES else TieredReplay
+
+
 def replay_trace(
     records: list[tuple[int, int, int, int, int, float]],
     shape: Any,
@@ -597,7 +604,7 @@ def replay_trace(
 ) -> dict[str, Any]:
     """Replay trace records ``(step, context, layer, head, block, weight)``."""
     ops, idents = plan_trace(records, shape, granularity)
-    return TieredReplay(  # every tier rule, so the defaults are followed
+    return _replay_class(policy)(
         ops,
         idents,
         shape,
@@ -623,7 +630,7 @@ def replay_stream(
 ) -> dict[str, Any]:
     """Replay a compiled workload stream's events."""
     ops, idents = plan_stream(stream, granularity)
-    return TieredReplay(  # every tier rule, so the defaults are followed
+    return _replay_class(policy)(
         ops,
         idents,
         stream.shape,

@@ -80,7 +80,11 @@ def test_device_and_replay_agree(policy, seed):
     batches, weights, steps = _trace(seed)
     capacity = 60
     dev, victims = _drive(policy, capacity, batches, weights, steps)
-    ref = replay(policy, batches, capacity, weights=weights, steps=steps, record_victims=True)
+    # The device runs the firmware's placement (managed tiers by default), so the replay does.
+    ref = replay(
+        policy, batches, capacity, weights=weights, steps=steps, record_victims=True,
+        placement="policy",
+    )  # fmt: skip
     assert (dev.cache.stats.hits, dev.cache.stats.misses) == (ref.hits, ref.misses)
     assert [(t, e) for t, e, _ in victims] == [(t, e) for t, e, _ in ref.victims]
     assert np.allclose([p for *_, p in victims], [p for *_, p in ref.victims], rtol=0, atol=0)
@@ -91,6 +95,9 @@ def test_device_and_replay_agree(policy, seed):
 def test_device_and_replay_agree_in_the_q16_integer_mode():
     batches, weights, steps = _trace(2)
     dev, victims = _drive("ema", 60, batches, weights, steps, mode="int")
-    ref = replay("ema", batches, 60, weights=weights, steps=steps, record_victims=True, mode="int")
+    ref = replay(
+        "ema", batches, 60, weights=weights, steps=steps, record_victims=True, mode="int",
+        placement="policy",
+    )  # fmt: skip
     assert (dev.cache.stats.hits, dev.cache.stats.misses) == (ref.hits, ref.misses)
     assert victims == [(t, e, p) for t, e, p in ref.victims]

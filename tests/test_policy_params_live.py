@@ -77,7 +77,7 @@ ROWS = [
     Row("eviction_batch", 4, 64, {"eviction_passes": "batched"}, pushes=("evictions", +1)),
     Row("persistent_metadata", True, False),
     Row("pinned_fraction", 0.0, 0.25, pushes=("pinned", +1)),
-    Row("decay_shift", 0, 8, mode="int"),
+    Row("decay_shift", 0, 8, mode="int", workload=("multi-turn", 1024)),
     Row("eviction_passes", "exact", "batched", pushes=("evictions", +1)),
     Row("cxl_order", "fifo", "policy", cxl=0.05),
     Row("tier_management", "static", "managed"),

@@ -22,9 +22,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reference_engine as ref
 from test_sim_differential import WL_SHAPE, _stream, compare
 
+STATIC = {"tier_management": "static", "cxl_order": "fifo"}  # the comparison baseline
 RULES = {
-    "batched": {"eviction_passes": "batched", "eviction_batch": 3},
-    "cxl-policy": {"cxl_order": "policy"},
+    "static": STATIC,
+    "batched": {**STATIC, "eviction_passes": "batched", "eviction_batch": 3},
+    "cxl-policy": {"tier_management": "static", "cxl_order": "policy"},
     "managed": {"tier_management": "managed", "evict_threshold": 0.05},
     "managed-slow": {"tier_management": "managed", "evict_threshold": 0.05, "background_moves": 2},
     "weighted": {"tier_management": "managed", "placement_mode": "weighted",
@@ -94,8 +96,10 @@ def test_the_rules_change_the_replay() -> None:
             config=PolicyConfig.from_mapping(cfg), cxl_entries=max(n // 10, 1), warmup_steps=2,
         )  # fmt: skip
 
-    base = run({})
+    base = run(STATIC)
     for rule, cfg in RULES.items():
+        if cfg is STATIC:
+            continue
         r = run(cfg)
         assert (r["victims"], r["per_step"]) != (base["victims"], base["per_step"]), rule
 

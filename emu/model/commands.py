@@ -98,7 +98,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "on captured traces, "
             "scored by hit rate at a fixed HBM budget (trace replay with demand paging) and "
             "by output quality (the real model re-run with the bounded cache); then sweep the "
-            "keep/evict thresholds and the touch threshold at the best (α, β). Writes heat "
+            "keep/evict thresholds (on the score trajectories, then each pair replayed under "
+            "managed tiers with every read counted by the tier that served it) and the "
+            "touch threshold at the best (α, β). Writes heat "
             "maps (PNG), a JSON report and the best point with its 95 % confidence interval "
             "over prompts."
         ),

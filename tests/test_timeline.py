@@ -16,6 +16,7 @@ from kvcxl.emu.sim.sweep import SweepSpec, build_stream
 from kvcxl.emu.timeline import Record, Resources, TransferLog, engine, run
 from kvcxl.emu.timeline import resources as tres
 from kvcxl.emu.timing import TierTiming
+from kvcxl.firmware.config import PolicyConfig
 
 pytest.importorskip("simpy")
 sys.path.insert(0, str(Path(__file__).parent))
@@ -24,6 +25,7 @@ import timeline_reference as ref
 RES = Resources(link_gbps=64.0, dram_gbps=64.0, dram_latency_ns=200.0, nvme_gbps=14.0,
                 nvme_latency_ns=25_000.0)  # fmt: skip
 EB = 4096
+STATIC = PolicyConfig(tier_management="static", cxl_order="fifo")
 
 
 def _log(spec: SweepSpec, seed: int = 0, **opts) -> tuple[TransferLog, Resources]:
@@ -43,7 +45,8 @@ def _log(spec: SweepSpec, seed: int = 0, **opts) -> tuple[TransferLog, Resources
 MULTI_TURN = SweepSpec(workload="multi-turn", steps=30)
 CASES = {
     "multi-turn-lru-pf": (MULTI_TURN, dict(policy="lru", prefetch=True)),
-    "multi-turn-ema-pf": (MULTI_TURN, dict(policy="ema", prefetch=True)),
+    # static tiers: the EMA's cold victims go straight to NVMe (hbm->nvme write-backs)
+    "multi-turn-ema-pf": (MULTI_TURN, dict(policy="ema", prefetch=True, config=STATIC)),
     "cyclic-ema-spill": (
         SweepSpec(workload="cyclic", steps=30),
         dict(policy="ema", prefetch=True, cxl_bytes=64 * 4096),

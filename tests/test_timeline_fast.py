@@ -117,10 +117,13 @@ def test_fast_timeline_equals_numpys(policy: str, mode: str, gran: str) -> None:
 def test_the_cases_move_every_way() -> None:
     """The cases above exercise every move the fast engine makes, and queue for resources."""
     moves, waited = set(), False
+    static = PolicyConfig(tier_management="static", cxl_order="fifo")  # victims to NVMe too
+    runs = (("policy", PolicyConfig()), ("policy", static), ("fill", PolicyConfig()))
     for stream in STREAMS.values():
-        for place in ("policy", "fill"):
+        for place, cfg in runs:
             _rn, _a, rf, b = _replays(stream, policy="ema", budget_bytes=stream.kv_bytes // 10,
-                                      cxl_bytes=stream.kv_bytes // 20, placement=place)  # fmt: skip
+                                      cxl_bytes=stream.kv_bytes // 20, placement=place,
+                                      config=cfg)  # fmt: skip
             s = compiled.run(rf.tl_arrays, Resources.of(rf.opts.timing))
             moves |= set(s.tr_move.tolist())
             waited |= b["timeline"]["queueing"]["demand"]["total_ns"] > 0

@@ -39,7 +39,8 @@ def run_stream(
         budget_bytes=parse_size(budget, total),
         config=config or PolicyConfig(),
         mode="int",
-        placement="fill",
+        # the firmware's placement, as `kvcxl simulate`: with managed tiers (the default)
+        # the host session splits the eligible entries into layers and the RTL picks in each
         record_victims=True,
         engine="numpy",
     )

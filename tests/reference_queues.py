@@ -231,8 +231,10 @@ class S3FifoRef(QueueRef):
         victims: list[int] = []
         while len(victims) < k:
             small_offers = [e for e in self.small if e in offered]
-            if len(self.main) > self.main_share or not small_offers:
-                e = next(e for e in self.main if e in offered)
+            main_offers = [e for e in self.main if e in offered]
+            # a queue that offers nothing is passed over
+            if (len(self.main) > self.main_share or not small_offers) and main_offers:
+                e = main_offers[0]
                 self.main.remove(e)
                 if self.freq[e] >= 1:
                     self.freq[e] = min(self.freq[e], 3) - 1

@@ -25,6 +25,7 @@ READING: an arriving entry evicted because the batch alone overflows leaves no g
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import OrderedDict
 from typing import Any
@@ -231,8 +232,10 @@ class S3FifoRef(QueueRef):
         victims: list[int] = []
         while len(victims) < k:
             small_offers = [e for e in self.small if e in offered]
-            if len(self.main) > self.main_share or not small_offers:
-                e = next(e for e in self.main if e in offered)
+            main_offers = [e for e in self.main if e in offered]
+            # a queue that offers nothing is passed over
+            if (len(self.main) > self.main_share or not small_offers) and main_offers:
+                e = main_offers[0]
                 self.main.remove(e)
                 if self.freq[e] >= 1:
                     self.freq[e] = min(self.freq[e], 3) - 1
@@ -390,10 +393,14 @@ def make(policy: str, capacity: int, cfg: Any) -> QueueRef:
 
 class WTinyLfuRef(QueueRef):
     """docs/policy.md, W-TinyLFU (libCacheSim's): a window LRU, a main cache (SLRU
-    probation/protected, LRU or FIFO), and a counting Bloom filter of frequencies.
+    probation/protected, LRU or FIFO, or one of the plain queues above), and a counting
+    Bloom filter of frequencies.
 
     The sketch here is a plain list of counters; only the hash (XXH64, a primitive checked
     on the specification's vectors in tests/test_policies_wtinylfu.py) is the firmware's.
+    A queue main is the plain queue above at M entries: a window victim joins it by its
+    placement rule (ARC: T2 while a ghost case is pending), a reuse is its reuse, and its
+    victim is its own walk's first victim, found on a copy (kept if the victim leaves).
     """
 
     def __init__(self, capacity: int, cfg: Any) -> None:
@@ -414,6 +421,11 @@ class WTinyLfuRef(QueueRef):
         self.counters = [0] * self.n
         self.period = int(cfg.param("wtinylfu_sample")) * self.m
         self.reuses = 0
+        # a plain queue as the main cache (None: SLRU, LRU or FIFO in prob/prot)
+        self.mq: QueueRef | None = None
+        if self.main in ("clock", "sieve", "s3fifo", "arc"):
+            self.mq = REFS[self.main](self.m, cfg)
+        self.pending = ArcRef.NEW  # ARC main: the ghost case of the last request found there
 
     # the sketch
     def _idx(self, i: int) -> list[int]:
@@ -442,7 +454,10 @@ class WTinyLfuRef(QueueRef):
             self.window.remove(i)
             self.window.append(i)
             return
-        if self.main == "slru":
+        if self.mq is not None:
+            self.mq.reuse(i)
+            self.pending = ArcRef.NEW  # (a request found in the main)
+        elif self.main == "slru":
             self.unplace(i)
             self.prot.append(i)
             while len(self.prot) > self.share[1]:
@@ -467,7 +482,89 @@ class WTinyLfuRef(QueueRef):
     def _main_victim(self, offered: set[int]) -> int | None:
         return next((e for e in self.prob + self.prot if e in offered), None)
 
+    # a plain queue as the main
+    def _members(self) -> list[int]:
+        q = self.mq
+        if isinstance(q, S3FifoRef):
+            return q.small + q.main
+        if isinstance(q, ArcRef):
+            return q.t1 + q.t2
+        assert isinstance(q, (ClockRef, SieveRef))
+        return list(q.q)
+
+    def admit(self, ids: list[int]) -> None:
+        q = self.mq
+        if isinstance(q, ArcRef):  # a request for an id in the main's ghost
+            for i in sorted(ids):
+                if i in q.b1:
+                    q.p = min(q.p + max(len(q.b2) / len(q.b1), 1.0), q.cap)
+                    del q.b1[i]
+                    self.pending = ArcRef.B1
+                elif i in q.b2:
+                    q.p = max(q.p - max(len(q.b1) / len(q.b2), 1.0), 0.0)
+                    del q.b2[i]
+                    self.pending = ArcRef.B2
+        super().admit(ids)
+
+    def _join(self, w: int) -> None:
+        q = self.mq
+        if isinstance(q, ArcRef):
+            (q.t1 if self.pending == ArcRef.NEW else q.t2).append(w)
+            self.pending = ArcRef.NEW
+            return
+        if isinstance(q, S3FifoRef):
+            q.to_main = set()
+            if w in q.ghost:
+                del q.ghost[w]
+                q.to_main = {w}
+        assert q is not None
+        q.place(w)
+
+    def _main_try(self, offered: set[int]) -> tuple[QueueRef | None, int | None]:
+        """The main's victim, by its walk on a copy (the copy after it, to keep if the
+        victim leaves)."""
+        if not any(e in offered for e in self._members()):
+            return None, None
+        trial = copy.deepcopy(self.mq)
+        assert trial is not None
+        if isinstance(trial, ArcRef):
+            trial.case = {0: self.pending}  # the case its eviction runs under
+        got = trial.walk(offered, 1)
+        trial.evicted(got)
+        for v in got:
+            trial.gone(v)
+        if isinstance(trial, ArcRef):
+            trial.case = {}
+        return trial, got[0]
+
     def walk(self, offered: set[int], k: int) -> list[int]:
+        return self._walk_queue_main(offered, k) if self.mq is not None else self._walk(offered, k)
+
+    def _walk_queue_main(self, offered: set[int], k: int) -> list[int]:
+        victims: list[int] = []
+        while len(victims) < k:
+            w = next((e for e in self.window if e in offered), None)
+            if w is None:
+                trial, m = self._main_try(offered)
+                assert m is not None
+                self.mq = trial
+                victims.append(m)
+                continue
+            self.window.remove(w)
+            if len(self._members()) < self.m:
+                self._join(w)
+            else:
+                trial, m = self._main_try(offered)
+                if m is not None and self._est(w) > self._est(m):
+                    self.mq = trial
+                    victims.append(m)
+                    self._join(w)
+                else:
+                    victims.append(w)
+            self._add(w)
+        return victims
+
+    def _walk(self, offered: set[int], k: int) -> list[int]:
         victims: list[int] = []
         while len(victims) < k:
             w = next((e for e in self.window if e in offered), None)

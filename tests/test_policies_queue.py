@@ -57,6 +57,17 @@ def test_s3fifo_small_queue_ghost_and_return_to_main():
     assert pol.queue[0] == MAIN and pol.queue[20] == SMALL and pol.queue[2] == MAIN
 
 
+def test_s3fifo_passes_over_a_queue_that_offers_nothing():
+    # capacity 20: small 2, main 18.  0..19 fill, 20 evicts 0 (ghost), 0 returns to main
+    # evicting small's 1: main holds 19 (> 18), small holds 20.  A batch reads all of main
+    # and a new 21: main is over its share, but every entry of it was read in this batch
+    # (not offered), so small's tail 20 goes.
+    batches = [np.array([r]) for r in [*range(21), 0]] + [np.array([0, *range(2, 20), 21])]
+    res = replay("s3fifo", batches, 20, config=CLASSIC, record_victims=True)
+    assert res.audit["wrong_victims"] == 0
+    assert [int(v[1]) for v in res.victims] == [0, 1, 20]
+
+
 def replay_policy(reqs: list[int], capacity: int):
     from kvcxl.firmware.cache import PolicyCache
     from kvcxl.firmware.policies import make_policy

@@ -4,13 +4,14 @@ Three checks of one policy (docs/policy.md, "W-TinyLFU"):
 
 * libCacheSim 0.3.5's ``WTinyLFU`` on one-byte objects (its sketch then has 14.4
   counters per main entry, so hash collisions and the halving both happen): equal hits,
-  with the SLRU, LRU and FIFO mains;
+  with every main it takes (SLRU, LRU, FIFO, CLOCK, SIEVE, ARC; it refuses S3-FIFO);
 * the same through the CLI path at pressure (``kvcxl trace export`` → ``kvcxl simulate
   --granularity request``; simulator hits = libCacheSim hits + distinct objects, as for
-  the other policies in tests/test_firmware_libcachesim.py);
+  the other policies in tests/test_firmware_libcachesim.py), ARC excepted (its p in bytes
+  degenerates with entries of 4 KiB, docs/policy.md);
 * the plain version of tests/reference_queues.py, victim for victim, at layer and request
   granularity (batches, arrivals, protected reads), with settings that make the sketch
-  collide and halve.
+  collide and halve, and with every main (S3-FIFO's only check beyond the fast engine's).
 
 Equality needs whole shares, as libCacheSim's sizes are bytes truncated at each split:
 the window trunc(capacity × window) and, for the SLRU main, probation + protected = main.
@@ -19,6 +20,8 @@ the window trunc(capacity × window) and, for the SLRU main, probation + protect
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -66,9 +69,19 @@ def test_the_integer_form_of_xxh64_is_the_byte_form():
 
 
 def test_a_main_outside_the_list_is_refused_by_name():
-    with pytest.raises(ConfigError, match=r"wtinylfu_main = 'clock'.*'slru', 'lru' or 'fifo'"):
-        PolicyConfig.from_mapping({"wtinylfu_main": "clock"})
-    assert MAINS == ("slru", "lru", "fifo")
+    names = r"'slru', 'lru', 'fifo', 'clock', 'sieve', 's3fifo' or 'arc'"
+    with pytest.raises(ConfigError, match=rf"wtinylfu_main = 'lfu'.*{names}"):
+        PolicyConfig.from_mapping({"wtinylfu_main": "lfu"})
+    assert MAINS == ("slru", "lru", "fifo", "clock", "sieve", "s3fifo", "arc")
+    for name in MAINS:
+        PolicyConfig.from_mapping({"wtinylfu_main": name})
+
+
+def test_a_main_too_small_for_s3fifo_is_refused_naming_both():
+    from kvcxl.firmware.policies import CapacityTooSmall
+
+    with pytest.raises(CapacityTooSmall, match=r"wtinylfu: its main cache holds 9 entries; s3fifo"):
+        replay("wtinylfu", [np.array([0])], 10, config=CLASSIC.with_(wtinylfu_main="s3fifo"))
 
 
 def victims(reqs: list[int], capacity: int, **params: object) -> list[int]:
@@ -129,10 +142,26 @@ def whole(capacity: int, window: float, unit: int = 1, main: str = "slru") -> bo
     return sum(segs) == m and segs == [int(1 / 5 * mb) // unit, int(4 / 5 * mb) // unit]
 
 
-@pytest.mark.parametrize("main", MAINS)
+# The mains libCacheSim's WTinyLFU takes (main-cache=; it aborts on S3FIFO, tested below).
+PEER_MAINS = [m for m in MAINS if m != "s3fifo"]
+
+
+def test_libcachesim_refuses_s3fifo_as_the_main_cache():
+    """Why S3-FIFO's main is checked against the plain reference only: the wheel aborts."""
+    code = "import libcachesim as l; l.WTinyLFU(100, main_cache='{}'); print('made')"
+    ok = subprocess.run([sys.executable, "-c", code.format("SIEVE")], capture_output=True,
+                        text=True, timeout=120)  # fmt: skip
+    assert ok.returncode == 0 and "made" in ok.stdout
+    refused = subprocess.run([sys.executable, "-c", code.format("S3FIFO")], capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+    assert refused.returncode != 0 and "made" not in refused.stdout
+    assert "WTinyLFU does not support S3FIFO" in refused.stdout + refused.stderr
+
+
+@pytest.mark.parametrize("main", PEER_MAINS)
 @pytest.mark.parametrize(
-    "capacity,window,seed,a", [(55, 0.1, 1, 0.9), (100, 0.1, 2, 1.1), (510, 0.02, 3, 0.9),
-                               (1000, 0.01, 4, 1.1)]
+    "capacity,window,seed,a", [(40, 0.25, 5, 0.8), (55, 0.1, 1, 0.9), (100, 0.1, 2, 1.1),
+                               (200, 0.05, 6, 0.7), (510, 0.02, 3, 0.9), (1000, 0.01, 4, 1.1)]
 )  # fmt: skip
 def test_hits_equal_libcachesim_on_one_byte_objects(tmp_path, main, capacity, window, seed, a):
     # (no audit here: the reference test below audits every pass; this one is about hits)
@@ -167,8 +196,10 @@ PRESSURE = {
 }
 FRACTIONS = (0.10, 0.20, 0.30)
 # Windows whose shares are whole at capacities of a few hundred 4 KiB entries (1 % needs
-# multiples of 500 with the SLRU main; the one-byte test above runs the default).
-CLI_MAINS = [("slru", 0.1), ("slru", 0.2), ("lru", 0.05), ("fifo", 0.1)]
+# multiples of 500 with the SLRU main; the one-byte test above runs the default).  Not ARC:
+# libCacheSim moves its p by whole bytes, below one entry of 4 KiB (docs/policy.md).
+CLI_MAINS = [("slru", 0.1), ("slru", 0.2), ("lru", 0.05), ("fifo", 0.1), ("clock", 0.1),
+             ("sieve", 0.05)]  # fmt: skip
 
 
 def _capacity(target: int, window: float, unit: int, main: str) -> int:
@@ -220,6 +251,27 @@ SETTINGS = [
     {},  # the defaults (SLRU main, 1 % window, libCacheSim's sketch)
     {"wtinylfu_main": "lru", "wtinylfu_window": 0.2},
     {"wtinylfu_main": "fifo", "wtinylfu_window": 0.1},
+    {"wtinylfu_main": "clock", "wtinylfu_window": 0.1, "clock_bits": 2},
+    {"wtinylfu_main": "sieve", "wtinylfu_window": 0.2},
+    {"wtinylfu_main": "s3fifo", "wtinylfu_window": 0.1},
+    {"wtinylfu_main": "arc", "wtinylfu_window": 0.05},
+    # S3-FIFO's own parameters, ARC with a wide window; narrow sketches that halve often
+    {
+        "wtinylfu_main": "s3fifo",
+        "wtinylfu_window": 0.3,
+        "s3fifo_small_ratio": 0.3,
+        "s3fifo_ghost_ratio": 0.5,
+        "s3fifo_move_threshold": 1,
+        "wtinylfu_sketch_width": 0.5,
+        "wtinylfu_sketch_hashes": 2,
+        "wtinylfu_sample": 1,
+    },
+    {
+        "wtinylfu_main": "arc",
+        "wtinylfu_window": 0.3,
+        "wtinylfu_sketch_width": 0.5,
+        "wtinylfu_sample": 1,
+    },
     # a narrow sketch (collisions), a halving every main reuse, a wide window
     {
         "wtinylfu_window": 0.3,

@@ -10,9 +10,12 @@ sweep covers workloads and traces (entries written on first read), the three
 granularities, budgets from capacity misses only to mostly hits, small CXL DRAM (spill),
 metadata not persistent with pins asked for, and each policy's own parameters; a
 capacity the firmware refuses (S3-FIFO's small queue under two entries) is refused alike.
-W-TinyLFU's sweep covers its three mains and sketches that collide and halve (checked
-on the firmware's sketch as the sweep runs), and capacities of a few entries (no main
-cache: nothing to refuse, both engines replay them alike).
+W-TinyLFU's sweep covers each of its seven mains (the queue policies CLOCK, SIEVE, S3-FIFO
+and ARC with their own parameters, played on layers of the main's state in the fast
+engine) at every granularity and the engine's settings, sketches that collide and halve
+(checked on the firmware's sketch as the sweep runs), and capacities of a few entries
+(a main of none or a few entries; S3-FIFO's refused alike where its small queue would
+hold one entry or less).
 The fast engine is also checked against the plain queues written from the docs
 (tests/reference_queues.py), as tests/test_sim_differential.py checks the numpy engine.
 """
@@ -29,6 +32,7 @@ from kvcxl.emu.sim.simulator import GRANULARITIES, SimOptions, simulate
 from kvcxl.emu.workloads import compile_workload, make_workload
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.policies import CapacityTooSmall
+from kvcxl.firmware.policies.wtinylfu import MAINS
 
 QUEUES = ("arc", "clock", "s3fifo", "sieve", "slru", "wtinylfu")
 # Each policy's own parameters (firmware/policies/*.py `parameters`), defaults first.
@@ -67,8 +71,24 @@ PARAMS: dict[str, list[dict[str, Any]]] = {
             "wtinylfu_sketch_hashes": 1,
             "wtinylfu_sample": 3,
         },
+        # the queue policies as mains, with their own parameters
+        {"wtinylfu_main": "clock", "wtinylfu_window": 0.1},
+        {"wtinylfu_main": "clock", "clock_bits": 3, "wtinylfu_window": 0.3},
+        {"wtinylfu_main": "sieve", "wtinylfu_window": 0.05, "wtinylfu_sample": 2},
+        {"wtinylfu_main": "s3fifo", "wtinylfu_window": 0.1},
+        {
+            "wtinylfu_main": "s3fifo",
+            "s3fifo_small_ratio": 0.3,
+            "s3fifo_ghost_ratio": 0.25,
+            "s3fifo_move_threshold": 1,
+            "wtinylfu_window": 0.2,
+        },
+        {"wtinylfu_main": "arc", "wtinylfu_window": 0.1},
+        {"wtinylfu_main": "arc", "wtinylfu_window": 0.02, "wtinylfu_sample": 1},
     ],
 }
+SKETCHES = PARAMS["wtinylfu"][2:5]  # W-TinyLFU's sketches that collide and halve
+QUEUE_MAINS = ("clock", "sieve", "s3fifo", "arc")
 # The engine's own settings the sweep varies (the fast engine's other rules are defaults).
 SETTINGS: list[dict[str, Any]] = [
     {},
@@ -118,8 +138,9 @@ def test_the_queue_policies_replay_on_the_fast_engine(policy: str) -> None:
     assert simulate(stream, opts)["engine"] == "fast"
 
 
-@pytest.mark.parametrize("policy", QUEUES)
-def test_workloads_and_traces_replay_identically(policy: str) -> None:
+def _sweep(policy: str, params: list[dict[str, Any]]) -> None:
+    """Every stream and granularity, twice each, cycling budgets, the engine's settings,
+    ``params``, small CXL DRAM and warm-up steps."""
     k = 0
     victims = hits = 0
     for name, stream in _sweep_streams().items():
@@ -128,7 +149,7 @@ def test_workloads_and_traces_replay_identically(policy: str) -> None:
             for _ in range(2):
                 k += 1
                 budget = BUDGETS[k % len(BUDGETS)]
-                cfg = {**SETTINGS[k % len(SETTINGS)], **PARAMS[policy][k % len(PARAMS[policy])]}
+                cfg = {**SETTINGS[k % len(SETTINGS)], **params[k % len(params)]}
                 cxl = (None, kv // 20)[(k // 2) % 2]
                 desc = f"{policy} {name} {gran} budget {budget} cxl {cxl} {cfg}"
                 v, h = _replay(
@@ -138,6 +159,19 @@ def test_workloads_and_traces_replay_identically(policy: str) -> None:
                 victims += v
                 hits += h
     assert victims > 0 and hits > 0  # (the sweep evicts and hits: it compares walks)
+
+
+@pytest.mark.parametrize("policy", QUEUES)
+def test_workloads_and_traces_replay_identically(policy: str) -> None:
+    _sweep(policy, PARAMS[policy])
+
+
+@pytest.mark.parametrize("main", QUEUE_MAINS)
+def test_wtinylfu_with_each_queue_main_replays_identically(main: str) -> None:
+    """The sweep above for one queue-policy main: its parameter sets, then a sketch that
+    collides and halves under it."""
+    own = [p for p in PARAMS["wtinylfu"] if p.get("wtinylfu_main") == main]
+    _sweep("wtinylfu", [*own, {**SKETCHES[0], "wtinylfu_main": main}])
 
 
 @pytest.mark.parametrize("policy", QUEUES)
@@ -217,7 +251,7 @@ def sketch_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     return seen
 
 
-@pytest.mark.parametrize("main", ["slru", "lru", "fifo"])
+@pytest.mark.parametrize("main", MAINS)
 def test_wtinylfu_sketches_that_halve_and_collide_replay_identically(
     main: str, sketch_events: list[tuple[int, int]]
 ) -> None:
@@ -230,7 +264,7 @@ def test_wtinylfu_sketches_that_halve_and_collide_replay_identically(
         kv = stream.kv_bytes
         for gran in ("layer", "step"):
             for budget in (0.05, 0.2, 0.5, 0.7):
-                for params in PARAMS["wtinylfu"][2:]:
+                for params in SKETCHES:
                     cfg = {**params, "wtinylfu_main": main}
                     desc = f"wtinylfu {name} {gran} budget {budget} {cfg}"
                     _replay(stream, "wtinylfu", cfg, desc, granularity=gran,
@@ -239,24 +273,26 @@ def test_wtinylfu_sketches_that_halve_and_collide_replay_identically(
     assert any(ids > counters for counters, ids in sketch_events), "no sketch collided"
 
 
-@pytest.mark.parametrize("entries", [0, 1, 2, 3, 5])
+@pytest.mark.parametrize("entries", [0, 1, 2, 3, 5, 12])
 def test_wtinylfu_at_a_few_entries_replays_identically(entries: int) -> None:
     """A cache of a few entries: a window of one, a main cache of none or a few (a sketch
     of one counter, a reset period of 0 or a few reuses).  The firmware refuses none of
-    these capacities (no CapacityTooSmall): both engines replay each alike."""
+    these capacities but where S3-FIFO's small queue would hold one entry or less (a main
+    of 2 to 10 entries at its 10 %): both engines replay each alike, or refuse it alike."""
     stream = _sweep_streams()["zipf-sessions"]
     eb = stream.shape.entry_bytes
+    refused = 0
     for gran in GRANULARITIES:
-        for main in ("slru", "lru", "fifo"):
+        for main in MAINS:
             cfg = {"wtinylfu_main": main}
             desc = f"wtinylfu {main} {gran} at {entries} entries"
-            config = PolicyConfig.from_mapping(cfg)
-            a, b = _both(stream, policy="wtinylfu", config=config, granularity=gran,
-                         budget_bytes=entries * eb)  # fmt: skip
-            assert_same(a, b, desc)
+            got = _replay(stream, "wtinylfu", cfg, desc, granularity=gran,
+                          budget_bytes=entries * eb)  # fmt: skip
+            refused += got == (0, 0) and entries > 1
+    assert refused == (len(GRANULARITIES) if 2 <= entries <= 11 else 0)
 
 
-@pytest.mark.parametrize("main", ["slru", "lru", "fifo"])
+@pytest.mark.parametrize("main", MAINS)
 def test_wtinylfu_with_a_narrow_sketch_matches_the_plain_reference(main: str) -> None:
     """The fast engine against tests/reference_queues.py (its own sketch: a list of
     counters over the byte form of XXH64) where the counters collide and halve, so the

@@ -76,6 +76,11 @@ class ArcPolicy(QueuePolicy):
             self.unlink(i)
             self.push(i, T2)
 
+    def walk_cases(self) -> list[int]:
+        """The case of each eviction of the pass, in order (the arriving entries', by id);
+        evictions past the list are NEW."""
+        return [self._case[i] for i in sorted(self._case)]
+
     def walk(self, k: int, tick: Tick) -> tuple[NDArray, dict]:
         t1, t2 = self.cursor(T1), self.cursor(T2)
         n1, n2 = self.live(T1), self.live(T2)
@@ -86,7 +91,7 @@ class ArcPolicy(QueuePolicy):
         g1, g2 = _ghost_order(self.b1, new_b1), _ghost_order(self.b2, new_b2)
         drop: list[int] = []  # ghost ids the pass drops
         victims: list[int] = []
-        cases = [self._case[i] for i in sorted(self._case)]
+        cases = self.walk_cases()
         cap = self.capacity
         while len(victims) < k:
             case = cases[len(victims)] if len(victims) < len(cases) else NEW

@@ -7,7 +7,9 @@ evict from main — its tail entry with a counter above zero is moved to the hea
 min(counter, 3) − 1 (a 2-bit CLOCK), one at zero is the victim; otherwise take the small
 queue's tail — with a counter ≥ ``s3fifo_move_threshold`` it moves to the head of main with
 counter 0 (and the walk goes on in small), else it is the victim and its id enters the
-ghost (oldest ghost id dropped beyond ``s3fifo_ghost_ratio`` × capacity).
+ghost (oldest ghost id dropped beyond ``s3fifo_ghost_ratio`` × capacity).  A queue that
+offers nothing (its entries pinned or read in this batch) is passed over: main's turn
+then goes to small.
 
 Placement rule of libCacheSim's current S3FIFO: until the cache has first evicted, a new
 entry that finds small full goes to main.  This is libCacheSim's S3FIFO (0.3.5 wheel) step
@@ -119,8 +121,9 @@ class S3FifoPolicy(QueuePolicy):
 
     def walk(self, k: int, tick: Tick) -> tuple[NDArray, dict]:
         small = self.cursor(SMALL)
-        main_extra: deque[int] = deque()
-        main = self.walk_moves(MAIN, main_extra)
+        main_extra: deque[int] = deque()  # entries the walk moved to main's head, in order
+        main_live = self.cursor(MAIN)
+        main_next = next(main_live, NONE)  # main's next offered entry not yet looked at
         n_main = self.live(MAIN)
         threshold = self.params.s3fifo_move_threshold
         freq: dict[int, int] = {}
@@ -129,10 +132,14 @@ class S3FifoPolicy(QueuePolicy):
         moved: list[tuple[int, int]] = []  # (id, queue) in the order they reached a head
         small_next = next(small, NONE)  # the offered tail of small (NONE: none left)
         while len(victims) < k:
-            if n_main > self.main_share or small_next == NONE:
-                i = next(main, NONE)
-                if i == NONE:  # nothing offered in either queue (k never exceeds it)
-                    raise AssertionError("s3fifo walk ran out of entries")
+            main_offers = main_next != NONE or bool(main_extra)
+            # from main when it is over its share or small offers nothing, unless main
+            # offers nothing (its entries pinned or read in this batch): then small
+            if (n_main > self.main_share or small_next == NONE) and main_offers:
+                if main_next != NONE:
+                    i, main_next = main_next, next(main_live, NONE)
+                else:
+                    i = main_extra.popleft()
                 f = freq.get(i, int(self.freq[i]))
                 if f >= 1:
                     freq[i] = min(f, MAIN_CAP) - 1
@@ -141,6 +148,8 @@ class S3FifoPolicy(QueuePolicy):
                 else:
                     victims.append(i)
                     n_main -= 1
+            elif small_next == NONE:  # nothing offered in either queue (k never exceeds it)
+                raise AssertionError("s3fifo walk ran out of entries")
             else:
                 while small_next != NONE:
                     i, small_next = small_next, next(small, NONE)

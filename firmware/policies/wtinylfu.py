@@ -8,14 +8,19 @@ libCacheSim's WTinyLFU, the form checked hit for hit in tests/test_policies_wtin
   fills, every entry stays in the window; the first eviction moves window tails into the
   main cache until it is full.
 * A reuse in the window moves the entry to the window's head; a reuse in the main cache
-  is the main policy's (``wtinylfu_main``): ``slru`` (the published default: probation of
-  trunc(M × ``wtinylfu_probation``) and protected of trunc(M × (1 − that)) entries; a
-  reuse moves to protected's head, protected's overflow cools its tail to probation's
-  head), ``lru`` (to the head) or ``fifo`` (no move).  A new main entry joins the lowest
-  segment with room, else probation.
+  is the main policy's own (``wtinylfu_main``).  Three mains live in W-TinyLFU's own
+  queues: ``slru`` (the published default: probation of trunc(M × ``wtinylfu_probation``)
+  and protected of trunc(M × (1 − that)) entries; a reuse moves to protected's head,
+  protected's overflow cools its tail to probation's head; a new main entry joins the
+  lowest segment with room, else probation), ``lru`` (to the head) and ``fifo`` (no
+  move).  ``clock``, ``sieve``, ``s3fifo`` and ``arc`` are the queue policies of those
+  names, an instance of each one's own class with its own parameters
+  (:mod:`kvcxl.firmware.policies.main_cache`): a window victim joins by the policy's
+  admission rule, a reuse is its ``on_access``, its victim is its walk's first.
 * To evict one entry: take the window's tail w.  If the main cache has room, w moves into
   it and the pass goes on with the next window tail.  Otherwise w is compared with the
-  main's victim m (probation's tail, else protected's): w replaces m only if its
+  main's victim m (probation's tail, else protected's; a queue policy's walk's first
+  victim, the walk committed if m leaves): w replaces m only if its
   estimated frequency is strictly greater, else w is the victim.  Either way w is counted
   once more in the sketch.  With the window empty, the main's victim goes.
 * The sketch (:mod:`kvcxl.firmware.sketch`) counts an entry when it is admitted (after
@@ -30,12 +35,15 @@ access); there is no doorkeeper and counters are 32-bit (the paper: 4-bit counte
 behind a Bloom filter); one eviction decides one window victim (libCacheSim's source
 loops on after an admission, but the 0.3.5 wheel decides one per eviction, measured).
 
-The mains are, for now, those whose victim is a plain read of ordered lists (a victim
-chosen without changing state, as the comparison needs): LRU, FIFO and SLRU.  CLOCK,
-SIEVE, S3-FIFO and ARC move or clear entries while they look for a victim; their
-``select`` computes that walk without changing state (``on_evict`` commits it), which is
-how they could serve as mains, not built yet.  The attention policies rank scores the
-sketch does not keep.
+Within one pass the main changes as the comparisons go (m leaves, w joins, the next
+comparison sees both), yet the walk must not change state: the built-in mains are read
+as lists the walk extends (the entries it moved to a segment's head follow that
+segment's offered entries); a queue-policy main is played on a clone, which ``on_evict``
+adopts when it commits the pass.  libCacheSim's WTinyLFU takes CLOCK, SIEVE and ARC as
+mains (equal hit for hit, tests/test_policies_wtinylfu.py; its ARC's ghost case is the
+request's, :class:`~kvcxl.firmware.policies.main_cache.ArcMain`) and refuses S3-FIFO,
+which is checked against the plain reference instead.  The attention policies rank
+scores the sketch does not keep.
 
 The victim order has no closed form (it depends on the sketch and on the main's room),
 so ``priority`` is the rank in the walk, as for S3-FIFO.
@@ -51,11 +59,14 @@ from numpy.typing import NDArray
 
 from ..params import REAL, Param, in_range, one_of
 from ..sketch import FrequencySketch, counters_per_element, hashes_for
-from .base import Tick, register
+from .base import CapacityTooSmall, Tick, register
+from .main_cache import MAIN_POLICIES, MainCache
 from .queued import NONE, QueuePolicy
 
 WINDOW, PROBATION, PROTECTED = 1, 2, 3
-MAINS = ("slru", "lru", "fifo")  # main policies with a read-only victim (docstring)
+# The mains: SLRU, LRU and FIFO kept in W-TinyLFU's own queues, then the queue policies it
+# drives as their own classes (policies/main_cache.py).
+MAINS = ("slru", "lru", "fifo", *MAIN_POLICIES)
 _DEFAULT_ERROR = 0.001  # libCacheSim's sketch: 0.1 % false positives (10 hashes)
 
 WTINYLFU_WINDOW = Param(
@@ -68,11 +79,12 @@ WTINYLFU_WINDOW = Param(
     default=0.01,
 )
 WTINYLFU_MAIN = Param(
-    "'slru', 'lru' or 'fifo'",
+    ", ".join(map(repr, MAINS[:-1])) + f" or {MAINS[-1]!r}",
     one_of(*MAINS),
     str,
     "W-TinyLFU's main cache behind the admission filter: 'slru' (probation + protected, "
-    "the published default), 'lru' or 'fifo' (libCacheSim main-cache).",
+    "the published default), 'lru', 'fifo', or the queue policy of that name with its own "
+    "parameters (libCacheSim main-cache; it refuses 's3fifo').",
     default="slru",
 )
 WTINYLFU_PROBATION = Param(
@@ -112,8 +124,9 @@ WTINYLFU_SAMPLE = Param(
 @register
 class WTinyLfuPolicy(QueuePolicy):
     name = "wtinylfu"
-    summary = "W-TinyLFU: window LRU + SLRU/LRU/FIFO main, TinyLFU sketch admission"
+    summary = "W-TinyLFU: window LRU + a main cache (SLRU, ...), TinyLFU sketch admission"
     n_queues = 3
+    main: MainCache | None = None  # a queue policy as the main (else SLRU, LRU or FIFO here)
     parameters = {
         "wtinylfu_window": WTINYLFU_WINDOW,
         "wtinylfu_main": WTINYLFU_MAIN,
@@ -141,12 +154,28 @@ class WTinyLfuPolicy(QueuePolicy):
             )
         else:
             self.shares = (self.main_share, 0)
+        self.main = None
+        if p.wtinylfu_main in MAIN_POLICIES:
+            main = MAIN_POLICIES[p.wtinylfu_main](self.config, self.table)
+            main.ensure(self.seq.size)
+            try:
+                main.set_capacity(self.main_share)
+            except CapacityTooSmall as e:
+                raise CapacityTooSmall(
+                    f"wtinylfu: its main cache holds {self.main_share} entries; {e}"
+                ) from None
+            self.main = main
         n = max(1, math.ceil(p.wtinylfu_sketch_width * self.main_share))
         self.sketch = FrequencySketch(n, p.wtinylfu_sketch_hashes)
         self.period = p.wtinylfu_sample * self.main_share
         self.reuses = 0  # main-cache reuses since the last halving
         self._pending: list[int] = []  # admitted, counted after the pass (libCacheSim order)
         self._pending_time = -1
+
+    def ensure(self, n: int) -> None:
+        super().ensure(n)
+        if self.main is not None:
+            self.main.ensure(n)
 
     # --- the sketch's order of events ------------------------------------------------
     def _flush(self) -> None:
@@ -155,6 +184,8 @@ class WTinyLfuPolicy(QueuePolicy):
 
     def on_insert(self, ids: NDArray, tick: Tick) -> None:
         self._flush()
+        if self.main is not None:
+            self.main.admitted(np.sort(np.asarray(ids, dtype=np.int64)))
         super().on_insert(ids, tick)
         self._pending = self._arriving.tolist()
         self._pending_time = tick.time
@@ -168,13 +199,17 @@ class WTinyLfuPolicy(QueuePolicy):
             self._flush()
         ids = np.asarray(ids, dtype=np.int64)
         main = self.params.wtinylfu_main
-        for i in ids[self.first_reads(ids)].tolist():  # in read order
+        reuse = np.flatnonzero(self.first_reads(ids))
+        in_main: list[int] = []  # positions in ids of the reuses in a queue-policy main
+        for j, i in zip(reuse.tolist(), ids[reuse].tolist(), strict=True):  # in read order
             q = int(self.queue[i])
             if q == WINDOW:
                 self.unlink(i)
                 self.push(i, WINDOW)
                 continue
-            if main == "slru":
+            if self.main is not None:
+                in_main.append(j)
+            elif main == "slru":
                 self.unlink(i)
                 self.push(i, PROTECTED)
                 while self.count[PROTECTED] > self.shares[1]:
@@ -189,16 +224,35 @@ class WTinyLfuPolicy(QueuePolicy):
             if self.reuses >= self.period:
                 self.reuses = 0
                 self.sketch.halve()
+        if in_main:  # the main policy's own reuse, in read order
+            assert self.main is not None
+            self.main.on_access(ids[in_main], np.asarray(weights)[in_main], tick)
 
     def on_evict(self, ids: NDArray, tick: Tick) -> None:
+        ids = np.asarray(ids, dtype=np.int64)
         plan = self._plan
+        committed = plan is not None and np.array_equal(np.sort(ids), plan["victims"])
+        if self.main is not None and not committed:
+            # not this pass's walk (a placement demotion): the main just lets them go
+            self.main.on_evict(ids[self.main.queue[ids] != 0], tick)
         super().on_evict(ids, tick)
-        if plan is not None and np.array_equal(np.sort(ids), plan["victims"]):
+        if committed:
             self.sketch.add_all(plan["counted"])
         self._flush()  # the batch's arrivals, after the pass (libCacheSim inserts last)
 
+    def commit(self, plan: dict) -> None:
+        main = plan.get("main")
+        if main is None:
+            super().commit(plan)
+            return
+        for i, _ in plan["moved"]:  # out of the window: the main (now the walk's) has them
+            self.unlink(i)
+        self.main = main
+
     # --- the pass --------------------------------------------------------------------
     def walk(self, k: int, tick: Tick) -> tuple[NDArray, dict]:
+        if self.main is not None:
+            return self._walk_main(k, tick)
         window = self.cursor(WINDOW)
         # Each main segment as the walk sees it: its offered entries tail first, then those
         # the walk moved to its head (in the order they arrived there).
@@ -254,6 +308,64 @@ class WTinyLfuPolicy(QueuePolicy):
                     victims.append(w)
             count(w)
         return np.asarray(victims, np.int64), {"moved": moved, "counted": counted}
+
+    def _walk_main(self, k: int, tick: Tick) -> tuple[NDArray, dict]:
+        """The walk with a queue policy as the main: the same decisions, the main's part
+        played on a clone of it (policies/main_cache.py), which the commit adopts."""
+        assert self.main is not None
+        main = self.main.clone()
+        main._ok = self._ok.copy()  # the offered entries (the arriving are in the window)
+        window = self.cursor(WINDOW)
+        n_main = main.members()
+        members = np.flatnonzero(main.queue)
+        n_offered = int(np.count_nonzero(main._ok[members]))  # the main's that may leave
+        pending: Counter[int] = Counter()
+        victims: list[int] = []
+        moved: list[tuple[int, int]] = []
+        counted: list[int] = []
+        peeked: tuple[int, dict] | None = None  # the main's victim while the main is unchanged
+
+        def main_victim() -> tuple[int, dict]:
+            nonlocal peeked
+            if peeked is None:
+                peeked = main.peek(tick)
+            return peeked
+
+        def pop() -> None:
+            nonlocal peeked, n_offered
+            m, plan = main_victim()
+            main.pop(m, plan, tick)
+            victims.append(m)
+            n_offered -= 1
+            peeked = None
+
+        def join(w: int) -> None:
+            nonlocal peeked, n_offered
+            main.join(w, tick)
+            moved.append((w, 0))
+            n_offered += 1  # (offered: it came from the window's offered entries)
+            peeked = None
+
+        while len(victims) < k:
+            w = next(window, NONE)
+            if w == NONE:
+                pop()
+                n_main -= 1
+                continue
+            if n_main < self.main_share:
+                join(w)
+                n_main += 1
+            else:
+                est = self.sketch.estimate
+                if n_offered and est(w, pending) > est(main_victim()[0], pending):
+                    pop()
+                    join(w)
+                else:
+                    victims.append(w)
+            counted.append(w)
+            pending.update(self.sketch.indices(w))
+        main._ok = np.zeros_like(main._ok)
+        return np.asarray(victims, np.int64), {"moved": moved, "counted": counted, "main": main}
 
     def priority(self, ids: NDArray, tick: Tick) -> NDArray:
         return self.walk_rank(ids, tick)

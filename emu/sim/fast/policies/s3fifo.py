@@ -95,15 +95,14 @@ def _walk(ps, k, out, ext, wval, wst, ghl):  # type: ignore[no-untyped-def]
     mi = Q.next_offered(ps, ps.tail[MAIN])  # main's cursor, then the ring
     lo = hi = nv = ng = 0
     while nv < k:
-        if n_main > ps.main_share or small == Q.NONE:
+        # from main when over its share or small offers nothing, unless main offers nothing
+        if (n_main > ps.main_share or small == Q.NONE) and (mi != Q.NONE or lo < hi):
             if mi != Q.NONE:
                 i = mi
                 mi = Q.next_offered(ps, ps.newer[mi])
-            elif lo < hi:
+            else:
                 i = ext[lo % ext.size]
                 lo += 1
-            else:
-                raise AssertionError("s3fifo walk ran out of entries")
             f = wval[i] if wst[i] == p else ps.freq[i]
             if f >= 1:
                 wval[i] = min(f, MAIN_CAP) - 1
@@ -113,6 +112,8 @@ def _walk(ps, k, out, ext, wval, wst, ghl):  # type: ignore[no-untyped-def]
                 out[nv] = i
                 nv += 1
                 n_main -= 1
+        elif small == Q.NONE:
+            raise AssertionError("s3fifo walk ran out of entries")
         else:
             while small != Q.NONE:
                 i = small

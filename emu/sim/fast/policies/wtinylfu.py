@@ -12,6 +12,12 @@ each segment's offered entries), the moved ids and their queues, and the counted
 The batch's arrivals are counted after the pass (``pend``, the firmware's ``_pending``).
 The firmware has no closed-form priority: a victim's is minus its rank in a walk over the
 pass's victims alone (QueuePolicy.walk_rank), run on the uncommitted state.
+
+A queue policy as the main (CLOCK, SIEVE, S3-FIFO, ARC: _tinymains.py) keeps its state in
+layers (_layers.py): the pass plays the main's part in a layer over the live state (V1;
+V2 for the rank walk), each operation in a layer over that (a peek whose victim stays is
+dropped), and the commit merges the pass into the live state.  A reuse in the main and an
+admission (ARC's ghosts) change the live state at once.
 """
 
 from __future__ import annotations
@@ -23,13 +29,17 @@ from kvcxl.firmware.policies.wtinylfu import MAINS, PROBATION, PROTECTED, WINDOW
 from kvcxl.firmware.sketch import counter_index, id_hashes
 
 from ..hooks import Setup
+from . import _layers as L
 from . import _queued as Q
+from . import _tinymains as M
 
 COVERS = (("wtinylfu", "float"),)
 State = Q.state_class(
     __name__,
     ("idx", "cnt", "padd", "pend", "ws", "ws2", "arrv2", "rk",
-     "main", "p_share", "s_share", "main_share", "period", "hashes", "counters"),
+     "main", "p_share", "s_share", "main_share", "period", "hashes", "counters",
+     "lcol", "lst", "ltouch", "lhd", "lpf", "lmeta",
+     "clock_max", "s3_small", "s3_main", "s3_ghost", "s3_threshold", "arc_cap"),
 )  # fmt: skip
 # own scalars: main-cache reuses since the halving, pending arrivals and their batch time,
 # the held walk's moves and counted window victims
@@ -37,6 +47,7 @@ _REUSES, _NPEND, _PTIME, _NM, _NC = Q.OWN, Q.OWN + 1, Q.OWN + 2, Q.OWN + 3, Q.OW
 # rows of a walk's scratch
 _EXT_P, _EXT_S, _MOVED, _MOVED_Q, _COUNTED = 0, 1, 2, 3, 4
 _SLRU, _LRU = MAINS.index("slru"), MAINS.index("lru")
+_QUEUE_MAIN = min(M.CLOCK, M.SIEVE, M.S3FIFO, M.ARC)  # codes from here on: a queue policy
 
 
 def build(setup: Setup) -> State:
@@ -45,6 +56,14 @@ def build(setup: Setup) -> State:
     ha, hb = id_hashes(np.arange(n, dtype=np.int64))
     idx = counter_index(ha[:, None], hb[:, None], np.arange(sketch.k), sketch.n)
     small = np.int32 if sketch.n <= np.iinfo(np.int32).max else np.int64  # (half the bytes)
+    main = policy.main  # the queue-policy main (WTinyLfuPolicy.set_capacity's), or None
+
+    def par(name: str, default: float) -> float:
+        return getattr(main, name, default) if main is not None else default
+
+    def own(name: str, default: int) -> int:  # the main's own parameter
+        return int(getattr(main.params, name, default)) if main is not None else default
+
     st = State(
         **Q.base(setup, 3),
         idx=idx.astype(small), cnt=np.zeros_like(sketch.count),
@@ -55,6 +74,12 @@ def build(setup: Setup) -> State:
         p_share=int(policy.shares[0]), s_share=int(policy.shares[1]),
         main_share=int(policy.main_share), period=int(policy.period),
         hashes=int(sketch.k), counters=int(sketch.n),
+        **M.fields(n if main is not None else 1),  # (one entry: never read)
+        clock_max=(1 << own("clock_bits", 1)) - 1,
+        s3_small=float(par("small_share", 0.0)), s3_main=float(par("main_share", 0.0)),
+        s3_ghost=int(par("ghost_len", 0)),
+        s3_threshold=own("s3fifo_move_threshold", 1),
+        arc_cap=int(par("capacity", 0)),
     )  # fmt: skip
     st.sc[_PTIME] = -1  # (the firmware's _pending_time before any admission)
     return st
@@ -93,6 +118,12 @@ def _flush(ps):  # type: ignore[no-untyped-def]
 def on_admit(ps, adm, na, t):  # type: ignore[no-untyped-def]
     _flush(ps)  # an earlier call's arrivals
     Q.admit(ps, adm, na)
+    if ps.main == M.ARC:  # ArcMain.admitted: ids back from its ghosts
+        L.begin_pass(ps, L.V1)
+        L.begin_op(ps, L.V1)
+        M.admitted(ps, L.V1, ps.arr, na)
+        L.keep(ps, L.V1)
+        L.commit(ps, L.V1)
     for j in range(na):  # WTinyLfuPolicy.place: the window's head, ascending
         Q.push(ps, ps.arr[j], WINDOW)
         ps.pend[j] = ps.arr[j]
@@ -120,6 +151,12 @@ def on_access(ps, e, j, w, t):  # type: ignore[no-untyped-def]
     elif ps.main == _LRU:
         Q.unlink(ps, e)
         Q.push(ps, e, PROBATION)
+    elif ps.main >= _QUEUE_MAIN:  # the main policy's own reuse
+        L.begin_pass(ps, L.V1)
+        L.begin_op(ps, L.V1)
+        M.reuse(ps, L.V1, e)
+        L.keep(ps, L.V1)
+        L.commit(ps, L.V1)
     _add(ps, e)
     ps.sc[_REUSES] += 1
     if ps.sc[_REUSES] >= ps.period:  # TinyLFU's reset
@@ -200,10 +237,77 @@ def _walk(ps, k, out, ws):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
+def _walk_queue_main(ps, k, out, ws, v, cand, m):  # type: ignore[no-untyped-def]
+    """WTinyLfuPolicy._walk_main over the offered entries (among ``cand[:m]``): the main's
+    part played in layer ``v``; (victims, moves, counted) as :func:`_walk`."""
+    L.begin_pass(ps, v)
+    n_main = ps.lhd[v, L.COUNT + 1] + ps.lhd[v, L.COUNT + 2]
+    n_off = 0  # the main's entries that may leave
+    for j in range(m):
+        e = cand[j]
+        if ps.ok[e] and ps.lcol[L.LIVE, M.WHERE, e] != 0:
+            n_off += 1
+    win = Q.next_offered(ps, ps.tail[WINDOW])
+    peek = Q.NONE  # the main's victim, its pop open in layer U while the main is unchanged
+    nv = nm = nc = 0
+    while nv < k:
+        w = win
+        if w == Q.NONE:
+            if peek == Q.NONE:
+                L.begin_op(ps, v)
+                peek = M.pop(ps, v)
+            L.keep(ps, v)
+            out[nv] = peek
+            nv += 1
+            n_off -= 1
+            n_main -= 1
+            peek = Q.NONE
+            continue
+        win = Q.next_offered(ps, ps.newer[w])
+        to_main = n_main < ps.main_share
+        if to_main:
+            n_main += 1
+        else:
+            if n_off > 0 and peek == Q.NONE:
+                L.begin_op(ps, v)
+                peek = M.pop(ps, v)
+            if peek != Q.NONE and _estimate(ps, w) > _estimate(ps, peek):  # strictly more
+                L.keep(ps, v)
+                out[nv] = peek
+                n_off -= 1
+                peek = Q.NONE
+                to_main = True
+            else:
+                out[nv] = w
+            nv += 1
+        if to_main:  # MainCache.join
+            L.begin_op(ps, v)
+            M.join(ps, v, w)
+            L.keep(ps, v)
+            n_off += 1
+            ws[_MOVED, nm] = w
+            nm += 1
+        ws[_COUNTED, nc] = w  # counted once more, whatever became of it
+        nc += 1
+        for h in range(ps.hashes):
+            ps.padd[ps.idx[w, h]] += 1
+    if peek != Q.NONE:  # (its victim stays: the peek is undone)
+        L.drop(ps)
+    for c in range(nc):  # the walk's increments, back to none
+        w = ws[_COUNTED, c]
+        for h in range(ps.hashes):
+            ps.padd[ps.idx[w, h]] = 0
+    return nv, nm, nc
+
+
+@njit(cache=True)
 def select(ps, tab, cand, m, k, now, out):  # type: ignore[no-untyped-def]
     na = Q.offer(ps, cand, m, ps.arrv)
     k = min(k, m)
-    nv, nm, nc = _walk(ps, min(k, m - na), out, ps.ws)
+    if ps.main >= _QUEUE_MAIN:
+        nv, nm, nc = _walk_queue_main(ps, min(k, m - na), out, ps.ws, L.V1, cand, m)
+    else:
+        nv, nm, nc = _walk(ps, min(k, m - na), out, ps.ws)
     ps.sc[_NM], ps.sc[_NC] = nm, nc
     Q.withdraw(ps, cand, m)
     nv = Q.take_arriving(ps.arrv, na, out, nv, k)
@@ -216,7 +320,10 @@ def _ranks(ps):  # type: ignore[no-untyped-def]
     """QueuePolicy.walk_rank of the held victims, into ``rank``."""
     nv = ps.sc[Q.NV]
     na = Q.offer(ps, ps.vic, nv, ps.arrv2)
-    got = _walk(ps, nv - na, ps.rk, ps.ws2)[0]
+    if ps.main >= _QUEUE_MAIN:
+        got = _walk_queue_main(ps, nv - na, ps.rk, ps.ws2, L.V2, ps.vic, nv)[0]
+    else:
+        got = _walk(ps, nv - na, ps.rk, ps.ws2)[0]
     Q.withdraw(ps, ps.vic, nv)
     got = Q.take_arriving(ps.arrv2, na, ps.rk, got, nv)
     for j in range(got):
@@ -237,8 +344,12 @@ def on_evict(ps, e, t):  # type: ignore[no-untyped-def]
         return
     for j in range(ps.sc[Q.NV]):
         Q.leave(ps, ps.vic[j])
-    for j in range(ps.sc[_NM]):  # QueuePolicy.commit: the moves, in order (victims left)
-        i = ps.ws[_MOVED, j]
+    if ps.main >= _QUEUE_MAIN:  # WTinyLfuPolicy.commit: out of the window, the main's pass
+        for j in range(ps.sc[_NM]):
+            Q.unlink(ps, ps.ws[_MOVED, j])
+        L.commit(ps, L.V1)
+    for j in range(ps.sc[_NM] if ps.main < _QUEUE_MAIN else 0):
+        i = ps.ws[_MOVED, j]  # QueuePolicy.commit: the moves, in order (victims left)
         if ps.seq[i] >= 0:
             Q.unlink(ps, i)
             Q.push(ps, i, ps.ws[_MOVED_Q, j])

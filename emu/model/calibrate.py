@@ -43,11 +43,11 @@ from kvcxl.common.jsonout import wrote
 from kvcxl.common.progress import progress as progress_bar
 from kvcxl.firmware.formulas import ema_update
 from kvcxl.firmware.policies import POLICIES
-from kvcxl.firmware.session import FirmwareSession
 
 from ..metrics import mean_ci
 from .capture import load_model
 from .managed import managed_sweep
+from .positions import position_steps, session_for
 from .quality import PolicySpec, run
 
 
@@ -97,28 +97,14 @@ def replay_hit_rate(
     replay many traces and whose victims other runs audit.
     """
 
-    S, L, H, NB = weights.shape
-    capacity = (budget_tokens // block_tokens) * L * H
-    fw = FirmwareSession(
-        policy, capacity, config, block_tokens=block_tokens, audit=audit, placement="fill"
+    fw = session_for(
+        weights, policy, config, budget_tokens, block_tokens, audit=audit, placement="fill"
     )
-    fw.ensure(NB * L * H)
-    lay, hd = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
-    lay, hd = lay.ravel(), hd.ravel()
-    ctx = np.zeros(L * H, dtype=np.int64)
-    flat = weights.transpose(0, 3, 1, 2).reshape(S, NB * L * H)  # entry id = b·L·H + l·H + h
     hit_w = read_w = 0.0
-    for s in range(S):  # one step per position: it writes its new block, then reads
-        fw.at(s)
-        fw.lengths(0, s + 1)
-        if s % block_tokens == 0:
-            fw.write(s, fw.describe(ctx, lay, hd, np.full(L * H, s // block_tokens)))
-        w = flat[s, : fw.table.n]
-        ids = np.flatnonzero(w >= read_threshold)
-        hit, _ = fw.read(s, ids, w[ids])
-        hit_w += float(w[ids][hit].sum())
-        read_w += float(w[ids].sum())
-    fw.end_step()
+    for s, ids, w in position_steps(fw, weights, block_tokens, read_threshold):
+        hit, _ = fw.read(s, ids, w)
+        hit_w += float(w[hit].sum())
+        read_w += float(w.sum())
     st, au = fw.cache.stats, fw.audit
     reads = st.hits + st.misses
     if au is not None and au.faults:  # a wrong victim, or a priority its history contradicts

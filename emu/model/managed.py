@@ -24,9 +24,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcxl.firmware.formulas import TIER_CXL, TIER_HBM, TIER_NVME
-from kvcxl.firmware.session import FirmwareSession
 
 from ..timing import TierTiming
+from .positions import position_steps, session_for
 
 
 def replay_tiers(
@@ -42,34 +42,22 @@ def replay_tiers(
 ) -> dict[str, float]:
     """Reads served by each tier when the EMA replays dense capture ``weights`` with
     ``config``'s tier rules (placement by the policy); shares of all reads."""
-    S, L, H, NB = weights.shape
-    capacity = (budget_tokens // block_tokens) * L * H
-    fw = FirmwareSession(
-        "ema", capacity, config, block_tokens=block_tokens, audit=audit, placement="policy"
+    fw = session_for(
+        weights, "ema", config, budget_tokens, block_tokens, audit=audit, placement="policy"
     )
-    fw.ensure(NB * L * H)
-    lay, hd = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
-    lay, hd = lay.ravel(), hd.ravel()
-    ctx = np.zeros(L * H, dtype=np.int64)
-    flat = weights.transpose(0, 3, 1, 2).reshape(S, NB * L * H)  # entry id = b·L·H + l·H + h
     served = {TIER_HBM: 0, TIER_CXL: 0, TIER_NVME: 0}
     held = 0.0  # share of HBM's entries at or above keep, summed over steps
-    for s in range(S):
-        fw.at(s)
-        fw.lengths(0, s + 1)
-        if s % block_tokens == 0:
-            fw.write(s, fw.describe(ctx, lay, hd, np.full(L * H, s // block_tokens)))
-        w = flat[s, : fw.table.n]
-        ids = np.flatnonzero(w >= read_threshold)
+    steps = 0
+    for s, ids, w in position_steps(fw, weights, block_tokens, read_threshold):
         before = fw.lower.where(ids)  # where a miss is served from, before it moves up
-        hit, _ = fw.read(s, ids, w[ids])
+        hit, _ = fw.read(s, ids, w)
         served[TIER_HBM] += int(hit.sum())
         for t in (TIER_CXL, TIER_NVME):
             served[t] += int(np.count_nonzero(~hit & (before == t)))
         res = np.flatnonzero(fw.resident())
         if res.size:
             held += float(np.mean(fw.policy.score(res) >= config.keep_threshold))
-    fw.end_step()
+        steps += 1
     au = fw.audit
     if au is not None and au.faults:
         raise RuntimeError(f"eviction audit failed under managed tiers: {au.as_dict()}")
@@ -83,7 +71,7 @@ def replay_tiers(
         "hit_rate": share[TIER_HBM],
         "cxl_read_fraction": share[TIER_CXL],
         "nvme_read_fraction": share[TIER_NVME],
-        "held_fraction": held / S if S else 0.0,
+        "held_fraction": held / steps if steps else 0.0,
         "effective_latency_ns": lat / reads if reads else 0.0,
         "reads": reads,
         "audited_victims": au.checked if au else 0,

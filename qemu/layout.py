@@ -146,6 +146,9 @@ TRACING_NONE, TRACING_ARMING, TRACING_ON = 0, 1, 2
 HOST_HDR_FMT = struct.Struct("<II56x")  # sq_tail cq_head
 SQE_FMT = struct.Struct("<HHIIIIIQQ24x")  # op flags cid step layer count in_len arg0 arg1
 CQE_FMT = struct.Struct("<IHHIIIIIIQ20xI")  # cid status op sq_head out_len r0-r3 r4 .. seq
+# The CQE without its last field, ``seq``: the firmware writes the fields, then ``seq``.
+CQE_BODY_FMT = struct.Struct(CQE_FMT.format[:-1])
+CQE_SEQ_OFFSET = CQE_BODY_FMT.size
 ATTN_REC = mb.ATTENTION_RECORD  # also the trace area's READ record
 OPEN_FMT = struct.Struct("<IIIIQ")  # n_entries entry_bytes capacity block_tokens window_base
 CREATE_REC = mb.DESCRIBE_RECORD
@@ -237,6 +240,7 @@ WINDOW_SIZE = 4 << 30
 
 assert MR_REC["op"] == 0 and MR_REQ_FMT.size == MR_REC["status"]  # one unpack at the record
 assert MR_REC["data"] + 64 <= MR_REC_BYTES
+assert CQE_SEQ_OFFSET + 4 == CQE_FMT.size  # seq is the last u32 of the CQE
 for _s in (DEV_HDR_FMT, HOST_HDR_FMT, SQE_FMT, CQE_FMT, TRACE_HDR_FMT, ACC_HDR_FMT, FUZZ_HDR_FMT):
     assert _s.size == 64, _s.format
 
@@ -282,3 +286,10 @@ def slot_in_offset(i: int) -> int:
 
 def slot_out_offset(i: int) -> int:
     return slot_in_offset(i) + SLOT_IN
+
+
+# The same offsets by slot (i % DEPTH), looked up on the firmware's per-command path.
+SQ_OFFSETS = tuple(sq_offset(k) for k in range(DEPTH))
+CQ_OFFSETS = tuple(cq_offset(k) for k in range(DEPTH))
+SLOT_IN_OFFSETS = tuple(slot_in_offset(k) for k in range(DEPTH))
+SLOT_OUT_OFFSETS = tuple(slot_out_offset(k) for k in range(DEPTH))

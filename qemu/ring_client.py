@@ -102,7 +102,8 @@ class RingClient:
 
     def done(self, i: int) -> bool:
         """Completion ``i`` is written (its sequence number, the CQE's last field, is set)."""
-        return struct.unpack_from("<I", self.mm, L.cq_offset(i) + 60)[0] == (i + 1) & 0xFFFFFFFF
+        seq = struct.unpack_from("<I", self.mm, L.cq_offset(i) + L.CQE_SEQ_OFFSET)[0]
+        return seq == (i + 1) & 0xFFFFFFFF
 
     def wait(self, i: int, poll: Callable[[], object] | None = None) -> Completion:
         """Wait for completion ``i``; ``poll`` (the service, in-process) is run meanwhile."""

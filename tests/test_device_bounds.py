@@ -380,6 +380,19 @@ def test_ring_only_session_ids_at_their_bounds(ring, field, value, want) -> None
         assert st == want
 
 
+def test_an_answer_longer_than_its_slot_is_an_error_with_no_output(ring) -> None:
+    """A handler's answer over the output slot completes as Internal Error carrying no
+    output: nothing lands past the slot (the next slot's input is left as it was)."""
+    fw, cl = ring
+    fw.op_nop = lambda *a: (b"\xee" * (L.SLOT_OUT + 64), (1, 2, 3, 4, 5))
+    nxt = L.slot_in_offset(cl.sq_tail + 1)
+    cl.mm[nxt : nxt + 64] = bytes(range(64))
+    c = cl.call(L.OP_NOP, fw.poll_once)
+    assert (c.status, c.out_len, c.r) == (L.RC_INTERNAL, 0, (0, 0, 0, 0, 0))
+    assert cl.mm[nxt : nxt + 64] == bytes(range(64))
+    assert fw.status_counts == {"Internal Error": 1} and fw.commands == {"NOP": 1}
+
+
 def test_ring_doorbell_more_than_a_ring_ahead_is_refused(ring) -> None:
     fw, cl = ring
     served = []

@@ -223,7 +223,7 @@ def test_c_header_matches_python_layout(tmp_path: Path) -> None:
         L.RING_MAGIC,
     ]
     assert [int(x) for x in lines[2].split()] == [
-        60,
+        L.CQE_SEQ_OFFSET,
         24,
         24,
         L.ACC_ARMED_OFFSET,

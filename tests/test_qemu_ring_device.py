@@ -50,6 +50,37 @@ def test_the_doorbell_write_completes_after_the_answer(device) -> None:
     assert st["commands"]["NOP"] == 20
 
 
+def test_a_batch_on_one_doorbell_is_answered_in_order_every_field_written(device) -> None:
+    """Pipelined: DEPTH commands, one doorbell (as the agent's bench job rings), three laps
+    of the ring.  Nothing is answered before the doorbell, everything before its write
+    completes; completion i carries submission i's cid, opcode, index and argument."""
+    engine, ring, cl = device
+    bell, silent = cl.doorbell, lambda tail: None
+    for lap in range(3):  # from the second lap on, each CQE holds the previous lap's answer
+        cl.doorbell = silent  # enqueue only
+        cid0 = cl.cid
+        idx = [cl.submit(L.OP_NOP, arg0=(lap << 32) + k) for k in range(L.DEPTH)]
+        assert not any(cl.done(i) for i in idx)
+        cl.doorbell = bell
+        bell(cl.sq_tail)
+        assert all(cl.done(i) for i in idx)
+        for k, i in enumerate(idx):
+            cid, st, op, sq_head, out_len, *r, seq = L.CQE_FMT.unpack_from(cl.mm, L.cq_offset(i))
+            assert (cid, st, op, sq_head, out_len, seq) == (
+                cid0 + k,
+                L.RC_SUCCESS,
+                L.OP_NOP,
+                i + 1,
+                0,
+                i + 1,
+            )
+            assert r == [0, 0, 0, 0, (lap << 32) + k]
+            cl.wait(i)  # consumed: cq_head moves on
+    st = ring.stats()
+    assert st["doorbells"] == engine.rung == 3 and ring.sq_head == 3 * L.DEPTH
+    assert st["commands"] == {"NOP": 3 * L.DEPTH} and st["completions"] == {"Success": 96}
+
+
 def test_the_memory_path_device_is_the_rings_firmware(device) -> None:
     """The victims the ring answers are the simulator's, decided by the memory-path
     device's own firmware session; each victim's page moved, in that device, to the tier

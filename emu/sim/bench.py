@@ -44,11 +44,15 @@ def _replay_ci(quick: bool) -> dict[str, Any]:
     }
     goals = [("lru", "float"), ("ema", "float"), ("ema", "int")]  # the speed goals' runs
     runs = goals + [(p, "float") for p in ("arc", "clock", "s3fifo", "sieve", "slru", "wtinylfu")]
-    # The default tier rules for every run, then, for the goals' runs, the managed tiers with
-    # CXL DRAM in the policy's order (the intended defaults; CXL DRAM 5 % of the KV, so that
-    # its overflow is ranked).
-    tiered = PolicyConfig(tier_management="managed", cxl_order="policy")
-    cases = (("", PolicyConfig(), None, runs), ("_managed", tiered, stream.kv_bytes // 20, goals))
+    # The default tier rules (managed, CXL DRAM in the policy's order) for every run; then,
+    # for the goals' runs, the same with CXL DRAM 5 % of the KV (so that its overflow is
+    # ranked: "_managed"), and the static tiers the defaults replaced ("_static").
+    static = PolicyConfig(tier_management="static", cxl_order="fifo")
+    cases = (
+        ("", PolicyConfig(), None, runs),
+        ("_managed", PolicyConfig(), stream.kv_bytes // 20, goals),
+        ("_static", static, None, goals),
+    )
     for rules, config, cxl, which in cases:
         for policy, mode in which:
             for gran in ("layer", "step"):
@@ -64,8 +68,8 @@ def _replay_ci(quick: bool) -> dict[str, Any]:
                     out[f"{name}_{gran}_{engine}_entry_reads_per_s"] = round(rate[engine])
                 out[f"{name}_{gran}_fast_over_numpy"] = round(rate["fast"] / rate["numpy"], 2)
                 out[f"{name}_{gran}_hit_rate_simulated"] = round(r["hit_rate"], 4)
-                if not rules and (policy, mode) in goals:  # the timeline's goals: LRU, EMA
-                    out |= _replay_ci_timeline(stream, policy, mode, gran, f"{name}_{gran}")
+                if rules != "_managed" and (policy, mode) in goals:  # the timeline's goals
+                    out |= _replay_ci_timeline(stream, policy, mode, gran, f"{name}_{gran}", config)
     for gran in ("layer", "step"):
         out |= _replay_ci_prefetch(stream, gran)
     return out
@@ -92,7 +96,9 @@ def _replay_ci_prefetch(stream: Any, gran: str) -> dict[str, Any]:
     return out
 
 
-def _replay_ci_timeline(stream: Any, policy: str, mode: str, gran: str, key: str) -> dict[str, Any]:
+def _replay_ci_timeline(
+    stream: Any, policy: str, mode: str, gran: str, key: str, config: PolicyConfig
+) -> dict[str, Any]:
     """The same replay with the transfer timeline on (docs/timeline.md), both engines side by
     side; the two timelines must be equal (the numpy engine's on the readable scheduler, the
     fast engine's on the compiled one)."""
@@ -101,7 +107,7 @@ def _replay_ci_timeline(stream: Any, policy: str, mode: str, gran: str, key: str
     for engine, repeat in (("numpy", 1), ("fast", 3)):  # (numpy: ~0.4 s a run)
         opts = SimOptions(
             policy=policy, mode=mode, budget_bytes=stream.kv_bytes // 10,
-            granularity=gran, engine=engine, timeline=True,
+            granularity=gran, engine=engine, timeline=True, config=config,
         )  # fmt: skip
         r, dt = _timed(stream, opts, repeat)
         rate[engine], tl[engine] = r["reads"] / dt, r["timeline"]

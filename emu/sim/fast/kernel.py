@@ -276,16 +276,19 @@ def _select(keys, ids, m, k, kmin, kmax, out_ids, mark):  # type: ignore[no-unty
             break
     n = 0
     tied = 0
+    ascending = True  # the ties' ids (a scan of the entry ids gathers them in order)
     for j in range(m):
         if keys[j] < kth:
             out_ids[n] = ids[j]
             n += 1
         elif keys[j] == kth:  # the ties, gathered at the front of the scratch (read already)
+            if tied and ids[j] < ids[tied - 1]:
+                ascending = False
             keys[tied] = kth
             ids[tied] = ids[j]
             tied += 1
     need = k - n
-    if need < tied:  # among equal priorities the lower entry id goes first
+    if need < tied and not ascending:  # among equal priorities the lower id goes first
         _nth_pair(keys, ids, tied, need)
     for j in range(need):
         out_ids[n + j] = ids[j]

@@ -193,60 +193,59 @@ def test_select_is_the_firmwares(m: int, distinct: int) -> None:
     keys = rng.integers(-(distinct // 2), distinct - distinct // 2, m).astype(np.int64)
     mark = np.zeros(3 * m, np.bool_)
     for k in sorted({1, 2, m // 3, m // 2, m - 1, m} - {0}):
-        out = np.empty(m, np.int64)
-        n = K._select(keys, ids, m, k, keys.min(), keys.max(), out, mark)
+        out = np.empty(m, np.int64)  # (keys and ids are scratch to it: copies)
+        n = K._select(keys.copy(), ids.copy(), m, k, keys.min(), keys.max(), out, mark)
         want = select_victims(ids, -keys, k, ordered=False)
         assert np.array_equal(np.sort(out[:n]), np.sort(want)), (m, distinct, k)
         assert not mark.any()
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_lru_queue_pops_in_key_then_id_order(seed: int) -> None:
-    """The LRU/FIFO queue (kernel._sort_items, _enqueue, _compact) against Python's heapq
-    on (key, id, version): batches of pushes whose keys never go below those queued (ties
-    with lower ids arriving later among them), pops in between and compactions, stale
-    items skipped by the same version rule on both sides: the same items in the same
-    order, which is what lets the queue stand in for the heap."""
-    import heapq
-
+def test_lru_queue_takes_the_smallest_key_then_id(seed: int) -> None:
+    """The LRU/FIFO queue (kernel._sort_items, _append, _take, _compact) against a plain
+    reference: every take's victims are the k smallest (key, id) among the entries whose
+    newest item is queued, resident, unpinned and not protected, as sorting them says.
+    Batches of appends whose keys never go below those queued (equal batch times
+    included), not in id order, sometimes out of key order among themselves (touches of
+    several batches); takes of every size, protected entries staying queued; compactions."""
     rng = np.random.default_rng(seed)
     n = 400
     cap = 2 * n + 64
     hk, hi, hv = (np.zeros(cap, np.int64) for _ in range(3))
     ver = np.zeros(n, np.int64)
     resident = np.ones(n, np.bool_)
-    pinned = np.zeros(n, np.bool_)
-    keys0 = rng.integers(0, 5, n)  # the rebuild: every entry, sorted whole
-    hk[:n], hi[:n], hv[:n] = keys0, rng.permutation(n), 0
-    keys0 = keys0[np.argsort(hi[:n])]
-    K._sort_items(hk, hi, hv, 0, n, ver)
-    ref = [(int(keys0[e]), e, 0) for e in range(n)]
-    heapq.heapify(ref)
-    head, size, t = 0, n, 5
-    for _ in range(300):
+    pinned = rng.random(n) < 0.05
+    stamp = np.zeros(n, np.int64)
+    key_now = rng.integers(0, 5, n).astype(np.int64)  # each entry's current key
+    hk[:n], hi[:n], hv[:n] = key_now[:n], rng.permutation(n), 0
+    hk[:n] = key_now[hi[:n]]
+    K._sort_items(hk, hi, hv, 0, n, ver)  # the rebuild: every entry, sorted whole
+    head, size, t, top = 0, n, 5, 5
+    out, scratch = np.empty(n, np.int64), np.empty(n, np.int64)
+    for call in range(1, 300):
+        batch = rng.permutation(n)[: int(rng.integers(1, 40))]  # not in id order
         t += int(rng.integers(0, 2))  # equal batch times happen (a write after its read)
-        batch = rng.permutation(n)[: int(rng.integers(1, 24))]  # not in id order
+        keys = np.full(batch.size, t, np.int64)
+        if rng.random() < 0.3:  # several batches' touches at once (none below the queue's)
+            keys = rng.integers(top, t + 1, batch.size).astype(np.int64)
+        top = max(top, int(keys.max()))
         if size + batch.size > cap:
             size = K._compact(hk, hi, hv, head, size, ver, resident, pinned)
             head = 0
-        if batch.size > 16:  # as the replay does: sorted first
-            hk[size : size + batch.size], hi[size : size + batch.size] = t, batch
-            K._sort_items(hk, hi, hv, size, size + batch.size, ver)
-            batch = hi[size : size + batch.size].copy()
-        for e in batch:
-            ver[e] += 1  # its older item goes stale
-            size = K._enqueue(hk, hi, hv, head, size, t, e, ver[e])
-            heapq.heappush(ref, (t, int(e), int(ver[e])))
-        for _ in range(int(rng.integers(0, 6))):
-            while head < size and hv[head] != ver[hi[head]]:
-                head += 1
-            while ref and ref[0][2] != ver[ref[0][1]]:
-                heapq.heappop(ref)
-            assert (head < size) == bool(ref)
-            if head == size:
-                break
-            assert (int(hk[head]), int(hi[head])) == heapq.heappop(ref)[:2]
-            head += 1
+        key_now[batch] = keys
+        resident[batch] = True
+        size = K._append(hk, hi, hv, size, keys, batch.astype(np.int64), batch.size, ver)
+        protect = bool(rng.random() < 0.7)
+        stamp[batch[: batch.size // 2]] = call  # the call's own entries
+        k = int(rng.integers(1, 60))
+        eligible = [e for e in range(n) if resident[e] and not pinned[e]
+                    and not (protect and stamp[e] == call)]  # fmt: skip
+        want = sorted(eligible, key=lambda e: (key_now[e], e))[:k]
+        nv, head = K._take(hk, hi, hv, head, size, k, ver, resident, pinned, stamp, call,
+                           protect, out, scratch)  # fmt: skip
+        assert sorted(out[:nv].tolist()) == sorted(want), (seed, call)
+        resident[out[:nv]] = False  # the victims leave
+        assert all(hk[j] <= hk[j + 1] for j in range(head, size - 1))  # key order kept
 
 
 @pytest.mark.parametrize("span", [7, 1 << 40, 1 << 62])

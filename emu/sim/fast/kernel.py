@@ -104,11 +104,12 @@ def _heapify(hk, hi, hv, size):  # type: ignore[no-untyped-def]
         _sift_down(hk, hi, hv, size, pos)
 
 
-# --- for LRU and FIFO: the same items as a queue sorted by (key, id) ------------------------
+# --- for LRU and FIFO: the same items as a queue in key order --------------------------------
 # Their keys only grow (a read or an insert sets the batch's time, which never goes back), so
-# every key pushed is at least every key already queued: a push inserts at the tail (past
-# equal keys with a higher id only) and a pop takes the head, both O(1) where the heap pays
-# O(log n).  Same items, same validity checks, same order: the same victims.
+# every key pushed is at least every key already queued: a push appends at the tail and the
+# victims are taken from the head, O(1) each where the heap pays O(log n).  Items of equal
+# key (a run: one batch's touches) sit in any order; a take that ends inside a run picks
+# that run's lowest ids, so the victims are the same set as the (key, id) order's.
 @njit(cache=True)
 def _sort_items(hk, hi, hv, lo, up, ver):  # type: ignore[no-untyped-def]
     """Sort items ``[lo, up)`` by (key, id), each with its entry's current version
@@ -146,13 +147,65 @@ def _sort_items(hk, hi, hv, lo, up, ver):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _enqueue(hk, hi, hv, head, size, k, i, v):  # type: ignore[no-untyped-def]
-    pos = size
-    while pos > head and _less(k, i, hk[pos - 1], hi[pos - 1]):
-        hk[pos], hi[pos], hv[pos] = hk[pos - 1], hi[pos - 1], hv[pos - 1]
-        pos -= 1
-    hk[pos], hi[pos], hv[pos] = k, i, v
-    return size + 1
+def _append(hk, hi, hv, size, keys, ids, m, ver):  # type: ignore[no-untyped-def]
+    """Queue items ``ids[:m]`` with keys ``keys[:m]`` (each at least every queued key) at
+    the tail, in key order, each under a new version of its entry; returns the size."""
+    ordered = True
+    for j in range(1, m):
+        if keys[j] < keys[j - 1]:
+            ordered = False
+            break
+    for j in range(m):
+        e = ids[j]
+        ver[e] += 1
+        hk[size + j], hi[size + j], hv[size + j] = keys[j], e, ver[e]
+    if not ordered:  # (touches of several batches since the last take)
+        _sort_items(hk, hi, hv, size, size + m, ver)
+    return size + m
+
+
+@njit(cache=True)
+def _take(hk, hi, hv, head, size, k, ver, resident, pinned, stamp, call, protect, out,
+          scratch):  # type: ignore[no-untyped-def]  # fmt: skip
+    """Up to ``k`` victims from the queue's head into ``out``: the ``k`` smallest (key, id)
+    of its current items (resident, unpinned, its entry's version), skipping the call's own
+    entries (``stamp == call``) when ``protect``.  Stale items are dropped; the call's own
+    and the boundary run's unchosen ones stay at the head, in key order.  Returns (how
+    many, the new head)."""
+    nv = 0
+    w = head  # kept items so far: [head, w)
+    r = head
+    while nv < k and r < size:
+        key = hk[r]
+        q = r
+        c = 0  # the run's eligible items
+        while q < size and hk[q] == key:
+            e = hi[q]
+            if resident[e] and not pinned[e] and hv[q] == ver[e]:
+                if not (protect and stamp[e] == call):
+                    scratch[c] = e
+                    c += 1
+            q += 1
+        need = k - nv
+        cut = np.iinfo(np.int64).max  # the run's eligible ids up to cut are taken
+        if c > need:
+            cut = np.partition(scratch[:c].copy(), need - 1)[need - 1]
+        for j in range(r, q):
+            e = hi[j]
+            if not (resident[e] and not pinned[e] and hv[j] == ver[e]):
+                continue  # stale: dropped
+            if not (protect and stamp[e] == call) and e <= cut:
+                out[nv] = e
+                nv += 1
+            else:
+                hk[w], hi[w], hv[w] = hk[j], e, hv[j]
+                w += 1
+        r = q
+    kept = w - head
+    for j in range(kept - 1, -1, -1):  # the kept items move up against the unread ones
+        d = r - kept + j
+        hk[d], hi[d], hv[d] = hk[head + j], hi[head + j], hv[head + j]
+    return nv, r - kept
 
 
 @njit(cache=True)
@@ -197,72 +250,85 @@ def _key_of(p):  # type: ignore[no-untyped-def]
 def _select(keys, ids, m, k, kmin, kmax, out_ids, mark):  # type: ignore[no-untyped-def]
     """The ``k`` smallest (key, id) of ``keys[:m]``/``ids[:m]`` into ``out_ids``, in no
     particular order (a dump orders them afterwards).  Returns how many (min(k, m)).
-    ``kmin``/``kmax`` bound the keys; ``mark`` is a False bool array over entry ids."""
-    sel = np.empty(min(k, m), np.int64)  # candidate positions
+    ``kmin``/``kmax`` bound the keys; ``mark`` is a False bool array over entry ids.
+    ``keys[:m]``/``ids[:m]`` are the caller's scratch: a wide span of keys is selected in
+    place (their order is not kept)."""
     if k >= m:
-        n = m
         for j in range(m):
-            sel[j] = j
-    else:
-        if float(kmax) - float(kmin) < max(m, 1024):  # few distinct keys (times, Q0.16)
-            span = kmax - kmin + 1
-            hist = np.zeros(span, np.int64)
-            for j in range(m):
-                hist[keys[j] - kmin] += 1
-            acc = 0
-            kth = kmin
-            for v in range(span):
-                acc += hist[v]
-                if acc >= k:
-                    kth = kmin + v
-                    break
+            out_ids[j] = ids[j]
+        return m
+    if float(kmax) - float(kmin) >= max(m, 1024):  # wide keys (floats): select in place
+        _nth_pair(keys, ids, m, k)
+        for j in range(k):
+            out_ids[j] = ids[j]
+        return k
+    # few distinct keys (batch times, Q0.16): the k-th key from a histogram of them
+    span = kmax - kmin + 1
+    hist = np.zeros(span, np.int64)
+    for j in range(m):
+        hist[keys[j] - kmin] += 1
+    acc = 0
+    kth = kmin
+    for v in range(span):
+        acc += hist[v]
+        if acc >= k:
+            kth = kmin + v
+            break
+    n = 0
+    tied = 0
+    ascending = True  # the ties' ids (a scan of the entry ids gathers them in order)
+    for j in range(m):
+        if keys[j] < kth:
+            out_ids[n] = ids[j]
+            n += 1
+        elif keys[j] == kth:  # the ties, gathered at the front of the scratch (read already)
+            if tied and ids[j] < ids[tied - 1]:
+                ascending = False
+            keys[tied] = kth
+            ids[tied] = ids[j]
+            tied += 1
+    need = k - n
+    if need < tied and not ascending:  # among equal priorities the lower id goes first
+        _nth_pair(keys, ids, tied, need)
+    for j in range(need):
+        out_ids[n + j] = ids[j]
+    return k
+
+
+@njit(cache=True, inline="always")
+def _pair_less(keys, ids, a, b):  # type: ignore[no-untyped-def]
+    return keys[a] < keys[b] or (keys[a] == keys[b] and ids[a] < ids[b])
+
+
+@njit(cache=True, inline="always")
+def _pair_swap(keys, ids, a, b):  # type: ignore[no-untyped-def]
+    keys[a], keys[b] = keys[b], keys[a]
+    ids[a], ids[b] = ids[b], ids[a]
+
+
+@njit(cache=True)
+def _nth_pair(keys, ids, m, k):  # type: ignore[no-untyped-def]
+    """Reorder ``keys[:m]``/``ids[:m]`` so that their ``k`` smallest (key, id) pairs come
+    first (in no order): quickselect, median of three (the pairs are distinct: ids are)."""
+    lo, hi = 0, m - 1
+    while hi > lo:
+        mid = (lo + hi) >> 1
+        if _pair_less(keys, ids, mid, lo):
+            _pair_swap(keys, ids, mid, lo)
+        if _pair_less(keys, ids, hi, lo):
+            _pair_swap(keys, ids, hi, lo)
+        if _pair_less(keys, ids, hi, mid):
+            _pair_swap(keys, ids, hi, mid)
+        _pair_swap(keys, ids, mid, hi)  # the median of three as the pivot, at hi
+        p = lo
+        for j in range(lo, hi):
+            if _pair_less(keys, ids, j, hi):
+                _pair_swap(keys, ids, j, p)
+                p += 1
+        _pair_swap(keys, ids, p, hi)  # the pivot in place: [lo, p) below it, (p, hi] above
+        if p == k - 1 or p == k:
+            return
+        if p > k:
+            hi = p - 1
         else:
-            kth = np.partition(keys[:m].copy(), k - 1)[k - 1]  # the k-th smallest key
-        n = 0
-        tied = 0
-        lo = np.iinfo(np.int64).max
-        hi = -1
-        for j in range(m):
-            if keys[j] < kth:
-                sel[n] = j
-                n += 1
-            elif keys[j] == kth:
-                tied += 1
-                if ids[j] < lo:
-                    lo = ids[j]
-                if ids[j] > hi:
-                    hi = ids[j]
-        need = k - n
-        if need == tied:
-            for j in range(m):
-                if keys[j] == kth:
-                    sel[n] = j
-                    n += 1
-        elif tied > 4096 and hi - lo < 8 * tied:
-            # among equal priorities the lower entry id goes first: walk the ids in order
-            at = np.empty(hi - lo + 1, np.int64)
-            for j in range(m):
-                if keys[j] == kth:
-                    mark[ids[j]] = True
-                    at[ids[j] - lo] = j
-            for e in range(lo, hi + 1):
-                if mark[e]:
-                    mark[e] = False
-                    if need > 0:
-                        sel[n] = at[e - lo]
-                        n += 1
-                        need -= 1
-        else:
-            tpos = np.empty(tied, np.int64)
-            t = 0
-            for j in range(m):
-                if keys[j] == kth:
-                    tpos[t] = j
-                    t += 1
-            tpos = tpos[np.argsort(ids[tpos])]
-            for j in range(need):
-                sel[n] = tpos[j]
-                n += 1
-    for j in range(n):
-        out_ids[j] = ids[sel[j]]
-    return n
+            lo = p + 1

@@ -21,13 +21,14 @@ from kvcxl.emu.sim.fast.kernel import (
     HBM,
     HOST,
     NVME,
+    _append,
     _compact,
-    _enqueue,
     _heapify,
     _pop,
     _push,
     _select,
     _sort_items,
+    _take,
     borrowed,
     float_key,
     key_of,
@@ -204,32 +205,34 @@ def _bg_victims(ps, tab, rules, res_list, n_list, keys, ids, out, mark):  # type
 @njit(cache=True)
 def _bg_lower(ps, rules, t, pos, n_desc, cxl_cap, nvme_cap, tier, since, tcount, moved,
               cxl_fifo, cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, keys, ids, down, up,
-              mark):  # type: ignore[no-untyped-def]  # fmt: skip
+              mark, scratch):  # type: ignore[no-untyped-def]  # fmt: skip
     """Threshold managed tiers at a step boundary (tiering.background_plan): CXL DRAM
     entries scored below evict_threshold sink to NVMe (lowest first), then NVMe entries at
     or above it rise into CXL DRAM's free room (highest first), at most background_moves in
     all; returns (arrivals heap size, NVMe overflowed)."""
     ps = borrowed(ps)
+    n = n_desc
+    k2, i2 = scratch[:n], scratch[n : 2 * n]  # the NVMe candidates' keys and ids
     m = 0
+    m2 = 0
     n_cxl = 0
-    for e in range(n_desc):
-        if tier[e] == CXL:
+    for e in range(n_desc):  # one pass: both sets as they stand before any move
+        tr = tier[e]
+        if tr == CXL:
             n_cxl += 1
             v = score(ps, e)
             if v < rules.evict:
                 ids[m] = e
                 keys[m] = float_key(v)
                 m += 1
-    nd = T.smallest(keys, ids, m, rules.moves, down, mark)
-    m = 0
-    for e in range(n_desc):  # (the NVMe entries before the demotions land)
-        if tier[e] == NVME:
+        elif tr == NVME:
             v = score(ps, e)
             if v >= rules.evict:
-                ids[m] = e
-                keys[m] = float_key(-v)
-                m += 1
-    nu = T.smallest(keys, ids, m, min(rules.moves - nd, max(cxl_cap - n_cxl, 0) + nd), up, mark)
+                i2[m2] = e
+                k2[m2] = float_key(-v)
+                m2 += 1
+    nd = T.smallest(keys, ids, m, rules.moves, down, mark)
+    nu = T.smallest(k2, i2, m2, min(rules.moves - nd, max(cxl_cap - n_cxl, 0) + nd), up, mark)
     T.move(down, nd, CXL, NVME, t, tier, since, tcount, moved, pos)
     if tcount[NVME] > nvme_cap:
         return cxl_size, True
@@ -267,6 +270,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
     tab = borrowed(tab)
     tlog = borrowed(tlog)
     pf = borrowed(pf)
+    rules = borrowed(rules)
     pf_on = pf.on
     warm = run.warm
     # prefetch: which entries are marked prefetched, and the counts (prefetch.TOTAL ...)
@@ -319,7 +323,9 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
     cxl_size = 0
     cxl_ver = np.zeros(n if spills else 0, np.int64)
     cxl_fifo = spills and not rules.cxl_policy  # the arrivals heap serves fifo spills only
-    lay = np.zeros(n if LAYERED else 0, np.int8)  # managed: each eligible entry's layer
+    # managed: a pass's eligible entries, layer by layer (row g: layer g's, lay_n[g] of them)
+    lay_ids = np.empty((T.LAYERS, n if LAYERED else 0), np.int64)
+    lay_n = np.zeros(T.LAYERS, np.int64)
     # scratch, every array at its largest size up front: an array variable reassigned in
     # the loop costs reference counting on every iteration (20x on one-read batches)
     stamp = np.zeros(n, np.int64)  # the call that last marked an entry (a batch member)
@@ -404,7 +410,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                 cxl_size, full = _bg_lower(
                     ps, rules, t, pos, n_desc, cxl_cap, nvme_cap, tier, since, tcount, moved,
                     cxl_fifo, cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, cand_k, cand_id, vic,
-                    vic2, mark,
+                    vic2, mark, stash,
                 )  # fmt: skip
                 if full:
                     err = 1
@@ -447,7 +453,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                             dirty_list[n_dirty] = e
                             n_dirty += 1
                     time += 1
-                    if STATIC and n_dirty * 2 > n_list:
+                    if STATIC and not QUEUE and n_dirty * 2 > n_list:
                         stale = True
                     j += 1
                 h = j - a
@@ -622,7 +628,8 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                             if stamp[p_ids[j]] == -call:
                                 stamp[p_ids[j]] = call
                     time += 1
-                if STATIC and n_dirty * 2 > n_list:  # cheaper to rebuild than to push them all
+                # (a heap: cheaper to rebuild than to push them all; a queue appends them)
+                if STATIC and not QUEUE and n_dirty * 2 > n_list:
                     stale = True
                 # --- PolicyCache._make_room ---
                 over = n_res - capacity
@@ -630,12 +637,6 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                     continue
                 # else the call's entries compete too (the bypassing optimum: always)
                 protect = n_list - n_prot >= over and not bypass
-                if LAYERED and managed:  # the eviction layers, fixed for the whole call
-                    for j in range(n_list):
-                        e = res_list[j]
-                        s_ = score(ps, e)
-                        lay[e] = T.layer(rules, s_, T.value(rules, s_, idle_steps(ps, e),
-                                                            e_block[e] * bt))  # fmt: skip
                 left = over
                 n_pass = 0
                 n_out = 0
@@ -643,9 +644,9 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                     k_pass = eviction_batch if batched else over
                     now = now_of(ps, t)  # what priority reads as the pass's time
                     nv = 0
-                    if (STATIC and not SELECT and k_pass * 16 <= n_list
+                    if (STATIC and not SELECT and (QUEUE or k_pass * 16 <= n_list)
                             and not (LAYERED and managed)):  # fmt: skip
-                        # the heap: few victims among many
+                        # the heap: few victims among many (a queue: any number)
                         if QUEUE and not stale and hsize + n_dirty > hcap:
                             hsize = _compact(hk, hi, hv, hhead, hsize, ver, resident, pinned)
                             hhead = 0
@@ -675,19 +676,8 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                                     dirty_list[nd] = e
                                     cand_k[nd] = key_of(priority(ps, tab, e, now))
                                     nd += 1
-                            if QUEUE:
-                                if nd > 16:  # sorted first, so that each lands at the tail
-                                    for j in range(nd):
-                                        hk[hsize + j] = cand_k[j]
-                                        hi[hsize + j] = dirty_list[j]
-                                    _sort_items(hk, hi, hv, hsize, hsize + nd, ver)
-                                    for j in range(nd):
-                                        cand_k[j] = hk[hsize + j]
-                                        dirty_list[j] = hi[hsize + j]
-                                for j in range(nd):
-                                    e = dirty_list[j]
-                                    ver[e] += 1
-                                    hsize = _enqueue(hk, hi, hv, hhead, hsize, cand_k[j], e, ver[e])
+                            if QUEUE:  # every key here is at least every queued one
+                                hsize = _append(hk, hi, hv, hsize, cand_k, dirty_list, nd, ver)
                             else:
                                 for j in range(nd):
                                     e = dirty_list[j]
@@ -695,12 +685,13 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                                     hsize = _push(hk, hi, hv, hsize, cand_k[j], e, ver[e])
                             n_dirty = 0
                         n_st = 0
-                        while nv < k_pass and hsize > hhead:
-                            if QUEUE:
-                                key, e, v = hk[hhead], hi[hhead], hv[hhead]
-                                hhead += 1
-                            else:
-                                key, e, v, hsize = _pop(hk, hi, hv, hsize)
+                        if QUEUE:
+                            nv, hhead = _take(
+                                hk, hi, hv, hhead, hsize, k_pass, ver, resident, pinned, stamp,
+                                call, protect, vic, cand_id,
+                            )  # fmt: skip
+                        while not QUEUE and nv < k_pass and hsize > hhead:
+                            key, e, v, hsize = _pop(hk, hi, hv, hsize)
                             if not resident[e] or pinned[e] or v != ver[e]:
                                 continue
                             if protect and stamp[e] == call:
@@ -710,12 +701,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                                 continue
                             vic[nv] = e
                             nv += 1
-                        if QUEUE:  # back to the head, in their order (they were popped from it)
-                            for j in range(n_st - 1, -1, -1):
-                                e = stash[2 * j]
-                                hhead -= 1
-                                hk[hhead], hi[hhead], hv[hhead] = stash[2 * j + 1], e, ver[e]
-                        else:
+                        if not QUEUE:
                             for j in range(n_st):
                                 e = stash[2 * j]
                                 hsize = _push(hk, hi, hv, hsize, stash[2 * j + 1], e, ver[e])
@@ -723,22 +709,34 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                             for j in range(nv):
                                 vgrp[j] = n_pass * T.LAYERS
                     elif LAYERED and managed:  # layer by layer, each by the policy's order
+                        # (the layers move only with a score or a touch: fixed for the call)
+                        lay_n[:] = 0
+                        for j in range(n_list):
+                            e = res_list[j]
+                            if protect and stamp[e] == call:
+                                continue
+                            s_ = score(ps, e)
+                            g = T.layer(rules, s_, T.value(rules, s_, idle_steps(ps, e),
+                                                           e_block[e] * bt))  # fmt: skip
+                            lay_ids[g, lay_n[g]] = e
+                            lay_n[g] += 1
                         for g in range(T.LAYERS):
                             if nv >= k_pass:
                                 break
-                            mc = 0
-                            for j in range(n_list):
-                                e = res_list[j]
-                                if lay[e] != g or (protect and stamp[e] == call):
-                                    continue
-                                cand_id[mc] = e
-                                mc += 1
+                            mc = lay_n[g]
                             if mc == 0:
                                 continue
                             if SELECT:
+                                for j in range(mc):
+                                    cand_id[j] = lay_ids[g, j]
                                 got = select(ps, tab, cand_id, mc, k_pass - nv, now, vic2)
+                            elif mc <= k_pass - nv:  # the whole layer leaves: no ranking
+                                for j in range(mc):
+                                    vic2[j] = lay_ids[g, j]
+                                got = mc
                             else:
                                 for j in range(mc):
+                                    cand_id[j] = lay_ids[g, j]
                                     cand_k[j] = key_of(priority(ps, tab, cand_id[j], now))
                                 got = T.smallest(cand_k, cand_id, mc, k_pass - nv, vic2, mark)
                             for j in range(got):

@@ -615,3 +615,27 @@ def test_a_new_policy_is_one_file_per_engine(tmp_path: Any, monkeypatch: Any) ->
         POLICIES.pop("test-mru")
         sys.modules.pop("kvcxl.emu.sim.fast.policies.test_mru", None)
         compose.modules.cache_clear()
+
+
+def test_per_file_caches_of_older_sources_are_dropped(tmp_path: Any) -> None:
+    """numba keys a helper's cache by its own file: tiers.py's ``smallest`` cached against
+    an older kernel.py keeps the older ``_select``.  sources.drop_stale deletes the
+    folders' per-file caches when the engine's hash moved, and keeps them when it did not
+    (and leaves every other file alone)."""
+    from kvcxl.emu.sim.fast import sources
+
+    caches = [tmp_path / "__pycache__" / "tiers.smallest-102.py311.nbi",
+              tmp_path / "policies" / "__pycache__" / "ema.score-9.py311.1.nbc"]  # fmt: skip
+    other = tmp_path / "__pycache__" / "tiers.cpython-311.pyc"
+    for f in [*caches, other]:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"x")
+    assert sources.drop_stale(tmp_path, "aaaa")  # no stamp yet: written at an unknown hash
+    assert not any(f.exists() for f in caches) and other.exists()
+    for f in caches:
+        f.write_bytes(b"x")
+    assert not sources.drop_stale(tmp_path, "aaaa")  # the same sources: kept
+    assert all(f.exists() for f in caches)
+    assert sources.drop_stale(tmp_path, "bbbb")  # an edit: dropped
+    assert not any(f.exists() for f in caches) and other.exists()
+    assert len(sources.engine_hash()) == 16

@@ -20,9 +20,12 @@ from kvcxl.firmware.policies.base import Policy
 from kvcxl.firmware.table import EntryTable
 
 from ...workloads.stream import CREATE, ReadStream
+from .sources import drop_stale
 
 if TYPE_CHECKING:
     from ..simulator import _Replay
+
+drop_stale()  # (before anything of the engine is compiled in this process)
 
 ENGINES = ("fast", "numpy")
 _noticed: set[str] = set()

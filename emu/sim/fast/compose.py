@@ -9,7 +9,8 @@ in every new process; so the loop's source is written, with its import of the po
 module replaced, to a file of its own under ``$KVCXL_CACHE/fast`` (default
 ``~/.cache/kvcxl/fast``), named by the hash of the engine's sources: a later process (a
 sweep's worker) loads the compiled loop from numba's cache beside it, and an edit of any
-engine source makes new files, compiled afresh.
+engine source makes new files, compiled afresh (and :mod:`.sources` drops the per-file
+caches of the engine's helpers, compiled against the older sources of their callees).
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import kvcxl.firmware as firmware
 from kvcxl.common.cachedir import cache_root
 
 from . import hooks
 from . import policies as _package
+from .sources import engine_hash
 
 HERE = Path(__file__).resolve().parent
 _BINDING = re.compile(r"^from kvcxl\.emu\.sim\.fast\.policies import (\w+) as P\b.*$", re.M)
@@ -60,30 +61,9 @@ def cache_dir() -> Path:
     return cache_root() / "fast"
 
 
-#: Sources outside the engine's folder that a compiled loop bakes in: the timeline log's
-#: column numbers and move codes, and the firmware (policy constants and the sketch's
-#: functions the modules call or read at compile time).
-BAKED_IN = (
-    *(HERE.parent.parent / "timeline" / f for f in ("log.py", "resources.py")),
-    *sorted(Path(firmware.__file__).parent.rglob("*.py")),
-)
-
-
-@cache
-def _engine_hash() -> str:
-    """The hash of every source of the engine (loop, kernel, hooks, policies) and of what
-    it bakes in: a compiled loop embeds all of them, and numba would not notice a change
-    outside its own file."""
-    h = hashlib.sha256()
-    for path in [*sorted(HERE.rglob("*.py")), *BAKED_IN]:
-        h.update(path.name.encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()[:16]
-
-
 def _hash(module: ModuleType) -> str:
     """The engine's hash and the policy module's own source (which may live outside it)."""
-    h = hashlib.sha256(_engine_hash().encode())
+    h = hashlib.sha256(engine_hash().encode())
     h.update(Path(module.__file__ or "").read_bytes())
     return h.hexdigest()[:16]
 

@@ -191,81 +191,63 @@ def test_select_is_the_firmwares(m: int, distinct: int) -> None:
     rng = np.random.default_rng(m * 7 + distinct % 97)
     ids = rng.permutation(3 * m)[:m].astype(np.int64)  # unordered, as the resident list
     keys = rng.integers(-(distinct // 2), distinct - distinct // 2, m).astype(np.int64)
-    mark = np.zeros(3 * m, np.bool_)
     for k in sorted({1, 2, m // 3, m // 2, m - 1, m} - {0}):
         out = np.empty(m, np.int64)  # (keys and ids are scratch to it: copies)
-        n = K._select(keys.copy(), ids.copy(), m, k, keys.min(), keys.max(), out, mark)
+        n = K._select(keys.copy(), ids.copy(), m, k, keys.min(), keys.max(), out)
         want = select_victims(ids, -keys, k, ordered=False)
         assert np.array_equal(np.sort(out[:n]), np.sort(want)), (m, distinct, k)
-        assert not mark.any()
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_lru_queue_takes_the_smallest_key_then_id(seed: int) -> None:
-    """The LRU/FIFO queue (kernel._sort_items, _append, _take, _compact) against a plain
-    reference: every take's victims are the k smallest (key, id) among the entries whose
-    newest item is queued, resident, unpinned and not protected, as sorting them says.
-    Batches of appends whose keys never go below those queued (equal batch times
-    included), not in id order, sometimes out of key order among themselves (touches of
-    several batches); takes of every size, protected entries staying queued; compactions."""
+    """The LRU/FIFO queue (kernel._enqueue, _take, _compact) against a plain reference:
+    every take's victims are the k smallest (key, id) among the entries whose newest item
+    is queued, resident, unpinned and not protected, as sorting them says.  Touches join
+    the tail one by one, never below the queued keys (equal batch times included, an entry
+    touched again in its own batch), not in id order; takes of every size, protected
+    entries staying queued, the boundary run split by id; compactions when full."""
     rng = np.random.default_rng(seed)
     n = 400
     cap = 2 * n + 64
     hk, hi, hv = (np.zeros(cap, np.int64) for _ in range(3))
     ver = np.zeros(n, np.int64)
-    resident = np.ones(n, np.bool_)
+    resident = np.zeros(n, np.bool_)
     pinned = rng.random(n) < 0.05
     stamp = np.zeros(n, np.int64)
-    key_now = rng.integers(0, 5, n).astype(np.int64)  # each entry's current key
-    hk[:n], hi[:n], hv[:n] = key_now[:n], rng.permutation(n), 0
-    hk[:n] = key_now[hi[:n]]
-    K._sort_items(hk, hi, hv, 0, n, ver)  # the rebuild: every entry, sorted whole
-    head, size, t, top = 0, n, 5, 5
-    out, scratch = np.empty(n, np.int64), np.empty(n, np.int64)
+    key_now = np.full(n, -1, np.int64)  # each queued entry's newest key
+    head, size, t = 0, 0, 0
+    out = np.empty(n, np.int64)
+    compactions = splits = 0
     for call in range(1, 300):
-        batch = rng.permutation(n)[: int(rng.integers(1, 40))]  # not in id order
         t += int(rng.integers(0, 2))  # equal batch times happen (a write after its read)
-        keys = np.full(batch.size, t, np.int64)
-        if rng.random() < 0.3:  # several batches' touches at once (none below the queue's)
-            keys = rng.integers(top, t + 1, batch.size).astype(np.int64)
-        top = max(top, int(keys.max()))
-        if size + batch.size > cap:
-            size = K._compact(hk, hi, hv, head, size, ver, resident, pinned)
-            head = 0
-        key_now[batch] = keys
-        resident[batch] = True
-        size = K._append(hk, hi, hv, size, keys, batch.astype(np.int64), batch.size, ver)
+        batch = rng.choice(n, int(rng.integers(1, 60)))  # repeats: touched twice in a batch
+        for e in batch.tolist():
+            resident[e] = True
+            if pinned[e]:
+                continue  # (the loop queues no pinned entry)
+            if size == cap:
+                size = K._compact(hk, hi, hv, head, size, ver, resident, pinned)
+                head = 0
+                compactions += 1
+            size = K._enqueue(hk, hi, hv, size, t, e, ver)
+            key_now[e] = t
         protect = bool(rng.random() < 0.7)
         stamp[batch[: batch.size // 2]] = call  # the call's own entries
-        k = int(rng.integers(1, 60))
-        eligible = [e for e in range(n) if resident[e] and not pinned[e]
-                    and not (protect and stamp[e] == call)]  # fmt: skip
-        want = sorted(eligible, key=lambda e: (key_now[e], e))[:k]
+        k = int(rng.integers(1, 80))
+        eligible = sorted(
+            (e for e in range(n) if resident[e] and not pinned[e]
+             and not (protect and stamp[e] == call)),
+            key=lambda e: (key_now[e], e),
+        )  # fmt: skip
+        want = eligible[:k]
+        if k < len(eligible) and key_now[eligible[k - 1]] == key_now[eligible[k]]:
+            splits += 1  # (the take ends inside a run of equal keys)
         nv, head = K._take(hk, hi, hv, head, size, k, ver, resident, pinned, stamp, call,
-                           protect, out, scratch)  # fmt: skip
+                           protect, out)  # fmt: skip
         assert sorted(out[:nv].tolist()) == sorted(want), (seed, call)
         resident[out[:nv]] = False  # the victims leave
         assert all(hk[j] <= hk[j + 1] for j in range(head, size - 1))  # key order kept
-
-
-@pytest.mark.parametrize("span", [7, 1 << 40, 1 << 62])
-def test_sort_items_orders_by_key_then_id(span: int) -> None:
-    """kernel._sort_items: (key, id) order with each item's current version, whether the
-    keys' span lets them be encoded as one integer (narrow) or not (the stable argsorts)."""
-    rng = np.random.default_rng(span % 1000)
-    n, m, lo = 300, 200, 5
-    ver = rng.integers(0, 9, n).astype(np.int64)
-    hk, hi, hv = (np.full(m + 2 * lo, -7, np.int64) for _ in range(3))
-    keys = rng.integers(-(span // 2), span // 2, m // 2, dtype=np.int64)
-    hk[lo : lo + m] = np.concatenate([keys, rng.choice(keys, m - m // 2)])  # ties
-    hi[lo : lo + m] = rng.permutation(n)[:m]
-    o = np.lexsort((hi[lo : lo + m], hk[lo : lo + m]))
-    want_k, want_i = hk[lo : lo + m][o], hi[lo : lo + m][o]
-    K._sort_items(hk, hi, hv, lo, lo + m, ver)
-    assert np.array_equal(hk[lo : lo + m], want_k)
-    assert np.array_equal(hi[lo : lo + m], want_i)
-    assert np.array_equal(hv[lo : lo + m], ver[want_i])
-    assert (hk[:lo] == -7).all() and (hk[lo + m :] == -7).all() and (hv[:lo] == -7).all()
+    assert compactions and splits  # (the cases the test is for happened)
 
 
 # --- the plan ---------------------------------------------------------------------------

@@ -318,3 +318,20 @@ def test_an_integer_module_must_say_its_q16_score() -> None:
         hooks.check(mod)
     mod.score_q16 = ema_int.score_q16
     hooks.check(mod)
+
+
+def test_a_queue_module_keeps_its_keys_to_its_touches() -> None:
+    """A QUEUE module's victims come from its touches alone: a step-end hook, a selection
+    of its own or a score (managed tiers' layers) would move keys behind the queue."""
+    import types
+
+    from kvcxl.emu.sim.fast import hooks
+    from kvcxl.emu.sim.fast.policies import ema, lru
+
+    mod = types.ModuleType("kvcxl_test_queue_module")
+    for name in (*hooks.REQUIRED, "QUEUE"):
+        setattr(mod, name, getattr(lru, name))
+    hooks.check(mod)
+    mod.end_step = ema.end_step
+    with pytest.raises(TypeError, match="QUEUE but has end_step"):
+        hooks.check(mod)

@@ -61,10 +61,12 @@ must not return one of them (or a view) out of the loop.
 
 Traits (module-level constants, default False): ``STATIC`` — a key changes only through
 the entry's own ``on_insert``/``on_access`` (True returned) or ``end_step``, so small
-evictions pop a heap; ``QUEUE`` — also, keys only grow (a batch time), so the heap is an
-O(1) queue; ``BY_AGE`` — ranked by the entry's age in tokens (the loop keeps context
-lengths in ``tab.ctx_tokens``); ``ONCE`` — ``on_access`` applies once per entry and batch
-(numpy's fancy-index assignment), not once per record.
+evictions pop a heap; ``QUEUE`` — also, keys only grow (a batch time) and do not depend on
+``now``, so the heap is an O(1) queue that every key-moving touch joins at once;
+``TOUCH`` — every read re-keys its entry (``on_access`` always returns True), so a read's
+admission queues the entry only at its read; ``BY_AGE`` — ranked by the entry's age in
+tokens (the loop keeps context lengths in ``tab.ctx_tokens``); ``ONCE`` — ``on_access``
+applies once per entry and batch (numpy's fancy-index assignment), not once per record.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ from numpy.typing import NDArray
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.policies.base import Policy
 
-TRAITS = ("STATIC", "QUEUE", "BY_AGE", "ONCE")
+TRAITS = ("STATIC", "QUEUE", "TOUCH", "BY_AGE", "ONCE")
 HOOKS = (
     "on_insert", "on_admit", "forget", "on_evict", "end_step", "score", "score_q16",
     "idle_steps", "now", "select",
@@ -257,4 +259,11 @@ def check(module: ModuleType) -> None:
             raise TypeError(
                 f"fast-engine policy module {module.__name__} covers {pair!r} but lacks "
                 "score_q16 (integer-mode prefetch ranks by it)"
+            )
+    if trait(module, "QUEUE"):  # (its victims come from its touches alone)
+        extra = [n for n in ("end_step", "select", "score") if has(module, n)]
+        if extra:
+            raise TypeError(
+                f"fast-engine policy module {module.__name__} is a QUEUE but has "
+                f"{', '.join(extra)}: a queue's keys move only by its entries' touches"
             )

@@ -106,106 +106,94 @@ def _heapify(hk, hi, hv, size):  # type: ignore[no-untyped-def]
 
 # --- for LRU and FIFO: the same items as a queue in key order --------------------------------
 # Their keys only grow (a read or an insert sets the batch's time, which never goes back), so
-# every key pushed is at least every key already queued: a push appends at the tail and the
+# an entry joins the tail at every touch that moves its key, already in key order, and the
 # victims are taken from the head, O(1) each where the heap pays O(log n).  Items of equal
 # key (a run: one batch's touches) sit in any order; a take that ends inside a run picks
 # that run's lowest ids, so the victims are the same set as the (key, id) order's.
-@njit(cache=True)
-def _sort_items(hk, hi, hv, lo, up, ver):  # type: ignore[no-untyped-def]
-    """Sort items ``[lo, up)`` by (key, id), each with its entry's current version
-    (``ver[id]``: every caller sorts items it has just made current).
-
-    (key − min key)·n + id is one int64 in the same order when the keys' span allows
-    (LRU and FIFO keys are batch times): one sort of plain integers, 5x faster than the
-    two stable argsorts, which remain for a span too wide to encode."""
-    m = up - lo
-    if m <= 0:
-        return
-    n = max(ver.size, 1)
-    kmin = hk[lo]
-    kmax = kmin
-    for j in range(lo, up):
-        kmin = min(kmin, hk[j])
-        kmax = max(kmax, hk[j])
-    if float(kmax) - float(kmin) < float((1 << 62) // n):
-        c = np.empty(m, np.int64)
-        for j in range(m):
-            c[j] = (hk[lo + j] - kmin) * n + hi[lo + j]
-        c.sort()
-        for j in range(m):
-            e = c[j] % n
-            hk[lo + j] = kmin + c[j] // n
-            hi[lo + j] = e
-            hv[lo + j] = ver[e]
-    else:
-        o = np.argsort(hi[lo:up], kind="mergesort")
-        k, i = hk[lo:up][o], hi[lo:up][o]
-        o = np.argsort(k, kind="mergesort")
-        hk[lo:up], hi[lo:up] = k[o], i[o]
-        for j in range(lo, up):
-            hv[j] = ver[hi[j]]
+@njit(cache=True, inline="always")
+def _enqueue(hk, hi, hv, size, key, e, ver):  # type: ignore[no-untyped-def]
+    """Queue entry ``e`` at the tail with ``key`` (at least every queued key) under a new
+    version; returns the size.  The caller keeps room (:func:`_compact`: at most one
+    current item per resident entry remains)."""
+    ver[e] += 1
+    hk[size], hi[size], hv[size] = key, e, ver[e]
+    return size + 1
 
 
 @njit(cache=True)
-def _append(hk, hi, hv, size, keys, ids, m, ver):  # type: ignore[no-untyped-def]
-    """Queue items ``ids[:m]`` with keys ``keys[:m]`` (each at least every queued key) at
-    the tail, in key order, each under a new version of its entry; returns the size."""
-    ordered = True
-    for j in range(1, m):
-        if keys[j] < keys[j - 1]:
-            ordered = False
-            break
-    for j in range(m):
-        e = ids[j]
-        ver[e] += 1
-        hk[size + j], hi[size + j], hv[size + j] = keys[j], e, ver[e]
-    if not ordered:  # (touches of several batches since the last take)
-        _sort_items(hk, hi, hv, size, size + m, ver)
-    return size + m
-
-
-@njit(cache=True)
-def _take(hk, hi, hv, head, size, k, ver, resident, pinned, stamp, call, protect, out,
-          scratch):  # type: ignore[no-untyped-def]  # fmt: skip
+def _take(hk, hi, hv, head, size, k, ver, resident, pinned, stamp, call, protect,
+          out):  # type: ignore[no-untyped-def]  # fmt: skip
     """Up to ``k`` victims from the queue's head into ``out``: the ``k`` smallest (key, id)
     of its current items (resident, unpinned, its entry's version), skipping the call's own
     entries (``stamp == call``) when ``protect``.  Stale items are dropped; the call's own
     and the boundary run's unchosen ones stay at the head, in key order.  Returns (how
-    many, the new head)."""
+    many, the new head).
+
+    One pass over each run of equal keys: its current items are kept at once (the call's
+    own) or gathered in ``out``; all of them leave when the run fits, else its lowest ids
+    (a run's order is free: its keys are equal).  ``out`` has room for every current
+    item."""
     nv = 0
-    w = head  # kept items so far: [head, w)
+    w = head  # kept items so far: [head, w) (w never passes the read position)
     r = head
     while nv < k and r < size:
         key = hk[r]
-        q = r
-        c = 0  # the run's eligible items
-        while q < size and hk[q] == key:
-            e = hi[q]
-            if resident[e] and not pinned[e] and hv[q] == ver[e]:
-                if not (protect and stamp[e] == call):
-                    scratch[c] = e
+        c = nv  # the run's eligible items: out[nv:c]
+        while r < size and hk[r] == key:
+            e = hi[r]
+            v = hv[r]
+            if resident[e] and not pinned[e] and v == ver[e]:
+                if protect and stamp[e] == call:
+                    hk[w], hi[w], hv[w] = key, e, v
+                    w += 1
+                else:
+                    out[c] = e
                     c += 1
-            q += 1
-        need = k - nv
-        cut = np.iinfo(np.int64).max  # the run's eligible ids up to cut are taken
-        if c > need:
-            cut = np.partition(scratch[:c].copy(), need - 1)[need - 1]
-        for j in range(r, q):
-            e = hi[j]
-            if not (resident[e] and not pinned[e] and hv[j] == ver[e]):
-                continue  # stale: dropped
-            if not (protect and stamp[e] == call) and e <= cut:
-                out[nv] = e
-                nv += 1
-            else:
-                hk[w], hi[w], hv[w] = hk[j], e, hv[j]
+            r += 1
+        if c <= k:
+            nv = c
+        else:  # the run's lowest ids leave, the rest stay (current: their versions)
+            _kth(out, nv, c, k - 1)
+            for j in range(k, c):
+                e = out[j]
+                hk[w], hi[w], hv[w] = key, e, ver[e]
                 w += 1
-        r = q
+            nv = k
     kept = w - head
     for j in range(kept - 1, -1, -1):  # the kept items move up against the unread ones
         d = r - kept + j
         hk[d], hi[d], hv[d] = hk[head + j], hi[head + j], hv[head + j]
     return nv, r - kept
+
+
+@njit(cache=True)
+def _kth(a, lo, up, k):  # type: ignore[no-untyped-def]
+    """Reorder the distinct ints ``a[lo:up]`` so that the smallest of them come first up to
+    index ``k`` (quickselect, median of three); returns ``a[k]``."""
+    hi = up - 1
+    while hi > lo:
+        mid = (lo + hi) >> 1
+        if a[mid] < a[lo]:
+            a[mid], a[lo] = a[lo], a[mid]
+        if a[hi] < a[lo]:
+            a[hi], a[lo] = a[lo], a[hi]
+        if a[hi] < a[mid]:
+            a[hi], a[mid] = a[mid], a[hi]
+        a[mid], a[hi] = a[hi], a[mid]
+        piv = a[hi]
+        p = lo
+        for j in range(lo, hi):
+            if a[j] < piv:
+                a[j], a[p] = a[p], a[j]
+                p += 1
+        a[p], a[hi] = a[hi], a[p]
+        if p == k:
+            return a[k]
+        if p > k:
+            hi = p - 1
+        else:
+            lo = p + 1
+    return a[k]
 
 
 @njit(cache=True)
@@ -247,10 +235,10 @@ def _key_of(p):  # type: ignore[no-untyped-def]
 
 # --- exact top-k by (key, id) over a candidate list --------------------------------------
 @njit(cache=True)
-def _select(keys, ids, m, k, kmin, kmax, out_ids, mark):  # type: ignore[no-untyped-def]
+def _select(keys, ids, m, k, kmin, kmax, out_ids):  # type: ignore[no-untyped-def]
     """The ``k`` smallest (key, id) of ``keys[:m]``/``ids[:m]`` into ``out_ids``, in no
     particular order (a dump orders them afterwards).  Returns how many (min(k, m)).
-    ``kmin``/``kmax`` bound the keys; ``mark`` is a False bool array over entry ids.
+    ``kmin``/``kmax`` bound the keys.
     ``keys[:m]``/``ids[:m]`` are the caller's scratch: a wide span of keys is selected in
     place (their order is not kept)."""
     if k >= m:

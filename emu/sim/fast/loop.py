@@ -21,13 +21,12 @@ from kvcxl.emu.sim.fast.kernel import (
     HBM,
     HOST,
     NVME,
-    _append,
     _compact,
+    _enqueue,
     _heapify,
     _pop,
     _push,
     _select,
-    _sort_items,
     _take,
     borrowed,
     float_key,
@@ -54,6 +53,7 @@ from kvcxl.emu.sim.fast.timeline import seal as log_seal
 # The policy's traits and hooks, frozen as constants when numba compiles the loop.
 STATIC = hooks.trait(P, "STATIC")
 QUEUE = hooks.trait(P, "QUEUE")
+TOUCH = hooks.trait(P, "TOUCH")
 BY_AGE = hooks.trait(P, "BY_AGE")
 ONCE = hooks.trait(P, "ONCE")
 STEPS = hooks.has(P, "end_step")
@@ -102,14 +102,18 @@ def _leave(ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc, reside
             if pf_mark[vic[j]]:
                 pf_mark[vic[j]] = False
                 pf_cnt[PF_WASTED] += 1
-    compact = nv * 4 > n_list  # many leave: one pass over the list, not a swap each
+    # many leave: one pass over the list, not a swap each (a queue policy keeps no list)
+    compact = nv * 4 > n_list and not QUEUE
+    n_nvme = 0
     for j in range(nv):
         e = vic[j]
         dest = CXL  # session.place
         if SCORED and score(ps, e) < nvme_below:
             dest = NVME
         resident[e] = False
-        if not compact:
+        if QUEUE:
+            n_list -= 1
+        elif not compact:
             p_ = res_pos[e]
             moved_e = res_list[n_list - 1]
             res_list[p_] = moved_e
@@ -119,16 +123,19 @@ def _leave(ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc, reside
         on_evict(ps, e, t)
         if not persistent:  # Policy.on_evict: the policy forgets the entry
             forget(ps, e)
-        src = tier[e]
-        moved[pos, src, dest] += 1
-        tcount[src] -= 1
-        tcount[dest] += 1
-        tier[e] = dest
+        if dest == NVME:
+            n_nvme += 1
+        tier[e] = dest  # (from HBM: a resident entry's tier)
         if since.size:
             since[e] = t
             if cxl_fifo and dest == CXL:
                 cxl_size = T.fifo_push(e, t, n_desc, tier, since, cxl_k, cxl_i, cxl_v, cxl_ver,
                                        cxl_size)  # fmt: skip
+    moved[pos, HBM, CXL] += nv - n_nvme
+    moved[pos, HBM, NVME] += n_nvme
+    tcount[HBM] -= nv
+    tcount[CXL] += nv - n_nvme
+    tcount[NVME] += n_nvme
     if compact:
         k = 0
         for j in range(n_list):
@@ -145,7 +152,7 @@ def _leave(ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc, reside
 
 @njit(cache=True)
 def _spill(ps, tab, rules, t, pos, n_desc, cxl_cap, tier, since, tcount, moved, cxl_k, cxl_i,
-           cxl_v, cxl_ver, cxl_size, keys, ids, out, mark):  # type: ignore[no-untyped-def]  # fmt: skip
+           cxl_v, cxl_ver, cxl_size, keys, ids, out):  # type: ignore[no-untyped-def]  # fmt: skip
     """FirmwareSession._spill: CXL DRAM over its capacity sends the surplus to NVMe, by the
     policy's order (cxl_order = "policy", ranked at the latest eviction's time ``t``) or
     the earliest arrivals first; returns the arrivals heap's size."""
@@ -162,7 +169,7 @@ def _spill(ps, tab, rules, t, pos, n_desc, cxl_cap, tier, since, tcount, moved, 
                 ids[m] = e
                 keys[m] = key_of(priority(ps, tab, e, now))
                 m += 1
-        got = T.smallest(keys, ids, m, spill, out, mark)
+        got = T.smallest(keys, ids, m, spill, out)
         T.move(out, got, CXL, NVME, t, tier, since, tcount, moved, pos)
         return cxl_size
     while spill > 0 and cxl_size > 0:  # by (arrival, id)
@@ -185,7 +192,7 @@ def _value(ps, tab, rules, e):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _bg_victims(ps, tab, rules, res_list, n_list, keys, ids, out, mark):  # type: ignore[no-untyped-def]  # fmt: skip
+def _bg_victims(ps, tab, rules, res_list, n_list, keys, ids, out):  # type: ignore[no-untyped-def]  # fmt: skip
     """Weighted managed tiers at a step boundary: the resident, unpinned entries placement
     wants in CXL DRAM (P < low), lowest P first (ties lower id), at most background_moves;
     into ``out`` unordered, returning how many (the dump orders them by P's key)."""
@@ -199,13 +206,13 @@ def _bg_victims(ps, tab, rules, res_list, n_list, keys, ids, out, mark):  # type
             ids[m] = e
             keys[m] = float_key(v)
             m += 1
-    return T.smallest(keys, ids, m, rules.moves, out, mark)
+    return T.smallest(keys, ids, m, rules.moves, out)
 
 
 @njit(cache=True)
 def _bg_lower(ps, rules, t, pos, n_desc, cxl_cap, nvme_cap, tier, since, tcount, moved,
               cxl_fifo, cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, keys, ids, down, up,
-              mark, scratch):  # type: ignore[no-untyped-def]  # fmt: skip
+              scratch):  # type: ignore[no-untyped-def]  # fmt: skip
     """Threshold managed tiers at a step boundary (tiering.background_plan): CXL DRAM
     entries scored below evict_threshold sink to NVMe (lowest first), then NVMe entries at
     or above it rise into CXL DRAM's free room (highest first), at most background_moves in
@@ -231,8 +238,8 @@ def _bg_lower(ps, rules, t, pos, n_desc, cxl_cap, nvme_cap, tier, since, tcount,
                 i2[m2] = e
                 k2[m2] = float_key(-v)
                 m2 += 1
-    nd = T.smallest(keys, ids, m, rules.moves, down, mark)
-    nu = T.smallest(k2, i2, m2, min(rules.moves - nd, max(cxl_cap - n_cxl, 0) + nd), up, mark)
+    nd = T.smallest(keys, ids, m, rules.moves, down)
+    nu = T.smallest(k2, i2, m2, min(rules.moves - nd, max(cxl_cap - n_cxl, 0) + nd), up)
     T.move(down, nd, CXL, NVME, t, tier, since, tcount, moved, pos)
     if tcount[NVME] > nvme_cap:
         return cxl_size, True
@@ -299,8 +306,10 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
     n_desc = 0
     # A heap of the resident unpinned entries by (key, id) serves small evictions of a STATIC
     # policy: keys change only by an entry's own events (marked dirty, pushed again before
-    # the next pop) and at step ends (the heap is rebuilt).  Large evictions scan.
-    hcap = 2 * n + 64 if STATIC else 0  # rebuilt (to at most n items) before it would overflow
+    # the next pop) and at step ends (the heap is rebuilt).  Large evictions scan.  A QUEUE
+    # policy's items join the queue at every touch instead (kernel._enqueue), with room kept
+    # by compaction: at most n current items, then at most n admissions and a batch's reads.
+    hcap = 2 * n + 64 + p_ids.size if STATIC else 0
     hk = np.empty(hcap, np.int64)
     hi = np.empty(hcap, np.int64)
     hv = np.empty(hcap, np.int64)
@@ -334,7 +343,6 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
     cand_k = np.empty(n, np.int64)
     vic = np.empty(n, np.int64)
     stash = np.empty(2 * n, np.int64)
-    mark = np.zeros(n, np.bool_)
     vic2 = np.empty(n, np.int64)
     vgrp = np.empty(n if record else 0, np.int64)  # each victim's pass and layer (dump order)
     # dump: victims <= admissions (writes, misses, prefetches: at most limit per read call)
@@ -379,7 +387,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
             log_outside(tlog, moved)  # (no record holds a boundary's moves)
             t = max(time - 1, 0)
             if rules.weighted:  # HBM entries placement wants in CXL DRAM leave
-                nv = _bg_victims(ps, tab, rules, res_list, n_list, cand_k, cand_id, vic, mark)
+                nv = _bg_victims(ps, tab, rules, res_list, n_list, cand_k, cand_id, vic)
                 if nv:
                     call += 1
                     if record:
@@ -402,7 +410,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                     s_evict += nv
                     cxl_size = _spill(
                         ps, tab, rules, t, pos, n_desc, cxl_cap, tier, since, tcount, moved,
-                        cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, cand_k, cand_id, vic, mark,
+                        cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, cand_k, cand_id, vic,
                     )  # fmt: skip
                     if tcount[NVME] > nvme_cap:
                         err = 1
@@ -410,7 +418,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                 cxl_size, full = _bg_lower(
                     ps, rules, t, pos, n_desc, cxl_cap, nvme_cap, tier, since, tcount, moved,
                     cxl_fifo, cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, cand_k, cand_id, vic,
-                    vic2, mark, stash,
+                    vic2, stash,
                 )  # fmt: skip
                 if full:
                     err = 1
@@ -447,11 +455,18 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                         break
                     call += 2
                     stamp[e] = call
-                    if on_access(ps, e, j, p_w[j], time) and STATIC:
-                        if not stale and not dirty[e]:
-                            dirty[e] = True
-                            dirty_list[n_dirty] = e
-                            n_dirty += 1
+                    changed = on_access(ps, e, j, p_w[j], time)
+                    if QUEUE:
+                        if hsize == hcap:
+                            hsize = _compact(hk, hi, hv, hhead, hsize, ver, resident, pinned)
+                            hhead = 0
+                        if changed and not pinned[e]:
+                            k_ = key_of(priority(ps, tab, e, now_of(ps, time)))
+                            hsize = _enqueue(hk, hi, hv, hsize, k_, e, ver)
+                    elif STATIC and changed and not stale and not dirty[e]:
+                        dirty[e] = True
+                        dirty_list[n_dirty] = e
+                        n_dirty += 1
                     time += 1
                     if STATIC and not QUEUE and n_dirty * 2 > n_list:
                         stale = True
@@ -534,14 +549,17 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                                     n_w += 1
                         else:
                             tr = tier[e]
-                            miss[pos, tr] += 1
                             if tr == CXL:
                                 c_cxl += 1
                             elif tr == NVME:
                                 c_nvme += 1
+                            else:
+                                miss[pos, tr] += 1
                             if first:  # the misses to admit, once each
                                 adm[na] = e
                                 na += 1
+                    miss[pos, CXL] += c_cxl
+                    miss[pos, NVME] += c_nvme
                     s_hits += nh
                     s_miss += m - nh
                     reads[pos] += m
@@ -557,7 +575,8 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                     log_seal(tlog, moved)
                     _promote(adm, na, pos, tier, tcount, moved)
                     log_open(tlog, True, pos, step, tok, nh, m, c_cxl, c_nvme, moved)
-                    log_waits(tlog, pf_recs, n_w)
+                    if n_w:  # (a call of its own only when there are waits)
+                        log_waits(tlog, pf_recs, n_w)
                 else:  # FirmwareSession.prefetch_candidates, then .prefetch at the read's time
                     if not pf_on or not b_read[b]:
                         continue
@@ -586,6 +605,9 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                         stamp[e] = call
                     _promote(adm, na, pos, tier, tcount, moved)
                 # --- PolicyCache._admit(adm[:na]) ---
+                if QUEUE and hsize + na + (z - a) > hcap:  # (room for every touch below)
+                    hsize = _compact(hk, hi, hv, hhead, hsize, ver, resident, pinned)
+                    hhead = 0
                 n_res += na
                 s_ins += na
                 free = pinned_capacity - n_pinned
@@ -597,14 +619,19 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                         n_pinned += 1
                         free -= 1
                     else:
-                        res_list[n_list] = e
-                        res_pos[e] = n_list
+                        if not QUEUE:  # (a queue policy's victims come from its queue)
+                            res_list[n_list] = e
+                            res_pos[e] = n_list
                         n_list += 1
                         n_prot += 1
                     if not persistent:  # Policy.on_insert
                         forget(ps, e)
                     on_insert(ps, e, t)
-                    if STATIC and not stale and not dirty[e]:  # (a stale heap is rebuilt whole)
+                    if QUEUE:  # every insert joins the queue's tail at once (TOUCH: at its read)
+                        if not pinned[e] and (is_write or not TOUCH):
+                            k_ = key_of(priority(ps, tab, e, now_of(ps, t)))
+                            hsize = _enqueue(hk, hi, hv, hsize, k_, e, ver)
+                    elif STATIC and not stale and not dirty[e]:  # (a stale heap is rebuilt whole)
                         dirty[e] = True
                         dirty_list[n_dirty] = e
                         n_dirty += 1
@@ -619,7 +646,11 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                                 continue
                             stamp[e] = -call
                         changed = on_access(ps, e, j, p_w[j], t)
-                        if STATIC and changed and not stale and not dirty[e]:
+                        if QUEUE:  # and every touch that moves a key
+                            if changed and not pinned[e]:
+                                k_ = key_of(priority(ps, tab, e, now_of(ps, t)))
+                                hsize = _enqueue(hk, hi, hv, hsize, k_, e, ver)
+                        elif STATIC and changed and not stale and not dirty[e]:
                             dirty[e] = True
                             dirty_list[n_dirty] = e
                             n_dirty += 1
@@ -646,62 +677,47 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                     nv = 0
                     if (STATIC and not SELECT and (QUEUE or k_pass * 16 <= n_list)
                             and not (LAYERED and managed)):  # fmt: skip
-                        # the heap: few victims among many (a queue: any number)
-                        if QUEUE and not stale and hsize + n_dirty > hcap:
-                            hsize = _compact(hk, hi, hv, hhead, hsize, ver, resident, pinned)
-                            hhead = 0
-                        if stale or hsize + n_dirty > hcap:
-                            hsize = n_list
-                            hhead = 0
-                            for j in range(n_list):
-                                e = res_list[j]
-                                ver[e] += 1
-                                hi[j] = e
-                                hv[j] = ver[e]
-                                hk[j] = key_of(priority(ps, tab, e, now))
-                            if QUEUE:
-                                _sort_items(hk, hi, hv, 0, hsize, ver)
-                            else:
-                                _heapify(hk, hi, hv, hsize)
-                            for j in range(n_dirty):
-                                dirty[dirty_list[j]] = False
-                            n_dirty = 0
-                            stale = False
-                        else:
-                            nd = 0
-                            for j in range(n_dirty):
-                                e = dirty_list[j]
-                                dirty[e] = False
-                                if resident[e] and not pinned[e]:
-                                    dirty_list[nd] = e
-                                    cand_k[nd] = key_of(priority(ps, tab, e, now))
-                                    nd += 1
-                            if QUEUE:  # every key here is at least every queued one
-                                hsize = _append(hk, hi, hv, hsize, cand_k, dirty_list, nd, ver)
-                            else:
-                                for j in range(nd):
-                                    e = dirty_list[j]
-                                    ver[e] += 1
-                                    hsize = _push(hk, hi, hv, hsize, cand_k[j], e, ver[e])
-                            n_dirty = 0
-                        n_st = 0
-                        if QUEUE:
+                        # the queue (any number of victims), or the heap (few among many)
+                        if QUEUE:  # (every touch is queued already, in key order)
                             nv, hhead = _take(
                                 hk, hi, hv, hhead, hsize, k_pass, ver, resident, pinned, stamp,
-                                call, protect, vic, cand_id,
+                                call, protect, vic,
                             )  # fmt: skip
-                        while not QUEUE and nv < k_pass and hsize > hhead:
-                            key, e, v, hsize = _pop(hk, hi, hv, hsize)
-                            if not resident[e] or pinned[e] or v != ver[e]:
-                                continue
-                            if protect and stamp[e] == call:
-                                stash[2 * n_st] = e
-                                stash[2 * n_st + 1] = key  # (unchanged: the item was current)
-                                n_st += 1
-                                continue
-                            vic[nv] = e
-                            nv += 1
-                        if not QUEUE:
+                        else:
+                            if stale or hsize + n_dirty > hcap:
+                                hsize = n_list
+                                for j in range(n_list):
+                                    e = res_list[j]
+                                    ver[e] += 1
+                                    hi[j] = e
+                                    hv[j] = ver[e]
+                                    hk[j] = key_of(priority(ps, tab, e, now))
+                                _heapify(hk, hi, hv, hsize)
+                                for j in range(n_dirty):
+                                    dirty[dirty_list[j]] = False
+                                n_dirty = 0
+                                stale = False
+                            else:
+                                for j in range(n_dirty):
+                                    e = dirty_list[j]
+                                    dirty[e] = False
+                                    if resident[e] and not pinned[e]:
+                                        ver[e] += 1
+                                        k_ = key_of(priority(ps, tab, e, now))
+                                        hsize = _push(hk, hi, hv, hsize, k_, e, ver[e])
+                                n_dirty = 0
+                            n_st = 0
+                            while nv < k_pass and hsize > 0:
+                                key, e, v, hsize = _pop(hk, hi, hv, hsize)
+                                if not resident[e] or pinned[e] or v != ver[e]:
+                                    continue
+                                if protect and stamp[e] == call:
+                                    stash[2 * n_st] = e
+                                    stash[2 * n_st + 1] = key  # (unchanged: the item was current)
+                                    n_st += 1
+                                    continue
+                                vic[nv] = e
+                                nv += 1
                             for j in range(n_st):
                                 e = stash[2 * j]
                                 hsize = _push(hk, hi, hv, hsize, stash[2 * j + 1], e, ver[e])
@@ -738,7 +754,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                                 for j in range(mc):
                                     cand_id[j] = lay_ids[g, j]
                                     cand_k[j] = key_of(priority(ps, tab, cand_id[j], now))
-                                got = T.smallest(cand_k, cand_id, mc, k_pass - nv, vic2, mark)
+                                got = T.smallest(cand_k, cand_id, mc, k_pass - nv, vic2)
                             for j in range(got):
                                 vic[nv + j] = vic2[j]
                                 if record:
@@ -764,7 +780,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                                     kmin = k
                                 if j == 0 or k > kmax:
                                     kmax = k
-                            nv = _select(cand_k, cand_id, mc, k_pass, kmin, kmax, vic, mark)
+                            nv = _select(cand_k, cand_id, mc, k_pass, kmin, kmax, vic)
                         if record:
                             for j in range(nv):
                                 vgrp[j] = n_pass * T.LAYERS
@@ -799,10 +815,10 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                     n_pass += 1
                     if not batched:
                         break
-                if n_out:
+                if n_out and tcount[CXL] > cxl_cap:  # (CXL DRAM over its capacity)
                     cxl_size = _spill(
                         ps, tab, rules, t, pos, n_desc, cxl_cap, tier, since, tcount, moved,
-                        cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, cand_k, cand_id, vic, mark,
+                        cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, cand_k, cand_id, vic,
                     )  # fmt: skip
                     if tcount[NVME] > nvme_cap:
                         err = 1

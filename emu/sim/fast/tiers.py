@@ -100,7 +100,7 @@ def wants_cxl(rules, v):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def smallest(keys, ids, m, k, out, mark):  # type: ignore[no-untyped-def]
+def smallest(keys, ids, m, k, out):  # type: ignore[no-untyped-def]
     """The ``k`` smallest (key, id) of ``keys[:m]``/``ids[:m]`` into ``out`` (unordered);
     returns how many (tiering.select_victims' set: key ascending, then the lower id)."""
     if m == 0 or k <= 0:
@@ -110,7 +110,7 @@ def smallest(keys, ids, m, k, out, mark):  # type: ignore[no-untyped-def]
     for j in range(1, m):
         kmin = min(kmin, keys[j])
         kmax = max(kmax, keys[j])
-    return _select(keys, ids, m, k, kmin, kmax, out, mark)
+    return _select(keys, ids, m, k, kmin, kmax, out)
 
 
 @njit(cache=True)

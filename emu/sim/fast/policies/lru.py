@@ -13,6 +13,7 @@ from ..hooks import Setup
 
 COVERS = (("lru", "float"), ("lru-anchor", "float"))
 QUEUE = True
+TOUCH = True  # on_access always re-keys
 
 
 class State(NamedTuple):

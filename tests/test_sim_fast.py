@@ -201,8 +201,9 @@ def test_select_is_the_firmwares(m: int, distinct: int) -> None:
 @pytest.mark.parametrize("seed", range(6))
 def test_lru_queue_takes_the_smallest_key_then_id(seed: int) -> None:
     """The LRU/FIFO queue (kernel._enqueue, _take, _compact) against a plain reference:
-    every take's victims are the k smallest (key, id) among the entries whose newest item
-    is queued, resident, unpinned and not protected, as sorting them says.  Touches join
+    every take's victims are the k smallest (key, id) among the resident, unpinned and
+    unprotected entries, each by its newest key, as sorting them says (the queue itself
+    knows only versions: pinned entries are never queued, and only takes evict).  Touches join
     the tail one by one, never below the queued keys (equal batch times included, an entry
     touched again in its own batch), not in id order; takes of every size, protected
     entries staying queued, the boundary run split by id; compactions when full."""
@@ -226,7 +227,7 @@ def test_lru_queue_takes_the_smallest_key_then_id(seed: int) -> None:
             if pinned[e]:
                 continue  # (the loop queues no pinned entry)
             if size == cap:
-                size = K._compact(hk, hi, hv, head, size, ver, resident, pinned)
+                size = K._compact(hk, hi, hv, head, size, ver)
                 head = 0
                 compactions += 1
             size = K._enqueue(hk, hi, hv, size, t, e, ver)
@@ -242,8 +243,7 @@ def test_lru_queue_takes_the_smallest_key_then_id(seed: int) -> None:
         want = eligible[:k]
         if k < len(eligible) and key_now[eligible[k - 1]] == key_now[eligible[k]]:
             splits += 1  # (the take ends inside a run of equal keys)
-        nv, head = K._take(hk, hi, hv, head, size, k, ver, resident, pinned, stamp, call,
-                           protect, out)  # fmt: skip
+        nv, head = K._take(hk, hi, hv, head, size, k, ver, stamp, call, protect, out)
         assert sorted(out[:nv].tolist()) == sorted(want), (seed, call)
         resident[out[:nv]] = False  # the victims leave
         assert all(hk[j] <= hk[j + 1] for j in range(head, size - 1))  # key order kept

@@ -109,22 +109,23 @@ def _heapify(hk, hi, hv, size):  # type: ignore[no-untyped-def]
 # an entry joins the tail at every touch that moves its key, already in key order, and the
 # victims are taken from the head, O(1) each where the heap pays O(log n).  Items of equal
 # key (a run: one batch's touches) sit in any order; a take that ends inside a run picks
-# that run's lowest ids, so the victims are the same set as the (key, id) order's.
+# that run's lowest ids, so the victims are the same set as the (key, id) order's.  An item
+# is current while its version is its entry's: the loop queues no pinned entry, and an
+# entry leaves HBM only by a take, which consumes its current item.
 @njit(cache=True, inline="always")
 def _enqueue(hk, hi, hv, size, key, e, ver):  # type: ignore[no-untyped-def]
     """Queue entry ``e`` at the tail with ``key`` (at least every queued key) under a new
     version; returns the size.  The caller keeps room (:func:`_compact`: at most one
-    current item per resident entry remains)."""
+    current item per queued entry remains)."""
     ver[e] += 1
     hk[size], hi[size], hv[size] = key, e, ver[e]
     return size + 1
 
 
 @njit(cache=True)
-def _take(hk, hi, hv, head, size, k, ver, resident, pinned, stamp, call, protect,
-          out):  # type: ignore[no-untyped-def]  # fmt: skip
+def _take(hk, hi, hv, head, size, k, ver, stamp, call, protect, out):  # type: ignore[no-untyped-def]  # fmt: skip
     """Up to ``k`` victims from the queue's head into ``out``: the ``k`` smallest (key, id)
-    of its current items (resident, unpinned, its entry's version), skipping the call's own
+    of its current items (each its entry's version), skipping the call's own
     entries (``stamp == call``) when ``protect``.  Stale items are dropped; the call's own
     and the boundary run's unchosen ones stay at the head, in key order.  Returns (how
     many, the new head).
@@ -142,7 +143,7 @@ def _take(hk, hi, hv, head, size, k, ver, resident, pinned, stamp, call, protect
         while r < size and hk[r] == key:
             e = hi[r]
             v = hv[r]
-            if resident[e] and not pinned[e] and v == ver[e]:
+            if v == ver[e]:
                 if protect and stamp[e] == call:
                     hk[w], hi[w], hv[w] = key, e, v
                     w += 1
@@ -197,12 +198,12 @@ def _kth(a, lo, up, k):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _compact(hk, hi, hv, head, size, ver, resident, pinned):  # type: ignore[no-untyped-def]
+def _compact(hk, hi, hv, head, size, ver):  # type: ignore[no-untyped-def]
     """Drop the consumed head and the stale items, keeping the order; returns the size."""
     m = 0
     for j in range(head, size):
         e = hi[j]
-        if resident[e] and not pinned[e] and hv[j] == ver[e]:
+        if hv[j] == ver[e]:
             hk[m], hi[m], hv[m] = hk[j], hi[j], hv[j]
             m += 1
     return m

@@ -80,12 +80,23 @@ on_admit = hooks.hook(P, "on_admit")  # (once per call that admits)
 @njit(cache=True, inline="always")
 def _promote(adm, na, pos, tier, tcount, moved):  # type: ignore[no-untyped-def]
     """tiers.promote: ``adm[:na]`` come up to HBM from their tiers (step position ``pos``)."""
+    n_cxl = 0  # (the usual sources counted aside: no store per entry to the books)
+    n_nvme = 0
     for j in range(na):
         e = adm[j]
         src = tier[e]
-        moved[pos, src, HBM] += 1
-        tcount[src] -= 1
+        if src == CXL:
+            n_cxl += 1
+        elif src == NVME:
+            n_nvme += 1
+        else:
+            moved[pos, src, HBM] += 1
+            tcount[src] -= 1
         tier[e] = HBM
+    moved[pos, CXL, HBM] += n_cxl
+    moved[pos, NVME, HBM] += n_nvme
+    tcount[CXL] -= n_cxl
+    tcount[NVME] -= n_nvme
     tcount[HBM] += na
 
 
@@ -458,7 +469,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                     changed = on_access(ps, e, j, p_w[j], time)
                     if QUEUE:
                         if hsize == hcap:
-                            hsize = _compact(hk, hi, hv, hhead, hsize, ver, resident, pinned)
+                            hsize = _compact(hk, hi, hv, hhead, hsize, ver)
                             hhead = 0
                         if changed and not pinned[e]:
                             k_ = key_of(priority(ps, tab, e, now_of(ps, time)))
@@ -606,7 +617,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                     _promote(adm, na, pos, tier, tcount, moved)
                 # --- PolicyCache._admit(adm[:na]) ---
                 if QUEUE and hsize + na + (z - a) > hcap:  # (room for every touch below)
-                    hsize = _compact(hk, hi, hv, hhead, hsize, ver, resident, pinned)
+                    hsize = _compact(hk, hi, hv, hhead, hsize, ver)
                     hhead = 0
                 n_res += na
                 s_ins += na
@@ -680,9 +691,8 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                         # the queue (any number of victims), or the heap (few among many)
                         if QUEUE:  # (every touch is queued already, in key order)
                             nv, hhead = _take(
-                                hk, hi, hv, hhead, hsize, k_pass, ver, resident, pinned, stamp,
-                                call, protect, vic,
-                            )  # fmt: skip
+                                hk, hi, hv, hhead, hsize, k_pass, ver, stamp, call, protect, vic
+                            )
                         else:
                             if stale or hsize + n_dirty > hcap:
                                 hsize = n_list

@@ -16,6 +16,23 @@ def patched_host():
     return h
 
 
+# Files whose tests boot QEMU guests: one worker runs them all, one guest at a time, as a
+# serial run does (two guests at once on two cores would slow both past their timeouts).
+_GUEST_FILES = ("test_qemu_",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist's ``--dist loadgroup`` (``make test``): a file's tests run on one worker,
+    so that its module fixtures (a boot, a compiled design, a replay) are built once, and
+    the guest files share one worker between them."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        path = item.nodeid.split("::", 1)[0]
+        group = "qemu" if path.rsplit("/", 1)[-1].startswith(_GUEST_FILES) else path
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     """Whether the KVM boots can run here, at the top of every run's output (CI's log)."""
     from kvcxl.qemu.accel import kvm_unusable

@@ -17,10 +17,10 @@ demo: $(CORE)
 
 test: $(ALL) system-deps lint
 	$(BIN)/kvcxl setup
-	$(BIN)/python -m pytest -m "" -n $(JOBS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "" -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: $(ALL)
-	$(BIN)/python -m pytest -m "not slow" -n $(JOBS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(ALL)
 	$(BIN)/ruff check .

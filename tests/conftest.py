@@ -21,16 +21,26 @@ def patched_host():
 _GUEST_FILES = ("test_qemu_",)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under xdist's ``--dist loadgroup`` (``make test``): a file's tests run on one worker,
-    so that its module fixtures (a boot, a compiled design, a replay) are built once, and
-    the guest files share one worker between them."""
-    for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        path = item.nodeid.split("::", 1)[0]
-        group = "qemu" if path.rsplit("/", 1)[-1].startswith(_GUEST_FILES) else path
-        item.add_marker(pytest.mark.xdist_group(group))
+def _work_unit(nodeid: str) -> str:
+    """The scheduling unit of a test under ``make test``'s ``-n N --dist loadfile``: its
+    file (its module fixtures, a boot, a compiled design, a replay, are built once), and
+    one unit for every guest file."""
+    path = nodeid.split("::", 1)[0]
+    return "qemu guests" if path.rsplit("/", 1)[-1].startswith(_GUEST_FILES) else path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """xdist's loadfile scheduling, by :func:`_work_unit` (the ``xdist_group`` mark cannot
+    do it: xdist 3.8 writes the group into a node id that pytest 9.2 no longer reads)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ByUnit(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(nodeid)
+
+    return ByUnit(config, log)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -332,6 +332,12 @@ def test_a_queue_module_keeps_its_keys_to_its_touches() -> None:
     for name in (*hooks.REQUIRED, "QUEUE"):
         setattr(mod, name, getattr(lru, name))
     hooks.check(mod)
+    mod.TOUCH = True
+    hooks.check(mod)
+    mod.QUEUE = False  # TOUCH only defers a queue's keys
+    with pytest.raises(TypeError, match="TOUCH but not a QUEUE"):
+        hooks.check(mod)
+    mod.QUEUE = True
     mod.end_step = ema.end_step
     with pytest.raises(TypeError, match="QUEUE but has end_step"):
         hooks.check(mod)

@@ -63,10 +63,11 @@ Traits (module-level constants, default False): ``STATIC`` — a key changes onl
 the entry's own ``on_insert``/``on_access`` (True returned) or ``end_step``, so small
 evictions pop a heap; ``QUEUE`` — also, keys only grow (a batch time) and do not depend on
 ``now``, so the heap is an O(1) queue that every key-moving touch joins at once;
-``TOUCH`` — every read re-keys its entry (``on_access`` always returns True), so a read's
-admission queues the entry only at its read; ``BY_AGE`` — ranked by the entry's age in
-tokens (the loop keeps context lengths in ``tab.ctx_tokens``); ``ONCE`` — ``on_access``
-applies once per entry and batch (numpy's fancy-index assignment), not once per record.
+``TOUCH`` (a ``QUEUE``'s) — every read re-keys its entry (``on_access`` always returns
+True), so a read's admission queues the entry only at its read; ``BY_AGE`` — ranked by the
+entry's age in tokens (the loop keeps context lengths in ``tab.ctx_tokens``); ``ONCE`` —
+``on_access`` applies once per entry and batch (numpy's fancy-index assignment), not once
+per record.
 """
 
 from __future__ import annotations
@@ -260,6 +261,11 @@ def check(module: ModuleType) -> None:
                 f"fast-engine policy module {module.__name__} covers {pair!r} but lacks "
                 "score_q16 (integer-mode prefetch ranks by it)"
             )
+    if trait(module, "TOUCH") and not trait(module, "QUEUE"):
+        raise TypeError(
+            f"fast-engine policy module {module.__name__} is TOUCH but not a QUEUE: TOUCH "
+            "defers a queued entry's key to its read"
+        )
     if trait(module, "QUEUE"):  # (its victims come from its touches alone)
         extra = [n for n in ("end_step", "select", "score") if has(module, n)]
         if extra:

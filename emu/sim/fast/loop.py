@@ -467,6 +467,9 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                     call += 2
                     stamp[e] = call
                     changed = on_access(ps, e, j, p_w[j], time)
+                    # (this queue-or-dirty step is written out at each of its three sites: an
+                    # inlined helper taking the queue's arrays pays their reference counts,
+                    # 3x LRU's replay time, Measured)
                     if QUEUE:
                         if hsize == hcap:
                             hsize = _compact(hk, hi, hv, hhead, hsize, ver)

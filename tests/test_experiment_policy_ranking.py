@@ -62,6 +62,11 @@ def test_ranking_agrees_with_a_plain_computation(rows):
         assert rk["over_ema"]["mean"] == pytest.approx(means[best] - means["ema"])
         assert rk["ema_rank"] == 1 + sum(m > means["ema"] for m in means.values())
     assert rep["verdict"] in ("confirms", "contradicts", "cannot say")
+    # No capture joined this run, and the report says so; with one it does not.
+    assert "No SmolLM2 capture joined: KVCXL_CAPTURES" in rep["why"]
+    captured = [{**r, "workload": "capture:chat"} if r["workload"] == "multi-turn" else r
+                for r in rows]  # fmt: skip
+    assert "No SmolLM2 capture" not in EXPERIMENT.report(captured)["why"]
 
 
 def test_cli_writes_table_json_and_plot(tmp_path, capsys):

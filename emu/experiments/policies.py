@@ -108,6 +108,11 @@ class Policies(Experiment):
             tables.append(titled(wl, rs, arm_table(rs, arms, f"over {BASELINE} (pts)")))
             ranking.append(_rank(wl, rs, order))
         verdict, why = _verdict(ranking)
+        if not any(wl.startswith("capture:") for wl in groups):  # (say what did not join)
+            why += (
+                f" No SmolLM2 capture joined: {CAPTURES_ENV} names none (a folder of "
+                "`kvcxl trace capture` traces)."
+            )
         return {
             "tables": [_ranking_table(ranking), *tables],
             "verdict": verdict,

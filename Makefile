@@ -9,6 +9,7 @@ ALL    := $(VENV)/.kvcxl-all
 PYTEST_ARGS ?=
 # pytest workers (xdist): one per core, at most 4 (tests/conftest.py keeps a file on one worker)
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
+XDIST  := -n $(JOBS) --dist loadfile
 
 .PHONY: demo test test-fast lint setup system-deps clean
 
@@ -17,10 +18,10 @@ demo: $(CORE)
 
 test: $(ALL) system-deps lint
 	$(BIN)/kvcxl setup
-	$(BIN)/python -m pytest -m "" -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "" $(XDIST) $(PYTEST_ARGS)
 
 test-fast: $(ALL)
-	$(BIN)/python -m pytest -m "not slow" -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 lint: $(ALL)
 	$(BIN)/ruff check .

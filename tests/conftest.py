@@ -17,7 +17,7 @@ def patched_host():
 
 
 # Files whose tests boot QEMU guests: one worker runs them all, one guest at a time, as a
-# serial run does (two guests at once on two cores would slow both past their timeouts).
+# serial run did (their timeouts were set with one guest running).
 _GUEST_FILES = ("test_qemu_",)
 
 

@@ -33,6 +33,7 @@ BASELINE = "ema"  # the seed's policy, which every margin is taken against
 BOUND = "belady"  # the offline optimum that may bypass: the upper bound of every online policy
 BUDGET = "10%"
 CAPTURES_ENV = "KVCXL_CAPTURES"
+CAPTURE = "capture:"  # a captured trace's workload name: CAPTURE + its file's stem
 # Mooncake's longest request at the default token scale (block_tokens / 512) is 5,981 + 1
 # tokens (the synthetic trace; the conversation trace's 3,944 + 11): 8 K holds both.
 ARRIVAL_CONTEXT_TOKENS = {"tiny": 8192, "ci": 8192, "mid": 16384}
@@ -79,7 +80,7 @@ class Policies(Experiment):
             out.append({"workload": wl, "scale": scale, "read": out[0]["read"], **fixed,
                         "context_tokens": ARRIVAL_CONTEXT_TOKENS[scale], **extra})  # fmt: skip
         for f in capture_files():
-            out.append({"workload": f"capture:{f.stem}", "trace": str(f.resolve()),
+            out.append({"workload": f"{CAPTURE}{f.stem}", "trace": str(f.resolve()),
                         "scale": scale, "read": "trace", **fixed, **extra})  # fmt: skip
         return out
 
@@ -108,7 +109,7 @@ class Policies(Experiment):
             tables.append(titled(wl, rs, arm_table(rs, arms, f"over {BASELINE} (pts)")))
             ranking.append(_rank(wl, rs, order))
         verdict, why = _verdict(ranking)
-        if not any(wl.startswith("capture:") for wl in groups):  # (say what did not join)
+        if not any(wl.startswith(CAPTURE) for wl in groups):  # (say what did not join)
             why += (
                 f" No SmolLM2 capture joined: {CAPTURES_ENV} names none (a folder of "
                 "`kvcxl trace capture` traces)."

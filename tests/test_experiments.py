@@ -199,3 +199,29 @@ def test_a_dask_cluster_gives_the_same_rows(tmp_path):
     local = runner.run(["workloads"], "tiny", 2, tmp_path / "a", backend="serial")
     dask = runner.run(["workloads"], "tiny", 2, tmp_path / "b", backend="dask")
     assert dask == local
+
+
+def test_every_table_says_its_class_and_attention(rows):
+    """Each rendered table sits under a caption naming its class and attention source."""
+    from kvcxl.emu.experiments.commands import render
+
+    for name, rs in rows.items():
+        rep = EXPERIMENTS[name].report(rs)
+        md = render(EXPERIMENTS[name], rep, "tiny", SEEDS)
+        for t in rep["tables"]:
+            body = t[t.index("\n|") + 1 :] if not t.startswith("|") else t
+            caption = md.split(body)[0].rstrip().splitlines()[-1]
+            assert "Simulated" in caption, (name, caption)
+            # tiny runs the ci preset, whose attention is the SmolLM2 fit
+            assert "attention: synthetic, fitted to SmolLM2-135M" in caption, (name, caption)
+
+
+def test_the_attention_source_follows_the_preset():
+    mid = _common.base_cases("mid")[0]
+    assert _common.attention_of(mid) == "synthetic, the seed's defaults"  # s1's heads
+    assert _common.attention_of(_common.base_cases("ci")[0]).endswith("fitted to SmolLM2-135M")
+    assert _common.attention_of({**mid, "trace": "x.npz"}).startswith("captured from SmolLM2")
+    rows = [_common.base_cases("ci")[0], {**mid, "trace": "x.npz"}]
+    assert _common.attention_summary(rows + rows) == (
+        "synthetic, fitted to SmolLM2-135M; captured from SmolLM2-135M (real)"
+    )

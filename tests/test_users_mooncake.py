@@ -126,3 +126,96 @@ def test_the_bracket_walk(meets, want):
         for i, (rate, m) in enumerate(zip([0.5, 1.0, 2.0], meets, strict=True))
     ]
     assert um.bracket(rows[::-1]) == want  # sorted by rate, whatever the order given
+
+
+# The verdict follows from the bounds: per-step meets → a server meets; amortised fails →
+# a server fails; so a server's bound lies in [per-step lo, amortised hi).
+CI_PER_STEP, CI_AMORTISED = (6.8, 12.4), (54.0, 83.4)  # docs/validation.md, ci, 3 seeds
+
+
+@pytest.mark.parametrize(
+    ("per_step", "amortised", "want"),
+    [
+        (CI_PER_STEP, CI_AMORTISED, "open"),  # 6.8 … 83.4 brackets 16: cannot place it
+        ((23.8, 41.2), (54.0, 83.4), "above"),  # per-step meets at 23.8 > 16
+        ((None, 3.3), (6.8, 12.4), "below"),  # amortised fails at 12.4 ≤ 16
+        ((None, 3.3), (12.4, 16.0), "below"),  # failing at exactly 16 is below it
+        ((12.4, 23.8), (16.0, 23.8), "at"),  # both brackets hold 16
+        ((None, 23.8), (12.4, 23.8), "at"),  # lowest rate fails per step, still below 16
+        ((12.4, 23.8), (23.8, 41.2), "open"),  # amortised meets at 23.8: not pinned at 16
+        ((12.4, None), (12.4, 23.8), "open"),  # per-step undecided above 12.4
+        (None, (12.4, 23.8), "open"),  # no per-step series: no lower bound
+        (None, (41.2, 54.0), "open"),  # amortised alone never says "above"
+        ((23.8, 41.2), None, "above"),
+        (None, (3.3, 6.8), "below"),
+        ((23.8, 41.2), (3.3, 6.8), "open"),  # the two disagree
+    ],
+)
+def test_the_position_follows_from_the_bounds(per_step, amortised, want):
+    assert um.position(per_step, amortised) == want
+
+
+@pytest.mark.parametrize(
+    ("places", "want"),
+    [
+        (["open", "open", "open", "open"], "cannot say"),
+        (["above", "below", "above"], "contradicts"),
+        (["at", "at"], "confirms"),
+        (["at", "above"], "cannot say"),
+        (["above", "open"], "cannot say"),
+        ([], "cannot say"),
+    ],
+)
+def test_the_verdict_follows_from_the_positions(places, want):
+    assert um.verdict_of(places) == want
+    with pytest.raises(ValueError, match="position 'inside'"):
+        um.verdict_of([*places, "inside"])
+
+
+def _series(points: dict[str, list[tuple[float, bool | None]]]) -> dict:
+    """Report-shaped series from (mean concurrency, meets) per rate, lowest rate first."""
+    return {
+        ("mooncake", name): [
+            {"rate": (i + 1) / 8, "concurrency_mean": c, "meets": m} for i, (c, m) in enumerate(pts)
+        ]
+        for name, pts in points.items()
+    }
+
+
+def test_bounds_that_bracket_16_cannot_say():
+    """The ci run's shape: per-step 6.8–12.4, amortised 54.0–83.4 for the same timing,
+    and an amortised-only series bounded above 16: no series places 16, so cannot say
+    (the rule once said "contradicts": each bracket alone excludes 16)."""
+    c = [3.3, 6.8, 12.4, 23.8, 41.2, 54.0, 83.4]
+    series = _series({
+        "seed": [(x, x <= 54.0) for x in c],
+        "seed/per-step": [(x, x <= 6.8) for x in c],
+        "asic": [(x, x <= 54.0) for x in c],
+    })  # fmt: skip
+    mv = um.movements(series)
+    assert mv == {
+        ("mooncake", "seed"): {"amortised": CI_AMORTISED, "per-step": CI_PER_STEP},
+        ("mooncake", "asic"): {"amortised": CI_AMORTISED},
+    }
+    places = [um.position(m.get("per-step"), m.get("amortised")) for m in mv.values()]
+    assert places == ["open", "open"] and um.verdict_of(places) == "cannot say"
+    # a per-step series meeting beyond 16 puts a server above it: contradicts
+    per_step = series[("mooncake", "seed/per-step")]
+    series[("mooncake", "seed/per-step")] = [
+        {**r, "meets": r["concurrency_mean"] <= 23.8} for r in per_step
+    ]
+    del series[("mooncake", "asic")]
+    mv = um.movements(series)
+    assert um.verdict_of([um.position(m.get("per-step"), m.get("amortised"))
+                          for m in mv.values()]) == "contradicts"  # fmt: skip
+
+
+def test_every_table_says_its_attention(rows):
+    from kvcxl.emu.experiments.commands import render
+
+    rep = um.EXPERIMENT.report(rows)
+    md = render(um.EXPERIMENT, rep, "tiny", len(SEEDS))
+    before = md.split(rep["tables"][0])[0].rstrip().splitlines()[-1]
+    assert before.startswith("Simulated") and "attention: synthetic, the seed's defaults" in before
+    with pytest.raises(ValueError, match="a table without a caption"):
+        render(um.EXPERIMENT, {**rep, "caption": None}, "tiny", len(SEEDS))

@@ -20,7 +20,7 @@ from kvcxl.firmware.config import PolicyConfig
 from ..shape import ModelShape, preset
 from ..sim.simulator import SimOptions, simulate
 from ..workloads import WORKLOADS, compile_workload, make_workload
-from ..workloads.attention import preset_attention
+from ..workloads.attention import attention_source, preset_attention
 from .stats import fmt_ci, paired_gain, summary
 
 READ = "topk:8"
@@ -162,5 +162,18 @@ def seeds_note(rows: Sequence[dict[str, Any]]) -> str:
         f"{case.get('layers') or shape_of(case).layers} layers, "
         f"{shape_of(case).context_tokens} tokens), {case['steps']} steps of which the first "
         f"{case['warmup']} are warm-up (excluded), reads {case['read']}, {len(seeds)} seeds "
-        f"({seeds[0]}–{seeds[-1]})."
+        f"({seeds[0]}–{seeds[-1]}); attention: {attention_of(case)}."
     )
+
+
+def attention_summary(rows: Sequence[dict[str, Any]]) -> str:
+    """Every attention source among ``rows``' cases, for a table over several workloads."""
+    return "; ".join(dict.fromkeys(attention_of(r) for r in rows))
+
+
+def attention_of(case: dict[str, Any]) -> str:
+    """Where a case's attention came from, as every table's caption says (a captured trace
+    is the real model's; a synthetic stream's follows its shape's preset)."""
+    if "trace" in case:
+        return "captured from SmolLM2-135M (real)"
+    return f"synthetic, {attention_source(shape_of(case).name)}"

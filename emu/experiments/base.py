@@ -34,7 +34,9 @@ class Experiment:
         """Tables, verdict, why and plots over rows ``{**case, "seed": s, **metrics}``.
 
         Returns ``{"tables": [markdown, ...], "verdict": one of VERDICTS, "why": str,
-        "plots": {filename: callable(path)}}``.
+        "plots": {filename: callable(path)}}``, and ``"caption"`` (its evidence class and
+        where the attention came from) when a table opens with no caption line of its own
+        (``commands.render`` prints it above each such table and refuses one without).
         """
         raise NotImplementedError
 

@@ -136,7 +136,8 @@ def _experiment(args: argparse.Namespace) -> int:
                 draw(str(Path(args.plot_dir) / f"{stem}-{args.scale}.{ext}"))
         reports[name] = {
             "question": exp.question, "claim": exp.claim, "verdict": rep["verdict"],
-            "why": rep["why"], "tables": rep["tables"], "rows": rows[name],
+            "why": rep["why"], "caption": rep.get("caption"), "tables": rep["tables"],
+            "rows": rows[name],
         }  # fmt: skip
     print(f"{len(names)} experiment(s), scale {args.scale}, {args.seeds} seeds: {wall:.1f} s "
           f"wall ({backend}); runs in {args.out}")  # fmt: skip
@@ -150,12 +151,21 @@ def _experiment(args: argparse.Namespace) -> int:
 
 
 def render(exp: Any, rep: dict[str, Any], scale: str, seeds: int) -> str:
-    """One experiment's report as docs-ready markdown."""
+    """One experiment's report as docs-ready markdown.
+
+    Every table is printed under a caption that names its evidence class and where its
+    attention came from: a table that opens with its own caption line keeps it, a bare
+    one gets the report's ``caption``; a bare table with no caption is refused."""
     parts = [
         f"### {exp.name} (scale {scale}, {seeds} seeds; Simulated)",
         f"**Question.** {exp.question}",
         f"**Claim tested.** {exp.claim}",
         f"**Verdict: {rep['verdict']}.** {rep['why']}",
-        *rep["tables"],
     ]
+    for table in rep["tables"]:
+        if table.startswith("|"):
+            if not rep.get("caption"):
+                raise ValueError(f"experiment {exp.name!r}: a table without a caption")
+            parts.append(rep["caption"])
+        parts.append(table)
     return "\n\n".join(parts) + "\n"

@@ -24,7 +24,17 @@ from kvcxl.firmware.policies import POLICIES
 
 from ..trace import Trace
 from ..workloads import ARRIVALS, from_trace
-from ._common import SCALES, arm_table, base_cases, by_workload, column, prefixed, replay, titled
+from ._common import (
+    SCALES,
+    arm_table,
+    attention_summary,
+    base_cases,
+    by_workload,
+    column,
+    prefixed,
+    replay,
+    titled,
+)
 from ._common import stream as case_stream
 from .base import Experiment
 from .stats import excludes_zero, fmt_ci, paired_gain, summary
@@ -116,6 +126,8 @@ class Policies(Experiment):
             )
         return {
             "tables": [_ranking_table(ranking), *tables],
+            "caption": f"Simulated, every workload of the tables below; attention: "
+            f"{attention_summary(rows)}.",
             "verdict": verdict,
             "why": why,
             "plots": {"policies.png": lambda path: _plot(groups, path)},

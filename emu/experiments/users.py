@@ -38,10 +38,12 @@ from ..sim.simulator import SimOptions, simulate
 from ..timeline.resources import PRESETS as TIMING_PRESETS
 from ..timing import TierTiming
 from ..workloads import compile_workload, make_workload
+from ..workloads.attention import attention_source
 from .base import Experiment
 
 TARGET_TOKENS_PER_S = 10.0  # per user (docs/design.md, Scenario S1)
 CLAIMED_BOUND = 16
+SCALED_NAME = "s1-scaled"  # not a fitted preset: the attention is the seed's defaults
 WORKLOAD = "retrieval"
 POLICY = "ema"
 
@@ -81,7 +83,7 @@ def scaled_shape(layers: int, kv_heads: int, context_tokens: int) -> ModelShape:
     group stay S1's, so an entry is S1's 8 KiB and only the entry count shrinks."""
     s1 = PRESETS["s1"]
     return s1.with_(
-        name="s1-scaled",
+        name=SCALED_NAME,
         layers=layers,
         kv_heads=kv_heads,
         q_heads=kv_heads * s1.group_size,
@@ -187,10 +189,28 @@ class Users(Experiment):
         verdict, why = _verdict(summary)
         return {
             "tables": [_table(summary)],
+            "caption": caption(rows),
             "verdict": verdict,
             "why": why,
             "plots": {"users-tokens.png": lambda path: _plot(summary, path)},
         }
+
+
+def caption(rows: list[dict[str, Any]]) -> str:
+    """The line above a users table: its class, the scaled shape, the runs and where the
+    attention came from (the scaled S1 is no fitted preset: the seed's defaults)."""
+    c = rows[0]
+    dims = [c.get(k) for k in ("layers", "kv_heads", "context_tokens")]
+    shape = "scaled S1"
+    if all(dims):
+        shape += f" ({dims[0]} layers × {dims[1]} KV heads × {dims[2]:,} tokens)"
+    if "steps" in c and "warmup" in c:
+        shape += f", {c['steps']} steps of which the first {c['warmup']} are warm-up (excluded)"
+    seeds = sorted({r["seed"] for r in rows})
+    return (
+        f"Simulated (S1's weights and prefill: Analytical model), {shape}, {len(seeds)} seeds "
+        f"({seeds[0]}–{seeds[-1]}); attention: synthetic, {attention_source(SCALED_NAME)}."
+    )
 
 
 def _series(summary: list[dict[str, Any]]) -> dict[tuple[str, float], list[dict[str, Any]]]:
@@ -269,6 +289,11 @@ def _fmt(v: Any, spec: str, ci: Any = None) -> str:
     return f"{s} ± {format(ci, spec)}" if ci is not None else s
 
 
+def _link_figure(r: dict[str, Any]) -> Any:
+    """The timeline's link utilisation where the run has one, else the link demand."""
+    return r["link_utilisation"] if r.get("link_utilisation") is not None else r["link_demand"]
+
+
 def _table(summary: list[dict[str, Any]]) -> str:
     head = (
         "| placement | hot set | users | seeds | hit rate | tok/s per user | tok/s aggregate | "
@@ -295,7 +320,7 @@ def _table(summary: list[dict[str, Any]]) -> str:
             f"{_fmt(r['itl_ms_p50'], '.1f')} / {_fmt(r['itl_ms_p95'], '.1f')} / "
             f"{_fmt(r['itl_ms_p99'], '.1f')} | "
             f"{_fmt(ttft[0], '.1f')} / {_fmt(ttft[1], '.1f')} / {_fmt(ttft[2], '.1f')} | "
-            f"{_fmt(r['link_utilisation'], '.2f')} | "
+            f"{_fmt(_link_figure(r), '.2f')} | "
             f"{_fmt(None if e is None else e / 1e3, '.2f')} | {_fmt(lb, '.2f', lb_ci)} | "
             f"{meets} |"
         )

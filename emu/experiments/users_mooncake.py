@@ -55,6 +55,13 @@ reuse, with the synthetic attention on top.  The sweep:
   target when its per-user tokens/s CI is wholly ≥ 10, **fails** when wholly below.
   A series' bound lies between the mean concurrency of the last point up to which every
   point meets and that of the first point that does not.
+* **Verdict.** The two movements bound a real server from either side (:func:`position`):
+  per-step over-charges, so where it meets a server meets; amortised under-charges, so
+  where it fails a server fails.  Per timing series, a server's bound therefore lies
+  between per-step's last meeting point and amortised's first failing one.  The claim
+  is contradicted when that range excludes 16 for every series, confirmed when both
+  movements' own brackets hold 16 for every series, and otherwise the run cannot say
+  (:func:`verdict_of`): a range from 6.8 to 83 concurrent requests places 16 nowhere.
 * **The trace's clock.** Its timestamps come in groups about 3 s apart: at a low rate a
   group arrives within one step and its prefills queue one after another (TTFT), and the
   concurrency swings between groups (the peak beside the mean says how far).
@@ -86,6 +93,7 @@ from .users import (
     TARGET_TOKENS_PER_S,
     _fmt,
     _meets,
+    caption,
     scaled_run,
     scaled_shape,
 )
@@ -246,32 +254,30 @@ class UsersMooncake(Experiment):
                 row[k] = vals.pop()
             row["meets"] = _meets(row)
             series.setdefault((wl, name), []).append(row)
-        parts, inside, decided_all = [], [], True
+        parts = []
         for (wl, name), rs in series.items():
             lo, hi = bracket(rs)
             label = f"{wl}, {name}"
             if hi is None:
-                decided_all = False
                 met = "no rate" if lo is None else f"up to {lo:.1f} concurrent requests"
                 parts.append(f"{label}: meets the target {met}, the next rate is undecided "
                              "or beyond the sweep")  # fmt: skip
-                continue
-            inside.append((lo or 0.0) <= CLAIMED_BOUND < hi)
-            if lo is None:
+            elif lo is None:
                 parts.append(f"{label}: the bound is below {hi:.1f} concurrent requests "
                              "(the lowest rate fails)")  # fmt: skip
             else:
                 parts.append(f"{label}: the bound is between {lo:.1f} (meets) and {hi:.1f} "
                              "(fails) concurrent requests")  # fmt: skip
+        places = []
+        for (wl, ts), by_mv in movements(series).items():
+            where = position(by_mv.get("per-step"), by_mv.get("amortised"))
+            places.append(where)
+            parts.append(f"{wl}, {ts} ({' and '.join(by_mv)}): {_say(where, by_mv)}")
         why = "; ".join(parts) + " (Simulated, with the transfer timeline)"
-        if decided_all and inside and all(inside):
-            verdict = "confirms"
-        elif decided_all and inside and not any(inside):
-            verdict = "contradicts"
-        else:
-            verdict = "cannot say"
+        verdict = verdict_of(places)
         return {
             "tables": [_table(series)],
+            "caption": caption(rows),
             "verdict": verdict,
             "why": why,
             "plots": {"users-mooncake-tokens.png": lambda path: _plot(series, path)},
@@ -289,6 +295,78 @@ def bracket(rows: list[dict[str, Any]]) -> tuple[float | None, float | None]:
             continue
         return lo, (r["concurrency_mean"] if r["meets"] is False else None)
     return lo, None
+
+
+Bracket = tuple[float | None, float | None]
+#: Where the claimed bound stands against a (trace, timing series)'s two movements.
+POSITIONS = ("at", "above", "below", "open")
+
+
+def movements(
+    series: dict[tuple[str, str], list[dict[str, Any]]],
+) -> dict[tuple[str, str], dict[str, Bracket]]:
+    """Each series' bracket under (trace, timing series) and its movement."""
+    out: dict[tuple[str, str], dict[str, Bracket]] = {}
+    for (wl, name), rs in series.items():
+        ts, _, per = name.partition("/")
+        out.setdefault((wl, ts), {})["per-step" if per else "amortised"] = bracket(rs)
+    return out
+
+
+def position(per_step: Bracket | None, amortised: Bracket | None) -> str:
+    """Where ``CLAIMED_BOUND`` stands against a server's bound, from the two movements.
+
+    Per-step charges every real token the whole step's movement (an upper bound on the
+    cost: where it meets the target, a server meets it); amortised charges 1/32 of it (a
+    lower bound: where it fails, a server fails).  So a server's bound lies between the
+    per-step bracket's ``lo`` and the amortised bracket's ``hi``:
+
+    * ``above`` — per-step meets at more than the claim: a server serves more;
+    * ``below`` — amortised fails at or below the claim: a server serves fewer;
+    * ``at`` — each movement's own bracket holds the claim (lo ≤ claim < hi);
+    * ``open`` — anything else: the claim lies between the bounds (or one is missing,
+      undecided, or the two disagree), so the run cannot place it.
+    """
+    lo = per_step[0] if per_step else None
+    hi = amortised[1] if amortised else None
+    above = lo is not None and lo > CLAIMED_BOUND
+    below = hi is not None and hi <= CLAIMED_BOUND
+    if above != below:
+        return "above" if above else "below"
+    if above or per_step is None or amortised is None:
+        return "open"  # both (the movements disagree) or a movement missing
+    if all(b[1] is not None and (b[0] or 0.0) <= CLAIMED_BOUND < b[1]
+           for b in (per_step, amortised)):  # fmt: skip
+        return "at"
+    return "open"
+
+
+def verdict_of(places: list[str]) -> str:
+    """Confirms when the claim is ``at`` every series' bound, contradicts when every
+    series puts a server ``above`` or ``below`` it, otherwise cannot say."""
+    bad = [p for p in places if p not in POSITIONS]
+    if bad:
+        raise ValueError(f"position {bad[0]!r}: must be one of {', '.join(POSITIONS)}")
+    if places and all(p == "at" for p in places):
+        return "confirms"
+    if places and all(p in ("above", "below") for p in places):
+        return "contradicts"
+    return "cannot say"
+
+
+def _say(where: str, by_mv: dict[str, Bracket]) -> str:
+    """One (trace, timing series)'s position in words, with the two bounds it rests on."""
+    lo = (by_mv.get("per-step") or (None, None))[0]
+    hi = (by_mv.get("amortised") or (None, None))[1]
+    low = "no lower bound" if lo is None else f"per-step meets at {lo:.1f}"
+    high = "no upper bound" if hi is None else f"amortised fails at {hi:.1f}"
+    what = {
+        "above": f"a server serves more than {CLAIMED_BOUND}",
+        "below": f"a server serves fewer than {CLAIMED_BOUND}",
+        "at": f"both movements put the bound at {CLAIMED_BOUND}",
+        "open": f"{CLAIMED_BOUND} is not placed",
+    }[where]
+    return f"{what} ({low}, {high})"
 
 
 def _table(series: dict[tuple[str, str], list[dict[str, Any]]]) -> str:

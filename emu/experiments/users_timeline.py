@@ -16,7 +16,7 @@ from typing import Any
 from ..metrics import mean_ci
 from ..serving import combine_serving
 from ..shape import PRESETS
-from .users import CLAIMED_BOUND, POLICY, WORKLOAD, Users, _fmt, _meets, bound_of
+from .users import CLAIMED_BOUND, POLICY, WORKLOAD, Users, _fmt, _meets, bound_of, caption
 from .users import SCALES as USERS_SCALES
 
 #: Series: (timing preset, full-size CXL GB/s or None for the preset's own, placement:
@@ -96,7 +96,8 @@ class UsersTimeline(Users):
             verdict = "contradicts"
         else:
             verdict = "cannot say"
-        return {"tables": [_table(series)], "verdict": verdict, "why": why, "plots": {}}
+        return {"tables": [_table(series)], "caption": caption(rows), "verdict": verdict,
+                "why": why, "plots": {}}  # fmt: skip
 
 
 def _table(series: dict[str, list[dict[str, Any]]]) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import json
+from collections import Counter
 
 import numpy as np
 
@@ -30,21 +32,29 @@ def test_policy_options_cover_every_parameter():
 def test_simulate_json_schema(tmp_path, capsys):
     out = tmp_path / "r.json"
     png = tmp_path / "r.png"
+    victims = tmp_path / "v.csv"
     rc = main(
         ["simulate", "--workload", "cyclic", "--steps", "30", "--policy", "lru", "--policy",
          "ema", "--budget", "10%", "--budget", "64KiB", "--seeds", "2", "--audit", "--json",
          str(out), "--plot", str(png), "--alpha", "0.05", "--backend", "serial",
-         "--no-progress"]
+         "--no-progress", "--dump-victims", str(victims)]
     )  # fmt: skip
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["evidence"] == "Simulated"
     assert doc["config"]["config"]["alpha"] == 0.05
     assert len(doc["results"]) == 4
+    # every run evicts (both budgets are below the cyclic sweep's KV): the audit checked each
+    # victim the run made (the dump lists them, both seeds), and none was wrong
+    evicted = Counter(
+        (v["policy"], v["budget"]) for v in csv.DictReader(victims.read_text().splitlines())
+    )
     for row in doc["results"]:
         for k, typ in ROW_KEYS.items():
             assert isinstance(row[k], typ), (k, row[k])
-        assert row["wrong_victims"] == 0 and row["audited_victims"] >= 0
+        made = evicted[row["policy"], row["budget"]]
+        assert made > 0 and row["audited_victims"] == made, (row["policy"], row["budget"])
+        assert row["wrong_victims"] == 0 and row["audit_faults"] == 0
         assert row["seeds"] == 2 and row["hit_rate_ci95"] is not None
     assert {r["budget_bytes"] for r in doc["results"] if r["budget"] == "64KiB"} == {65536}
     assert png.stat().st_size > 1000

@@ -45,6 +45,7 @@ from kvcxl.firmware.formulas import ema_update
 from kvcxl.firmware.policies import POLICIES
 
 from ..metrics import mean_ci
+from .calibrate_k7 import k7, print_k7, write_toml
 from .capture import load_model
 from .managed import managed_sweep
 from .positions import position_steps, session_for
@@ -409,6 +410,9 @@ def main(
         budget = int(args.budget)
     except ValueError:
         raise ValueError(f"--budget {args.budget!r}: expected tokens per KV head") from None
+    for flag, v in (("--slo", args.slo), ("--breakeven", args.breakeven)):
+        if not 0 < v <= 1:
+            raise ValueError(f"{flag} {v}: must be in (0, 1]")
     if not 0 <= args.read_threshold <= 1:
         raise ValueError(f"--read-threshold {args.read_threshold}: must be in [0, 1]")
     traces = []
@@ -440,8 +444,10 @@ def main(
         touches=touches,
         progress=True,
     )
+    report["k7"] = _k7(args, traces, base, report, budget)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    write_toml(report["k7"], out / "calibrated.toml")
     (out / "calibration.json").write_text(json.dumps(report, indent=2))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2))
@@ -451,8 +457,39 @@ def main(
         heatmap(report, "kl", out / "kl.png", "KL full‖bounded (Measured)", ".3f")
         heatmap(report, "top1", out / "top1.png", "top-1 agreement (Measured)", ".3f")
     _print(report)
-    wrote(f"{out}/calibration.json and heat maps")
+    print_k7(report["k7"])
+    wrote(f"{out}/calibration.json, {out}/calibrated.toml and heat maps")
     return 0
+
+
+def _k7(
+    args: argparse.Namespace, traces: Sequence[tuple[str, Any, list[int]]], base: Any,
+    report: dict[str, Any], budget: int,
+) -> dict[str, Any]:  # fmt: skip
+    """Every trace-fittable §K.7 parameter by its own method (:mod:`.calibrate_k7`)."""
+    dense = [dense_weights(trace, len(tokens)) for _, trace, tokens in traces]
+    bt = traces[0][1].shape.block_tokens
+    layers = traces[0][1].shape.layers
+
+    def base_hits(a: float, b: float) -> list[float]:
+        cfg = base.with_(alpha=a, beta=b)
+        return [
+            replay_hit_rate(d, "ema", cfg, budget, bt, args.read_threshold)["hit_rate"]
+            for d in dense
+        ]
+
+    bar, update = progress_bar(11 + min(16, layers - 1), "calibrate §K.7", "stage")
+    try:
+        return k7(
+            dense, [name for name, _, _ in traces], base, report,
+            budget_tokens=budget, block_tokens=bt, read_threshold=args.read_threshold,
+            entry_bytes=traces[0][1].shape.entry_bytes, slo=args.slo,
+            prefetch_limit=args.prefetch_limit,
+            breakeven=args.breakeven, sink_ratio=args.sink_ratio, base_hits=base_hits,
+            tick=lambda: update(1),
+        )  # fmt: skip
+    finally:
+        bar.close()
 
 
 def _fmt(ci: Sequence[float]) -> str:

@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from kvcxl.common.argtypes import nonnegative, positive, unit_interval
+from kvcxl.common.argtypes import nonnegative, positive, positive_float, unit_interval
 from kvcxl.common.figures import figure
 from kvcxl.common.jsonout import wrote
 from kvcxl.common.progress import progress
@@ -130,9 +130,43 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--no-quality", action="store_true", help="score by hit rate only (no model runs)"
     )
     c.add_argument("--max-tokens", type=positive, metavar="N", help="use only the first N tokens")
+    c.add_argument(
+        "--slo",
+        type=unit_interval,
+        default=0.97,
+        help="§K.7: hit-rate SLO for keep and the low P cut: the smallest hot set serving "
+        "this share of reads (default 0.97, the design's)",
+    )
+    c.add_argument(
+        "--prefetch-limit",
+        type=positive,
+        default=None,
+        metavar="N",
+        help="§K.7 prefetch: entries fetched per batch and touches used as sources (default: "
+        "the simulator's, 64)",
+    )
+    c.add_argument(
+        "--breakeven",
+        type=unit_interval,
+        default=0.5,
+        help="§K.7 prefetch: a ring of the window (a layer of the depth) pays when at least "
+        "this share of its blocks is read (default 0.5: an unread fetch costs what a read one "
+        "saves)",
+    )
+    c.add_argument(
+        "--sink-ratio",
+        type=positive_float,
+        default=2.0,
+        help="§K.7 anchor zone: a leading block is part of the sink while its mean weight is "
+        "at least this many times the far background (default 2)",
+    )
     c.add_argument("--config", metavar="FILE.toml", help="base policy configuration")
     c.add_argument("--threads", type=positive, default=1, help="torch CPU threads (default 1)")
-    c.add_argument("--out", default="calibration", help="output folder (JSON + PNG heat maps)")
+    c.add_argument(
+        "--out",
+        default="calibration",
+        help="output folder (JSON, PNG heat maps, calibrated.toml for --config)",
+    )
     c.add_argument("--json", dest="json_out", metavar="FILE", help="also write the JSON here")
     c.set_defaults(func=_calibrate)
 
@@ -247,6 +281,10 @@ def _draw_quality(rows: list[dict], title: str, fig: Any, a1: Any, a2: Any) -> N
 def _calibrate(args: argparse.Namespace) -> int:
     from . import calibrate as cal
 
+    if args.prefetch_limit is None:
+        from ..sim.simulator import SimOptions  # the simulator's default, named once there
+
+        args.prefetch_limit = SimOptions.prefetch_limit
     return cal.main(args, _load_measured, _base_config)
 
 

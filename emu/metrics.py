@@ -124,7 +124,7 @@ def combine_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for k in (
             "evidence", "policy", "budget_bytes", "budget_entries", "budget_fraction",
             "granularity", "prefetch", "persistent_metadata", "alpha", "entry_bytes",
-            "metadata_bytes_per_entry",
+            "metadata_bytes_per_entry", "history_not_audited",
         )
         if k in first
     }  # fmt: skip
@@ -152,15 +152,41 @@ def combine_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
-def audit_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
-    """What the eviction audit checked over ``rows`` (docs/policy.md, the eviction audit)."""
+def audit_totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the eviction audit checked over ``rows`` (docs/policy.md, the eviction audit):
+    the summed counts, and the policies whose history part did not run (``not_audited``)."""
     keys = ("audited_victims", "wrong_victims", "history_checked", "priority_mismatches",
             "outranked_by_history", "pin_violations", "audit_faults")  # fmt: skip
-    return {k: int(sum(r.get(k) or 0 for r in rows)) for k in keys}
+    totals: dict[str, Any] = {k: int(sum(r.get(k) or 0 for r in rows)) for k in keys}
+    totals["not_audited"] = sorted(
+        {r["policy"] for r in rows if r.get("audited_victims") is not None and
+         r.get("history_checked") is None and "policy" in r}
+    )  # fmt: skip
+    return totals
 
 
-def audit_sentence(totals: dict[str, int]) -> str:
+def audit_cell(row: dict[str, Any]) -> str:
+    """A table's audit cell: ``faults/victims`` when both parts ran; "not audited" when the
+    policy's priority could not be recomputed from history (its top-k faults, if any, still
+    show); "—" when the audit was off."""
+    audited = row.get("audited_victims")
+    if audited is None:
+        return "—"
+    faults = row.get("audit_faults") or 0
+    if row.get("history_checked") is None:
+        return f"{faults}/{audited} top-k" if faults else "not audited"
+    return f"{faults}/{audited}"
+
+
+def audit_sentence(totals: dict[str, Any]) -> str:
     """One line saying what the audit compared, for every table that quotes it."""
+    skipped = totals.get("not_audited") or []
+    tail = (
+        f" Not audited from history ({', '.join(skipped)}): their priority is not an entry's "
+        "own history (each reason: `kvcxl policy list`); top-k only."
+        if skipped
+        else ""
+    )
     return (
         f"Audit: {totals['audited_victims']:,} victims checked against the exact top-k of the "
         f"policy's priorities ({totals['wrong_victims']} wrong); "
@@ -168,8 +194,7 @@ def audit_sentence(totals: dict[str, int]) -> str:
         "eligible entries per pass) recomputed from the entries' own history by the "
         f"documented formulas ({totals['priority_mismatches']} differ, "
         f"{totals['outranked_by_history']} victims outranked, "
-        f"{totals['pin_violations']} pins broken). Random and Belady keys are not history: "
-        "top-k only."
+        f"{totals['pin_violations']} pins broken).{tail}"
     )
 
 

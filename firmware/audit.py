@@ -16,7 +16,10 @@ the audit is a standing check with two parts:
   a sampled entry that should have gone before a victim, or a victim the
   documented pinning rule protects, is counted.  This catches an idle counter not
   reset, a context length that shrank, a pin ignored, an EMA stepped wrongly.
-  (The random and offline policies' keys are inputs, not history: top-k only.)
+  Each policy owns its rule (its class's ``history``); a policy whose priority is not an
+  entry's own history (random and the offline keys are inputs; the queue walks move
+  other entries) says why in ``not_audited``, gets the top-k part only, and its history
+  counts are ``None``: reports print "not audited" for it, never ``0``.
 """
 
 from __future__ import annotations
@@ -49,13 +52,18 @@ class EvictionAudit:
     pin_violations: int = 0
     examples: list[dict] = field(default_factory=list)
     max_examples: int = 8
+    not_audited: str | None = None  # why the history part did not run (None: it did)
     _hist: EntryHistory | None = field(default=None, repr=False)
     _rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0), repr=False)
 
     # --- the history: the cache reports its events here ---------------------------------
     def attach(self, policy: object, pinned_capacity: int) -> None:
         """Start a history of ``policy``'s entries (called by the cache that owns both)."""
-        if self.history:
+        if not self.history:
+            self.not_audited = "the history audit was switched off"
+        elif type(policy).history is None:
+            self.not_audited = type(policy).not_audited
+        else:
             self._hist = EntryHistory(policy, pinned_capacity)
 
     def on_admit(self, ids: NDArray, time: int) -> None:
@@ -88,8 +96,6 @@ class EvictionAudit:
             rest = self._rng.choice(rest, HISTORY_SAMPLE, replace=False)
         sample = np.concatenate([victims, rest])
         hp = h.priority(sample, tick.time)
-        if hp is None:
-            return faults
         pp = np.asarray(policy.priority(sample, tick))  # type: ignore[attr-defined]
         if hp.dtype.kind == "f" or pp.dtype.kind == "f":
             same = np.isclose(pp.astype(np.float64), hp.astype(np.float64), rtol=1e-9, atol=1e-12)
@@ -160,6 +166,7 @@ class EvictionAudit:
             "priority_mismatches": self.priority_mismatches if self._hist is not None else None,
             "outranked_by_history": self.outranked if self._hist is not None else None,
             "pin_violations": self.pin_violations if self._hist is not None else None,
+            "history_not_audited": self.not_audited,
         }
 
     @property

@@ -23,6 +23,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     psub = p.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
 
+    pl = psub.add_parser(
+        "list",
+        help="every policy: what it evicts, its modes, and what the eviction audit checks of it",
+        description=(
+            "Every registered policy (firmware/policies/, one file each) with its summary, "
+            "whether it is online, its arithmetic modes, and its audit: 'history' when the "
+            "audit recomputes its priority from each entry's own history (the rule in the "
+            "policy's file), or the policy's reason why not (then only the top-k part runs "
+            "and reports print 'not audited')."
+        ),
+    )
+    pl.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pl.set_defaults(func=_list)
+
     pp = psub.add_parser("params", help="list every parameter with default, range and effect")
     pp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pp.add_argument("--markdown", action="store_true", help="print the table in docs/policy.md")
@@ -55,6 +69,46 @@ def register(sub: argparse._SubParsersAction) -> None:
     pm.add_argument("--config", help="policy configuration TOML")
     pm.add_argument("--json", dest="json_out", help="write results as JSON to this file")
     pm.set_defaults(func=_compare)
+
+
+def policy_rows() -> list[dict[str, Any]]:
+    """One row per registered policy, in the registry's order (docs/policy.md)."""
+    from .policies import POLICIES
+
+    return [
+        {
+            "policy": name,
+            "summary": cls.summary,
+            "online": cls.online,
+            "ablation": cls.ablation,
+            "modes": list(cls.modes),
+            "history_audit": cls.history is not None,
+            "history_rule": cls.history.__name__ if cls.history else None,
+            "not_audited": cls.not_audited or None,
+        }
+        for name, cls in POLICIES.items()
+    ]
+
+
+def _list(args: argparse.Namespace) -> int:
+    rows = policy_rows()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        kind = "online" if r["online"] else "offline"
+        if r["ablation"]:
+            kind += ", ablation"
+        print(f"{r['policy']:<16} {r['summary']}  [{kind}; {'/'.join(r['modes'])}]")
+        audit = (
+            f"history ({r['history_rule']})"
+            if r["history_audit"]
+            else f"top-k only, not audited from history: {r['not_audited']}"
+        )
+        print(f"{'':<16} audit: {audit}")
+    n = sum(r["history_audit"] for r in rows)
+    print(f"\n{len(rows)} policies; the audit recomputes {n} from history (docs/policy.md).")
+    return 0
 
 
 def _all_params() -> list[tuple[str, str, Any, Any]]:

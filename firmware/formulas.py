@@ -22,8 +22,18 @@ def _out(x: NDArray) -> float | NDArray:
     return float(x) if np.ndim(x) == 0 else x
 
 
-def ema_update(score: ArrayLike, weight: ArrayLike, alpha: float) -> float | NDArray:
-    """score[t] = α·w[t] + (1 − α)·score[t−1]; an entry not read in a step has w = 0."""
+def ema_update(
+    score: ArrayLike, weight: ArrayLike, alpha: float, out: NDArray | None = None
+) -> float | NDArray:
+    """score[t] = α·w[t] + (1 − α)·score[t−1]; an entry not read in a step has w = 0.
+
+    ``out`` (a float64 array, usually ``score`` itself): computed in place, with the same
+    rounding (the two products are rounded, then added; addition commutes exactly).
+    """
+    if out is not None:
+        out *= 1.0 - alpha
+        out += alpha * np.asarray(weight, dtype=np.float64)
+        return out
     s = np.asarray(score, dtype=np.float64)
     w = np.asarray(weight, dtype=np.float64)
     return _out(alpha * w + (1.0 - alpha) * s)

@@ -23,13 +23,11 @@ from kvcxl.firmware.policies.ema import EmaPolicy
 from kvcxl.firmware.table import EntryTable
 
 HISTORY_KEYS = ("priority_mismatches", "outranked_by_history", "pin_violations")
-# Policies whose keys are not an entry's own history get the top-k check only
-# (docs/policy.md): random and offline keys are inputs; the queue policies' keys are
-# queue state (positions, hands, ghosts), checked against libCacheSim and the reference
-# engine instead.
-TOP_K_ONLY = (
-    "random", "belady", "belady-nobypass", "clock", "sieve", "s3fifo", "slru", "arc", "wtinylfu",
-)  # fmt: skip
+# Policies whose keys are not an entry's own history get the top-k check only, each
+# saying why in its own file (``not_audited``): random and offline keys are inputs; the
+# queue policies' keys are queue state (positions, hands, ghosts), checked against
+# libCacheSim and the reference engine instead.
+TOP_K_ONLY = tuple(n for n, c in POLICIES.items() if c.history is None)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +50,7 @@ def audited(stream, policy: str, mode: str = "float", **cfg) -> dict:
 
 
 def faults(r: dict) -> int:
-    return sum(r[k] for k in HISTORY_KEYS) + r["wrong_victims"]
+    return sum(r[k] or 0 for k in HISTORY_KEYS) + r["wrong_victims"]
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
@@ -65,6 +63,43 @@ def test_no_fault_on_the_correct_engine(streams, policy):
                 assert faults(r) == 0, (wl, mode, persistent, r["audited_victims"])
                 if policy not in TOP_K_ONLY:
                     assert r["history_checked"] > r["audited_victims"] > 0, (wl, mode)
+                    assert r["history_not_audited"] is None
+                else:  # said, never a silent 0
+                    assert r["audited_victims"] > 0, (wl, mode)
+                    assert all(r[k] is None for k in ("history_checked", *HISTORY_KEYS))
+                    assert r["history_not_audited"] == POLICIES[policy].not_audited
+
+
+def test_a_policy_must_say_how_it_is_audited():
+    """A new policy with neither a history rule nor a reason is refused at registration,
+    and so is one with both; the registry holds only policies that said one."""
+    from kvcxl.firmware.history import HistoryRule
+    from kvcxl.firmware.policies import register
+    from kvcxl.firmware.policies.lru import LruPolicy
+
+    for attrs in ({"history": None}, {"history": HistoryRule, "not_audited": "both"}):
+        cls = type("Silent", (LruPolicy,), {"name": "silent-test", **attrs})
+        with pytest.raises(TypeError, match="silent-test"):
+            register(cls)
+    assert "silent-test" not in POLICIES
+    assert all((c.history is None) != (not c.not_audited) for c in POLICIES.values())
+    assert 0 < len(TOP_K_ONLY) < len(POLICIES)
+
+
+def test_reports_print_not_audited_for_a_policy_without_history(streams):
+    """The demo's and simulate's table cell and the audit sentence say "not audited" for a
+    top-k-only policy where they print faults/victims for an audited one."""
+    from kvcxl.emu.metrics import audit_cell, audit_sentence, audit_totals
+
+    stream = streams["zipf-sessions"]
+    rows = [dict(audited(stream, p), policy=p) for p in ("clock", "lru")]
+    assert audit_cell(rows[0]) == "not audited"
+    assert audit_cell(rows[1]) == f"0/{rows[1]['audited_victims']}"
+    totals = audit_totals(rows)
+    assert totals["not_audited"] == ["clock"]
+    assert "Not audited from history (clock)" in audit_sentence(totals)
+    # a top-k fault still shows in the cell of a policy not audited from history
+    assert audit_cell({**rows[0], "audit_faults": 2}) == f"2/{rows[0]['audited_victims']} top-k"
 
 
 def test_planted_idle_not_reset_on_touch(streams, monkeypatch):

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from kvcxl.firmware.config import PolicyConfig
+from kvcxl.firmware.policies import queue_policies
 from kvcxl.firmware.replay import replay
 
 from ..shape import PRESETS
@@ -43,7 +44,7 @@ def _replay_ci(quick: bool) -> dict[str, Any]:
         "compile_s": round(time.perf_counter() - t0, 3),
     }
     goals = [("lru", "float"), ("ema", "float"), ("ema", "int")]  # the speed goals' runs
-    runs = goals + [(p, "float") for p in ("arc", "clock", "s3fifo", "sieve", "slru", "wtinylfu")]
+    runs = goals + [(p, "float") for p in queue_policies()]
     # The default tier rules (managed, CXL DRAM in the policy's order) for every run; then,
     # for the goals' runs, the same with CXL DRAM 5 % of the KV (so that its overflow is
     # ranked: "_managed"), and the static tiers the defaults replaced ("_static").

@@ -24,7 +24,7 @@ from kvcxl.firmware.config import PARAMS, PolicyConfig
 from kvcxl.firmware.policies import POLICIES
 from kvcxl.firmware.policy_params import POLICY_PARAMS
 
-from ..metrics import audit_sentence, audit_totals
+from ..metrics import audit_cell, audit_sentence, audit_totals
 from ..timing import CXL_DRAM, HBM, NVME
 from . import trace_import
 from .simulator import GRANULARITIES
@@ -521,8 +521,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     )
     lines = [head]
     for r in rows:
-        audited = r.get("audited_victims")
-        aud = "—" if audited is None else f"{r.get('audit_faults') or 0}/{audited}"
+        aud = audit_cell(r)
         tps = r.get("tokens_per_s")
         moved = sum(r.get("bytes_moved_mean", {}).values()) / 2**20
         lines.append(

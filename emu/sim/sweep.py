@@ -27,7 +27,7 @@ from typing import Any
 from kvcxl.common.jsonout import wrote
 from kvcxl.common.sizes import parse_size
 from kvcxl.firmware.config import PolicyConfig
-from kvcxl.firmware.policies import POLICIES
+from kvcxl.firmware.policies import POLICIES, ranked
 
 from ..metrics import audit_sentence, audit_totals, combine_seeds
 from ..shape import preset
@@ -411,9 +411,7 @@ def results_specs(
     return {
         # The online policies and the offline optimum (bypassing Belady: the upper bound).
         "ranking": SweepSpec(
-            policies=sorted(
-                p for p, c in POLICIES.items() if p != "belady-nobypass" and not c.ablation
-            ),
+            policies=sorted(ranked()),
             **common,
         ),
         "alpha": SweepSpec(

@@ -21,8 +21,27 @@ for _name in _MODULES:
     importlib.import_module(f"{__name__}.{_name}")
 
 from .belady import BeladyNoBypassPolicy, BeladyPolicy  # noqa: E402  (after the walk)
+from .queued import QueuePolicy  # noqa: E402
+
+# The offline optimum a ranking measures its online policies against (may bypass).
+BOUND = BeladyPolicy.name
+
+
+def ranked(bound: bool = True) -> list[str]:
+    """The policies a ranking compares (the demo, the sweeps, the policies experiment):
+    every online policy that is not an ablation-ladder variant, sorted, then the offline
+    optimum ``BOUND`` (``bound=False``: without it).  A policy added later joins by its file."""
+    online = sorted(n for n, c in POLICIES.items() if c.online and not c.ablation)
+    return [*online, BOUND] if bound else online
+
+
+def queue_policies() -> list[str]:
+    """The registered policies whose victims come from a walk over queues, sorted."""
+    return sorted(n for n, c in POLICIES.items() if issubclass(c, QueuePolicy))
+
 
 __all__ = [
+    "BOUND",
     "POLICIES",
     "BeladyNoBypassPolicy",
     "BeladyPolicy",
@@ -30,6 +49,8 @@ __all__ = [
     "Policy",
     "Tick",
     "make_policy",
+    "queue_policies",
+    "ranked",
     "register",
     *_MODULES,
 ]

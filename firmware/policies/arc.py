@@ -31,7 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .base import Tick, register
-from .queued import QueuePolicy
+from .queued import WALK_AUDITED, QueuePolicy
 
 T1, T2 = 1, 2
 NEW, FROM_B1, FROM_B2 = 0, 1, 2
@@ -40,6 +40,10 @@ NEW, FROM_B1, FROM_B2 = 0, 1, 2
 @register
 class ArcPolicy(QueuePolicy):
     name = "arc"
+    not_audited = (
+        "the target size p and the ghost lists depend on every entry's history, not one entry's; "
+        + WALK_AUDITED
+    )
     summary = "ARC: adaptive recency/frequency lists with ghosts (FAST'03)"
     n_queues = 2
 

@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 from .. import fixedpoint as fx
 from .. import policy_params
 from ..config import PolicyConfig
+from ..history import HistoryRule
 from ..params import Param
 from ..select import select_victims
 from ..table import EntryTable, grow
@@ -54,6 +55,13 @@ def register(cls: type[Policy]) -> type[Policy]:
     """Class decorator: make a policy available by its ``name``."""
     if cls.name in POLICIES:
         raise ValueError(f"policy name {cls.name!r} registered twice")
+    if (cls.history is None) == (not cls.not_audited):
+        # the audit recomputes a policy's priorities from each entry's own history: a policy
+        # says how (its HistoryRule) or why it cannot — never silently neither, never both
+        raise TypeError(
+            f"policy {cls.name!r} must set exactly one of `history` (its HistoryRule, "
+            "firmware/history.py) and `not_audited` (why its priority is not an entry's history)"
+        )
     policy_params.declare(cls.name, cls.parameters)  # (the configuration's keys)
     POLICIES[cls.name] = cls
     return cls
@@ -77,6 +85,11 @@ class Policy(ABC):
     # Whether ``priority`` ranks entries outside HBM, so that ``cxl_order = "policy"``
     # orders CXL DRAM by it; False: CXL DRAM keeps its arrival order (docs/policy.md).
     ranks_lower_tiers: ClassVar[bool] = True
+    # The audit's recomputation of ``priority`` from each entry's own history (a plain second
+    # implementation, in the policy's file), or, when there is none, why (``not_audited``):
+    # reports then print "not audited" for the history part (docs/policy.md, the audit).
+    history: ClassVar[type[HistoryRule] | None] = None
+    not_audited: ClassVar[str] = ""
 
     def __init__(self, config: PolicyConfig, table: EntryTable) -> None:
         self.config = config

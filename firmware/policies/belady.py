@@ -67,6 +67,7 @@ class BeladyPolicy(Policy):
     summary = "Belady's offline optimum (sees the future of the trace)"
     online = False
     may_bypass = True
+    not_audited = "its key is each entry's next use in the trace: the future, an input, not history"
 
     def __init__(
         self, config: PolicyConfig, table: EntryTable, future: Future | None = None

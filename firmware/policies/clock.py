@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 
 from ..params import Param, in_range
 from .base import Tick, register
-from .queued import QueuePolicy
+from .queued import WALK_AUDITED, QueuePolicy
 
 CLOCK_BITS = Param(
     "[1, 8] bits",
@@ -35,6 +35,9 @@ _SPAN = np.int64(1) << 40  # > any sequence number: the counter is the major key
 @register
 class ClockPolicy(QueuePolicy):
     name = "clock"
+    not_audited = (
+        "the hand's walk decrements counters the entry's own history does not show; " + WALK_AUDITED
+    )
     summary = "CLOCK / second chance: FIFO with a reference counter"
     columns = {**QueuePolicy.columns, "ref": (np.int64, 0)}
     parameters = {"clock_bits": CLOCK_BITS}

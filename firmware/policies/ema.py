@@ -15,9 +15,125 @@ from numpy.typing import NDArray
 from .. import fixedpoint as fx
 from .. import golden_step
 from ..config import PolicyConfig
-from ..formulas import eviction_priority
-from ..table import EntryTable
+from ..formulas import ema_update, eviction_priority
+from ..history import EntryHistory, HistoryRule
+from ..table import EntryTable, grow
 from .base import Policy, Tick, register
+
+
+class EmaHistory(HistoryRule):
+    """The EMA recomputed from each entry's reads, kept lazily (the audit's side).
+
+    The score as of some completed step plus the weight pending in the current step
+    (a step's largest), brought forward on demand through zero-weight steps (a closed form
+    in float mode, the Q0.16 recurrence in integer mode), so nothing here touches every
+    entry at every step; idle = steps since the step after the last touch.  The EMA's
+    quantities live at :meth:`index` (the entry itself here; ``ema-position`` indexes
+    them by block position).
+    """
+
+    def __init__(self, history: EntryHistory) -> None:
+        super().__init__(history)
+        int_mode = history.mode == "int"
+        z = lambda dt, fill=0: np.full(16, fill, dtype=dt)  # noqa: E731
+        self.score = z(np.int64 if int_mode else np.float64)  # EMA as of score_k
+        self.score_k = z(np.int64)
+        self.pend_w = z(np.int64 if int_mode else np.float64)  # largest weight in pend_k
+        self.pend_k = z(np.int64, -1)
+        self.idle_base = z(np.int64)  # idle = max(k − idle_base, 0)
+        cfg = history.config
+        if int_mode:
+            self.alpha_q = fx.alpha_to_q16(cfg.alpha)
+            self.touch_q = fx.to_q16(cfg.touch_threshold)
+            self.decay = fx.decay_table(cfg.beta, cfg.decay_shift)
+
+    _EMA = ("score", "score_k", "pend_w", "pend_k", "idle_base")
+
+    def ensure(self, n: int) -> None:
+        for c in self._EMA:
+            setattr(self, c, grow(getattr(self, c), n, -1 if c == "pend_k" else 0))
+
+    def index(self, ids: NDArray) -> NDArray:
+        """Where the EMA quantities of ``ids`` live."""
+        return ids
+
+    def fresh(self, ids: NDArray) -> None:
+        k = self.h.k
+        self.score[ids] = 0
+        self.pend_w[ids] = 0
+        self.score_k[ids] = k
+        self.pend_k[ids] = -1
+        self.idle_base[ids] = k
+
+    def anchor(self, ids: NDArray) -> NDArray:
+        return self.h.first_token(ids) < self.h.config.anchor_zone_size
+
+    def on_read(self, ids: NDArray, weights: NDArray, time: int) -> None:
+        ids = self.index(ids)
+        if self.h.mode == "int":
+            wq = np.asarray(fx.to_q16(weights), dtype=np.int64)
+            touch = wq >= self.touch_q
+        else:
+            wq = weights
+            touch = weights >= self.h.config.touch_threshold
+        self._settle(ids)
+        k = self.h.k
+        stale = self.pend_k[ids] != k
+        self.pend_w[ids[stale]] = 0
+        self.pend_k[ids] = k
+        np.maximum.at(self.pend_w, ids, wq)
+        self.idle_base[ids[touch]] = k + 1
+
+    def _settle(self, ids: NDArray) -> None:
+        """Bring the EMA of ``ids`` forward to the end of the last completed step."""
+        k = self.h.k
+        p = self.pend_k[ids]
+        done = (p >= 0) & (p < k)
+        if done.any():  # the pending step's weight enters once, at its step's end
+            d = ids[done]
+            self._decay(d, self.pend_k[d])
+            if self.h.mode == "int":
+                self.score[d] = fx.ema_update_q16(self.score[d], self.pend_w[d], self.alpha_q)
+            else:
+                self.score[d] = ema_update(self.score[d], self.pend_w[d], self.h.config.alpha)
+            self.score_k[d] = self.pend_k[d] + 1
+            self.pend_k[d] = -1
+            self.pend_w[d] = 0
+        self._decay(ids, np.full(ids.size, k, np.int64))
+
+    def _decay(self, ids: NDArray, to_k: NDArray) -> None:
+        """Zero-weight EMA steps from ``score_k`` up to ``to_k``."""
+        n = to_k - self.score_k[ids]
+        if not (n > 0).any():
+            return
+        if self.h.mode == "int":
+            s = self.score[ids].copy()
+            left = n.copy()
+            while (left > 0).any():
+                m = left > 0
+                nxt = np.asarray(fx.ema_update_q16(s[m], 0, self.alpha_q), dtype=np.int64)
+                still = nxt != s[m]  # a fixed point stays put: stop early
+                s[m] = nxt
+                left[m] = np.where(still, left[m] - 1, 0)
+            self.score[ids] = s
+        else:
+            # n zero-weight steps of ema_update at once: the score times (1 − α)^n
+            self.score[ids] = self.score[ids] * (1.0 - self.h.config.alpha) ** np.maximum(n, 0)
+        self.score_k[ids] = np.maximum(self.score_k[ids], to_k)
+
+    def idle(self, ids: NDArray) -> NDArray:
+        idle = np.maximum(self.h.k - self.idle_base[ids], 0)
+        return np.minimum(idle, 65535) if self.h.mode == "int" else idle
+
+    def priority(self, ids: NDArray, time: int) -> NDArray:
+        p = self.index(ids)
+        self._settle(p)
+        if self.h.mode == "int":
+            cfg = self.h.config
+            return np.asarray(
+                fx.eviction_priority_q16(self.score[p], self.idle(p), self.decay, cfg.decay_shift)
+            )
+        return np.asarray(eviction_priority(self.score[p], self.idle(p), self.h.config.beta))
 
 
 @register
@@ -25,6 +141,7 @@ class EmaPolicy(Policy):
     name = "ema"
     summary = "EMA attention score × recency decay, anchors pinned (the seed's policy)"
     modes = ("float", "int")
+    history = EmaHistory
 
     def __init__(self, config: PolicyConfig, table: EntryTable, mode: str = "float") -> None:
         if mode not in ("float", "int"):
@@ -72,9 +189,7 @@ class EmaPolicy(Policy):
                 s, self.idle[:n], w, t, self.int_params.alpha_q
             )
         else:
-            a = self.config.alpha
-            s *= 1.0 - a
-            s += a * w
+            ema_update(s, w, self.config.alpha, out=s)
             idle = self.idle[:n]
             idle += 1
             idle[t] = 0

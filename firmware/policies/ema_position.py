@@ -15,9 +15,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..config import PolicyConfig
-from ..formulas import eviction_priority
+from ..formulas import ema_update, eviction_priority
+from ..history import EntryHistory
 from ..table import EntryTable, grow
 from .base import Policy, Tick, register
+from .ema import EmaHistory
 
 
 class Positions:
@@ -45,11 +47,34 @@ class Positions:
         return self.pos[np.asarray(ids, dtype=np.int64)]
 
 
+class EmaPositionHistory(EmaHistory):
+    """The EMA's history rule with its quantities indexed by position: born with the
+    position's first entry and never forgotten (an entry's restart leaves them alone)."""
+
+    def __init__(self, history: EntryHistory) -> None:
+        super().__init__(history)
+        self.positions = Positions()
+
+    def index(self, ids: NDArray) -> NDArray:
+        self.ensure(self.positions.update(self.h.table))
+        return self.positions(ids)
+
+    def fresh(self, ids: NDArray) -> None:
+        pass  # per-position quantities survive any one entry's restart
+
+    def born(self, ids: NDArray) -> None:
+        if ids.size:
+            seen = len(self.positions.of)
+            p = self.index(ids)
+            super().fresh(np.unique(p[p >= seen]))
+
+
 @register
 class EmaPositionPolicy(Policy):
     name = "ema-position"
     summary = "EMA × recency per block position, shared by all heads and layers; anchors pinned"
     ablation = True
+    history = EmaPositionHistory
 
     def __init__(self, config: PolicyConfig, table: EntryTable) -> None:
         super().__init__(config, table)
@@ -80,9 +105,7 @@ class EmaPositionPolicy(Policy):
         self._sync()
         m = len(self.positions.of)
         s, w, t = self.p_score[:m], self.p_w[:m], self.p_touched[:m]
-        a = self.config.alpha
-        s *= 1.0 - a
-        s += a * w
+        ema_update(s, w, self.config.alpha, out=s)
         idle = self.p_idle[:m]
         idle += 1
         idle[t] = 0

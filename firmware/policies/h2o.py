@@ -17,6 +17,15 @@ from numpy.typing import NDArray
 
 from ..policy_params import RECENT_TOKENS, SINK_TOKENS
 from .base import Policy, Tick, register
+from .sink_window import SinkWindowHistory
+
+
+class H2oHistory(SinkWindowHistory):
+    """The recent window last; the rest by least accumulated weight; sinks claim pins."""
+
+    def priority(self, ids: NDArray, time: int) -> NDArray:
+        recent = self.h.age_tokens(ids) < self.h.config.param("recent_tokens")
+        return np.where(recent, -np.inf, -self.h.weight_sum[ids])
 
 
 @register
@@ -25,6 +34,7 @@ class H2oPolicy(Policy):
     summary = "H2O: heavy hitters (accumulated attention) + recent window"
     columns = {"acc": (np.float64, 0.0)}
     parameters = {"sink_tokens": SINK_TOKENS, "recent_tokens": RECENT_TOKENS}
+    history = H2oHistory
 
     @classmethod
     def budget_params(cls, budget_tokens: int) -> dict[str, Any]:

@@ -15,10 +15,21 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from ..history import HistoryRule
 from ..policy_params import LFU_TIE_BREAK
 from .base import Policy, Tick, register
 
 _TIME_SPAN = 1 << 40  # > any batch time: count is the major key, last read the minor one
+
+
+class LfuHistory(HistoryRule):
+    """Fewest reads first; then the oldest last read (``lfu_tie_break = "lru"``)."""
+
+    def priority(self, ids: NDArray, time: int) -> NDArray:
+        h = self.h
+        if h.config.param("lfu_tie_break") == "index":
+            return -h.reads[ids]
+        return -(h.reads[ids] * _TIME_SPAN + h.last_read[ids])
 
 
 @register
@@ -27,6 +38,7 @@ class LfuPolicy(Policy):
     summary = "least frequently used"
     columns = {"count": (np.int64, 0), "last": (np.int64, 0)}
     parameters = {"lfu_tie_break": LFU_TIE_BREAK}
+    history = LfuHistory
 
     def on_access(self, ids: NDArray, weights: NDArray, tick: Tick) -> None:
         np.add.at(self.count, ids, 1)

@@ -10,7 +10,14 @@ from __future__ import annotations
 from numpy.typing import NDArray
 
 from .base import register
-from .lru import LruPolicy
+from .lru import LruHistory, LruPolicy
+
+
+class LruAnchorHistory(LruHistory):
+    """LRU's order; entries starting below ``anchor_zone_size`` claim pins."""
+
+    def anchor(self, ids: NDArray) -> NDArray:
+        return self.h.first_token(ids) < self.h.config.anchor_zone_size
 
 
 @register
@@ -18,6 +25,7 @@ class LruAnchorPolicy(LruPolicy):
     name = "lru-anchor"
     summary = "least recently used, anchor zone pinned (the ablation ladder's second rung)"
     ablation = True
+    history = LruAnchorHistory
 
     def wants_pin(self, ids: NDArray) -> NDArray:
         return self.table.first_token(ids) < self.config.anchor_zone_size

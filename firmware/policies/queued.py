@@ -43,6 +43,12 @@ NONE = -1  # no entry (end of a list, hand at the tail)
 # among arrivals, so the audit's "priority descending, id ascending" order puts them
 # last, lowest id first — the walk's rule when the batch alone overflows.
 ARRIVING = np.int64(-(1 << 62))
+# What the audit checks of a walk, since its order is not any one entry's history
+# (each queue policy's ``not_audited`` says why, then this).
+WALK_AUDITED = (
+    "the top-k audit compares the walk's victims with its closed-form key, and "
+    "tests/reference_queues.py replays the policy independently"
+)
 
 
 class QueuePolicy(Policy):

@@ -33,7 +33,7 @@ from numpy.typing import NDArray
 
 from ..params import REAL, Param, in_range
 from .base import CapacityTooSmall, Tick, register
-from .queued import NONE, QueuePolicy
+from .queued import NONE, WALK_AUDITED, QueuePolicy
 
 S3FIFO_SMALL_RATIO = Param(
     "(0, 1)",
@@ -65,6 +65,10 @@ MAIN_CAP = 3  # main's counter saturates here (2 bits)
 @register
 class S3FifoPolicy(QueuePolicy):
     name = "s3fifo"
+    not_audited = (
+        "which queue an entry is in depends on the small queue's walk, not on its own history; "
+        + WALK_AUDITED
+    )
     summary = "S3-FIFO: small + main FIFO queues and a ghost of ids (SOSP'23)"
     columns = {**QueuePolicy.columns, "freq": (np.int64, 0)}
     n_queues = 2

@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .base import Tick, register
-from .queued import NONE, QueuePolicy
+from .queued import NONE, WALK_AUDITED, QueuePolicy
 
 _TURN = np.int64(1) << 40  # > any sequence number: one full turn of the hand
 
@@ -26,6 +26,10 @@ _TURN = np.int64(1) << 40  # > any sequence number: one full turn of the hand
 @register
 class SievePolicy(QueuePolicy):
     name = "sieve"
+    not_audited = (
+        "the hand's position and the visited bits it clears are not in an entry's "
+        "own history; " + WALK_AUDITED
+    )
     summary = "SIEVE: FIFO queue with visited bits and a moving hand (NSDI'24)"
     columns = {**QueuePolicy.columns, "visited": (np.bool_, False)}
 

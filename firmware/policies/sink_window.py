@@ -9,8 +9,19 @@ from __future__ import annotations
 
 from numpy.typing import NDArray
 
+from ..history import HistoryRule
 from ..policy_params import SINK_TOKENS
 from .base import Policy, Tick, register
+
+
+class SinkWindowHistory(HistoryRule):
+    """Oldest behind its context's newest token first; sinks claim pins."""
+
+    def anchor(self, ids: NDArray) -> NDArray:
+        return self.h.first_token(ids) < self.h.config.param("sink_tokens")
+
+    def priority(self, ids: NDArray, time: int) -> NDArray:
+        return self.h.age_tokens(ids)
 
 
 @register
@@ -18,6 +29,7 @@ class SinkWindowPolicy(Policy):
     name = "sink-window"
     summary = "StreamingLLM: attention sinks + recent window"
     parameters = {"sink_tokens": SINK_TOKENS}
+    history = SinkWindowHistory
 
     def priority(self, ids: NDArray, tick: Tick) -> NDArray:
         return self.table.age_tokens(ids)

@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from ..params import Param, in_range
 from .base import Tick, register
-from .queued import QueuePolicy
+from .queued import WALK_AUDITED, QueuePolicy
 
 SLRU_SEGMENTS = Param(
     "[1, 8] segments",
@@ -38,6 +38,10 @@ _MAX_SEGMENTS = 8
 @register
 class SlruPolicy(QueuePolicy):
     name = "slru"
+    not_audited = (
+        "demotions between segments depend on other entries' promotions, "
+        "not on an entry's own history; " + WALK_AUDITED
+    )
     summary = "SLRU: n LRU segments, a reuse promotes one segment (libCacheSim's form)"
     parameters = {"slru_segments": SLRU_SEGMENTS}
     n_queues = _MAX_SEGMENTS  # queue q = segment q − 1

@@ -61,7 +61,7 @@ from ..params import REAL, Param, in_range, one_of
 from ..sketch import FrequencySketch, counters_per_element, hashes_for
 from .base import CapacityTooSmall, Tick, register
 from .main_cache import MAIN_POLICIES, MainCache
-from .queued import NONE, QueuePolicy
+from .queued import NONE, WALK_AUDITED, QueuePolicy
 
 WINDOW, PROBATION, PROTECTED = 1, 2, 3
 # The mains: SLRU, LRU and FIFO kept in W-TinyLFU's own queues, then the queue policies it
@@ -124,6 +124,10 @@ WTINYLFU_SAMPLE = Param(
 @register
 class WTinyLfuPolicy(QueuePolicy):
     name = "wtinylfu"
+    not_audited = (
+        "the admission filter compares against the main cache's victim and a shared sketch; "
+        + WALK_AUDITED
+    )
     summary = "W-TinyLFU: window LRU + a main cache (SLRU, ...), TinyLFU sketch admission"
     n_queues = 3
     main: MainCache | None = None  # a queue policy as the main (else SLRU, LRU or FIFO here)

@@ -39,13 +39,17 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from kvcxl.common.evidence import RESULTS
+
 from .shape import PRESETS, ModelShape, ShapeError
 
 FORMAT = "kvcxl-trace"
 VERSION = 2  # the newest version this build writes; it reads every one of VERSIONS
 VERSIONS = (1, 2)
 OP_READ, OP_WRITE = 0, 1
-EVIDENCE_CLASSES = ("Measured", "Simulated", "Analytical model")
+# A trace is a result of this project (a real model's capture, a simulator's export, a
+# generator's output), never an input taken from elsewhere: the result classes alone.
+EVIDENCE_CLASSES = RESULTS
 AGGREGATIONS = ("max", "mean")
 
 #: Column name → (numpy kind it must have on load, dtype it is stored as).

@@ -13,7 +13,10 @@
   ``qemu_boot_kvcxl_ring`` through the shared-memory request ring (qemu/memring.py), in
   the same run: trapped 8-byte loads and the doorbell, socket against ring.
 * ``qemu_boot_kvcxl_alias``: the patched QEMU with ``--alias`` (DRAM-tier pages mapped
-  into the guest as RAM), in the same run; ``qemu_boot_kvcxl_alias_kvm``: the same under
+  into the guest as RAM), in the same run: the guest's copies over those pages against
+  guest RAM in the same boot (``memcpy_*_cxl_over_ram``, the figure tests/test_qemu_alias.py
+  leaves to this bench), with the device's counts for the copied block showing the copies
+  went through the mapping (``bench_block_traffic``); ``qemu_boot_kvcxl_alias_kvm``: the same under
   KVM (``--accel kvm``; skipped with the reason where KVM is not usable), so that
   ``--only qemu_boot_kvcxl_alias`` gives both side by side.
 * ``qemu_boot_plugin``: the same with the plugin streaming every CXL-window access
@@ -33,7 +36,7 @@ from kvcxl.emu.device.service import Client, serving
 
 from . import layout as L
 from .accel import accel_unusable
-from .boot import BootOptions, boot
+from .boot import BootOptions, boot, why_no_result
 from .ring_client import RingClient, mem_doorbell, replay
 from .ring_device import build
 from .service import FirmwareService
@@ -159,7 +162,18 @@ def _boot(
         for k, v in g["bench"].items():
             if k not in ("event", "t", "uptime"):
                 out[k] = v
+        ram = g["bench"].get("memcpy_ram_MBps")
+        if ram:  # device memory against guest RAM, copied in the same boot
+            for way in ("to", "from"):
+                mbps = g["bench"][f"memcpy_{way}_cxl_MBps"]
+                out[f"memcpy_{way}_cxl_over_ram"] = round(mbps / ram, 4)
+    for job in r.get("missing_results", []):  # what the guest, QEMU and the device said
+        out.setdefault("no_result", {})[job] = why_no_result(r, job)
     dev = r.get("kvcxl_device") or {}
+    if (dev.get("areas") or {}).get("bench_block"):
+        # how the copies reached the block: CXL.mem requests the device served, accesses
+        # QEMU completed against the DRAM file, pages mapped as guest RAM (--alias)
+        out["bench_block_traffic"] = dev["areas"]["bench_block"]
     if dev.get("alias"):
         out["alias_state"] = dev["alias"]
         out["alias_violations"] = dev.get("alias_violations")

@@ -44,6 +44,15 @@ from .trace_image import default_trace, encode
 
 DEVICE_ID = "cxl-vmem0"
 MARK = "@kvcxl "
+# The event that carries a job's result where it is not the job's own name (/init's jobs).
+JOB_EVENT = {"poison": "poison_list", "wait": "waiting"}
+# The guest's words for a failure: /init's failed step, an agent that exited non-zero, the
+# agent's own refusal, the ring's device error (no heartbeat, a fault).
+FAILURE_EVENTS = ("fail", "agent_failed", "agent_error", "device_error")
+# The host's: the boot's timeout, the stall watchdog, QEMU's KVM error, a killed peer.
+HOST_FAILURE_EVENTS = ("host_timeout", "host_stall", "kvm_internal_error", "host_inject_failed",
+                       "hook_failed", "host_killed_service", "host_killed_device")  # fmt: skip
+CONSOLE_TAIL = 40  # console lines a report keeps when the guest or a job did not finish
 OWNER_ONLY = 0o077  # umask of the service and QEMU: their sockets and files are the owner's
 
 
@@ -91,7 +100,15 @@ class BootOptions:
     on_event: Callable[[dict, Boot], None] | None = None
     console: Callable[[str], None] | None = None  # every console line, as it arrives
     # A guest silent this long (the 'wait' job's sleep added) has stalled: QEMU is stopped.
+    # (A long job prints its progress every 10 s, so silence is a stall, not a slow job.)
     stall_s: float = 120.0
+    # The guest's own budgets, set for a loaded 2-core machine, where a Python device can be
+    # off its core for seconds and Linux's probing under TCG is slow: the firmware silent
+    # (no heartbeat, ring not ready, plugin not armed) this long is a device error; a
+    # probing step (memdev, decoders, region, DAX) not done in probe_s is /init's failure.
+    # The longest heartbeat gap the agent saw is in its results (heartbeat_gap_max_ms).
+    heartbeat_s: float = 30.0
+    probe_s: int = 60
     # Boots retried when the guest stalls before the kvcxl agent starts, i.e. in Linux's
     # boot, driver probing or region set-up under TCG (QEMU's and Linux's code, not ours);
     # each retry is reported in "boot_retries".  A stall after the agent started is a result.
@@ -165,6 +182,11 @@ class Boot:
             raise ValueError(
                 f"--sample-rate {self.opts.sample_rate} needs --alias: without it the "
                 "device counts every access and has nothing to sample"
+            )
+        if self.opts.heartbeat_s < 0.001 or self.opts.probe_s < 1:
+            raise ValueError(
+                f"--heartbeat-s {self.opts.heartbeat_s} and --probe-s {self.opts.probe_s} "
+                "must be at least 1 ms and 1 s"
             )
         if self.opts.mem_link not in ("ring", "socket"):
             raise ValueError(f"--mem-link {self.opts.mem_link!r} is not 'ring' or 'socket'")
@@ -350,7 +372,9 @@ class Boot:
         h = self.host
         append = (
             "console=ttyS0 quiet panic=-1 memhp_default_state=offline "
-            f"kvcxl.jobs={','.join(self.opts.jobs)} kvcxl.wait={self.opts.wait_s:g}"
+            f"kvcxl.jobs={','.join(self.opts.jobs)} kvcxl.wait={self.opts.wait_s:g} "
+            f"kvcxl.heartbeat_ms={round(self.opts.heartbeat_s * 1000)} "
+            f"kvcxl.probe_s={self.opts.probe_s}"
         )
         size = f"{self.opts.device_mib}M"
         kvcxl = self.opts.qemu == "kvcxl"
@@ -624,18 +648,20 @@ class Boot:
                     "device_error",
                     "poison_list",
                     "tracing",
+                    "waiting",
                 )
                 if k in ev
             },
-            "guest_failures": [
-                e for e in self.events if e["event"] in ("fail", "agent_failed", "agent_error")
-            ],
+            "jobs": list(self.opts.jobs),
+            # jobs asked for whose result never came (guest_result says why)
+            "missing_results": [j for j in self.opts.jobs if job_event(j) not in ev],
+            "guest_failures": [e for e in self.events if e["event"] in FAILURE_EVENTS],
             "qemu_crash": self._crash(rc),
             "cxl_trace": [e["line"] for e in self.events if e["event"] == "cxl_trace"],
             "host_check": host_check,
             "guest_fuzz": fuzz,
             "firmware": fw,
-            "kvcxl_device": _device_summary(device) if self.opts.qemu == "kvcxl" else None,
+            "kvcxl_device": _device_summary(device, fw) if self.opts.qemu == "kvcxl" else None,
             "events": self.events,
         }
         if self.kvm_error_t is not None:
@@ -660,10 +686,21 @@ class Boot:
                     None,
                 ),
             }
-        if "poweroff" not in ev or rc != 0:
-            # The guest did not finish: keep what the console said last.
-            out["console_tail"] = self.console[-40:]
+        if "poweroff" not in ev or rc != 0 or out["missing_results"] or out["guest_failures"]:
+            # The guest did not finish, or a job did not: keep what the console and the
+            # device (or service) said last, which the work directory's removal loses.
+            out["console_tail"] = self.console[-CONSOLE_TAIL:]
+            out["device_log_tail"] = self._log_tail()
         return out
+
+    def _log_tail(self, lines: int = 20) -> list[str]:
+        """The last lines of the device's (or the firmware service's) log: a traceback there
+        is why the ring stopped answering."""
+        for name in ("device.log", "service.log"):
+            path = self.workdir / name
+            if path.exists():
+                return path.read_text(errors="replace").splitlines()[-lines:]
+        return []
 
     def _crash(self, rc: int) -> dict | None:
         """QEMU ended by a signal: which one and, from its core dump, where (gdb's
@@ -740,8 +777,9 @@ class Boot:
 _MINIMAL_BUILD = ("-L", "/usr/share/qemu", "-L", "/usr/share/seabios", "-nic", "none")
 
 
-def _device_summary(stats: dict | None) -> dict | None:
-    """What the kvcxl device saw of the guest's traffic (None: it did not answer)."""
+def _device_summary(stats: dict | None, ring: dict | None = None) -> dict | None:
+    """What the kvcxl device saw of the guest's traffic (None: it did not answer); ``ring``:
+    the statistics it wrote on exit."""
     if stats is None:
         return None
     c = stats["counters"]
@@ -765,14 +803,72 @@ def _device_summary(stats: dict | None) -> dict | None:
         "unmaps_awaited": c.get("unmaps_awaited", 0),
         "alias_checks": c.get("alias_checks", 0),
         "alias_violations": c.get("alias_violations", 0),
+        # per area of its memory (ring, transfer buffers, widths, the bench block): trapped
+        # requests, QEMU's direct accesses, pages mapped as guest RAM, as it stopped
+        "areas": (ring or {}).get("areas"),
     }
 
 
 def failure_summary(report: dict) -> dict:
     """The parts of a boot report that say why QEMU or the guest did not finish cleanly
     (what a failed check should print)."""
-    keys = ("guest_failures", "qemu_crash", "kvm_internal_error", "console_tail")
+    keys = ("missing_results", "guest_failures", "qemu_crash", "kvm_internal_error",
+            "device_log_tail", "console_tail")  # fmt: skip
     return {k: report[k] for k in keys if report.get(k)}
+
+
+class NoGuestResult(AssertionError):
+    """A guest job returned no result; the message is what the guest, QEMU and the device
+    said about why (an AssertionError: a test that asked for the result fails with it)."""
+
+
+def job_event(job: str) -> str:
+    """The guest event that carries ``job``'s result (the agent's jobs emit their own name)."""
+    return JOB_EVENT.get(job, job)
+
+
+def why_no_result(report: dict, job: str) -> str:
+    """Why the guest returned no ``job`` result, in the guest's own words first: its
+    failure events (/init's failed step, the agent's error, the ring's device error), then
+    the host's (timeout, stall, QEMU's exit or crash), the device's log and the console's
+    last lines."""
+
+    def said(e: dict) -> str:
+        rest = {k: v for k, v in e.items() if k not in ("event", "t", "uptime")}
+        at = f" at {e['t']} s" if "t" in e else ""
+        return f"{e['event']}{at}: {json.dumps(rest)}"
+
+    events = report.get("events", [])
+    guest = [said(e) for e in events if e.get("event") in FAILURE_EVENTS]
+    host = [said(e) for e in events if e.get("event") in HOST_FAILURE_EVENTS]
+    q = report.get("qemu") or {}
+    host.append(f"QEMU exit code {q.get('exit_code')}")
+    for k in ("qemu_crash", "kvm_internal_error"):
+        if report.get(k):
+            host.append(f"{k}: {json.dumps(report[k])[:2000]}")
+    started = [e for e in events if e.get("event") == "agent_start" and e.get("job") == job]
+    lines = [
+        f"the guest returned no {job!r} result (asked: {report.get('jobs')}; "
+        f"the agent {'started it' if started else 'never started it'})",
+        "the guest said: " + ("; ".join(guest) if guest else "nothing about a failure"),
+        "the host saw: " + "; ".join(host),
+    ]
+    if report.get("device_log_tail"):
+        lines.append("the device's log, last lines:")
+        lines += ["  " + ln for ln in report["device_log_tail"]]
+    tail = report.get("console_tail") or []
+    lines.append(f"the guest console, last {len(tail)} lines:")
+    lines += ["  " + ln for ln in tail]
+    return "\n".join(lines)
+
+
+def guest_result(report: dict, job: str) -> dict:
+    """The result the guest returned for ``job``; :class:`NoGuestResult`, saying why from
+    the report (:func:`why_no_result`), when it returned none."""
+    got = report.get("guest", {}).get(job_event(job))
+    if got is None:
+        raise NoGuestResult(why_no_result(report, job))
+    return got
 
 
 def _allow_core_dump() -> None:

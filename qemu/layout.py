@@ -40,6 +40,8 @@ FUZZ_SIZE = 0x300000  # up to the guest-to-host buffer
 WIDTHS_BASE = XFER_G2H + 0x100000
 WIDTHS_BYTES = 0x10000
 KV_BASE = 0x1000000
+# The guest bench job's copy block: the device's last 4 MiB (above the KV area).
+BENCH_BYTES = 4 * MiB
 SEED_H2G = 0x48324755
 SEED_G2H = 0x47324855
 
@@ -243,6 +245,18 @@ assert MR_REC["data"] + 64 <= MR_REC_BYTES
 assert CQE_SEQ_OFFSET + 4 == CQE_FMT.size  # seq is the last u32 of the CQE
 for _s in (DEV_HDR_FMT, HOST_HDR_FMT, SQE_FMT, CQE_FMT, TRACE_HDR_FMT, ACC_HDR_FMT, FUZZ_HDR_FMT):
     assert _s.size == 64, _s.format
+
+
+def areas(capacity: int) -> dict[str, tuple[int, int]]:
+    """The DPA areas a boot's report counts the traffic of (``(dpa, bytes)``, by name):
+    the ring, the two transfer buffers, the widths job's bytes and the bench job's block."""
+    return {
+        "ring": (RING_BASE, TRACE_BASE - RING_BASE),
+        "xfer_h2g": (XFER_H2G, XFER_BYTES),
+        "xfer_g2h": (XFER_G2H, XFER_BYTES),
+        "widths": (WIDTHS_BASE, WIDTHS_BYTES),
+        "bench_block": (capacity - BENCH_BYTES, BENCH_BYTES),
+    }
 
 
 def pattern(seed: int, ident: int, nbytes: int) -> bytes:

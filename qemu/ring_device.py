@@ -123,6 +123,27 @@ class Heartbeat(threading.Thread):
         return tail != ring.sq_head & 0xFFFFFFFF and ring.status != L.DEV_FAULT
 
 
+def area_traffic(dev: Type3Device) -> dict[str, dict]:
+    """Per area of the device's memory (:func:`kvcxl.qemu.layout.areas`): the CXL.mem
+    requests the device served there (trapped accesses), the accesses QEMU completed
+    directly against the DRAM file (its per-page counts), and the pages QEMU maps as guest
+    RAM (``--alias``; accesses through such a mapping reach neither count)."""
+    ps = dev.media.page_state
+    out: dict[str, dict] = {}
+    for name, (dpa, n) in L.areas(dev.capacity).items():
+        pages = dev.pages_of(dpa, n)
+        span = slice(pages.start, pages.stop)
+        out[name] = {
+            "dpa": hex(dpa),
+            "bytes": n,
+            "pages": len(pages),
+            "trapped_requests": int(dev.media.host_accesses[span].sum(dtype="u8")),
+            "direct_accesses": None if ps is None else int(ps.count[span].sum(dtype="u8")),
+            "pages_mapped": None if ps is None else int(ps.mapped[span].sum(dtype="u8")),
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kvcxl.qemu.ring_device", description=__doc__)
     ap.add_argument("--socket", required=True, help="the Unix socket QEMU's kvcxl= names")
@@ -186,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                 ring.drain_plugin()
             stats = ring.stats()
             stats["doorbell_writes"] = engine.rung
+            stats["areas"] = area_traffic(dev)
             stats["mem_link"] = "socket" if mr is None else {"ring": mr.stats()}
             dev.close()
         tmp = args.out + ".tmp"

@@ -5,8 +5,11 @@ every width over a 64 KiB area whose first four pages the device keeps trapped a
 last eight it moves to NVMe and back without pause (``--churn``), while the pages it holds in
 DRAM are mapped into the guest as RAM.  A page that leaves DRAM is unmapped (and every
 vCPU has dropped it) before its bytes move; the device checks at each move out of DRAM
-and every 5 ms that no page QEMU maps is outside DRAM.  Then the ``bench`` job's memcpy
-to and from device memory runs at RAM speed (compared with guest RAM in the same boot).
+and every 5 ms that no page QEMU maps is outside DRAM.  Then the ``bench`` job copies to
+and from the device's last 4 MiB, and the device's counts show that the copies went
+through the guest-RAM mapping: no CXL.mem request and no access QEMU completed there.  How
+fast that is, against guest RAM, is a benchmark figure (``kvcxl bench --only
+qemu_boot_kvcxl_alias``), not a check: a loaded machine moves it by a factor of several.
 The second replays the default trace with every DIRECT KV page sampled each step.
 
 The first boot runs twice, under TCG and under KVM (``--accel kvm``, the mapped pages then
@@ -18,6 +21,7 @@ from __future__ import annotations
 import pytest
 
 from kvcxl.qemu import layout as L
+from kvcxl.qemu.boot import guest_result
 
 pytestmark = [pytest.mark.slow, pytest.mark.qemu]
 
@@ -33,9 +37,10 @@ def alias_boot(request, patched_host):
         request.getfixturevalue("kvm_host")  # skips, with the reason, where KVM is not usable
     r, _b = boot(
         BootOptions(qemu="kvcxl", jobs=("widths", "widths_in_line", "bench"), plugin=False,
-                    trap=TRAP, churn=CHURN, alias=True, accel=request.param, timeout=400)
+                    trap=TRAP, churn=CHURN, alias=True, accel=request.param, timeout=900)
     )  # fmt: skip
-    assert r["qemu"]["exit_code"] == 0 and "bench" in r["guest"], failure_summary(r)
+    guest_result(r, "bench")  # else: fails with what the guest and the device said
+    assert r["qemu"]["exit_code"] == 0, failure_summary(r)
     assert "poweroff" in {e["event"] for e in r["events"]}, failure_summary(r)
     return r
 
@@ -57,9 +62,9 @@ def test_guest_writes_through_the_alias_lose_no_byte_while_pages_move(alias_boot
         w = r["guest"][job]
         assert w["ops"] == 40000, w
         assert w["bad_bytes"] == 0, [e for e in r["events"] if e["event"] == "widths_bad"]
-    assert r["guest"]["widths"]["straddling"] > 5000
+    assert guest_result(r, "widths")["straddling"] > 5000
     # the device's bytes (whichever tier) are the guest's last writes
-    assert r["host_check"]["widths_device_fnv"] == r["guest"]["widths_in_line"]["shadow_fnv"]
+    assert r["host_check"]["widths_device_fnv"] == guest_result(r, "widths_in_line")["shadow_fnv"]
     dev = r["kvcxl_device"]
     assert dev["mem_requests"] > 10000  # the trapped pages still reach the device
     assert dev["migrations_to_nvme"] > 100 and dev["nvme_fills"] > 0
@@ -74,14 +79,19 @@ def test_no_page_is_mapped_as_guest_ram_outside_dram(alias_boot) -> None:
     assert dev["alias_violations"] == 0
 
 
-def test_direct_pages_run_near_guest_ram_speed(alias_boot) -> None:
-    """Measured in the same boot: memcpy over DIRECT (aliased) pages against guest RAM.
-    Without aliasing this is about 1/60 (docs/qemu.md); the bar here is loose (a loaded
-    2-core machine), the figure is in docs/qemu.md."""
-    b = alias_boot["guest"]["bench"]
-    ram = b["memcpy_ram_MBps"]
-    assert b["memcpy_to_cxl_MBps"] > 0.3 * ram, b
-    assert b["memcpy_from_cxl_MBps"] > 0.3 * ram, b
+def test_direct_pages_are_reached_as_guest_ram(alias_boot) -> None:
+    """The bench job's copies (40 of 4 MiB each way, and 8-byte loads) over the device's
+    last block went through the guest-RAM mapping: the device served no CXL.mem request
+    there and QEMU completed no access there, while the block's pages were mapped.  In the
+    same boot the trapped widths pages did reach the device, so the counts are live.  (The
+    speed this buys is ``kvcxl bench --only qemu_boot_kvcxl_alias``'s figure.)"""
+    bench = guest_result(alias_boot, "bench")
+    areas = alias_boot["kvcxl_device"]["areas"]
+    block = areas["bench_block"]
+    assert block["bytes"] == bench["memcpy_block_bytes"]
+    assert block["pages_mapped"] == block["pages"], block
+    assert block["trapped_requests"] == 0 and block["direct_accesses"] == 0, block
+    assert areas["widths"]["trapped_requests"] > 0, areas["widths"]
 
 
 def test_sampled_first_touches_learn_the_replays_reads(patched_host) -> None:
@@ -91,15 +101,16 @@ def test_sampled_first_touches_learn_the_replays_reads(patched_host) -> None:
     from kvcxl.qemu.boot import BootOptions, boot, failure_summary
 
     # At rate 1 every DIRECT page traps until its first touch at each step, and with managed
-    # tiers each step boundary's sinks wait for their alias unmaps: the replay, which
-    # prints only when it is done, ran 147 s on a loaded 2-core machine (Measured), past
-    # the default 120 s of console silence; the timeout still bounds the run.
+    # tiers each step boundary's sinks wait for their alias unmaps: the replay ran 147 s on a
+    # loaded 2-core machine (Measured).  It prints its progress every 10 s, so the default
+    # stall watchdog holds; the timeout bounds the run on a loaded machine.
     r, _b = boot(
         BootOptions(qemu="kvcxl", jobs=("replay",), plugin=False, alias=True, sample_rate=1.0,
-                    timeout=400, stall_s=360)
+                    timeout=900)
     )  # fmt: skip
-    assert r["qemu"]["exit_code"] == 0 and "replay" in r["guest"], failure_summary(r)
-    assert r["guest"]["replay"]["bad_bytes"] == 0
+    rep = guest_result(r, "replay")
+    assert r["qemu"]["exit_code"] == 0, failure_summary(r)
+    assert rep["bad_bytes"] == 0
     (session,) = r["firmware"]["sessions"]
     kt = session["device"]["kv_traffic"]
     assert kt["steps"] > 0 and kt["entries_read"] == kt["entries_expected"] > 0

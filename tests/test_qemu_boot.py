@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvcxl.qemu import layout as L
+from kvcxl.qemu.boot import NoGuestResult, guest_result
 
 pytestmark = [pytest.mark.slow, pytest.mark.qemu]
 
@@ -74,7 +75,7 @@ def main_boot(host, trace_file):
         plugin=False,
         poison=((poison_dpa, 64),),
         media_events=(L.KV_BASE,),
-        timeout=420,
+        timeout=900,
     )
     t = time.monotonic()
     report, b = _boot(opts)
@@ -100,7 +101,7 @@ def test_region_ready_and_cxl_list_shows_memdev(main_boot) -> None:
 
 def test_data_path_both_directions(main_boot) -> None:
     r, _b, _gt = main_boot
-    dp = r["guest"]["datapath"]
+    dp = guest_result(r, "datapath")
     assert dp["host_to_guest_bytes"] == L.XFER_BYTES and dp["host_to_guest_bad"] == 0
     assert r["host_check"]["guest_to_host_bad_bytes"] == 0
     # The KV cache the guest laid out in /dev/dax0.0 is in the host's media file.
@@ -112,7 +113,7 @@ def test_replay_matches_simulator_api_and_cli(main_boot, trace_file, tmp_path) -
     from kvcxl.qemu.trace_image import simulate_victims
 
     r, b, gt = main_boot
-    rep = r["guest"]["replay"]
+    rep = guest_result(r, "replay")
     assert rep["bad_bytes"] == 0 and rep["residency_mismatches"] == 0 and rep["ring_errors"] == 0
     want = simulate_victims(gt)
     assert len(want) > 100
@@ -139,9 +140,9 @@ def test_replay_matches_simulator_api_and_cli(main_boot, trace_file, tmp_path) -
 def test_injected_poison_seen_by_guest_and_firmware(main_boot) -> None:
     r, _b, gt = main_boot
     dpa = L.KV_BASE + POISON_ENTRY * gt.entry_bytes
-    assert f"{dpa:#x}:0x40" in r["guest"]["poison_list"]["entries"]
+    assert f"{dpa:#x}:0x40" in guest_result(r, "poison")["entries"]
     assert any("cxl_poison" in line for line in r["cxl_trace"])
-    assert r["guest"]["replay"]["poisoned_entries"] == 1
+    assert guest_result(r, "replay")["poisoned_entries"] == 1
     assert [hex(dpa), hex(64)] in r["firmware"]["poison_reports"]
     assert r["firmware"]["poisoned_entries"] == [POISON_ENTRY]
 
@@ -154,7 +155,7 @@ def test_media_event_traced_by_guest(main_boot) -> None:
 
 def test_malformed_ring_commands_get_error_completions(main_boot) -> None:
     r, _b, _gt = main_boot
-    m = r["guest"]["malformed"]
+    m = guest_result(r, "malformed")
     assert m["unknown_opcode"] == L.RC_UNSUPPORTED
     assert m["attn_before_open"] == L.RC_INVALID_INPUT
     assert m["open_too_big"] == L.RC_INVALID_INPUT
@@ -167,7 +168,8 @@ def test_malformed_ring_commands_get_error_completions(main_boot) -> None:
 
 def test_cli_inject_then_service_killed_mid_run(host) -> None:
     """`kvcxl qemu inject` on a running guest; then the firmware service dies mid-replay:
-    the agent reports a device error in bounded time and the guest powers off by itself."""
+    the agent reports a device error once its heartbeat budget has passed (bounded: the
+    guest powers off by itself, before the host's timeout or stall watchdog)."""
     from kvcxl.qemu.boot import BootOptions, failure_summary
 
     dpa = L.KV_BASE + 3 * 4096
@@ -181,31 +183,35 @@ def test_cli_inject_then_service_killed_mid_run(host) -> None:
         if ev.get("event") == "agent_start" and ev.get("job") == "replay":
             b.kill_service()
 
-    t = time.monotonic()
-    r, b = _boot(
-        BootOptions(
-            qemu="stock",
-            jobs=("wait", "poison", "replay"),
-            wait_s=10,  # room for the CLI (a Python start-up) on a loaded machine
-            plugin=False,
-            device_emulator=False,
-            on_event=hook,
-            timeout=300,
-        )
+    opts = BootOptions(
+        qemu="stock",
+        jobs=("wait", "poison", "replay"),
+        wait_s=10,  # room for the CLI (a Python start-up) on a loaded machine
+        plugin=False,
+        device_emulator=False,
+        on_event=hook,
+        timeout=600,
     )
-    wall = time.monotonic() - t
+    r, b = _boot(opts)
     assert injected and injected[0].returncode == 0, injected and injected[0].stderr
-    assert f"{dpa:#x}:0x40" in r["guest"]["poison_list"]["entries"]
+    assert f"{dpa:#x}:0x40" in guest_result(r, "poison")["entries"]
     assert any(e["event"] == "host_killed_service" for e in r["events"])
     err = r["guest"].get("device_error")
     assert err is not None, r["guest_failures"]
     killed = next(e["t"] for e in r["events"] if e["event"] == "host_killed_service")
-    # The agent's heartbeat timeout is 3 s; TCG and console latency add a few seconds.
-    assert err["t"] - killed < 30
+    # after the kill, and for the reason the agent's budget (BootOptions.heartbeat_s) names
+    budget_ms = round(opts.heartbeat_s * 1000)
+    assert err["t"] > killed and f"(the budget: {budget_ms} ms)" in err["reason"], err
     assert r["qemu"]["exit_code"] == 0, failure_summary(r)  # it powered off by itself
-    assert "replay" not in r["guest"]
+    names = {e["event"] for e in r["events"]}
+    assert "poweroff" in names and not names & {"host_timeout", "host_stall"}, names
+    assert "replay" not in r["guest"] and r["missing_results"] == ["replay"]
+    # asked for, the missing result fails with the guest's own error and its console
+    with pytest.raises(NoGuestResult) as no_replay:
+        guest_result(r, "replay")
+    said = str(no_replay.value)
+    assert err["reason"] in said and r["console_tail"][-1] in said
     assert b.qemu.poll() is not None and b.service.poll() is not None
-    assert wall < 300
 
 
 def test_plugin_streams_cxl_accesses(host) -> None:
@@ -213,7 +219,7 @@ def test_plugin_streams_cxl_accesses(host) -> None:
 
     if not host.plugin_available:
         pytest.skip(f"ring-only mode: {host.plugin_error}")
-    r, _b = _boot(BootOptions(qemu="stock", jobs=("replay",), plugin=True, timeout=420))
+    r, _b = _boot(BootOptions(qemu="stock", jobs=("replay",), plugin=True, timeout=900))
     assert r["qemu"]["exit_code"] == 0 and r["qemu"]["plugin"] == "on"
     assert "tracing" in r["guest"], _where(r)
     assert r["guest"]["tracing"]["state"] == L.TRACING_ON  # armed before the job's accesses
@@ -222,7 +228,7 @@ def test_plugin_streams_cxl_accesses(host) -> None:
     sess = r["firmware"]["sessions"][0]
     # Every entry the guest read from device memory was seen as CXL.mem reads.
     assert sess["plugin_entries_accessed"] == sess["entries"]
-    assert r["guest"]["replay"]["bad_bytes"] == 0
+    assert guest_result(r, "replay")["bad_bytes"] == 0
 
 
 def test_a_silent_guest_is_stopped_retried_and_reported(host) -> None:
@@ -232,15 +238,15 @@ def test_a_silent_guest_is_stopped_retried_and_reported(host) -> None:
     from kvcxl.qemu.boot import BootOptions, boot
     from kvcxl.qemu.commands import boot_ok
 
-    t = time.monotonic()
     r, b = boot(
         BootOptions(
             qemu="stock", jobs=("datapath",), plugin=False, device_emulator=False, stall_s=1.0,
-            retries=1, timeout=120,
+            retries=1, timeout=600,
         )
     )  # fmt: skip
-    assert time.monotonic() - t < 120
     assert len(r["boot_retries"]) == 1 and r["boot_retries"][0]["silent_s"] >= 1.0
-    assert any(e["event"] == "host_stall" for e in r["events"])
+    # the watchdog stopped it, not the boot's timeout
+    names = {e["event"] for e in r["events"]}
+    assert "host_stall" in names and "host_timeout" not in names, names
     assert not boot_ok(r) and "console_tail" in r
     assert b.qemu.poll() is not None and b.service.poll() is not None

@@ -16,6 +16,7 @@ import pytest
 
 from kvcxl.qemu import guest_fuzz
 from kvcxl.qemu import layout as L
+from kvcxl.qemu.boot import guest_result
 from kvcxl.qemu.ring_client import RingClient
 from kvcxl.qemu.ring_fuzz import FIRMWARES, RingFuzzer
 from kvcxl.qemu.service import FirmwareService
@@ -115,7 +116,7 @@ def test_the_guest_agent_fuzzes_the_ring_from_inside_the_guest() -> None:
     assert r["completed"] == 300, r
     assert (r["crashes"], r["wrong_return_codes"], r["changed_bytes"]) == (0, 0, 0), r
     assert len(r["coverage"]) >= 15, r["coverage"]
-    assert report["guest"]["fuzz"]["cases"] == 300
+    assert guest_result(report, "fuzz")["cases"] == 300
 
 
 @pytest.mark.slow

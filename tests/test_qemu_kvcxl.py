@@ -13,6 +13,7 @@ import pytest
 
 from kvcxl.firmware.cxl import mem
 from kvcxl.qemu import layout as L
+from kvcxl.qemu.boot import guest_result
 from kvcxl.qemu.qemu_patch import PATCH, render_header
 
 TRAP = ((L.XFER_H2G, L.XFER_BYTES), (L.XFER_G2H, L.XFER_BYTES))
@@ -115,7 +116,7 @@ def kvcxl_boot(patched_host):
     opts = BootOptions(
         qemu="kvcxl", jobs=("wait", "poison", "datapath", "replay"), wait_s=10, trace=gt,
         plugin=False, trap=(*TRAP, trapped), health=HEALTH, poison=((poison, 64),),
-        on_event=hook, timeout=400,
+        on_event=hook, timeout=900,
     )  # fmt: skip
     report, b = boot(opts)
     return report, b, gt, seen
@@ -140,7 +141,7 @@ def test_region_ready_on_the_patched_qemu(kvcxl_boot) -> None:
 @pytest.mark.qemu
 def test_trapped_pages_go_through_the_device_and_read_back_right(kvcxl_boot) -> None:
     r, _b, _gt, _seen = kvcxl_boot
-    dp = r["guest"]["datapath"]
+    dp = guest_result(r, "datapath")
     assert dp["host_to_guest_bytes"] == L.XFER_BYTES and dp["host_to_guest_bad"] == 0
     assert r["host_check"]["guest_to_host_bad_bytes"] == 0
     assert r["host_check"]["kv_bad_bytes"] == 0
@@ -158,7 +159,7 @@ def test_replay_victims_equal_the_simulators(kvcxl_boot) -> None:
     from kvcxl.qemu.trace_image import simulate_victims
 
     r, b, gt, _seen = kvcxl_boot
-    rep = r["guest"]["replay"]
+    rep = guest_result(r, "replay")
     assert rep["bad_bytes"] == 0 and rep["residency_mismatches"] == 0
     want = simulate_victims(gt)
     assert b.victims[0] == want and rep["victim_hash"] == L.fnv1a_ids(want)
@@ -173,7 +174,6 @@ def test_a_dead_device_fails_accesses_in_bounded_time_and_nothing_hangs(patched_
         if ev.get("event") == "waiting":
             b.kill_device()
 
-    t = time.monotonic()
     r, b = boot(
         BootOptions(
             qemu="kvcxl",
@@ -182,18 +182,19 @@ def test_a_dead_device_fails_accesses_in_bounded_time_and_nothing_hangs(patched_
             plugin=False,
             trap=TRAP,
             on_event=hook,
-            timeout=300,
+            timeout=600,
         )
     )
-    wall = time.monotonic() - t
     assert any(e["event"] == "host_killed_device" for e in r["events"])
     # The guest read the trapped buffer and saw the failure as wrong bytes, reported them
-    # and powered off; QEMU said why and exited by itself.
-    assert r["guest"]["datapath"]["host_to_guest_bad"] > 0
+    # and powered off; QEMU said why and exited by itself, before the host's timeout or
+    # stall watchdog had to stop anything.
+    assert guest_result(r, "datapath")["host_to_guest_bad"] > 0
     assert any("kvcxl: device link" in line for line in b.console)
     assert r["qemu"]["exit_code"] == 0
+    names = {e["event"] for e in r["events"]}
+    assert "poweroff" in names and not names & {"host_timeout", "host_stall"}, names
     assert b.qemu.poll() is not None
-    assert wall < 300
 
 
 @pytest.mark.slow
@@ -214,7 +215,7 @@ def test_a_qemu_crash_is_reported_with_its_backtrace(patched_host, tmp_path) -> 
     r, _b = boot(
         BootOptions(
             qemu="kvcxl", jobs=("wait",), wait_s=60, plugin=False, on_event=hook,
-            workdir=str(tmp_path), keep=False, timeout=300,
+            workdir=str(tmp_path), keep=False, timeout=900,
         )
     )  # fmt: skip
     assert r["qemu"]["exit_code"] == -signal.SIGSEGV, failure_summary(r)
@@ -244,8 +245,8 @@ def test_poison_in_the_device_is_what_the_guest_lists(kvcxl_boot) -> None:
     r, _b, gt, _seen = kvcxl_boot
     dpa = L.KV_BASE + POISON_ENTRY * gt.entry_bytes
     # Get Poison List reached the device: its list is what the kernel traced.
-    assert f"{dpa:#x}:0x40" in r["guest"]["poison_list"]["entries"]
-    assert r["guest"]["replay"]["poisoned_entries"] == 2
+    assert f"{dpa:#x}:0x40" in guest_result(r, "poison")["entries"]
+    assert guest_result(r, "replay")["poisoned_entries"] == 2
     assert [hex(dpa), hex(64)] in r["firmware"]["poison_reports"]
 
 
@@ -257,7 +258,7 @@ def test_qmp_poison_reaches_the_device(kvcxl_boot) -> None:
     r, _b, gt, seen = kvcxl_boot
     assert seen["inject"].returncode == 0, seen["inject"].stderr
     dpa = L.KV_BASE + QMP_POISON_ENTRY * gt.entry_bytes
-    assert f"{dpa:#x}:0x40" in r["guest"]["poison_list"]["entries"]
+    assert f"{dpa:#x}:0x40" in guest_result(r, "poison")["entries"]
     assert r["kvcxl_device"]["poisoned_lines"] == 2  # this one and the socket's
     assert [hex(dpa), hex(64)] in r["firmware"]["poison_reports"]
 
@@ -294,7 +295,7 @@ def test_the_device_learns_the_replays_reads_from_the_traffic(kvcxl_boot) -> Non
     kt = r["firmware"]["sessions"][0]["device"]["kv_traffic"]
     assert kt["steps"] == gt.stream.n_steps
     assert kt["disagreeing_steps"] == 0, kt["first_disagreement"]
-    assert kt["entries_read"] == kt["entries_expected"] >= r["guest"]["replay"]["cxl_reads"]
+    assert kt["entries_read"] == kt["entries_expected"] >= guest_result(r, "replay")["cxl_reads"]
 
 
 @pytest.mark.slow
@@ -314,11 +315,11 @@ def test_pages_moving_under_guest_load_lose_no_byte(patched_host, alias) -> None
             plugin=False,
             churn=TRAP,
             alias=alias,
-            timeout=300,
+            timeout=900,
         )
     )
     assert r["qemu"]["exit_code"] == 0, failure_summary(r)
-    dp = r["guest"]["datapath"]
+    dp = guest_result(r, "datapath")
     assert dp["host_to_guest_bytes"] == L.XFER_BYTES and dp["host_to_guest_bad"] == 0
     assert r["host_check"]["guest_to_host_bad_bytes"] == 0
     dev = r["kvcxl_device"]
@@ -342,7 +343,7 @@ def test_blocks_placed_on_nvme_are_fetched_from_nvme(kvcxl_boot) -> None:
     decides — with managed tiers (the default) DRAM first, NVMe when a step boundary
     sinks it; the guest's later reads of NVMe-placed blocks are served from NVMe, right."""
     r, _b, gt, _seen = kvcxl_boot
-    rep = r["guest"]["replay"]
+    rep = guest_result(r, "replay")
     assert gt.entry_bytes == 4096  # one device page per entry
     placed = r["firmware"]["memory_path_pages_placed"]
     assert rep["victims_to_nvme"] == 0 and placed["dram"] == rep["victims"] > 0
@@ -369,9 +370,9 @@ def test_a_real_smollm2_capture_replays_through_the_device(patched_host, tmp_pat
     cmd = [sys.executable, "-m", "kvcxl.emu.cli", "trace", "capture", "--prompt", "chat"]
     subprocess.run([*cmd, "--steps", "8", "-o", str(cap)], check=True, timeout=600)
     gt = load_trace(cap, 0.25)
-    r, b = boot(BootOptions(jobs=("replay",), trace=gt, plugin=False, timeout=400))
+    r, b = boot(BootOptions(jobs=("replay",), trace=gt, plugin=False, timeout=900))
+    rep = guest_result(r, "replay")  # else: fails with what the guest and the device said
     assert r["qemu"]["exit_code"] == 0, failure_summary(r)
-    rep = r["guest"]["replay"]
     want = simulate_victims(gt)
     assert len(want) > 1000
     assert b.victims[0] == want and rep["victim_hash"] == L.fnv1a_ids(want)

@@ -97,9 +97,8 @@ def test_a_kvm_internal_error_ends_the_boot_with_the_reason(tmp_path: Path) -> N
 
     b._reader = threading.Thread(target=b._read_console)
     b._reader.start()
-    t = time.monotonic()
     assert b._wait() == 0
-    assert time.monotonic() - t < 4  # well before the stall limit (5 s)
+    # it ended on the error, not on the stall watchdog (no host_stall)
     assert [e["event"] for e in b.events] == ["init", "kvm_internal_error"]
     assert b.events[1]["line"] == "KVM internal error. Suberror: 1"
     report = {

@@ -23,8 +23,22 @@ import pytest
 
 from kvcxl.emu.device import service as svc
 from kvcxl.qemu import layout as L
+from kvcxl.qemu.boot import guest_result
 
 TRAP = ((L.XFER_H2G, L.XFER_BYTES), (L.XFER_G2H, L.XFER_BYTES))
+
+
+def _went_down_once_and_nothing_hung(r: dict, b) -> None:
+    """The link went down once (one line from QEMU), and the guest still finished its
+    read of the whole trapped buffer and powered off before the host's timeout or stall
+    watchdog: had QEMU waited its 5 s for each of the buffer's 8,192 later accesses, the
+    job would have outlived any timeout."""
+    downs = [line for line in b.console if "kvcxl: device link" in line]
+    assert len(downs) == 1, downs
+    assert guest_result(r, "datapath")["host_to_guest_bad"] > 0
+    names = {e["event"] for e in r["events"]}
+    assert "poweroff" in names and not names & {"host_timeout", "host_stall"}, names
+    assert r["qemu"]["exit_code"] == 0 and b.qemu.poll() is not None
 
 
 class FaultyLink:
@@ -97,13 +111,12 @@ def _boot(fault: str, alias: bool):
         if ev.get("event") == "waiting":
             link.armed.set()
 
-    t = time.monotonic()
     opts = BootOptions(
         qemu="kvcxl", jobs=("wait", "datapath"), wait_s=2, plugin=False, trap=TRAP,
-        on_event=hook, link=link, alias=alias, mem_link="socket", timeout=300,
+        on_event=hook, link=link, alias=alias, mem_link="socket", timeout=900,
     )  # fmt: skip
     r, b = boot(opts)
-    return r, b, link, time.monotonic() - t
+    return r, b, link
 
 
 @pytest.mark.slow
@@ -120,29 +133,24 @@ def _boot(fault: str, alias: bool):
 def test_a_broken_device_end_takes_the_link_down_and_nothing_hangs(
     patched_host, fault, says, alias
 ) -> None:
-    r, b, link, wall = _boot(fault, alias)
+    r, b, link = _boot(fault, alias)
     assert link.faulted_at is not None, "the guest made no CXL.mem request after waiting"
     assert any(f"kvcxl: device link {says}" in line for line in b.console), b.console[-20:]
     # the guest's read of the trapped buffer failed, it said so and powered off; QEMU
-    # exited by itself
-    assert r["guest"]["datapath"]["host_to_guest_bad"] > 0
-    assert r["qemu"]["exit_code"] == 0 and b.qemu.poll() is not None
-    # Bounded: the link goes down on the bad frame itself (or at the 5 s timeout when
-    # nothing comes), not after a 5 s wait for every later access.
-    done = next(e["t"] for e in r["events"] if e["event"] == "datapath")
-    assert done - (link.faulted_at - b.t0) < (20 if fault == "late" else 10), r["events"]
-    assert wall < 300
+    # exited by itself: the link went down on the bad frame itself (or at the 5 s timeout
+    # when nothing came), not after a 5 s wait for every later access
+    _went_down_once_and_nothing_hung(r, b)
 
 
 @pytest.mark.slow
 @pytest.mark.qemu
 @pytest.mark.parametrize("alias", [False, True], ids=["mmio", "alias"])
 def test_a_refusal_fails_one_access_and_the_link_stays_up(patched_host, alias) -> None:
-    r, b, link, _wall = _boot("refusal", alias)
+    r, b, link = _boot("refusal", alias)
     assert link.faulted_at is not None
     assert any("kvcxl: device refused" in line for line in b.console)
     assert not any("kvcxl: device link" in line for line in b.console)
-    dp = r["guest"]["datapath"]
+    dp = guest_result(r, "datapath")
     # one access of at most 8 bytes failed; every other byte came through the device
     assert 0 < dp["host_to_guest_bad"] <= 8
     assert r["host_check"]["guest_to_host_bad_bytes"] == 0
@@ -201,7 +209,7 @@ def _ring_boot(fault: str):
     rf = RingFault(fault)
     opts = BootOptions(
         qemu="kvcxl", jobs=("wait", "datapath"), wait_s=2, plugin=False, trap=TRAP,
-        on_event=rf, mem_link="ring", timeout=300,
+        on_event=rf, mem_link="ring", timeout=900,
     )  # fmt: skip
     r, b = boot(opts)
     assert rf.error is None, rf.error
@@ -218,12 +226,9 @@ def _ring_boot(fault: str):
 def test_a_broken_request_ring_takes_the_link_down_and_nothing_hangs(
     patched_host, fault, says
 ) -> None:
-    r, b, rf = _ring_boot(fault)
+    r, b, _rf = _ring_boot(fault)
     assert any(f"kvcxl: device link {says}" in line for line in b.console), b.console[-20:]
-    assert r["guest"]["datapath"]["host_to_guest_bad"] > 0
-    assert r["qemu"]["exit_code"] == 0 and b.qemu.poll() is not None
-    done = next(e["t"] for e in r["events"] if e["event"] == "datapath")
-    assert done - (rf.faulted_at - b.t0) < (20 if fault == "late" else 10), r["events"]
+    _went_down_once_and_nothing_hung(r, b)
 
 
 @pytest.mark.slow
@@ -232,7 +237,7 @@ def test_a_refused_ring_record_fails_one_access_and_the_link_stays_up(patched_ho
     r, b, _rf = _ring_boot("refusal")
     assert any("kvcxl: device refused a request on its ring" in line for line in b.console)
     assert not any("kvcxl: device link" in line for line in b.console)
-    dp = r["guest"]["datapath"]
+    dp = guest_result(r, "datapath")
     assert 0 < dp["host_to_guest_bad"] <= 8
     assert r["host_check"]["guest_to_host_bad_bytes"] == 0
     assert r["qemu"]["exit_code"] == 0

@@ -190,8 +190,8 @@ int main(void) {
            KVCXL_RC_INVALID_PAYLOAD_LENGTH);
     for (int k = 0; k < 4; k++) printf("%016llx ", (unsigned long long)kvcxl_pattern(7, 99, k));
     printf("\n");
-    printf("%llu %llu %u %llu %llu\n", KVCXL_FUZZ_BASE, KVCXL_FUZZ_SIZE, KVCXL_FUZZ_MAGIC,
-           KVCXL_WIDTHS_BASE, KVCXL_WIDTHS_BYTES);
+    printf("%llu %llu %u %llu %llu %llu\n", KVCXL_FUZZ_BASE, KVCXL_FUZZ_SIZE, KVCXL_FUZZ_MAGIC,
+           KVCXL_WIDTHS_BASE, KVCXL_WIDTHS_BYTES, KVCXL_BENCH_BYTES);
     return 0;
 }
 """
@@ -243,6 +243,7 @@ def test_c_header_matches_python_layout(tmp_path: Path) -> None:
         L.FUZZ_MAGIC,
         L.WIDTHS_BASE,
         L.WIDTHS_BYTES,
+        L.BENCH_BYTES,
     ]
 
 

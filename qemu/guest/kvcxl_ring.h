@@ -19,6 +19,7 @@
 #define KVCXL_WIDTHS_BASE (KVCXL_XFER_G2H + 0x100000) /* the widths job's 64 KiB */
 #define KVCXL_WIDTHS_BYTES 0x10000ull
 #define KVCXL_KV_BASE 0x1000000ull                  /* KV entries from 16 MiB */
+#define KVCXL_BENCH_BYTES 0x400000ull /* the bench job's copy block: the device's last 4 MiB */
 
 /* --- ring geometry (offsets from KVCXL_RING_BASE) ----------------------------------- */
 #define KVCXL_RING_MAGIC 0x5152434bu /* "KCRQ" */

@@ -835,7 +835,7 @@ def why_no_result(report: dict, job: str) -> str:
 
     def said(e: dict) -> str:
         rest = {k: v for k, v in e.items() if k not in ("event", "t", "uptime")}
-        at = f" at {e['t']} s" if "t" in e else ""
+        at = f" at {round(float(e['t']), 3)} s" if "t" in e else ""
         return f"{e['event']}{at}: {json.dumps(rest)}"
 
     events = report.get("events", [])

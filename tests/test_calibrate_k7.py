@@ -120,3 +120,29 @@ def test_bad_options_are_refused_by_name(tmp_path, capsys, flag: str, value: str
                "--out", str(tmp_path / "o")])  # fmt: skip
     assert rc == 2
     assert flag in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_a_real_capture_calibrates_and_replays(tmp_path, capsys) -> None:
+    """The smallest real case: the chat prompt's first 160 positions of SmolLM2-135M."""
+    from kvcxl.emu.cli import main
+    from kvcxl.emu.model.capture import capture, load_prompt, shared_model, to_trace
+
+    m, tok = shared_model(1)
+    cap = capture(m, load_prompt("chat", tok)[:160], 0)
+    path = tmp_path / "chat.npz"
+    to_trace(cap, source="test chat").save(path)
+    out = tmp_path / "cal"
+    rc = main(["calibrate", "--trace", str(path), "--alpha", "0.05,0.2", "--beta", "0.001",
+               "--budget", "64", "--no-quality", "--touch", "0.01", "--out", str(out)])  # fmt: skip
+    assert rc == 0
+    k7 = json.loads((out / "calibration.json").read_text())["k7"]
+    cfg = PolicyConfig.load(out / "calibrated.toml")
+    # SmolLM2's sink is position 0: block 0 is pinned, and the keep rule meets its SLO.
+    assert cfg.anchor_zone_size >= 16
+    assert k7["keep"]["per_trace"][0]["read_hit_rate"] >= 0.97
+    assert k7["weights"]["fit"]["auc"] > 0.5
+    rc = main(["simulate", "--trace", str(path), "--config", str(out / "calibrated.toml"),
+               "--policy", "ema", "--budget", "25%", "--audit"])  # fmt: skip
+    assert rc == 0

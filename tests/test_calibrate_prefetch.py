@@ -63,7 +63,14 @@ def test_hyperbola_fit_recovers_a_known_scale() -> None:
     assert fit["scale"] == pytest.approx(37.0, rel=0.005)
     assert fit["amplitude"] == pytest.approx(0.7, rel=0.005)
     assert fit["r2"] > 0.9999 and not fit["at_grid_edge"]
-    # Weights matter: a point with no pairs does not pull the fit.
+    # A weighted fit is the fit of the points repeated by their weights (pairs).
+    rng = np.random.default_rng(0)
+    yn = y + rng.normal(0, 0.05, y.size)
+    reps = rng.integers(1, 6, y.size)
+    a = cp.fit_hyperbola(d, yn, reps)
+    b = cp.fit_hyperbola(np.repeat(d, reps), np.repeat(yn, reps))
+    assert a["scale"] == b["scale"] and a["amplitude"] == pytest.approx(b["amplitude"])
+    # A point with no pairs does not pull the fit.
     y2 = y.copy()
     y2[10] = 5.0
     w = np.ones_like(y)

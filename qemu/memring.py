@@ -23,6 +23,7 @@ sets ``fault`` and stops, and QEMU takes the link down, as for a broken socket s
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import struct
@@ -50,14 +51,16 @@ _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
 
 
-def futex_wait(addr: int, expected: int, timeout_ns: int) -> None:
-    """Sleep while the u32 at ``addr`` holds ``expected`` (at most ``timeout_ns``).  The
-    call releases the GIL (ctypes), so the device's other threads run meanwhile."""
+def futex_wait(addr: int, expected: int, timeout_ns: int) -> bool:
+    """Sleep while the u32 at ``addr`` holds ``expected`` (at most ``timeout_ns``); True when
+    the sleep ended by its timeout (not a wake-up, nor a changed word).  The call releases
+    the GIL (ctypes), so the device's other threads run meanwhile."""
     ts = _Timespec(timeout_ns // 1_000_000_000, timeout_ns % 1_000_000_000)
-    _syscall(
+    rc = _syscall(
         ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(addr), ctypes.c_int(_FUTEX_WAIT),
         ctypes.c_uint32(expected), ctypes.byref(ts), None, ctypes.c_int(0),
     )  # fmt: skip
+    return rc == -1 and ctypes.get_errno() == errno.ETIMEDOUT
 
 
 def futex_wake(addr: int) -> None:
@@ -102,6 +105,7 @@ class MemRingServer(threading.Thread):
         self.served = 0
         self._counts = [0] * (max(_STATUS_NAMES) + 1)  # answers by status
         self.wakes = self.sleeps = 0
+        self.sleep_timeouts = 0  # sleeps that ended by their timeout, not a wake-up
         self.refusals: list[str] = []  # the first reasons, for the report
         self.fault: str | None = None
 
@@ -132,6 +136,7 @@ class MemRingServer(threading.Thread):
             "served": self.served,
             "statuses": self.statuses,
             "device_sleeps": self.sleeps,
+            "device_sleep_timeouts": self.sleep_timeouts,
             "host_wakes": self.wakes,
             "refusals": self.refusals,
             "fault": self.fault,
@@ -155,7 +160,7 @@ class MemRingServer(threading.Thread):
                         tail = unpack(mm, o_tail)[0]
                     if tail == head and not self.halt.is_set():
                         self.sleeps += 1
-                        futex_wait(self._addr("req_tail"), head, wait_ns)
+                        self.sleep_timeouts += futex_wait(self._addr("req_tail"), head, wait_ns)
                     _U32.pack_into(mm, o_dsleep, 0)
                     if self.halt.is_set():
                         return

@@ -221,8 +221,8 @@ def test_a_tail_too_far_ahead_faults_the_ring_and_ends_the_server(served) -> Non
 
 
 def test_a_sleeping_device_is_woken(tmp_path, monkeypatch) -> None:
-    """The device asleep in futex is woken by the host's FUTEX_WAKE, not by its timeout:
-    the timeout is made 60 s here, and the answer must come well before."""
+    """The device asleep in futex is woken by the host's FUTEX_WAKE, not by its timeout
+    (made 60 s here): none of its sleeps ended by the timeout."""
     monkeypatch.setattr(L, "MR_WAIT_NS", 60_000_000_000)
     engine, _ring = _device(tmp_path, "a")
     path = tmp_path / "mem-ring.bin"
@@ -234,13 +234,11 @@ def test_a_sleeping_device_is_woken(tmp_path, monkeypatch) -> None:
         for _ in range(3):
             t0 = time.monotonic()
             while not host.word("dev_sleep"):  # idle past its spin: asleep in futex
-                assert time.monotonic() - t0 < 10
+                assert time.monotonic() - t0 < 60, "the device never went to sleep"
                 time.sleep(0.001)
             time.sleep(0.01)
-            t0 = time.monotonic()
             assert host.call(L.MR_OP_READ, L.WIDTHS_BASE >> 6)[0] == L.MR_ST_OK
-            assert time.monotonic() - t0 < 10
-        assert srv.sleeps >= 3
+        assert srv.sleeps >= 3 and srv.sleep_timeouts == 0
     finally:
         srv.stop()
         host.close()

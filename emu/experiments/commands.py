@@ -16,7 +16,10 @@ DESCRIPTION = """\
 Runs experiments of the design's validation programme (its §K.6; docs/validation.md) on
 the simulator and reports each one's question, the seed's claim it tests, per-workload
 tables (never averaged over workloads) and a verdict: confirms, contradicts or cannot say.
-Every figure is Simulated.
+Every figure is Simulated; every table is printed under a caption naming its class, its
+runs and where its attention came from (the synthetic generator fitted to SmolLM2-135M
+for the ci preset, the seed's defaults for S1's shapes, or a SmolLM2 capture;
+docs/evidence.md).
 
 Statistics: every (case, seed) is one replay; means carry 95 % confidence intervals
 (Student t over seeds), latencies also the median and p50/p95/p99 of the per-step

@@ -18,7 +18,8 @@ this batch).  The host drives it with commands, one at a time:
 
 CLOCK's walk starts at the tail: an offered slot with a counter above 0 is decremented
 and moved to the head, one at 0 is the victim; a slot not offered is stepped over and
-keeps its place.  SIEVE's walk starts at the hand (the tail when it has none): an
+keeps its place.  SIEVE's walk starts at the hand (at the tail when it has none, or when
+a ``keep`` walk evicted the hand's own slot): an
 offered visited slot is cleared and stays, an offered unvisited one is the victim; past
 the head it wraps to the tail; the hand stops at the slot after the last victim
 (``keep``: the hand stays where it was).  Victims are unlinked as they are found.
@@ -120,7 +121,8 @@ class SlotQueue:
         out: list[int] = []
         if left <= 0:
             return out
-        cur = self.tail if self.policy == "clock" or self.hand == NONE else self.hand
+        h = self.hand
+        cur = self.tail if self.policy == "clock" or h == NONE or not self.inq[h] else h
         while left:
             if cur == NONE:  # past the head: wrap to the tail
                 cur = self.tail

@@ -91,6 +91,15 @@ def _hdm(**p: Any) -> Any:
     return HdmDecode(**p)
 
 
+def _slot_queue(policy: str) -> Callable[..., Any]:
+    def factory(**p: Any) -> Any:
+        from .slot_queue import SlotQueueEngine
+
+        return SlotQueueEngine(p["entries"], policy, defect=p.get("defect"))
+
+    return factory
+
+
 def _top(**p: Any) -> Any:
     from .top import PolicyEngine
 
@@ -119,6 +128,14 @@ _ALL = (
            "CXL.mem front end + weight buffer + core + prefetch (--layers/--heads/--blocks)",
            _top, {"layers": 4, "heads": 2, "blocks": 8, "lanes": 1, "batch": 64}, decay=True,
            bench="cocotb_top", model="top_model", bench_count=("steps", 12)),
+    Design("clock", "clock_engine",
+           "CLOCK: a pointer walk over linked slots (--entries slots; firmware/golden_clock.py)",
+           _slot_queue("clock"), {"entries": 1024},
+           bench="cocotb_slot_queue", model="slot_queue_model", bench_count=("commands", 400)),
+    Design("sieve", "sieve_engine",
+           "SIEVE: a hand over linked slots (--entries slots; firmware/golden_clock.py)",
+           _slot_queue("sieve"), {"entries": 1024},
+           bench="cocotb_slot_queue", model="slot_queue_model", bench_count=("commands", 400)),
 )  # fmt: skip
 
 DESIGNS: dict[str, Design] = {d.name: d for d in _ALL}

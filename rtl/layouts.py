@@ -159,3 +159,39 @@ def _width(shape) -> int:
         return shape.size
 
     return Shape.cast(shape).width
+
+
+# --- the slot-queue engine (CLOCK, SIEVE): rtl/slot_queue.py ------------------------------
+
+
+def slot_cmd_layout(index_bits: int, count_bits: int) -> data.StructLayout:
+    """A host command (:class:`kvcxl.firmware.golden_clock.Op`): ``slot`` it acts on; ``arg``
+    the offered bit (OFFER) or the victims wanted (WALK); ``keep`` leaves SIEVE's hand where
+    it is (WALK)."""
+    from kvcxl.firmware.golden_clock import OP_BITS
+
+    return data.StructLayout(
+        {
+            "op": unsigned(OP_BITS),
+            "slot": unsigned(max(index_bits, 1)),
+            "arg": unsigned(count_bits),
+            "keep": unsigned(1),
+        }
+    )
+
+
+def slot_victim_layout(index_bits: int) -> data.StructLayout:
+    """A victim of a walk, in eviction order (``empty``: the walk had nothing to evict)."""
+    return data.StructLayout(
+        {"index": unsigned(max(index_bits, 1)), "last": unsigned(1), "empty": unsigned(1)}
+    )
+
+
+# What a walk did at one slot (the ``visit`` tap): stepped over it (not offered), took one
+# off its counter (CLOCK: and moved it to the head; SIEVE: cleared its visited bit), or
+# evicted it.
+VISIT_SKIP, VISIT_DECREMENT, VISIT_VICTIM = 0, 1, 2
+
+
+def slot_visit_layout(index_bits: int) -> data.StructLayout:
+    return data.StructLayout({"slot": unsigned(max(index_bits, 1)), "kind": unsigned(2)})

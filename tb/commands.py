@@ -79,6 +79,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_shape(s, 1024, 4, 64)
     s.add_argument(
+        "--policy",
+        choices=("ema", "clock", "sieve"),
+        default="ema",
+        help="ema: the PolicyEngine (scoring + top-k); clock, sieve: the slot-queue engine "
+        "with --entries slots (one per resident entry; --lanes and --batch do not apply)",
+    )
+    s.add_argument(
+        "--clock-bits",
+        type=positive,
+        help="CLOCK's counter width in bits, 1 to 8 (the firmware's clock_bits; default its "
+        "default)",
+    )
+    s.add_argument(
         "--check",
         action="store_true",
         help="compare every eviction pass with the firmware's integer mode; stop at the first "
@@ -87,7 +100,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--defect",
         action="store_true",
-        help="plant the eviction engine's tie-break defect (--check must stop)",
+        help="plant a defect (--check must stop): ema, the eviction engine's tie-break; "
+        "clock and sieve, a walk that ignores the offered bit (victim_unoffered)",
     )
     s.add_argument(
         "--eviction-passes",
@@ -141,18 +155,26 @@ def _sim(args: argparse.Namespace) -> int:
 
     from .trace_sim import run_stream
 
-    if args.entries % args.lanes:
+    slots = args.policy != "ema"
+    if args.entries % args.lanes and not slots:
         raise ValueError(f"--entries {args.entries} must be a multiple of --lanes {args.lanes}")
     parse_size(args.budget, 1)  # refuse a malformed budget before any work
     toolchain.require("verilator")
     stream = from_trace(Trace.load(args.trace))
-    shape = EngineShape(
-        args.entries, args.lanes, args.batch, "tie_off_by_one" if args.defect else None
+    defect = ("victim_unoffered" if slots else "tie_off_by_one") if args.defect else None
+    if args.clock_bits is not None and args.policy != "clock":
+        raise ValueError(f"--clock-bits {args.clock_bits} applies to --policy clock only")
+    if slots and args.eviction_passes != "exact":
+        raise ValueError(f"--eviction-passes {args.eviction_passes} applies to --policy ema only")
+    shape = EngineShape(args.entries, 1 if slots else args.lanes, args.batch, defect)
+    what = (
+        f"{args.policy} engine, {shape.entries} slots"
+        if slots
+        else f"PolicyEngine {shape.entries} entries, {shape.lanes} lanes, batch {shape.batch}"
     )
     print(
         f"rtl sim: {args.trace}, {stream.n_entries} entries, budget {args.budget}; Verilator "
-        f"PolicyEngine {shape.entries} entries, {shape.lanes} lanes, batch {shape.batch}"
-        + (", defect planted" if args.defect else ""),
+        f"{what}" + (", defect planted" if args.defect else ""),
         file=sys.stderr,
         flush=True,
     )
@@ -163,15 +185,17 @@ def _sim(args: argparse.Namespace) -> int:
         config = None  # exact: the firmware's defaults, as before
         if args.eviction_passes == "batched":
             config = PolicyConfig(eviction_passes="batched", eviction_batch=args.batch)
+        if args.clock_bits is not None:
+            config = PolicyConfig().with_(clock_bits=args.clock_bits)
         res = run_stream(
             stream, args.budget, shape, check=args.check, config=config,
-            progress=update,
+            progress=update, policy=args.policy,
         )  # fmt: skip
     finally:
         bar.close()
     victims = res.pop("victims")
     if args.dump_victims:
-        row = {"seed": 0, "policy": "ema", "budget": args.budget, "_victims": victims}
+        row = {"seed": 0, "policy": args.policy, "budget": args.budget, "_victims": victims}
         _dump_victims([row], args.dump_victims)
         wrote(args.dump_victims)
     keys = ("budget_entries", "reads", "hits", "misses", "hit_rate")
@@ -179,6 +203,10 @@ def _sim(args: argparse.Namespace) -> int:
     out["evictions"] = int(victims["entry"].size)
     out["rtl"] = res["rtl"]
     if args.check:
-        out["check"] = "every pass equal to the firmware's integer mode"
+        out["check"] = (
+            f"every pass equal to the firmware's {args.policy}"
+            if slots
+            else "every pass equal to the firmware's integer mode"
+        )
     emit(out, args.json_out)
     return 0

@@ -207,11 +207,17 @@ def run_top(sim: str = "verilator", *, steps: int | None = None, seed: int | Non
 
 
 def run_unit(
-    design: str, sim: str = "verilator", *, seed: int | None = None, count: int | None = None
+    design: str,
+    sim: str = "verilator",
+    *,
+    seed: int | None = None,
+    count: int | None = None,
+    defect: str | None = None,
 ) -> dict:
     """Build ``design`` alone with its model's ``params()`` and run its cocotb module, both
     named by its entry in :data:`kvcxl.rtl.designs.DESIGNS`; ``count`` is how long the bench
-    runs (its ``bench_count``: steps, messages, touches; default the registry's)."""
+    runs (its ``bench_count``: steps, messages, touches; default the registry's); ``defect``
+    plants one of the design's defects (the bench must then fail)."""
     d = designs.get(design)
     name, default = d.bench_count
     if design == "core":  # the pyuvm test: its shape and defect are run_core's options
@@ -226,13 +232,15 @@ def run_unit(
     if seed is None:
         seed = random.SystemRandom().randrange(1 << 31)
     model = importlib.import_module(f"kvcxl.tb.{d.model}")
-    bdir = build_root() / f"{sim}-{design}"
+    bdir = build_root() / (f"{sim}-{design}" + (f"-{defect}" if defect else ""))
     src = bdir / f"{d.module}.v"
-    text = to_verilog(build(design, **model.params()), d.module)
+    extra = {"defect": defect} if defect else {}
+    text = to_verilog(build(design, **model.params(), **extra), d.module)
     write_if_changed(src, icarus_start(text) if sim == "icarus" else text)
     if count is not None and count < 1:
         raise ValueError(f"{name} = {count}: must be ≥ 1")
-    cfg = {name: count or default, "seed": seed, "results": str(bdir / f"results-{seed}.json")}
+    cfg = {name: count or default, "seed": seed, "results": str(bdir / f"results-{seed}.json"),
+           "design": design}  # fmt: skip
     print(f"tb: {sim} {design} {cfg} seed={seed}", flush=True)
     res, *_ = _cocotb(sim, src, d.module, bdir, f"kvcxl.tb.{d.bench}", cfg, seed)
     return res

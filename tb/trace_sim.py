@@ -19,7 +19,11 @@ from kvcxl.emu.sim.simulator import SimOptions, simulate, victims_table
 from kvcxl.emu.workloads.stream import ReadStream
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.rtl.engine_policy import EnginePolicy
-from kvcxl.rtl.verilated import EngineShape, VerilatedEngine
+from kvcxl.rtl.slot_policy import SlotPolicy
+from kvcxl.rtl.verilated import EngineShape, SlotEngine, VerilatedEngine
+
+SLOT_POLICIES = ("clock", "sieve")
+POLICIES = ("ema", *SLOT_POLICIES)
 
 
 def run_stream(
@@ -30,9 +34,14 @@ def run_stream(
     check: bool = False,
     config: PolicyConfig | None = None,
     progress: Callable[[int], None] | None = None,
+    policy: str = "ema",
 ) -> dict[str, Any]:
     """Replay ``stream`` with the RTL choosing every victim; the simulator's result plus the
-    harness's figures, and ``victims`` (the columns of ``victims_table``)."""
+    harness's figures, and ``victims`` (the columns of ``victims_table``).  ``policy``:
+    ``ema`` (the PolicyEngine) or ``clock`` / ``sieve`` (the slot-queue engine with
+    ``shape.entries`` slots; lanes and batch do not apply)."""
+    if policy in SLOT_POLICIES:
+        return _run_slots(stream, budget, shape, policy, check, config, progress)
     total = stream.n_entries * stream.shape.entry_bytes
     opts = SimOptions(
         policy="ema",
@@ -80,6 +89,59 @@ def run_stream(
             "cycles_per_cpu_s": round(cycles / cpu_s, 1) if cpu_s else None,
             "entry_updates_per_s": round(upd / sim_s, 1) if sim_s else None,
             "entry_updates_per_cpu_s": round(upd / cpu_s, 1) if cpu_s else None,
+        },
+        victims=victims,
+    )
+    return res
+
+
+def _run_slots(
+    stream: ReadStream,
+    budget: str,
+    shape: EngineShape,
+    policy: str,
+    check: bool,
+    config: PolicyConfig | None,
+    progress: Callable[[int], None] | None,
+) -> dict[str, Any]:
+    """The replay with a slot-queue engine (CLOCK or SIEVE) choosing every victim."""
+    total = stream.n_entries * stream.shape.entry_bytes
+    opts = SimOptions(
+        policy=policy,
+        budget_bytes=parse_size(budget, total),
+        config=config or PolicyConfig(),
+        record_victims=True,
+        engine="numpy",
+    )
+    engine = SlotEngine(shape.entries, policy, shape.defect)
+    made: list[SlotPolicy] = []
+
+    def factory(cfg: PolicyConfig, table) -> SlotPolicy:
+        made.append(SlotPolicy(cfg, table, engine, policy, check=check))
+        return made[0]
+
+    t0 = time.perf_counter()
+    res = simulate(stream, opts, progress=progress, policy=factory)
+    wall = time.perf_counter() - t0
+    victims = victims_table(stream, res.pop("_victims"))
+    cycles, sim_s, cpu_s = engine.cycles, engine.seconds, engine.cpu_seconds
+    res.pop("per_step", None)
+    res.update(
+        engine="verilator",
+        rtl={
+            "evidence": "Simulated (Verilator)",
+            "design": policy,
+            "slots": shape.entries,
+            "defect": shape.defect,
+            "checked": check,
+            **made[0].stats,
+            "cycles": cycles,
+            "model_s": round(sim_s, 4),
+            "model_cpu_s": round(cpu_s, 4),
+            "wall_s": round(wall, 3),
+            "build_s": round(engine.build_s, 2),
+            "cycles_per_s": round(cycles / sim_s, 1) if sim_s else None,
+            "cycles_per_cpu_s": round(cycles / cpu_s, 1) if cpu_s else None,
         },
         victims=victims,
     )

@@ -1,0 +1,234 @@
+"""SlotQueueEngine: CLOCK or SIEVE as a pointer walk over linked slots.
+
+The golden step is :mod:`kvcxl.firmware.golden_clock` (commands, queue order, the walk);
+this is that step in hardware, one command at a time on ``cmd`` and the victims of each
+WALK on ``victim``.  Per slot, three memories with one write port each: ``meta``
+(counter, fresh, offered, in-queue), ``newer`` and ``older`` (the queue's links; ``NONE``
+= ``slots``).  Registers: ``head``, ``tail``, SIEVE's ``hand`` and the count of offered
+slots, so that a WALK of ``k`` asks for min(k, offered) victims and always ends.
+
+Cycles: INSERT 2, TOUCH / RESET / OFFER / REMOVE 1, a walk 1 per slot visited, 3 per
+CLOCK move to the head, plus one per victim handed over (``victim`` ready).
+
+``visit`` taps every slot the walk visits (valid exactly in the cycle it is decided,
+never back-pressured): the formal harness checks each decision against its own copy of
+the counters; tests can count them.
+
+Planted defects for the formal checks (``defect=``): ``victim_unoffered`` (the walk
+ignores the offered bit), ``stuck_hand`` (the walk does not step past a slot it may not
+evict), ``keep_visited`` (SIEVE: a visited slot's bit is not cleared).
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Module, Mux, Signal, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from kvcxl.firmware import golden_clock as gc
+
+from . import layouts as L
+
+DEFECTS = (None, "victim_unoffered", "stuck_hand", "keep_visited")
+
+
+class SlotQueueEngine(wiring.Component):
+    def __init__(
+        self,
+        slots: int,
+        policy: str = "clock",
+        *,
+        ref_bits: int = gc.REF_BITS,
+        defect: str | None = None,
+    ):
+        if policy not in gc.POLICIES:
+            raise ValueError(f"policy = {policy!r}: must be one of {', '.join(gc.POLICIES)}")
+        if defect not in DEFECTS:
+            raise ValueError(f"defect = {defect!r}: must be one of {DEFECTS}")
+        if slots < 1:
+            raise ValueError(f"slots = {slots}: must be >= 1")
+        self.slots, self.policy, self.defect, self.ref_bits = slots, policy, defect, ref_bits
+        self.index_bits = max((slots - 1).bit_length(), 1)
+        self.ptr_bits = slots.bit_length()  # a slot or NONE (= slots)
+        self.count_bits = slots.bit_length()  # 0 … slots victims
+        super().__init__(
+            {
+                "cmd": In(stream.Signature(L.slot_cmd_layout(self.index_bits, self.count_bits))),
+                "victim": Out(stream.Signature(L.slot_victim_layout(self.index_bits))),
+                "visit": Out(
+                    wiring.Signature(
+                        {"valid": Out(1), "payload": Out(L.slot_visit_layout(self.index_bits))}
+                    )
+                ),
+                "ref_max": In(ref_bits, init=1),
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        N, NONE, clock = self.slots, self.slots, self.policy == "clock"
+        meta_l = data.StructLayout(
+            {"ref": unsigned(self.ref_bits), "fresh": 1, "offered": 1, "inq": 1}
+        )
+        m.submodules.meta = meta = Memory(shape=meta_l, depth=N, init=[])
+        m.submodules.newer = newer = Memory(shape=unsigned(self.ptr_bits), depth=N, init=[])
+        m.submodules.older = older = Memory(shape=unsigned(self.ptr_bits), depth=N, init=[])
+        mr, nr, orr = (x.read_port(domain="comb") for x in (meta, newer, older))
+        mw, nw, ow = (x.write_port() for x in (meta, newer, older))
+
+        pb = self.ptr_bits
+        head = Signal(pb, init=NONE)
+        tail = Signal(pb, init=NONE)
+        hand = Signal(pb, init=NONE)
+        n_off = Signal(range(N + 1))
+        cur, nxt, mover = Signal(pb), Signal(pb), Signal(pb)
+        left = Signal(range(N + 1))
+        keep = Signal()
+        vic = Signal(self.index_bits)
+        vic_last = Signal()
+        ra = Signal(pb)
+        m.d.comb += [mr.addr.eq(ra), nr.addr.eq(ra), orr.addr.eq(ra)]
+        rec = mr.data  # the slot's meta word (a view of the layout)
+        n_of, o_of = nr.data, orr.data
+
+        def unlink(s):
+            """Write the neighbours of slot ``s`` (read at ``ra`` = s) past it."""
+            with m.If(o_of == NONE):
+                m.d.sync += tail.eq(n_of)
+            with m.Else():
+                m.d.comb += [nw.addr.eq(o_of), nw.data.eq(n_of), nw.en.eq(1)]
+            with m.If(n_of == NONE):
+                m.d.sync += head.eq(o_of)
+            with m.Else():
+                m.d.comb += [ow.addr.eq(n_of), ow.data.eq(o_of), ow.en.eq(1)]
+
+        def write_meta(s, ref, fresh, offered, inq):
+            m.d.comb += [
+                mw.addr.eq(s),
+                mw.en.eq(1),
+                mw.data.ref.eq(ref),
+                mw.data.fresh.eq(fresh),
+                mw.data.offered.eq(offered),
+                mw.data.inq.eq(inq),
+            ]
+
+        c = self.cmd.payload
+        Op = gc.Op
+        v = self.victim
+        with m.FSM():
+            with m.State("IDLE"):
+                # a WALK reads the hand's slot: a hand whose slot left the queue starts at
+                # the tail
+                m.d.comb += [
+                    ra.eq(Mux(c.op == gc.Op.WALK, hand, c.slot)),
+                    self.cmd.ready.eq(1),
+                ]
+                with m.If(self.cmd.valid):
+                    with m.Switch(c.op):
+                        with m.Case(Op.INSERT):
+                            write_meta(c.slot, 0, 1, 0, 1)
+                            m.d.comb += [
+                                ow.addr.eq(c.slot), ow.data.eq(head), ow.en.eq(1),
+                                nw.addr.eq(c.slot), nw.data.eq(NONE), nw.en.eq(1),
+                            ]  # fmt: skip
+                            m.d.sync += mover.eq(c.slot)
+                            m.next = "LINK"
+                        with m.Case(Op.TOUCH):
+                            up = Mux(rec.ref >= self.ref_max, self.ref_max, rec.ref + 1)
+                            write_meta(c.slot, Mux(rec.fresh, rec.ref, up), 0, rec.offered, rec.inq)
+                        with m.Case(Op.RESET):
+                            write_meta(c.slot, 0, 0, rec.offered, rec.inq)
+                        with m.Case(Op.OFFER):
+                            on = c.arg[0] & rec.inq
+                            write_meta(c.slot, rec.ref, rec.fresh, on, rec.inq)
+                            m.d.sync += n_off.eq(n_off + on - rec.offered)
+                        with m.Case(Op.REMOVE):
+                            with m.If(rec.inq):
+                                unlink(c.slot)
+                                write_meta(c.slot, rec.ref, rec.fresh, 0, 0)
+                                m.d.sync += n_off.eq(n_off - rec.offered)
+                                with m.If(hand == c.slot):
+                                    m.d.sync += hand.eq(n_of)
+                        with m.Case(Op.WALK):
+                            kk = Mux(c.arg < n_off, c.arg, n_off)
+                            start = tail if clock else Mux((hand == NONE) | ~rec.inq, tail, hand)
+                            m.d.sync += [left.eq(kk), keep.eq(c.keep), cur.eq(start)]
+                            with m.If(kk == 0):
+                                m.next = "EMPTY"
+                            with m.Else():
+                                m.next = "WALK"
+            with m.State("LINK"):  # link `mover` at the head (its own links are written)
+                with m.If(head == NONE):
+                    m.d.sync += tail.eq(mover)
+                with m.Else():
+                    m.d.comb += [nw.addr.eq(head), nw.data.eq(mover), nw.en.eq(1)]
+                m.d.sync += head.eq(mover)
+                m.next = "IDLE"
+            with m.State("WALK"):
+                m.d.comb += ra.eq(cur)
+                offered = rec.offered
+                if self.defect == "victim_unoffered":
+                    offered = rec.inq
+                tap = self.visit
+                with m.If(cur == NONE):  # past the head: wrap to the tail
+                    m.d.sync += cur.eq(tail)
+                with m.Elif(~offered):
+                    m.d.comb += [tap.valid.eq(1), tap.payload.kind.eq(L.VISIT_SKIP)]
+                    if self.defect != "stuck_hand":
+                        m.d.sync += cur.eq(n_of)
+                with m.Elif(rec.ref != 0):
+                    m.d.comb += [tap.valid.eq(1), tap.payload.kind.eq(L.VISIT_DECREMENT)]
+                    if clock:
+                        write_meta(cur, rec.ref - 1, rec.fresh, rec.offered, rec.inq)
+                        with m.If(cur != head):  # to the head: unlink, then link
+                            unlink(cur)
+                            m.d.sync += [mover.eq(cur), nxt.eq(n_of)]
+                            m.next = "MOVE"
+                    else:
+                        if self.defect != "keep_visited":
+                            write_meta(cur, 0, rec.fresh, rec.offered, rec.inq)
+                        m.d.sync += cur.eq(n_of)
+                with m.Else():
+                    m.d.comb += [tap.valid.eq(1), tap.payload.kind.eq(L.VISIT_VICTIM)]
+                    unlink(cur)
+                    write_meta(cur, rec.ref, rec.fresh, 0, 0)
+                    m.d.sync += [
+                        n_off.eq(n_off - rec.offered),
+                        left.eq(left - 1),
+                        vic.eq(cur),
+                        vic_last.eq(left == 1),
+                        nxt.eq(n_of),
+                    ]
+                    if not clock:
+                        with m.If((left == 1) & ~keep):
+                            m.d.sync += hand.eq(n_of)
+                    m.next = "EMIT"
+                m.d.comb += tap.payload.slot.eq(cur)
+            with m.State("MOVE"):  # the moved slot's own links: after the head, none newer
+                m.d.comb += [
+                    ow.addr.eq(mover), ow.data.eq(head), ow.en.eq(1),
+                    nw.addr.eq(mover), nw.data.eq(NONE), nw.en.eq(1),
+                ]  # fmt: skip
+                m.next = "MOVE2"
+            with m.State("MOVE2"):
+                m.d.comb += [nw.addr.eq(head), nw.data.eq(mover), nw.en.eq(1)]
+                m.d.sync += [head.eq(mover), cur.eq(nxt)]
+                m.next = "WALK"
+            with m.State("EMIT"):
+                m.d.comb += [
+                    v.valid.eq(1),
+                    v.payload.index.eq(vic),
+                    v.payload.last.eq(vic_last),
+                ]
+                with m.If(v.ready):
+                    m.d.sync += cur.eq(nxt)
+                    with m.If(vic_last):
+                        m.next = "IDLE"
+                    with m.Else():
+                        m.next = "WALK"
+            with m.State("EMPTY"):
+                m.d.comb += [v.valid.eq(1), v.payload.last.eq(1), v.payload.empty.eq(1)]
+                with m.If(v.ready):
+                    m.next = "IDLE"
+        return m

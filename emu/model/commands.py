@@ -41,7 +41,8 @@ example (the documented run, a few minutes per prompt):
       --budget 128 --out calib/
 
 Hit rate is Simulated (the traces replayed through the policy with demand paging);
-output quality is Measured (the real model re-run with the bounded cache).
+output quality is Measured (the real model re-run with the bounded cache); the §K.7 fits
+are Analytical models on the Measured attention (docs/calibration.md, section 5).
 """
 
 
@@ -92,7 +93,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     c = sub.add_parser(
         "calibrate",
-        help="joint α × β (then keep/evict) sweep of the seed's policy on real traces",
+        help="joint α × β (then keep/evict) sweep of the seed's policy on real traces, and every "
+        "other §K.7 parameter by its own method (writes calibrated.toml)",
         description=_wrap(
             "The design's calibration (docs/calibration.md): sweep α × β of the ema policy "
             "on captured traces, "
@@ -100,9 +102,13 @@ def register(sub: argparse._SubParsersAction) -> None:
             "by output quality (the real model re-run with the bounded cache); then sweep the "
             "keep/evict thresholds (on the score trajectories, then each pair replayed under "
             "managed tiers with every read counted by the tier that served it) and the "
-            "touch threshold at the best (α, β). Writes heat "
-            "maps (PNG), a JSON report and the best point with its 95 % confidence interval "
-            "over prompts."
+            "touch threshold at the best (α, β). Then fits every other parameter of the "
+            "design's §K.7 table a trace can fit, each by its own method (keep by the hit-rate "
+            "SLO, the placement weights and cuts by a fit of reuse, the prefetch window, "
+            "depth, distance scale and blend by precision and recall, the anchor zone by where "
+            "the sink stops) and writes them to OUT/calibrated.toml, which --config replays. "
+            "Writes heat maps (PNG), a JSON report and the best point with its 95 % confidence "
+            "interval over prompts."
         ),
         epilog=CALIBRATE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

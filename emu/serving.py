@@ -287,19 +287,20 @@ def _link_bound(
 
 
 def _link(result: dict[str, Any], total_ns: float) -> dict[str, Any]:
-    """Link utilisation over the measured steps: bytes moved / (link GB/s × time); with the
-    timeline (docs/timeline.md), the busier link direction's busy time over the run's."""
+    """Link demand over the measured steps: bytes moved / (link GB/s × time) (``link_demand``,
+    not a utilisation: it can exceed 1); with the timeline (docs/timeline.md) also the link
+    utilisation, the busier link direction's busy time over the run's."""
     crossed = _link_bytes(result["bytes_moved"])
     gbps = float(result["timing"]["cxl_gbps"])
     analytic = crossed / (gbps * total_ns) if total_ns > 0 else None
     tl = result.get("timeline")
     if tl is None:
-        return {"link_bytes": crossed, "link_utilisation": analytic}
+        return {"link_bytes": crossed, "link_demand": analytic}
     u = tl["utilisation"]
     return {
         "link_bytes": crossed,
         "link_utilisation": max(u["link_rd"], u["link_wr"]),
-        "link_utilisation_analytic": analytic,
+        "link_demand": analytic,
         **{f"{k}_utilisation": v for k, v in u.items()},
         "demand_queue_ns_mean": tl["queueing"]["demand"]["mean_ns"],
         "late_prefetch_bytes": tl["late_prefetch_bytes"],
@@ -391,14 +392,14 @@ SERVING_MEANS = (
     "link_bound_tokens_per_s_per_user",
     "itl_ms_mean",
     "ttft_ms_mean",
-    "link_utilisation",
+    "link_demand",
     # with the timeline (docs/timeline.md)
+    "link_utilisation",
     "link_rd_utilisation",
     "link_wr_utilisation",
     "dram_utilisation",
     "nvme_utilisation",
     "demand_queue_ns_mean",
-    "link_utilisation_analytic",
     "energy_mj_per_token",
     "data_energy_mj_per_token",
 )
@@ -442,8 +443,12 @@ def serving_rows(
 def _link_label(rows: list[dict[str, Any]]) -> str:
     """The link column's name.  Without the timeline the figure is demand over capacity (it
     can exceed 1: the analytic model does not time write-backs), not a utilisation."""
-    timed = all(r.get("link_utilisation_analytic") is not None for r in rows)
-    return "link use" if timed else "link demand"
+    return "link use" if _timed(rows) else "link demand"
+
+
+def _timed(rows: list[dict[str, Any]]) -> bool:
+    """Every row has the timeline's link utilisation (else the link figure is the demand)."""
+    return all(r.get("link_utilisation") is not None for r in rows)
 
 
 def format_serving(rows: list[dict[str, Any]]) -> str:
@@ -453,6 +458,7 @@ def format_serving(rows: list[dict[str, Any]]) -> str:
         return "—" if v is None else format(v, spec)
 
     link = _link_label(rows)
+    key = "link_utilisation" if _timed(rows) else "link_demand"
     head = (
         f"{'policy':<14}{'budget':>8}{'tok/s':>10}{'tok/s/user':>12}{'ITL p50/p99 ms':>18}"
         f"{'TTFT p50/p99 ms':>19}{link:>12}{'mJ/token':>11}{'metadata SRAM/DRAM B':>24}"
@@ -465,7 +471,7 @@ def format_serving(rows: list[dict[str, Any]]) -> str:
             f"{f(r['tokens_per_s_per_user'], ',.1f'):>12}"
             f"{f(r['itl_ms_p50'], '.3f') + '/' + f(r['itl_ms_p99'], '.3f'):>18}"
             f"{f(r['ttft_ms_p50'], '.3f') + '/' + f(r['ttft_ms_p99'], '.3f'):>19}"
-            f"{f(r['link_utilisation'], '.3f'):>12}{f(r['energy_mj_per_token'], '.3f'):>11}"
+            f"{f(r[key], '.3f'):>12}{f(r['energy_mj_per_token'], '.3f'):>11}"
             f"{meta:>24}"
         )
     return "\n".join(lines)
@@ -487,7 +493,7 @@ def format_timeline(rows: list[dict[str, Any]]) -> str:
             f"{r['policy']:<14}{r['budget']:>8}{f(r.get('link_rd_utilisation')):>9}"
             f"{f(r.get('link_wr_utilisation')):>9}{f(r.get('dram_utilisation')):>8}"
             f"{f(r.get('nvme_utilisation')):>8}{'—' if q is None else f'{q / 1e3:.2f}':>17}"
-            f"{f(r.get('link_utilisation_analytic')):>19}"
+            f"{f(r.get('link_demand')):>19}"
         )
     return "\n".join(lines)
 
@@ -498,7 +504,9 @@ def format_versus(setups: list[tuple[str, list[dict[str, Any]]]]) -> str:
     def f(v: Any, spec: str) -> str:
         return "—" if v is None else format(v, spec)
 
-    link = _link_label([r for _, rows in setups for r in rows])
+    every = [r for _, rows in setups for r in rows]
+    link = _link_label(every)
+    key = "link_utilisation" if _timed(every) else "link_demand"
     lines = [
         f"{'setup':<24}{'policy':<12}{'budget':>8}{'tok/s':>11}{'TTFT p50/p99 ms':>19}"
         f"{'ITL p50/p99 ms':>18}{link:>12}"
@@ -509,6 +517,6 @@ def format_versus(setups: list[tuple[str, list[dict[str, Any]]]]) -> str:
                 f"{name:<24}{r['policy']:<12}{r['budget']:>8}{f(r['tokens_per_s'], ',.0f'):>11}"
                 f"{f(r['ttft_ms_p50'], '.3f') + '/' + f(r['ttft_ms_p99'], '.3f'):>19}"
                 f"{f(r['itl_ms_p50'], '.3f') + '/' + f(r['itl_ms_p99'], '.3f'):>18}"
-                f"{f(r['link_utilisation'], '.3f'):>12}"
+                f"{f(r[key], '.3f'):>12}"
             )
     return "\n".join(lines)

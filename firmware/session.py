@@ -48,6 +48,7 @@ from .formulas import (
 )
 from .policies import POLICIES, make_policy
 from .policies.base import Policy, Tick
+from .select import select_victims
 from .table import EntryTable, grow, unique_ids
 from .tiering import LowerTiers, background_plan
 
@@ -86,6 +87,7 @@ class FirmwareSession:
         policy_kwargs: dict | None = None,
         protect_batch: bool | None = None,
         cxl_capacity: int | None = None,
+        nvme_capacity: int | None = None,
     ) -> None:
         if mode not in ("float", "int"):
             raise ValueError(f"mode = {mode!r}: must be 'float' or 'int'")
@@ -107,7 +109,7 @@ class FirmwareSession:
         self.audit = EvictionAudit() if audit else None
         self._victims: list[tuple[NDArray, NDArray | None, NDArray]] = []
         # Where every entry is below HBM, and the moves decided since the last hand-back.
-        self.lower = LowerTiers(cxl_capacity)
+        self.lower = LowerTiers(cxl_capacity, nvme_capacity)
         self._moves: list[tuple[NDArray, int, int]] = []
         self._tick = Tick(0, 0)  # of the latest eviction (a spill ranks at its time)
         self.cache = PolicyCache(
@@ -255,12 +257,20 @@ class FirmwareSession:
 
     def place(self, ids: NDArray) -> NDArray:
         """The tier each of ``ids`` goes to when it leaves the fast tier (CXL DRAM or NVMe).
-        Managed tiers send every victim to CXL DRAM; the step boundary sinks it later."""
+        Managed tiers send every victim to CXL DRAM; the step boundary sinks it later.
+        Static thresholds send a victim scored below ``evict_threshold`` to NVMe while NVMe
+        has room: when it has less than they need, the lowest scores take it (ties lower
+        id) and the rest go to CXL DRAM."""
         ids = np.asarray(ids, dtype=np.int64)
         dest = np.full(ids.size, TIER_CXL, dtype=np.uint8)
         if ids.size == 0 or self.placement == "fill" or not self.policy.scored or self.managed:
             return dest
-        dest[self.wants(ids) == TIER_NVME] = TIER_NVME
+        down = np.flatnonzero(self.wants(ids) == TIER_NVME)
+        room = self.lower.nvme_room()
+        if down.size > room:
+            fits = select_victims(ids[down], -self.policy.score(ids[down]), room, ordered=False)
+            down = down[np.isin(ids[down], fits)]
+        dest[down] = TIER_NVME
         return dest
 
     def wants(self, ids: NDArray) -> NDArray:
@@ -393,7 +403,9 @@ class FirmwareSession:
         if cfg.placement_mode == "weighted":
             # P < low wants CXL DRAM: resident, unpinned such entries leave HBM (lowest P
             # first); the seed's weighted rule has no NVMe cut, so NVMe is reached only
-            # through CXL DRAM's overflow.
+            # through CXL DRAM's overflow.  Capacity does not force these moves: they take
+            # only the room CXL DRAM and NVMe have (the rest wait in HBM).
+            budget = min(budget, lower.room_below())
             cache = self.cache
             n = cache.resident.size
             res = np.flatnonzero(cache.resident[:n] & ~cache.pinned[:n])
@@ -411,6 +423,7 @@ class FirmwareSession:
         down, up = background_plan(
             in_cxl, v_cxl, v_cxl < cfg.evict_threshold,
             in_nvme, v_nvme, v_nvme >= cfg.evict_threshold, budget, lower.room(),
+            lower.nvme_room(),
         )  # fmt: skip
         for ids, src, dst in ((down, TIER_CXL, TIER_NVME), (up, TIER_NVME, TIER_CXL)):
             if ids.size:

@@ -10,8 +10,12 @@ decides the moves between the two lower tiers (docs/policy.md, "Tiers below HBM"
   lower id), so the policy ranks CXL DRAM as it ranks HBM.
 * **Background moves** (``tier_management = "managed"``, at a step boundary, at most
   ``background_moves`` entries): the session hands the candidates (``sink``: CXL DRAM →
-  NVMe, lowest placement value first; ``raise_``: NVMe → CXL DRAM, highest first, only
-  into free CXL room); demotions go first since they free room for raises.
+  NVMe, lowest placement value first, only into free NVMe room; ``raise_``: NVMe → CXL
+  DRAM, highest first, only into free CXL room); demotions go first since they free room
+  for raises.
+* **Room** (docs/policy.md, "Room below HBM"): no move overfills a tier.  A move into NVMe
+  takes only NVMe's free room, and a move out of HBM that capacity does not force takes
+  only the free room of CXL DRAM and NVMe together (:meth:`LowerTiers.room_below`).
 
 Drivers (the simulator's media, the device's pages) carry the moves out; they do not
 decide any.
@@ -32,14 +36,18 @@ NONE = 255  # an id no entry has been created for yet
 class LowerTiers:
     """Tier of every entry (HBM, CXL DRAM, NVMe), CXL DRAM's capacity, and its arrivals."""
 
-    def __init__(self, cxl_capacity: int | None = None) -> None:
-        """``cxl_capacity``: entries CXL DRAM holds (None: unbounded, it never overflows)."""
-        if cxl_capacity is not None and cxl_capacity < 0:
-            raise ValueError(f"cxl_capacity = {cxl_capacity}: must be >= 0 entries")
+    def __init__(self, cxl_capacity: int | None = None, nvme_capacity: int | None = None) -> None:
+        """``cxl_capacity``, ``nvme_capacity``: entries CXL DRAM and NVMe hold (None:
+        unbounded)."""
+        for name, cap in (("cxl_capacity", cxl_capacity), ("nvme_capacity", nvme_capacity)):
+            if cap is not None and cap < 0:
+                raise ValueError(f"{name} = {cap}: must be >= 0 entries")
         self.cxl_capacity = cxl_capacity
+        self.nvme_capacity = nvme_capacity
         self.tier = np.full(16, NONE, dtype=np.uint8)
         self.since = np.zeros(16, dtype=np.int64)  # when it arrived in its lower tier
         self.n_cxl = 0
+        self.n_nvme = 0
 
     def _ensure(self, n: int) -> None:
         self.tier = grow(self.tier, n, NONE)
@@ -52,6 +60,7 @@ class LowerTiers:
             return
         self._ensure(int(ids.max()) + 1)
         self.n_cxl -= int(np.count_nonzero(self.tier[ids] == TIER_CXL))
+        self.n_nvme -= int(np.count_nonzero(self.tier[ids] == TIER_NVME))
         self.tier[ids] = TIER_HBM
 
     def arrive(self, ids: NDArray, dest: NDArray, time: int) -> None:
@@ -60,8 +69,13 @@ class LowerTiers:
         if ids.size == 0:
             return
         self._ensure(int(ids.max()) + 1)
+        dest = np.broadcast_to(np.asarray(dest, dtype=np.uint8), ids.shape)
+        was = self.tier[ids]
         self.n_cxl += int(np.count_nonzero(dest == TIER_CXL)) - int(
-            np.count_nonzero(self.tier[ids] == TIER_CXL)
+            np.count_nonzero(was == TIER_CXL)
+        )
+        self.n_nvme += int(np.count_nonzero(dest == TIER_NVME)) - int(
+            np.count_nonzero(was == TIER_NVME)
         )
         self.tier[ids] = dest
         self.since[ids] = time
@@ -84,6 +98,17 @@ class LowerTiers:
             return 1 << 62
         return max(self.cxl_capacity - self.n_cxl, 0)
 
+    def nvme_room(self) -> int:
+        """Free NVMe entries (a large number when unbounded)."""
+        if self.nvme_capacity is None:
+            return 1 << 62
+        return max(self.nvme_capacity - self.n_nvme, 0)
+
+    def room_below(self) -> int:
+        """Free entries of CXL DRAM and NVMe together: the most entries a move out of HBM
+        that capacity does not force may take."""
+        return min(self.room() + self.nvme_room(), 1 << 62)
+
     def spill_order(self, over: int, priority: NDArray | None) -> NDArray:
         """The ``over`` CXL DRAM entries that go down to NVMe: by ``priority`` (the policy's,
         highest first) or, when None, by arrival (earliest first); ties to the lower id."""
@@ -101,16 +126,20 @@ def background_plan(
     nvme_rises: NDArray,
     budget: int,
     room: int,
+    nvme_room: int = 1 << 62,
 ) -> tuple[NDArray, NDArray]:
     """The step boundary's background moves: (to NVMe, to CXL DRAM).
 
     ``cxl_sinks`` marks the CXL DRAM entries placement sends down (lowest ``cxl_value``
-    first, ties lower id); ``nvme_rises`` the NVMe entries it brings up (highest
-    ``nvme_value`` first, ties lower id), into at most ``room`` free CXL entries plus what
-    the demotions free.  At most ``budget`` moves in all, demotions first.
+    first, ties lower id), at most ``nvme_room`` of them (the rest wait in CXL DRAM);
+    ``nvme_rises`` the NVMe entries it brings up (highest ``nvme_value`` first, ties lower
+    id), into at most ``room`` free CXL entries plus what the demotions free.  At most
+    ``budget`` moves in all, demotions first.
     """
     down_ids = in_cxl[cxl_sinks]
-    down = select_victims(down_ids, -np.asarray(cxl_value)[cxl_sinks], budget, ordered=True)
+    down = select_victims(
+        down_ids, -np.asarray(cxl_value)[cxl_sinks], min(budget, nvme_room), ordered=True
+    )
     left = budget - down.size
     up_ids = in_nvme[nvme_rises]
     up_k = min(left, room + down.size)

@@ -19,6 +19,8 @@ import pytest
 
 from kvcxl.emu.shape import PRESETS
 from kvcxl.emu.sim.simulator import SimOptions, _Replay
+from kvcxl.emu.timeline.resources import offload_preset
+from kvcxl.emu.timing import TierTiming
 from kvcxl.emu.workloads import compile_workload, make_workload
 from kvcxl.firmware.config import PARAMS, PolicyConfig
 from kvcxl.firmware.formulas import TIER_CXL, TIER_NVME
@@ -27,10 +29,10 @@ from kvcxl.firmware.policy_params import POLICY_PARAMS
 SHAPE = PRESETS["ci"].with_(context_tokens=256)
 MANAGED = {"tier_management": "managed"}
 WEIGHTED = {"tier_management": "managed", "placement_mode": "weighted"}
-# Read only where a real model's query heads are combined (emu/model: capture, passkey,
-# quality), which needs the model's weights: not a replay decision.  pcie_contention times
-# the host-offload baseline and decides nothing (tests/test_timeline.py checks its reader).
-NOT_A_REPLAY_DECISION = {"aggregation", "pcie_contention"}
+# Every listed parameter has a row: aggregation combines the synthetic query heads as the
+# stream is compiled (the sweep passes it to compile_workload), and pcie_contention sets the
+# host-offload timing (--timing offload), which moves step times, not decisions.
+NOT_A_REPLAY_DECISION: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,15 @@ class Row:
     workload: tuple[str, int] = ("multi-turn", 256)  # (name, context tokens), 12 steps
     # (metric, +1 or −1): going from a to b moves the metric this way (docs/policy.md).
     pushes: tuple[str, int] | None = None
+    offload: bool = False  # CXL DRAM timed as host offload at the row's pcie_contention
 
 
 ROWS = [
     Row("alpha", 0.2, 0.9),
+    # The stream's weights are combined over each GQA group by it (compile_workload).
+    Row("aggregation", "max", "mean"),
+    # Timing only: the offload baseline's link share; a larger share serves misses sooner.
+    Row("pcie_contention", 0.32, 0.87, offload=True, pushes=("stall_ns", -1)),
     # Dense reads touch nearly every entry read at the default touch threshold, so idle
     # counts differ only between whole contexts and β cannot reorder them: a higher
     # threshold lets entries of one context age apart.
@@ -115,26 +122,34 @@ ROWS = [
 ]
 
 
-_STREAMS: dict[tuple[str, int], Any] = {}
+_STREAMS: dict[tuple[str, int, str], Any] = {}
 
 
-def _stream(workload: tuple[str, int] = ("multi-turn", 256)) -> Any:
-    if workload not in _STREAMS:
+def _stream(workload: tuple[str, int] = ("multi-turn", 256), aggregation: str = "max") -> Any:
+    key = (*workload, aggregation)
+    if key not in _STREAMS:
         name, tokens = workload
         shape = SHAPE.with_(context_tokens=tokens)
-        _STREAMS[workload] = compile_workload(make_workload(name, shape, seed=1), 12)
-    return _STREAMS[workload]
+        _STREAMS[key] = compile_workload(
+            make_workload(name, shape, seed=1), 12, aggregation=aggregation
+        )
+    return _STREAMS[key]
 
 
 def _run(row: Row, value: Any) -> tuple[dict, dict[str, float]]:
     """One replay: its decisions (to compare) and its metrics (for the direction)."""
-    stream = _stream(row.workload)
     cfg = PolicyConfig.from_mapping({**row.base, row.name: value})
+    stream = _stream(row.workload, cfg.aggregation)
     kv = stream.kv_bytes
+    timing = TierTiming()
+    if row.offload:
+        p = offload_preset(cfg.pcie_contention)
+        timing = TierTiming(cxl_latency_ns=p.cxl_latency_ns, cxl_gbps=p.cxl_gbps)
     opts = SimOptions(
         policy=row.policy, mode=row.mode, budget_bytes=kv // 4, config=cfg, engine="numpy",
         audit=True, record_victims=True, prefetch=row.prefetch, prefetch_limit=row.prefetch_limit,
         cxl_bytes=None if row.cxl is None else int(kv * row.cxl), granularity="layer",
+        timing=timing,
     )  # fmt: skip
     rep = _Replay(stream, opts)
     res = rep.run(None)
@@ -148,6 +163,8 @@ def _run(row: Row, value: Any) -> tuple[dict, dict[str, float]]:
         "prefetched": res["prefetched_entries"],
         "passes": res["cache"]["eviction_passes"],
     }
+    if row.offload:  # (time, not a decision: what pcie_contention moves)
+        decisions["stall_ns"] = res["stall_ns_per_step_mean"]
     resident = np.flatnonzero(fw.resident())
     protected = 0
     if fw.policy.scored:
@@ -159,6 +176,7 @@ def _run(row: Row, value: Any) -> tuple[dict, dict[str, float]]:
         "evictions": res["cache"]["evictions"],
         "protected": protected,
         "cxl_to_nvme": int(rep.tiers.moved[TIER_CXL, TIER_NVME]),
+        "stall_ns": res["stall_ns_per_step_mean"],
     }
     return decisions, metrics
 

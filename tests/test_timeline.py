@@ -51,6 +51,16 @@ CASES = {
         SweepSpec(workload="cyclic", steps=30),
         dict(policy="ema", prefetch=True, cxl_bytes=64 * 4096),
     ),
+    # managed tiers with a small CXL DRAM: step boundaries sink and raise (boundary records)
+    "multi-turn-ema-managed": (
+        MULTI_TURN, dict(policy="ema", prefetch=True, cxl_bytes=64 * 4096, config=PolicyConfig(
+            evict_threshold=0.05)),
+    ),
+    # weighted placement: step boundaries demote HBM entries to CXL DRAM (background)
+    "multi-turn-ema-weighted": (
+        MULTI_TURN, dict(policy="ema", prefetch=True, cxl_bytes=64 * 4096, config=PolicyConfig(
+            placement_mode="weighted")),
+    ),
     "retrieval-topk-lru": (
         SweepSpec(workload="retrieval", steps=24, read="topk:4"),
         dict(policy="lru", prefetch=True, budget=0.2, granularity="step"),
@@ -76,8 +86,13 @@ def test_every_move_is_exercised():
         moves |= {x["move"] for x in s.transfers}
         classes |= {x["cls"] for x in s.transfers}
         assert any(r.waits for r in log.records) or not opts.get("prefetch")
-    assert moves == {"cxl->hbm", "nvme->hbm", "hbm->cxl", "hbm->nvme", "cxl->nvme"}
+    assert moves == {"cxl->hbm", "nvme->hbm", "hbm->cxl", "hbm->nvme", "cxl->nvme", "nvme->cxl"}
     assert classes == {0, 1, 2}
+    bg = set()
+    for spec, opts in CASES.values():
+        log, _res = _log(spec, **dict(opts))
+        bg |= {k for r in log.records for k in r.background}
+    assert bg == {"hbm->cxl", "cxl->nvme", "nvme->cxl"}  # every boundary move, as a record
 
 
 def test_equals_simpy_twin_stage_by_stage(case):
@@ -307,11 +322,49 @@ def test_energy_per_token_prices_the_bytes_each_resource_carried():
     rep = report(log, s, RES, 1, 0, wasted_entries=0)
     link, dram = INPUTS["link_pj_per_bit"].value, INPUTS["dram_pj_per_bit"].value
     pj = 8 * EB * (10 * (dram + link) + 3 * (nvme_pj_per_bit(14.0) + link) + 2 * (link + dram))
-    j = INPUTS["gpu_power_w"].value * s.horizon_ns * 1e-9 + pj * 1e-12
+    j = INPUTS["gpu_power_w"].value * s.c[0] * 1e-9 + pj * 1e-12
     assert rep["energy_mj_per_token"] == pytest.approx(j / 4 * 1e3)
     assert rep["bytes"] == {"link_rd": 13 * EB, "link_wr": 2 * EB, "dram": 12 * EB,
                             "nvme": 3 * EB}  # fmt: skip
     assert rep["write_back_bytes"] == 2 * EB
+
+
+def test_energy_counts_the_steps_not_the_transfers_after_them():
+    """The GPU's time is the sum of step times: a boundary's moves that run on after the
+    last compute add their bytes' energy, not GPU time (docs/timeline.md, docs/serving.md)."""
+    from kvcxl.emu.serving import INPUTS, nvme_pj_per_bit
+    from kvcxl.emu.timeline import report
+
+    log = TransferLog(EB, [_read(tokens=2, hits=1, reads=1, compute_ns=300.0),
+                           Record(False, background={"cxl->nvme": 100})])  # fmt: skip
+    s = run(log, RES)
+    assert s.horizon_ns > s.c[0] + 25_000  # the sink runs on past the compute
+    rep = report(log, s, RES, 1, 0, wasted_entries=0)
+    pj = 8 * EB * 100 * (INPUTS["dram_pj_per_bit"].value + nvme_pj_per_bit(14.0))
+    j = INPUTS["gpu_power_w"].value * 300.0 * 1e-9 + pj * 1e-12
+    assert rep["energy_mj_per_token"] == pytest.approx(j / 2 * 1e3)
+
+
+def test_boundary_moves_are_background_beside_the_next_compute():
+    """A boundary record's moves start at the closing step's compute end, gate nothing (the
+    next read computes at once) and take the NVMe for their bytes over its bandwidth."""
+    log = TransferLog(EB, [
+        _read(compute_ns=1000.0),
+        Record(False, background={"cxl->nvme": 50, "nvme->cxl": 20, "hbm->cxl": 5}),
+        _read(pos=1, compute_ns=10.0),
+    ])  # fmt: skip
+    s = run(log, RES)
+    assert [x["cls"] for x in s.transfers] == [2, 2, 2]
+    assert [x["move"] for x in s.transfers] == ["hbm->cxl", "cxl->nvme", "nvme->cxl"]
+    assert all(x["issue"] == 1000.0 for x in s.transfers)
+    assert s.a[2] == s.r[2] == 1000.0  # not gated by them
+    assert s.busy_ns["nvme"] == pytest.approx(70 * EB / 14)
+    stages, transfers, *_ = ref.simulate(log.records, EB, RES)
+    assert _mine(s) == stages
+    assert [(x["record"], x["move"], x["entries"], x["cls"]) for x in s.transfers] == transfers
+    # planted: a boundary move that gates the next read (demand class) is caught by the twin
+    log.records[1] = Record(False, evict={"hbm->cxl": 5})
+    assert run(log, RES).r[2] > 1000.0
 
 
 def test_users_timeline_experiment_at_tiny_scale():

@@ -26,6 +26,7 @@ def stage_table(move, n, res, half_duplex=False):
         "hbm->cxl": [(res.dram_latency_ns, (wr, "dram"))],
         "hbm->nvme": [(0.0, (wr,)), (r * res.nvme_latency_ns, ("nvme",))],
         "cxl->nvme": [(res.dram_latency_ns, ("dram",)), (r * res.nvme_latency_ns, ("nvme",))],
+        "nvme->cxl": [(r * res.nvme_latency_ns, ("nvme",)), (res.dram_latency_ns, ("dram",))],
     }[move]
 
 
@@ -101,12 +102,13 @@ def simulate(records, entry_bytes, res, *, half_duplex=False, demand_class=0, pr
                 tid = len(transfers)
                 transfers.append((rec_i, m, n, cls))
                 p = env.process(transfer(tid, m, n, cls))
-                if m != "cxl->nvme":
+                if cls != 2:  # background gates nothing
                     procs.append(p)
         return procs
 
     evict = ("hbm->cxl", "hbm->nvme", "cxl->nvme")
     fetch = ("cxl->hbm", "nvme->hbm")
+    boundary = ("hbm->cxl", "cxl->nvme", "nvme->cxl")
 
     def chain():
         pending_wb = []
@@ -114,6 +116,7 @@ def simulate(records, entry_bytes, res, *, half_duplex=False, demand_class=0, pr
         for i, rec in enumerate(records):
             if not rec.read:
                 pending_wb += issue(i, rec.evict, evict, demand_class)
+                issue(i, getattr(rec, "background", {}), boundary, 2)  # a step boundary's
                 continue
             a[i] = env.now
             gate = issue(i, rec.demand, fetch, demand_class)

@@ -38,7 +38,7 @@ from kvcxl.firmware.table import EntryTable, unique_ids
 from ..metrics import linear_percentiles
 from ..timeline import Record, TransferLog
 from ..timeline import engine as timeline_engine
-from ..timeline.log import EVICT_MOVES, FETCH_MOVES, LogArrays, moves_of
+from ..timeline.log import BACKGROUND_MOVES, EVICT_MOVES, FETCH_MOVES, LogArrays, moves_of
 from ..timeline.report import report as timeline_report
 from ..timeline.resources import Resources
 from ..timing import TierTiming
@@ -179,6 +179,36 @@ def simulate(
     return _Replay(stream, opts, policy).run(progress)
 
 
+def check_fit(
+    n_total: int, hbm: int, cxl: int, nvme: int, entry_bytes: int, config: PolicyConfig
+) -> None:
+    """Refuse up front a workload the tiers cannot hold (docs/policy.md, "Room below HBM"):
+    HBM + CXL DRAM + NVMe must hold every entry it creates, and with batched passes, whose
+    last may evict up to ``eviction_batch`` − 1 entries past the overflow, that many more
+    (when anything is evicted at all).  Every other move waits for room, so a workload that
+    fits runs."""
+    extra = 0
+    if config.eviction_passes == "batched" and n_total > hbm:
+        extra = min(config.eviction_batch - 1, hbm)
+    if hbm + cxl + nvme >= n_total + extra:
+        return
+
+    def size(n: int) -> str:
+        return f"{n} entries ({n * entry_bytes} B)"
+
+    why = (
+        f" plus the {extra} entries a batched pass may evict past the overflow "
+        f"(eviction_batch {config.eviction_batch})"
+        if extra
+        else ""
+    )
+    raise ValueError(
+        f"the workload does not fit: it creates {size(n_total)} of KV{why}, but HBM holds "
+        f"{size(hbm)}, CXL DRAM {size(cxl)} and NVMe {size(nvme)}, "
+        f"{size(hbm + cxl + nvme)} in all: raise --budget, --cxl or --nvme"
+    )
+
+
 def pick_engine(opts: SimOptions) -> str:
     """The engine that replays ``opts``: an explicit choice, else the fast one where it covers
     the run and numpy (with a one-line notice) where it does not; ``engine="fast"`` for a
@@ -232,11 +262,7 @@ class _Replay:
         self.capacity = opts.budget_bytes // eb
         cxl_cap = n_total if opts.cxl_bytes is None else opts.cxl_bytes // eb
         nvme_cap = n_total if opts.nvme_bytes is None else opts.nvme_bytes // eb
-        if self.capacity + cxl_cap + nvme_cap < n_total:
-            raise ValueError(
-                f"the tiers hold {(self.capacity + cxl_cap + nvme_cap) * eb} B but the workload "
-                f"creates {n_total * eb} B of KV: raise --budget, --cxl or --nvme"
-            )
+        check_fit(n_total, self.capacity, cxl_cap, nvme_cap, eb, opts.config)
         self.engine = pick_engine(opts)
         # The numpy engine's batches (the fast engine flattens the same plan itself).
         self.plan = plan_batches(stream, opts.granularity) if self.engine == "numpy" else []
@@ -264,6 +290,7 @@ class _Replay:
             ordered_victims=opts.record_victims,
             victim_priority=opts.record_victims,
             cxl_capacity=cxl_cap,
+            nvme_capacity=nvme_cap,
         )
         if policy is not None:
             fw.use_policy(policy(fw.config, fw.table))
@@ -319,7 +346,7 @@ class _Replay:
                         self.pf_useful_warm = self.pf_useful
             last_step = step
             fw.at(step)
-            self._settle(fw.take_decisions(), step)  # the step boundary's, if it closed one
+            self._boundary(step)  # the step boundary's moves, if it closed one
             if b.lens is not None:
                 fw.lengths(*b.lens)
             if not b.read:
@@ -331,10 +358,21 @@ class _Replay:
             if progress is not None:
                 progress(1)
         fw.end_step()
-        self._settle(fw.take_decisions(), last_step or 0)
+        self._boundary(last_step or 0)
         books.moved[pos] += tiers.moved - mark
         tiers.check(fw.table.n, fw.cache.n_resident, fw.cache.capacity)
         return self._result()
+
+    def _boundary(self, step: int) -> None:
+        """Carry out what a step boundary decided (managed tiers' background moves and the
+        CXL DRAM overflow they cause); on the timeline, a record of background moves issued
+        beside the next step's compute (docs/timeline.md)."""
+        m0 = self._moved()
+        self._settle(self.fw.take_decisions(), step)
+        if self.tl is not None:
+            moves = self._delta(m0, BACKGROUND_MOVES)
+            if moves:
+                self.tl.add(Record(False, step=step, background=moves))
 
     def _write(self, ids: NDArray, step: int, on_first_read: bool = False) -> None:
         """The host writes new KV into HBM (entries ``ids``, in creation order)."""

@@ -100,11 +100,13 @@ class Tiers:
         self._check_nvme()
 
     def _check_nvme(self) -> None:
+        # The firmware moves an entry into NVMe only into its free room (docs/policy.md,
+        # "Room below HBM"), and a workload that cannot fit is refused up front: an
+        # overfull NVMe is a defect of the engine, not of the input.
         if self.count[TIER_NVME] > self.cap[TIER_NVME]:
-            raise ValueError(
-                f"NVMe tier full: {int(self.count[TIER_NVME])} entries placed, capacity "
-                f"{self.cap[TIER_NVME]} ({self.cap[TIER_NVME] * self.entry_bytes} B); "
-                "raise --nvme or --cxl"
+            raise AssertionError(
+                f"NVMe over capacity: {int(self.count[TIER_NVME])} entries placed, capacity "
+                f"{self.cap[TIER_NVME]}"
             )
 
     # --- checks and reports ------------------------------------------------------------

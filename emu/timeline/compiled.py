@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit
 
 from .engine import ScheduleArrays
-from .log import COLUMN_MOVE, COLUMNS, LogArrays
+from .log import BACKGROUND_COLS, COLUMN_MOVE, COLUMNS, PREFETCH_COLS, LogArrays
 from .resources import (
     BACKGROUND,
     CXL_NVME,
@@ -36,14 +36,16 @@ from .resources import (
     stages,
 )  # fmt: skip
 
-_ROLE = {"demand": DEMAND, "evict": DEMAND, "prefetch": PREFETCH}
-#: Per log column: its move code and class (a CXL -> NVMe spill is background).
+_ROLE = {"demand": DEMAND, "evict": DEMAND, "prefetch": PREFETCH, "background": BACKGROUND}
+#: Per log column: its move code and class (a CXL -> NVMe spill and a step boundary's moves
+#: are background; a background transfer gates nothing).
 _COL_MOVE = np.asarray(COLUMN_MOVE, np.int64)
 _COL_CLS = np.asarray(
     [BACKGROUND if k == CXL_NVME else _ROLE[role] for role, k in COLUMNS], np.int64
 )
-_SPILL = MOVES.index(CXL_NVME)
 _READY, _END = 0, 1
+_PF_LO, _PF_HI = PREFETCH_COLS
+_BG_LO, _BG_HI = BACKGROUND_COLS
 
 
 def stage_table(res: Resources) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -279,9 +281,10 @@ def _schedule(  # type: ignore[no-untyped-def]
                         break
                     if read[i]:
                         a[i] = t
-                    lo_c = 0 if read[i] else 2  # a write record: its eviction's moves only
-                    hi_c = 5
-                    for c in range(lo_c, hi_c):
+                    lo_c = 0 if read[i] else 2  # a write record: its eviction's moves
+                    # then the background ones (a step boundary's), past the prefetch's
+                    for q in range(lo_c, _PF_LO + _BG_HI - _BG_LO):
+                        c = q if q < _PF_LO else q - _PF_LO + _BG_LO
                         n = moves[i, c]
                         if n <= 0:
                             continue
@@ -290,7 +293,7 @@ def _schedule(  # type: ignore[no-untyped-def]
                         st = (st_tr, st_k, st_cls, st_ready)
                         esize = _issue(tr, st, ntr, nst_used, i, m, col_cls[c], n, t, nst,
                                        fixed, per_round, qd, et, ev, esize)  # fmt: skip
-                        if m != _SPILL:
+                        if col_cls[c] != BACKGROUND:
                             if read[i]:
                                 gate[n_gate] = ntr
                                 n_gate += 1
@@ -310,7 +313,7 @@ def _schedule(  # type: ignore[no-untyped-def]
                         j = wait_rec[w]
                         if grp_lo[j] >= 0:
                             for x in range(grp_lo[j], grp_hi[j]):
-                                if tr_move[x] != _SPILL:
+                                if tr_cls[x] != BACKGROUND:
                                     gate[n_gate] = x
                                     n_gate += 1
                     state = 1
@@ -326,7 +329,7 @@ def _schedule(  # type: ignore[no-untyped-def]
                     r[i] = t
                     lo = ntr
                     any_gated = False
-                    for c in range(5, n_col):
+                    for c in range(_PF_LO, _PF_HI):
                         n = moves[i, c]
                         if n <= 0:
                             continue
@@ -335,7 +338,7 @@ def _schedule(  # type: ignore[no-untyped-def]
                         st = (st_tr, st_k, st_cls, st_ready)
                         esize = _issue(tr, st, ntr, nst_used, i, m, col_cls[c], n, t, nst,
                                        fixed, per_round, qd, et, ev, esize)  # fmt: skip
-                        if m != _SPILL:
+                        if col_cls[c] != BACKGROUND:
                             any_gated = True
                         nst_used += nst[m]
                         ntr += 1
@@ -393,7 +396,7 @@ def _schedule(  # type: ignore[no-untyped-def]
         if grp_lo[j] >= 0:
             x = -np.inf
             for y in range(grp_lo[j], grp_hi[j]):
-                if tr_move[y] != _SPILL and tr_end[y] > x:
+                if tr_cls[y] != BACKGROUND and tr_end[y] > x:
                     x = tr_end[y]
             pf[j] = x
     horizon = 0.0

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from .log import EVICT_MOVES, FETCH_MOVES, TransferLog
+from .log import BACKGROUND_MOVES, EVICT_MOVES, FETCH_MOVES, TransferLog
 from .resources import (
     BACKGROUND,
     CXL_NVME,
@@ -27,8 +27,8 @@ from .resources import (
 )  # fmt: skip
 
 #: The class of a record's fetches and write-backs by the role of the transfer; a CXL ->
-#: NVMe spill is always background.
-ROLE_CLASS = {"demand": DEMAND, "prefetch": PREFETCH}
+#: NVMe spill and a step boundary's moves are always background.
+ROLE_CLASS = {"demand": DEMAND, "prefetch": PREFETCH, "background": BACKGROUND}
 _READY, _END, _TIMER = 0, 1, 2
 
 
@@ -139,14 +139,15 @@ class _Loop:
         return tid
 
     def issue_moves(self, t: float, rec: int, moves: dict[str, int], keys, role: str) -> list:
-        """Issue ``moves`` in ``keys`` order; returns the fetches' and write-backs' numbers."""
+        """Issue ``moves`` in ``keys`` order; returns the fetches' and write-backs' numbers
+        (a background transfer gates nothing)."""
         gated = []
         for k in keys:
             n = moves.get(k, 0)
             if n:
                 cls = BACKGROUND if k == CXL_NVME else ROLE_CLASS[role]
                 tid = self.issue(t, rec, k, n, cls)
-                if k != CXL_NVME:
+                if cls != BACKGROUND:
                     gated.append(tid)
         return gated
 
@@ -164,6 +165,7 @@ class _Loop:
                 rec = recs[self.i]
                 if not rec.read:
                     self.pending_wb += self.issue_moves(t, self.i, rec.evict, EVICT_MOVES, "demand")
+                    self.issue_moves(t, self.i, rec.background, BACKGROUND_MOVES, "background")
                     self.i += 1
                     continue
                 s.a[self.i] = t

@@ -8,26 +8,35 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..timing import TierTiming
-from .resources import CXL_HBM, CXL_NVME, HBM_CXL, HBM_NVME, MOVES, NVME_HBM
+from .resources import CXL_HBM, CXL_NVME, HBM_CXL, HBM_NVME, MOVES, NVME_CXL, NVME_HBM
 
 #: The moves an eviction makes, in the order a record issues them.
 EVICT_MOVES = (HBM_CXL, HBM_NVME, CXL_NVME)
 #: A prefetch's fetches, in issue order.
 FETCH_MOVES = (CXL_HBM, NVME_HBM)
+#: A step boundary's moves (managed tiers' background moves and the CXL DRAM overflow they
+#: cause), in issue order.
+BACKGROUND_MOVES = (HBM_CXL, CXL_NVME, NVME_CXL)
 #: The count columns of the array form (:class:`LogArrays`), in a record's issue order:
-#: its demand fetches, its eviction's moves, its prefetch (fetches, then its eviction's).
+#: its demand fetches, its eviction's moves, its prefetch (fetches, then its eviction's),
+#: a step boundary's moves.
 COLUMNS = (
     tuple(("demand", k) for k in FETCH_MOVES)
     + tuple(("evict", k) for k in EVICT_MOVES)
     + tuple(("prefetch", k) for k in FETCH_MOVES + EVICT_MOVES)
+    + tuple(("background", k) for k in BACKGROUND_MOVES)
 )
+#: Where each role's columns start and end in :data:`COLUMNS`.
+PREFETCH_COLS = (COLUMNS.index(("prefetch", CXL_HBM)), COLUMNS.index(("prefetch", CXL_NVME)) + 1)
+BACKGROUND_COLS = (COLUMNS.index(("background", HBM_CXL)), len(COLUMNS))
 #: Each column's move code (an index into :data:`~.resources.MOVES`).
 COLUMN_MOVE = tuple(MOVES.index(k) for _role, k in COLUMNS)
 
 
 @dataclass
 class Record:
-    """One batch of the replay: a read (a layer batch) or a write (new KV into HBM).
+    """One batch of the replay: a read (a layer batch) or a write (new KV into HBM); a step
+    boundary's moves are a write record with only ``background`` moves.
 
     Counts are entries.  ``waits``: (index of the record whose prefetch brought them,
     entries) for the prefetched entries this read reads first."""
@@ -41,6 +50,7 @@ class Record:
     demand: dict[str, int] = field(default_factory=dict)  # CXL_HBM / NVME_HBM
     evict: dict[str, int] = field(default_factory=dict)  # EVICT_MOVES
     prefetch: dict[str, int] = field(default_factory=dict)  # FETCH_MOVES + EVICT_MOVES
+    background: dict[str, int] = field(default_factory=dict)  # BACKGROUND_MOVES
     waits: list[tuple[int, int]] = field(default_factory=list)
     compute_ns: float = 0.0
 

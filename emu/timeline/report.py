@@ -82,7 +82,9 @@ def report(
     pj = {"link_rd": link, "link_wr": link, "dram": INPUTS["dram_pj_per_bit"].value,
           "nvme": nvme_pj_per_bit(res.nvme_gbps)}  # fmt: skip
     device_j = sum(nbytes[k] * 8 * pj[k] for k in pj) * 1e-12
-    gpu_j = INPUTS["gpu_power_w"].value * h * 1e-9
+    # The GPU's time is its steps' (docs/serving.md): the transfers that run past the last
+    # compute (a step boundary's background moves) cost the device, not the GPU.
+    gpu_j = INPUTS["gpu_power_w"].value * float(step_ns.sum()) * 1e-9
     all_tokens = int(tokens.sum())
     total = float(m_ns.sum())
     c_read = s.c[log.read]

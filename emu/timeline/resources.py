@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from ..timing import TierTiming
 
 #: Moves between tiers, as the replay books them ("from->to").
-CXL_HBM, NVME_HBM, HBM_CXL, HBM_NVME, CXL_NVME = (
-    "cxl->hbm", "nvme->hbm", "hbm->cxl", "hbm->nvme", "cxl->nvme",
+CXL_HBM, NVME_HBM, HBM_CXL, HBM_NVME, CXL_NVME, NVME_CXL = (
+    "cxl->hbm", "nvme->hbm", "hbm->cxl", "hbm->nvme", "cxl->nvme", "nvme->cxl",
 )  # fmt: skip
 #: Every move, in the order of its code in the array forms (log columns, schedule arrays).
-MOVES = (CXL_HBM, NVME_HBM, HBM_CXL, HBM_NVME, CXL_NVME)
+MOVES = (CXL_HBM, NVME_HBM, HBM_CXL, HBM_NVME, CXL_NVME, NVME_CXL)
 WRITE_BACKS = (HBM_CXL, HBM_NVME)
 #: The resources, in the order of their code in the array forms (:meth:`Resources.servers`).
 RESOURCE_NAMES = ("link_rd", "link_wr", "dram", "nvme")
@@ -78,6 +78,7 @@ def stages(move: str, entries: int, res: Resources) -> list[tuple[float, tuple[s
         HBM_CXL: [(dram, ("link_wr", "dram"))],
         HBM_NVME: [(0.0, ("link_wr",)), (nvme, ("nvme",))],
         CXL_NVME: [(dram, ("dram",)), (nvme, ("nvme",))],
+        NVME_CXL: [(nvme, ("nvme",)), (dram, ("dram",))],
     }
     if move not in table:
         raise ValueError(f"move {move!r}: must be one of {', '.join(table)}")

@@ -190,11 +190,9 @@ def run(rep: _Replay) -> None:
     )  # fmt: skip
     reads, hits, miss, stall, tokens, moved, tier, tcount, stats = out[:9]
     d_id, d_pr, d_key, d_call, d_grp, call_batch, err, pf_cnt = out[9:]
-    if err:
-        nv, cap = int(tcount[3]), tiers.cap[3]
-        raise ValueError(
-            f"NVMe tier full: {nv} entries placed, capacity {cap} ({cap * tiers.entry_bytes} B);"
-            " raise --nvme or --cxl"
+    if err:  # (moves take only free room and a misfit is refused up front: an engine defect)
+        raise AssertionError(
+            f"NVMe over capacity: {int(tcount[3])} entries placed, capacity {tiers.cap[3]}"
         )
     if opts.timeline:
         rep.tl_arrays = log_arrays(tlog, int(rep.eb))

@@ -42,6 +42,8 @@ from kvcxl.emu.sim.fast.prefetch import order as pf_order
 from kvcxl.emu.sim.fast.prefetch import rank_float as pf_rank_float
 from kvcxl.emu.sim.fast.prefetch import rank_q16 as pf_rank_q16
 from kvcxl.emu.sim.fast.timeline import add_waits as log_waits
+from kvcxl.emu.sim.fast.timeline import boundary as log_boundary
+from kvcxl.emu.sim.fast.timeline import boundary_begins as log_boundary_begins
 from kvcxl.emu.sim.fast.timeline import close as log_close
 from kvcxl.emu.sim.fast.timeline import hit_records as log_hits
 from kvcxl.emu.sim.fast.timeline import inside as log_inside
@@ -103,11 +105,29 @@ def _promote(adm, na, pos, tier, tcount, moved):  # type: ignore[no-untyped-def]
 @njit(cache=True)
 def _leave(ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc, resident, res_list,
            res_pos, n_list, tier, tcount, moved, since, cxl_k, cxl_i, cxl_v, cxl_ver,
-           cxl_size, pf_mark, pf_cnt):  # type: ignore[no-untyped-def]  # fmt: skip
+           cxl_size, pf_mark, pf_cnt, nvme_room, to_nvme, keys, ids,
+           out):  # type: ignore[no-untyped-def]  # fmt: skip
     """Victims ``vic[:nv]`` leave HBM: placement (as each leaves, before it is forgotten),
     on_evict, tiers.demote, a prefetched one counted wasted; returns (resident list length,
-    CXL arrivals heap size)."""
+    CXL arrivals heap size).  Static thresholds send a victim scored below ``nvme_below``
+    to NVMe while its ``nvme_room`` lasts: the lowest scores first, ties lower id
+    (session.place); the rest go to CXL DRAM."""
     ps = borrowed(ps)
+    limited = False
+    if SCORED and nvme_below > -np.inf:
+        m = 0
+        for j in range(nv):
+            e = vic[j]
+            s_ = score(ps, e)
+            if s_ < nvme_below:
+                keys[m] = float_key(s_)
+                ids[m] = e
+                m += 1
+        if m > nvme_room:
+            limited = True
+            got = T.smallest(keys, ids, m, nvme_room, out)
+            for j in range(got):
+                to_nvme[out[j]] = True
     if pf_mark.size:  # (the simulator's _settle: evicted while still marked prefetched)
         for j in range(nv):
             if pf_mark[vic[j]]:
@@ -120,7 +140,11 @@ def _leave(ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc, reside
         e = vic[j]
         dest = CXL  # session.place
         if SCORED and score(ps, e) < nvme_below:
-            dest = NVME
+            if not limited:
+                dest = NVME
+            elif to_nvme[e]:
+                dest = NVME
+                to_nvme[e] = False
         resident[e] = False
         if QUEUE:
             n_list -= 1
@@ -203,10 +227,11 @@ def _value(ps, tab, rules, e):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _bg_victims(ps, tab, rules, res_list, n_list, keys, ids, out):  # type: ignore[no-untyped-def]  # fmt: skip
+def _bg_victims(ps, tab, rules, res_list, n_list, room, keys, ids, out):  # type: ignore[no-untyped-def]  # fmt: skip
     """Weighted managed tiers at a step boundary: the resident, unpinned entries placement
-    wants in CXL DRAM (P < low), lowest P first (ties lower id), at most background_moves;
-    into ``out`` unordered, returning how many (the dump orders them by P's key)."""
+    wants in CXL DRAM (P < low), lowest P first (ties lower id), at most background_moves
+    and at most ``room`` (the free entries of CXL DRAM and NVMe); into ``out`` unordered,
+    returning how many (the dump orders them by P's key)."""
     ps = borrowed(ps)
     tab = borrowed(tab)
     m = 0
@@ -217,7 +242,7 @@ def _bg_victims(ps, tab, rules, res_list, n_list, keys, ids, out):  # type: igno
             ids[m] = e
             keys[m] = float_key(v)
             m += 1
-    return T.smallest(keys, ids, m, rules.moves, out)
+    return T.smallest(keys, ids, m, min(rules.moves, room), out)
 
 
 @njit(cache=True)
@@ -225,9 +250,9 @@ def _bg_lower(ps, rules, t, pos, n_desc, cxl_cap, nvme_cap, tier, since, tcount,
               cxl_fifo, cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, keys, ids, down, up,
               scratch):  # type: ignore[no-untyped-def]  # fmt: skip
     """Threshold managed tiers at a step boundary (tiering.background_plan): CXL DRAM
-    entries scored below evict_threshold sink to NVMe (lowest first), then NVMe entries at
-    or above it rise into CXL DRAM's free room (highest first), at most background_moves in
-    all; returns (arrivals heap size, NVMe overflowed)."""
+    entries scored below evict_threshold sink into NVMe's free room (lowest first), then
+    NVMe entries at or above it rise into CXL DRAM's free room (highest first), at most
+    background_moves in all; returns (arrivals heap size, NVMe overflowed)."""
     ps = borrowed(ps)
     n = n_desc
     k2, i2 = scratch[:n], scratch[n : 2 * n]  # the NVMe candidates' keys and ids
@@ -249,7 +274,7 @@ def _bg_lower(ps, rules, t, pos, n_desc, cxl_cap, nvme_cap, tier, since, tcount,
                 i2[m2] = e
                 k2[m2] = float_key(-v)
                 m2 += 1
-    nd = T.smallest(keys, ids, m, rules.moves, down)
+    nd = T.smallest(keys, ids, m, min(rules.moves, max(nvme_cap - tcount[NVME], 0)), down)
     nu = T.smallest(k2, i2, m2, min(rules.moves - nd, max(cxl_cap - n_cxl, 0) + nd), up)
     T.move(down, nd, CXL, NVME, t, tier, since, tcount, moved, pos)
     if tcount[NVME] > nvme_cap:
@@ -343,6 +368,8 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
     cxl_size = 0
     cxl_ver = np.zeros(n if spills else 0, np.int64)
     cxl_fifo = spills and not rules.cxl_policy  # the arrivals heap serves fifo spills only
+    # static thresholds: the victims that take NVMe's last free room (session.place)
+    to_nvme = np.zeros(n if nvme_below > -np.inf else 0, np.bool_)
     # managed: a pass's eligible entries, layer by layer (row g: layer g's, lay_n[g] of them)
     lay_ids = np.empty((T.LAYERS, n if LAYERED else 0), np.int64)
     lay_n = np.zeros(T.LAYERS, np.int64)
@@ -395,10 +422,12 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
             stale = True
         if LAYERED and managed and boundary and rules.moves > 0:
             # --- FirmwareSession._background, at the closing step's last read time ---
-            log_outside(tlog, moved)  # (no record holds a boundary's moves)
+            log_outside(tlog, moved)  # (the open record's moves end here)
+            log_boundary_begins(tlog, moved, pos)
             t = max(time - 1, 0)
             if rules.weighted:  # HBM entries placement wants in CXL DRAM leave
-                nv = _bg_victims(ps, tab, rules, res_list, n_list, cand_k, cand_id, vic)
+                room = (cxl_cap - tcount[CXL]) + (nvme_cap - tcount[NVME])
+                nv = _bg_victims(ps, tab, rules, res_list, n_list, room, cand_k, cand_id, vic)
                 if nv:
                     call += 1
                     if record:
@@ -416,6 +445,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                         ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc,
                         resident, res_list, res_pos, n_list, tier, tcount, moved, since,
                         cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, pf_mark, pf_cnt,
+                        nvme_cap - tcount[NVME], to_nvme, cand_k, cand_id, vic2,
                     )  # fmt: skip
                     n_res -= nv
                     s_evict += nv
@@ -434,6 +464,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                 if full:
                     err = 1
             log_inside(tlog, moved)
+            log_boundary(tlog, moved, pos, step)  # (a record of its own, if it moved any)
             if err:
                 break
         if bb == nb:
@@ -820,6 +851,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
                         ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc,
                         resident, res_list, res_pos, n_list, tier, tcount, moved, since,
                         cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, pf_mark, pf_cnt,
+                        nvme_cap - tcount[NVME], to_nvme, cand_k, cand_id, vic2,
                     )  # fmt: skip
                     n_res -= nv
                     s_evict += nv

@@ -6,9 +6,10 @@ The loop calls :func:`open_record` once per write call and per read call (and
 calls), and :func:`close` at its end.  A record's eviction moves are not counted where
 they happen: a record takes a snapshot of the three eviction counters of ``moved`` at its
 read step when it opens, and the next record (or :func:`close`) books the difference.
-Only a step boundary moves entries between two calls (managed tiers' background moves),
-and no record holds those (the numpy engine settles them before the next call's record
-opens): the loop brackets them with :func:`outside` and :func:`inside`.  A read's
+Only a step boundary moves entries between two calls (managed tiers' background moves):
+the loop brackets them with :func:`outside` and :func:`inside`, and :func:`boundary`
+writes them as a record of their own (a write record with background moves only, sealed),
+as the numpy engine settles them before the next call's record opens.  A read's
 prefetch belongs to its record: :func:`prefetch_begins` books the read's eviction and
 snapshots the prefetch columns (its fetches, then its eviction's moves), which the next
 booking fills; :func:`add_waits` gives the read record its waits on earlier prefetches.
@@ -23,8 +24,15 @@ from numba import njit
 from numpy.typing import NDArray
 
 from kvcxl.emu.sim.fast.kernel import CXL, HBM, NVME
-from kvcxl.emu.timeline.log import COLUMNS, FETCH_MOVES, LogArrays
-from kvcxl.emu.timeline.resources import CXL_HBM, CXL_NVME, HBM_CXL, HBM_NVME, NVME_HBM
+from kvcxl.emu.timeline.log import BACKGROUND_MOVES, COLUMNS, FETCH_MOVES, LogArrays
+from kvcxl.emu.timeline.resources import (
+    CXL_HBM,
+    CXL_NVME,
+    HBM_CXL,
+    HBM_NVME,
+    NVME_CXL,
+    NVME_HBM,
+)
 
 # The row layout: read, pos, step, tokens, hits, reads, then the log's COLUMNS.
 _META = 6
@@ -37,6 +45,11 @@ PF_CXL, PF_NVME, PF_EV_CXL, PF_EV_NVME, PF_EV_SPILL = (
                                                       CXL_NVME)
 )  # fmt: skip
 WIDTH = _META + len(COLUMNS)
+_TIER = {HBM_CXL: (HBM, CXL), CXL_NVME: (CXL, NVME), NVME_CXL: (NVME, CXL)}
+# A step boundary's moves: (its column, source tier, destination), in BACKGROUND_MOVES order.
+_BACKGROUND = np.array(
+    [[_META + COLUMNS.index(("background", k)), *_TIER[k]] for k in BACKGROUND_MOVES], np.int64
+)
 # What a record books, as (its column, the move's source tier, its destination): its
 # eviction's moves, and once its prefetch began, the prefetch's fetches and its eviction's.
 _EVICT = np.array([[EV_CXL, HBM, CXL], [EV_NVME, HBM, NVME], [EV_SPILL, CXL, NVME]], np.int64)
@@ -46,8 +59,8 @@ _PREFETCH = np.array(
 )  # fmt: skip
 # st: records so far, the open record's read step, its three eviction snapshots, whether it
 # books its eviction (0), its prefetch (1) or nothing more (2: sealed), the prefetch's five
-# snapshots, waits so far
-_EV0, _MODE, _PF0, _NW = 2, 5, 6, 11
+# snapshots, waits so far, a step boundary's three snapshots
+_EV0, _MODE, _PF0, _NW, _BG0 = 2, 5, 6, 11, 12
 
 
 class Log(NamedTuple):
@@ -64,11 +77,11 @@ class Log(NamedTuple):
 
 def buffer(on: bool, n_batches: int, n_reads: int, per_request: bool) -> Log:
     """An empty log with room for every record of the plan: at most a write and a read call
-    per batch, per read at the request granularity, and a wait per read (none when ``on``
-    is False)."""
-    cap = 2 * (n_batches + (n_reads if per_request else 0)) if on else 0
+    per batch, per read at the request granularity, a step boundary per batch and one after
+    the last, and a wait per read (none when ``on`` is False)."""
+    cap = 3 * n_batches + 2 * (n_reads if per_request else 0) + 1 if on else 0
     nw = n_reads if on else 0
-    return Log(np.empty((cap, WIDTH), np.int64), np.zeros(12, np.int64), np.zeros(cap, np.int64),
+    return Log(np.empty((cap, WIDTH), np.int64), np.zeros(15, np.int64), np.zeros(cap, np.int64),
                np.empty(nw, np.int64), np.empty(nw, np.int64))  # fmt: skip
 
 
@@ -166,6 +179,39 @@ def inside(log, moved):  # type: ignore[no-untyped-def]
     table, at = _booking(st)
     for i in range(table.shape[0]):
         st[at + i] = moved[p, table[i, 1], table[i, 2]] - rows[k, table[i, 0]]
+
+
+@njit(inline="always")
+def boundary_begins(log, moved, pos):  # type: ignore[no-untyped-def]
+    """A step boundary is about to move entries (booked at read step ``pos``): snapshot its
+    moves' counters (after :func:`outside`)."""
+    if log.rows.shape[0] > 0:
+        _snap(log.st, _BG0, _BACKGROUND, moved, pos)
+
+
+@njit(inline="always")
+def boundary(log, moved, pos, step):  # type: ignore[no-untyped-def]
+    """The step boundary's moves are done (after :func:`inside`): if it moved anything, a
+    record of its own, a write record at ``step`` holding them as background moves, sealed
+    (the next record books nothing into it)."""
+    rows, st = log.rows, log.st
+    if rows.shape[0] == 0:
+        return
+    any_ = False
+    for i in range(_BACKGROUND.shape[0]):
+        if moved[pos, _BACKGROUND[i, 1], _BACKGROUND[i, 2]] != st[_BG0 + i]:
+            any_ = True
+    if not any_:
+        return
+    k = st[0]
+    rows[k, :] = 0
+    rows[k, 2] = step
+    for i in range(_BACKGROUND.shape[0]):
+        rows[k, _BACKGROUND[i, 0]] = moved[pos, _BACKGROUND[i, 1], _BACKGROUND[i, 2]] - st[_BG0 + i]
+    log.w_cnt[k] = 0
+    st[0] = k + 1
+    st[1] = pos
+    st[_MODE] = 2
 
 
 @njit(inline="always")

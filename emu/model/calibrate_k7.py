@@ -22,6 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcxl.firmware.config import PolicyConfig
+from kvcxl.firmware.formulas import rope_factor
 
 from .calibrate_anchor import anchor_size, sink_profile
 from .calibrate_keep import hot_set_curve, slo_keep
@@ -219,7 +220,7 @@ def _nan_none(x: float) -> float | None:
 
 def _r2_at_scale(d: NDArray, y: NDArray, w: NDArray, scale: float) -> float:
     """R² of the hyperbola at a given scale (amplitude in closed form), for the seed's 100."""
-    f = 1.0 / (1.0 + d / scale)
+    f = np.asarray(rope_factor(d, scale))
     c = float((w * f * y).sum() / (w * f * f).sum())
     sse = float((w * (y - c * f) ** 2).sum())
     mean = float((w * y).sum() / w.sum())

@@ -478,7 +478,7 @@ def _k7(
             for d in dense
         ]
 
-    bar, update = progress_bar(11 + min(16, layers - 1), "calibrate §K.7", "stage")
+    bar, update = progress_bar(12 + min(16, layers - 1), "calibrate §K.7", "stage")
     try:
         return k7(
             dense, [name for name, _, _ in traces], base, report,

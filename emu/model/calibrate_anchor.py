@@ -46,7 +46,7 @@ def sink_profile(
     return {
         "block_mean": [None if np.isnan(x) else float(x) for x in lead],
         "steps": lead_n.tolist(),
-        "background": back_sum / back_n if back_n else float("nan"),
+        "background": back_sum / back_n if back_n else None,  # JSON has no NaN
         "background_samples": back_n,
     }
 
@@ -56,7 +56,7 @@ def anchor_size(profile: dict[str, Any], block_tokens: int, ratio: float = 2.0) 
     if ratio <= 0:
         raise ValueError(f"ratio = {ratio!r}: must be > 0")
     bg = profile["background"]
-    if not np.isfinite(bg) or bg <= 0:
+    if bg is None or bg <= 0:
         return {"anchor_zone_size": None, "reason": "no background: the trace is too short"}
     n = 0
     for m in profile["block_mean"]:

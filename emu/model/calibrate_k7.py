@@ -278,7 +278,7 @@ def print_k7(r: dict[str, Any]) -> None:
     for name, p in zip(r["traces"], a["per_trace"], strict=True):
         lead = ", ".join("-" if m is None else f"{m:.3f}" for m in p["block_mean"][:6])
         print(
-            f"    {name:<14} leading blocks {lead}  background {p['background']:.4f}"
+            f"    {name:<14} leading blocks {lead}  background {_g(p['background'])}"
             f"  → {p['anchor_zone_size']}"
         )
     k = r["keep"]

@@ -131,10 +131,11 @@ _ALL = (
     Design("clock", "clock_engine",
            "CLOCK: a pointer walk over linked slots (--entries slots; firmware/golden_clock.py)",
            _slot_queue("clock"), {"entries": 1024},
+           formal={"clock": ("victim_unoffered", "stuck_hand")},
            bench="cocotb_slot_queue", model="slot_queue_model", bench_count=("commands", 400)),
     Design("sieve", "sieve_engine",
            "SIEVE: a hand over linked slots (--entries slots; firmware/golden_clock.py)",
-           _slot_queue("sieve"), {"entries": 1024},
+           _slot_queue("sieve"), {"entries": 1024}, formal={"sieve": ("keep_visited",)},
            bench="cocotb_slot_queue", model="slot_queue_model", bench_count=("commands", 400)),
 )  # fmt: skip
 

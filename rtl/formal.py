@@ -69,6 +69,7 @@ from .eviction import EvictionEngine
 from .frontend import CxlMemFrontEnd
 from .hdm import HPA_BITS, HdmDecode
 from .scoring import DEPTH, ScoringEngine
+from .slot_queue import SlotQueueEngine
 
 
 @dataclass
@@ -406,6 +407,119 @@ class HdmHarness(Elaboratable):
         return m
 
 
+class SlotQueueHarness(Elaboratable):
+    """CLOCK / SIEVE under free host commands and free back-pressure on ``victim``.
+
+    The harness keeps its own copy of each slot's state from the commands it sees (in the
+    queue, offered, counter, fresh) and checks every decision the walk reports on its
+    ``visit`` tap: a slot stepped over is in the queue and not offered; a counter taken
+    down (a visited bit cleared) was above 0; a victim is in the queue, offered and at 0
+    (resident and unpinned); after stepping over a slot the walk is at another one (the
+    hand advances); a walk hands over exactly min(k, offered) victims, the visited slots
+    in order, ``last`` on the final one; the victim beat holds while stalled.  The host's
+    one rule is assumed: INSERT names a slot not in the queue."""
+
+    def __init__(self, policy: str, slots: int = 2, defect: str | None = None):
+        self.ref_bits = 2 if policy == "clock" else 1
+        self.dut = SlotQueueEngine(slots, policy, ref_bits=self.ref_bits, defect=defect)
+        self.policy, self.slots = policy, slots
+
+    def elaborate(self, platform):
+        from kvcxl.firmware.golden_clock import Op
+
+        from . import layouts as L
+
+        m = Module()
+        _no_reset(m)
+        m.submodules.dut = dut = self.dut
+        past = _Past(m)
+        n, clock = self.slots, self.policy == "clock"
+        cmd, v, tap = dut.cmd, dut.victim, dut.visit
+        m.d.comb += [
+            cmd.valid.eq(AnySeq(1)),
+            cmd.payload.eq(AnySeq(len(cmd.payload.as_value()))),
+            v.ready.eq(AnySeq(1)),
+            dut.ref_max.eq(AnyConst(self.ref_bits)),
+            Assume(dut.ref_max >= 1),
+            Assume(cmd.payload.slot < n),
+        ]
+        inq = [Signal(name=f"inq{i}") for i in range(n)]
+        off = [Signal(name=f"off{i}") for i in range(n)]
+        fresh = [Signal(name=f"fresh{i}") for i in range(n)]
+        ref = [Signal(self.ref_bits, name=f"ref{i}") for i in range(n)]
+        c = cmd.payload
+        fire = cmd.valid & cmd.ready
+        for i in range(n):
+            with m.If(c.slot == i):
+                with m.If(cmd.valid & (c.op == Op.INSERT)):
+                    m.d.comb += Assume(~inq[i])
+                with m.If(fire):
+                    with m.Switch(c.op):
+                        with m.Case(Op.INSERT):
+                            m.d.sync += [inq[i].eq(1), off[i].eq(0), ref[i].eq(0), fresh[i].eq(1)]
+                        with m.Case(Op.TOUCH):
+                            with m.If(fresh[i]):
+                                m.d.sync += fresh[i].eq(0)
+                            with m.Elif(ref[i] < dut.ref_max):
+                                m.d.sync += ref[i].eq(ref[i] + 1)
+                            with m.Else():
+                                m.d.sync += ref[i].eq(dut.ref_max)
+                        with m.Case(Op.RESET):
+                            m.d.sync += [ref[i].eq(0), fresh[i].eq(0)]
+                        with m.Case(Op.OFFER):
+                            m.d.sync += off[i].eq(c.arg[0] & inq[i])
+                        with m.Case(Op.REMOVE):
+                            m.d.sync += [inq[i].eq(0), off[i].eq(0)]
+        # Every decision of the walk against the harness's copy.
+        last_skip = Signal(range(n + 1), init=n)  # the slot just stepped over (n: none)
+        last_victim = Signal(range(n))
+        with m.If(tap.valid):
+            t, kind = tap.payload.slot, tap.payload.kind
+            m.d.comb += Assert(t < n)
+            m.d.comb += Assert(t != last_skip)  # the hand advances past what it may not take
+            m.d.sync += last_skip.eq(Mux(kind == L.VISIT_SKIP, t, n))
+            for i in range(n):
+                with m.If(t == i):
+                    m.d.comb += Assert(inq[i])
+                    with m.Switch(kind):
+                        with m.Case(L.VISIT_SKIP):
+                            m.d.comb += Assert(~off[i])
+                        with m.Case(L.VISIT_DECREMENT):
+                            m.d.comb += Assert(off[i] & (ref[i] != 0))
+                            m.d.sync += ref[i].eq(ref[i] - 1 if clock else 0)
+                        with m.Case(L.VISIT_VICTIM):
+                            m.d.comb += Assert(off[i] & (ref[i] == 0))  # resident, unpinned
+                            m.d.sync += [inq[i].eq(0), off[i].eq(0), last_victim.eq(i)]
+                        with m.Default():
+                            m.d.comb += Assert(0)
+        # A walk hands over exactly min(k, offered) victims, those it visited.
+        offered = sum(off[i] for i in range(n))
+        want, got = Signal(range(n + 1)), Signal(range(n + 1))
+        walking = Signal()
+        with m.If(fire & (c.op == Op.WALK)):
+            m.d.sync += [want.eq(Mux(c.arg < offered, c.arg, offered)), got.eq(0), walking.eq(1)]
+        m.d.comb += Assert(~(fire & walking))  # no command while a walk is open
+        with m.If(v.valid):
+            m.d.comb += Assert(walking)
+            with m.If(v.payload.empty):
+                m.d.comb += Assert(v.payload.last & (want == 0))
+            with m.Else():
+                m.d.comb += [
+                    Assert(v.payload.index == last_victim),
+                    Assert(got < want),
+                    Assert(v.payload.last == (got + 1 == want)),
+                ]
+            with m.If(v.ready):
+                m.d.sync += got.eq(got + 1)
+                with m.If(v.payload.last):
+                    m.d.sync += walking.eq(0)
+        stalled = past(v.valid & ~v.ready, "vstall")
+        held = past(v.payload.as_value(), "vpayload")
+        with m.If(past.valid & stalled):
+            m.d.comb += Assert(v.valid & (v.payload.as_value() == held))
+        return m
+
+
 def _no_reset(m: Module) -> None:
     # Registers start from their init values; a free reset input would restart the DUT
     # mid-pass behind the checker's back.
@@ -443,8 +557,18 @@ def _hdm_harness(defect: str | None):
     return HdmHarness(defect=defect), {"hpa_bits": HPA_BITS, "defect": defect}, 1
 
 
+def _slot_harness(policy: str, depth: int):
+    def make(defect: str | None):
+        h = SlotQueueHarness(policy, defect=defect)
+        return h, {"slots": h.slots, "ref_bits": h.ref_bits, "defect": defect}, depth
+
+    return make
+
+
 # The harness of each check a design's registry entry names: (harness, params, default depth).
 HARNESSES = {
+    "clock": _slot_harness("clock", 10),
+    "sieve": _slot_harness("sieve", 10),
     "eviction": _eviction_harness,
     "scoring": _scoring_harness,
     "frontend": _frontend_harness,

@@ -22,6 +22,7 @@ from kvcxl.emu.sim.simulator import SimOptions, simulate
 from kvcxl.emu.workloads import compile_workload, make_workload
 from kvcxl.firmware import golden_clock as gc
 from kvcxl.firmware.config import PolicyConfig
+from kvcxl.firmware.policies.base import Policy
 from kvcxl.rtl.slot_policy import GoldenEngine, PassMismatch, SlotPolicy
 
 CASES = [("cyclic", "10%"), ("zipf-sessions", "10%"), ("uniform", "10%"), ("retrieval", "10%"),
@@ -98,3 +99,116 @@ def _walk_without_moves(self, k, keep_hand=False):
                 left -= 1
         cur = nxt
     return out
+
+
+# --- the classic fixed ring, for comparison -----------------------------------------------
+
+
+class RingClock(Policy):
+    """Textbook CLOCK over a fixed ring of slots: the hand visits every slot in slot
+    order; a new entry takes its victim's slot; entries never move."""
+
+    name = "ring-clock"  # (not registered: a model for this test only)
+    columns = {"ref": (np.int64, 0), "fresh": (np.bool_, False)}
+    ranks_lower_tiers = False
+
+    def __init__(self, config, table, slots=8192, stats=None):
+        super().__init__(config, table)
+        self.ring = np.full(slots, -1, np.int64)
+        self.hand = 0
+        self.fill = 0
+        self.arriving = np.zeros(0, np.int64)
+        self.freed = []
+        self.max = (1 << config.param("clock_bits")) - 1
+        self.stats = stats if stats is not None else {}
+
+    def on_insert(self, ids, tick):
+        self._place()
+        self.ref[ids] = 0
+        self.fresh[ids] = True
+        self.arriving = np.sort(np.asarray(ids, np.int64))
+
+    def on_access(self, ids, weights, tick):
+        for i in np.asarray(ids, np.int64).tolist():
+            if self.fresh[i]:
+                self.fresh[i] = False
+            else:
+                self.ref[i] = min(self.ref[i] + 1, self.max)
+
+    def _place(self):
+        for i in self.arriving.tolist():
+            if self.freed:
+                s = self.freed.pop(0)
+            else:
+                s = self.fill
+                self.fill += 1
+            self.ring[s] = i
+        self.arriving = np.zeros(0, np.int64)
+        self.freed = []
+
+    def select(self, eligible, k, tick, ordered=True):
+        eligible = np.asarray(eligible, np.int64)
+        k = min(int(k), eligible.size)
+        ok = np.zeros(self.ref.size, bool)
+        ok[eligible] = True
+        ok[self.arriving] = False
+        kw = min(k, int(np.count_nonzero(ok)))
+        out = []
+        p = self.hand
+        n = self.fill
+        while len(out) < kw:
+            i = self.ring[p]
+            if i >= 0:
+                if ok[i]:
+                    if self.ref[i] > 0:
+                        self.ref[i] -= 1
+                    else:
+                        out.append(i)
+                        self.ring[p] = -1
+                        self.freed.append(p)
+                else:
+                    self.stats["stepped_over"] = self.stats.get("stepped_over", 0) + 1
+                    self.stats.setdefault("first_step_over_pass", self.stats.get("passes", 0))
+            p = (p + 1) % n
+        self.hand = p
+        self.stats["passes"] = self.stats.get("passes", 0) + (1 if out else 0)
+        late = eligible[np.isin(eligible, self.arriving)]
+        if len(out) < k:
+            extra = late[: k - len(out)]
+            out += extra.tolist()
+            self.arriving = self.arriving[~np.isin(self.arriving, extra)]
+        self._place()
+        return np.asarray(out, np.int64)
+
+    def on_evict(self, ids, tick):
+        pass
+
+    def priority(self, ids, tick):
+        return np.zeros(np.asarray(ids).size, np.int64)
+
+
+def _dumps(stream, factory) -> tuple[list, list]:
+    opts = SimOptions(
+        policy="clock",
+        budget_bytes=parse_size("10%", stream.n_entries * stream.shape.entry_bytes),
+        record_victims=True,
+        engine="numpy",
+    )
+    return simulate(stream, opts, policy=factory)["_victims"], simulate(stream, opts)["_victims"]
+
+
+def test_a_fixed_ring_differs_from_the_firmware_only_after_stepping_over_an_entry():
+    """The textbook ring equals the firmware's CLOCK while no walk steps over an entry it may
+    not evict (multi-turn), and differs on a trace where walks do (uniform): the first
+    differing pass comes after the first such step-over."""
+    for workload, equal in (("multi-turn", True), ("uniform", False)):
+        stats: dict = {}
+        ring, fw = _dumps(_stream(workload), lambda c, t, s=stats: RingClock(c, t, stats=s))
+        same = [np.array_equal(a[0], b[0]) for a, b in zip(ring, fw, strict=True)]
+        assert all(same) == equal, workload
+        if not equal:
+            first_diff = same.index(False)
+            assert stats["stepped_over"] > 0
+            assert first_diff >= stats["first_step_over_pass"]
+        else:
+            assert "stepped_over" not in stats

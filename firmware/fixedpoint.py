@@ -28,6 +28,8 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from .formulas import recency_decay
+
 FRAC_BITS = 16
 Q_ONE = 1 << FRAC_BITS  # 65536 ≙ 1.0 (representable only for α)
 Q_MAX = Q_ONE - 1  # 65535, the largest score / weight / priority
@@ -82,10 +84,40 @@ def _work(x: ArrayLike) -> NDArray:
     return a.astype(np.int64, copy=False)
 
 
+# The Q0.16 kernels: the contract's arithmetic in plain operators, so that numpy integers,
+# Python ints, numba (the fast engine compiles these functions) and Amaranth values (the
+# RTL generator builds its datapath by calling them on signals) all take the one definition.
+
+
+def q16_round(x):  # type: ignore[no-untyped-def]
+    """A Q0.32 product (or sum of products) back to Q0.16, rounded half up: (x + 32768) >> 16."""
+    return (x + HALF) >> FRAC_BITS
+
+
+def ema_q16_products(score, weight, alpha_q):  # type: ignore[no-untyped-def]
+    """The EMA's two products, α·w and (65536 − α)·score (the RTL registers them apart)."""
+    return alpha_q * weight, (Q_ONE - alpha_q) * score
+
+
+def ema_q16_step(score, weight, alpha_q):  # type: ignore[no-untyped-def]
+    """The Q0.16 EMA kernel: (α·w + (65536 − α)·score + 32768) >> 16."""
+    p_w, p_s = ema_q16_products(score, weight, alpha_q)
+    return q16_round(p_w + p_s)
+
+
+def priority_q16_step(score, decay):  # type: ignore[no-untyped-def]
+    """The Q0.16 priority kernel: ((65535 − score) · decay + 32768) >> 16, decay a table value."""
+    return q16_round((Q_MAX - score) * decay)
+
+
+def blend_q16_step(a, x, b, y):  # type: ignore[no-untyped-def]
+    """A Q0.16 blend of two Q0.16 values with weights a + b = 65536: (a·x + b·y + 32768) >> 16."""
+    return q16_round(a * x + b * y)
+
+
 def ema_update_q16(score: ArrayLike, weight: ArrayLike, alpha_q: int) -> int | NDArray:
     """score' = (α·w + (65536 − α)·score + 32768) >> 16 — never exceeds 65535."""
-    s, w = _work(score), _work(weight)
-    return _int_out((alpha_q * w + (Q_ONE - alpha_q) * s + HALF) >> FRAC_BITS)
+    return _int_out(ema_q16_step(_work(score), _work(weight), alpha_q))
 
 
 def idle_next(idle: ArrayLike, touched: ArrayLike) -> int | NDArray:
@@ -98,7 +130,7 @@ def idle_next(idle: ArrayLike, touched: ArrayLike) -> int | NDArray:
 def decay_table(beta: float, shift: int) -> NDArray:
     """The 256-entry recency-decay table for β and index shift (uint16 values as int64)."""
     idle = np.arange(DECAY_TABLE_SIZE, dtype=np.float64) * float(1 << shift)
-    return np.asarray(to_q16(-np.expm1(-beta * idle)), dtype=np.int64)
+    return np.asarray(to_q16(recency_decay(idle, beta)), dtype=np.int64)
 
 
 def decay_index(idle: ArrayLike, shift: int) -> int | NDArray:
@@ -113,7 +145,7 @@ def eviction_priority_q16(
     """priority = ((65535 − score) · DECAY[min(idle >> shift, 255)] + 32768) >> 16."""
     s = _work(score)
     d = np.asarray(table).astype(s.dtype)[np.asarray(decay_index(idle, shift))]
-    return _int_out(((Q_MAX - s) * d + HALF) >> FRAC_BITS)
+    return _int_out(priority_q16_step(s, d))
 
 
 def window_blocks(window_tokens: int, block_tokens: int) -> int:
@@ -140,7 +172,7 @@ def prefetch_rank_q16(
     k = np.asarray(distance_blocks, dtype=np.int64)
     rope = np.asarray(table, dtype=np.int64)[k]
     s = np.asarray(score, dtype=np.int64)
-    return _int_out((blend_q[0] * rope + blend_q[1] * s + HALF) >> FRAC_BITS)
+    return _int_out(blend_q16_step(blend_q[0], rope, blend_q[1], s))
 
 
 # --- error bounds between the float and the integer modes (docs/policy.md) -------------
@@ -167,7 +199,7 @@ def decay_bin_error(beta: float, shift: int) -> float:
     Past the last entry (and past the 16-bit saturation of idle) it is
     r(∞) − r(255·2^s) = e^(−β·255·2^s).
     """
-    in_table = -math.expm1(-beta * ((1 << shift) - 1))
+    in_table = float(recency_decay(float((1 << shift) - 1), beta))
     past_end = math.exp(-beta * (DECAY_TABLE_SIZE - 1) * (1 << shift))
     return max(in_table, past_end)
 

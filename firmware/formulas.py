@@ -2,7 +2,10 @@
 
 The integer Q0.16 counterparts that the RTL matches bit for bit are in
 :mod:`kvcxl.firmware.fixedpoint`, beside the error bounds that relate the two.
-All functions accept Python floats or numpy arrays.
+All functions accept Python floats or numpy arrays.  The ``*_step`` kernels are the
+formulas themselves, in the plain arithmetic that numpy, a Python float and numba all
+run: the fast engine compiles these same functions (``njit(formulas.ema_step)``), so
+no second copy exists to drift (tests/test_one_definition.py).
 """
 
 from __future__ import annotations
@@ -22,21 +25,41 @@ def _out(x: NDArray) -> float | NDArray:
     return float(x) if np.ndim(x) == 0 else x
 
 
+def ema_step(score, weight, alpha):  # type: ignore[no-untyped-def]  (numba compiles it)
+    """The EMA kernel: α·w + (1 − α)·score (floats or arrays; numba-compilable)."""
+    return alpha * weight + (1.0 - alpha) * score
+
+
+def priority_step(score, decay):  # type: ignore[no-untyped-def]  (numba compiles it)
+    """The eviction-priority kernel: (1 − score) · r, given r = recency_decay(idle)."""
+    return (1.0 - score) * decay
+
+
+def blend_step(a, x, b, y):  # type: ignore[no-untyped-def]  (numba compiles it)
+    """A two-term blend a·x + b·y (the prefetch rank: b_rope·rope + b_score·score)."""
+    return a * x + b * y
+
+
 def ema_update(
     score: ArrayLike, weight: ArrayLike, alpha: float, out: NDArray | None = None
 ) -> float | NDArray:
     """score[t] = α·w[t] + (1 − α)·score[t−1]; an entry not read in a step has w = 0.
 
-    ``out`` (a float64 array, usually ``score`` itself): computed in place, with the same
-    rounding (the two products are rounded, then added; addition commutes exactly).
+    ``out`` (a float64 array, usually ``score`` itself): the result is written there.
     """
-    if out is not None:
-        out *= 1.0 - alpha
-        out += alpha * np.asarray(weight, dtype=np.float64)
-        return out
     s = np.asarray(score, dtype=np.float64)
     w = np.asarray(weight, dtype=np.float64)
-    return _out(alpha * w + (1.0 - alpha) * s)
+    if out is not None:
+        out[...] = ema_step(s, w, alpha)
+        return out
+    return _out(ema_step(s, w, alpha))
+
+
+def ema_decay(score: ArrayLike, steps: ArrayLike, alpha: float) -> float | NDArray:
+    """``steps`` zero-weight EMA steps at once: score · (1 − α)^steps (the closed form of
+    ``ema_step(score, 0, α)`` applied ``steps`` times; rounding may differ in the last bits)."""
+    s = np.asarray(score, dtype=np.float64)
+    return _out(s * (1.0 - alpha) ** np.maximum(np.asarray(steps), 0))
 
 
 _LOOKUP_MIN_SIZE = 1 << 14  # integer idle arrays at least this large use a lookup
@@ -62,7 +85,7 @@ def eviction_priority(
 ) -> float | NDArray:
     """p = (1 − score) · r. Higher evicts sooner."""
     s = np.asarray(score, dtype=np.float64)
-    return _out((1.0 - s) * np.asarray(recency_decay(steps_since_access, beta)))
+    return _out(priority_step(s, np.asarray(recency_decay(steps_since_access, beta))))
 
 
 def placement_thresholds(score: ArrayLike, keep: float, evict: float) -> int | NDArray:
@@ -114,4 +137,4 @@ def prefetch_rank(
     """Prefetch candidate rank = b_rope · rope + b_score · score (higher is fetched first)."""
     b_rope, b_score = blend
     rope = np.asarray(rope_factor(distance_tokens, scale))
-    return _out(b_rope * rope + b_score * np.asarray(score, dtype=np.float64))
+    return _out(blend_step(b_rope, rope, b_score, np.asarray(score, dtype=np.float64)))

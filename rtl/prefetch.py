@@ -121,8 +121,8 @@ class PrefetchEngine(wiring.Component):
         v2, id2, dist2 = Signal(), Signal(self.id_bits), Signal(range(W + 1))
         rank = Signal(L.Q_BITS)
         b_rope = self.blend_rope
-        m.d.comb += rank.eq(
-            (b_rope * rrp.data + (fx.Q_ONE - b_rope) * self.score_data + fx.HALF) >> fx.FRAC_BITS
+        m.d.comb += rank.eq(  # the firmware's kernel (fixedpoint.blend_q16_step)
+            fx.blend_q16_step(b_rope, rrp.data, fx.Q_ONE - b_rope, self.score_data)
         )
         m.d.comb += [self.score_addr.eq(c_id), rrp.addr.eq(dist)]
 

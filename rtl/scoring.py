@@ -88,7 +88,7 @@ class ScoringEngine(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        lanes, q_one, q_max = self.lanes, fx.Q_ONE, fx.Q_MAX
+        lanes = self.lanes
         word = L.record_write_layout(lanes, self.addr_bits)["data"].shape
 
         m.submodules.records = records = Memory(shape=word, depth=self.groups, init=[])
@@ -151,8 +151,7 @@ class ScoringEngine(wiring.Component):
             rec = rec1[i]
             w = upd1.weight[i]
             touched = upd1.read[i] & (w >= self.touch)
-            pw_expr = alpha * w
-            ps_expr = (q_one - alpha) * rec.score
+            pw_expr, ps_expr = fx.ema_q16_products(rec.score, w, alpha)  # the firmware's
             pw, ps = Signal(pw_expr.shape()), Signal(ps_expr.shape())
             prod_w.append(pw)
             prod_s.append(ps)
@@ -176,7 +175,7 @@ class ScoringEngine(wiring.Component):
         # Stage 1b: the new score, the write-back, the table reads.
         for i in range(lanes):
             m.d.comb += [
-                new[i].score.eq((prod_w[i] + prod_s[i] + fx.HALF) >> fx.FRAC_BITS),
+                new[i].score.eq(fx.q16_round(prod_w[i] + prod_s[i])),
                 new[i].idle.eq(meta1b[i].idle),
                 new[i].pinned.eq(meta1b[i].pinned),
                 new[i].resident.eq(meta1b[i].resident),
@@ -222,7 +221,7 @@ class ScoringEngine(wiring.Component):
             m.d.comb += [
                 o.score.eq(r.score),
                 o.idle.eq(r.idle),
-                o.priority.eq(((q_max - r.score) * decay3[i] + fx.HALF) >> fx.FRAC_BITS),
+                o.priority.eq(fx.priority_q16_step(r.score, decay3[i])),
                 o.eligible.eq(self._eligible(r)),
             ]
         return m

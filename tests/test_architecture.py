@@ -560,6 +560,14 @@ def test_the_architecture_page_names_every_package() -> None:
     assert [f for f in folders.values() if f not in named] == []
 
 
+def _member_names(node: ast.stmt) -> set[str]:
+    """What a class-body statement defines: a method's name, or an attribute's."""
+    if isinstance(node, ast.AnnAssign | ast.Assign):
+        targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+        return {t.id for t in targets if isinstance(t, ast.Name)}
+    return {getattr(node, "name", None)} - {None}
+
+
 def _defined(name: str) -> bool:
     """A top-level name of some kvcxl module, or ``Class.method`` of a class of one."""
     cls, _, method = name.partition(".")
@@ -570,7 +578,7 @@ def _defined(name: str) -> bool:
             return True
         for node in ast.parse(text).body:
             if isinstance(node, ast.ClassDef) and node.name == cls:
-                if any(getattr(n, "name", None) == method for n in node.body):
+                if any(method in _member_names(n) for n in node.body):
                     return True
     return False
 

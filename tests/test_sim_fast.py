@@ -559,12 +559,18 @@ def test_a_new_policy_is_one_file_per_engine(tmp_path: Any, monkeypatch: Any) ->
 
     import kvcxl.emu.sim.fast.policies as pkg
     from kvcxl.emu.sim.fast import compose
+    from kvcxl.firmware.history import HistoryRule
     from kvcxl.firmware.policies import POLICIES
     from kvcxl.firmware.policies.base import Policy, register
+
+    class MruHistory(HistoryRule):  # the audit's recomputation: the newest use goes first
+        def priority(self, ids, time):  # type: ignore[no-untyped-def]
+            return self.h.last_use[ids]
 
     class MruPolicy(Policy):
         name = "test-mru"
         columns = {"last": (np.int64, -1)}
+        history = MruHistory
 
         def on_insert(self, ids, tick):  # type: ignore[no-untyped-def]
             self.last[ids] = tick.time

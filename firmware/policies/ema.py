@@ -15,7 +15,7 @@ from numpy.typing import NDArray
 from .. import fixedpoint as fx
 from .. import golden_step
 from ..config import PolicyConfig
-from ..formulas import ema_update, eviction_priority
+from ..formulas import ema_decay, ema_update, eviction_priority
 from ..history import EntryHistory, HistoryRule
 from ..table import EntryTable, grow
 from .base import Policy, Tick, register
@@ -117,8 +117,7 @@ class EmaHistory(HistoryRule):
                 left[m] = np.where(still, left[m] - 1, 0)
             self.score[ids] = s
         else:
-            # n zero-weight steps of ema_update at once: the score times (1 − α)^n
-            self.score[ids] = self.score[ids] * (1.0 - self.h.config.alpha) ** np.maximum(n, 0)
+            self.score[ids] = ema_decay(self.score[ids], n, self.h.config.alpha)
         self.score_k[ids] = np.maximum(self.score_k[ids], to_k)
 
     def idle(self, ids: NDArray) -> NDArray:

@@ -25,8 +25,8 @@ from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.formulas import rope_factor
 
 from ...workloads.stream import ReadStream
+from .formulas import blend_float, blend_q16
 
-HALF, FRAC = fx.HALF, fx.FRAC_BITS  # the Q0.16 contract's rounding, as numba constants
 # The loop's prefetch counts: entries prefetched, later hit while marked, evicted while
 # marked, and the useful ones by the end of the warm-up (the simulator's pf_* figures).
 TOTAL, USEFUL, WASTED, USEFUL_WARM = range(4)
@@ -118,13 +118,13 @@ def build(
 @njit(cache=True, inline="always")
 def rank_float(pf, d, s):  # type: ignore[no-untyped-def]
     """formulas.prefetch_rank at block distance ``d``: b_rope·rope + b_score·score."""
-    return pf.b_rope * pf.rope[d] + pf.b_score * s
+    return blend_float(pf.b_rope, pf.rope[d], pf.b_score, s)
 
 
 @njit(cache=True, inline="always")
 def rank_q16(pf, d, s):  # type: ignore[no-untyped-def]
     """fixedpoint.prefetch_rank_q16: (b_rope·RoPE[k] + b_score·score + 32768) >> 16."""
-    return (pf.bq_rope * pf.rope_q[d] + pf.bq_score * s + HALF) >> FRAC
+    return blend_q16(pf.bq_rope, pf.rope_q[d], pf.bq_score, s)
 
 
 @njit(cache=True)

@@ -14,23 +14,11 @@ from numpy.typing import NDArray
 
 from kvcxl.firmware.formulas import recency_decay
 
+from ..formulas import ema_float, priority_float
 from ..hooks import Setup
 
 COVERS = (("ema", "float"),)
 STATIC = True  # a key moves by a touch or at a step's end (the heap is rebuilt)
-
-
-@njit(cache=True, inline="always")
-def ema_float(s: float, w: float, alpha: float) -> float:
-    """EmaPolicy.end_step, float mode: ``s *= 1 − α; s += α·w``."""
-    s = s * (1.0 - alpha)
-    return s + alpha * w
-
-
-@njit(cache=True, inline="always")
-def priority_float(s: float, r: float) -> float:
-    """formulas.eviction_priority given r = recency_decay(idle)."""
-    return (1.0 - s) * r
 
 
 class State(NamedTuple):

@@ -13,27 +13,22 @@ from numpy.typing import NDArray
 
 from kvcxl.firmware import fixedpoint as fx
 
+from ..formulas import ema_q16, priority_q16_of_decay
 from ..hooks import Setup
 
 COVERS = (("ema", "int"),)
 STATIC = True  # a key moves by a touch or at a step's end (the heap is rebuilt)
 # the contract's constants, as numba constants
-Q_ONE, Q_MAX, HALF, IDLE_MAX = fx.Q_ONE, fx.Q_MAX, fx.HALF, fx.IDLE_MAX
+Q_ONE, IDLE_MAX = fx.Q_ONE, fx.IDLE_MAX
 LAST = fx.DECAY_TABLE_SIZE - 1
-FRAC = fx.FRAC_BITS
-
-
-@njit(cache=True, inline="always")
-def ema_q16(s: int, w: int, alpha_q: int) -> int:
-    """fixedpoint.ema_update_q16."""
-    return (alpha_q * w + (Q_ONE - alpha_q) * s + HALF) >> FRAC
 
 
 @njit(cache=True, inline="always")
 def priority_q16(s: int, idle: int, table: np.ndarray, shift: int) -> int:
-    """fixedpoint.eviction_priority_q16."""
+    """fixedpoint.eviction_priority_q16: the table index of fixedpoint.decay_index, then
+    the firmware's kernel."""
     i = min(idle, IDLE_MAX) >> shift
-    return ((Q_MAX - s) * table[min(i, LAST)] + HALF) >> FRAC
+    return priority_q16_of_decay(s, table[min(i, LAST)])
 
 
 class State(NamedTuple):

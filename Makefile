@@ -34,8 +34,11 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 
+# Installing includes compiling the fast engine's loops (numba, cached): the demo's first
+# run then replays at once.
 $(CORE): pyproject.toml | $(VENV)/bin/python
 	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/kvcxl setup --only engine
 	touch $@
 
 $(ALL): pyproject.toml | $(VENV)/bin/python

@@ -11,6 +11,7 @@ import importlib
 
 SETUP_STEPS: tuple[tuple[str, str, str], ...] = (
     # (name, module, function)
+    ("engine", "kvcxl.emu.sim.fast.warm", "setup"),
     ("rtl", "kvcxl.rtl.toolchain", "setup"),
     ("qemu", "kvcxl.qemu.setup", "setup"),
     ("model", "kvcxl.emu.model.weights", "setup"),

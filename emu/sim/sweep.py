@@ -252,11 +252,12 @@ def run_sweeps(
     jobs: int | None = None,
     backend: str = "process",
     address: str | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[list[dict[str, Any]]]:
     """Several sweeps at once, batched: one task per (stream, seed) compiles the stream once
     and replays every spec and variant that shares it; local processes or Dask as
     :func:`run_sweep`.  Returns each spec's raw results, in the order of
-    :func:`run_sweep` (variants, then seeds)."""
+    :func:`run_sweep` (variants, then seeds).  ``progress(1)`` after each task (local runs)."""
     for spec in specs:
         validate(spec)
     groups: dict[str, list[int]] = {}
@@ -272,7 +273,11 @@ def run_sweeps(
     if backend == "dask":
         done = _run_dask_calls(run_group, args, address)
     elif backend == "serial" or jobs == 1 or len(args) == 1:
-        done = [run_group(*a) for a in args]
+        done = []
+        for a in args:
+            done.append(run_group(*a))
+            if progress:
+                progress(1)
     elif backend == "process":
         ctx = multiprocessing.get_context("forkserver")  # (as run_sweep)
         done = [None] * len(args)
@@ -280,6 +285,8 @@ def run_sweeps(
             futs = {ex.submit(run_group, *a): k for k, a in enumerate(args)}
             for f in as_completed(futs):
                 done[futs[f]] = f.result()
+                if progress:
+                    progress(1)
     else:
         raise ValueError(f"backend {backend!r}: must be 'process', 'serial' or 'dask'")
     # Back into run_sweep's order: per spec, variant-major then seed.

@@ -100,6 +100,7 @@ ROWS = [
     Row("lrfu_lambda", 0.1, 0.9, policy="lrfu"),
     Row("lfu_tie_break", "lru", "index", policy="lfu"),
     Row("seed", 0, 1, policy="random"),
+    Row("ema_floor", 0.0, 0.05, policy="ema-floor"),
     # Queue policies: dense multi-turn reads re-read every entry of a context together, so
     # counters and queue shares matter only where reads are sparse (uniform).
     Row("clock_bits", 1, 3, policy="clock", workload=("uniform", 256)),

@@ -114,7 +114,7 @@ def _leave(ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc, reside
     (session.place); the rest go to CXL DRAM."""
     ps = borrowed(ps)
     limited = False
-    if SCORED and nvme_below > -np.inf:
+    if SCORED and nvme_below > -np.inf and nv > nvme_room:  # (else every one fits)
         m = 0
         for j in range(nv):
             e = vic[j]

@@ -168,7 +168,9 @@ def params_markdown() -> str:
     out += [
         "",
         "Each baseline's own parameters (declared by its policy class as `parameters`; one "
-        "option or key sets a name for every policy that declares it):",
+        "option or key sets a name for every policy that declares it). Their defaults are "
+        "inputs: the published algorithms' own (External literature, as libCacheSim "
+        "implements them) or, for kvcxl's variants, Design target values:",
         "",
         "| parameter | policies | default | range | what it controls |",
         "|---|---|---|---|---|",

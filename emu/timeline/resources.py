@@ -111,10 +111,10 @@ class Preset:
                        cxl_gbps=self.cxl_gbps)  # fmt: skip
 
 
-_RATIOS = "Measured ratios × Analytical model reference"
+_RATIOS = "External literature (the paper's measured ratios) × the Design target reference"
 PRESETS: dict[str, Preset] = {
     "seed": Preset(
-        "seed", 200.0, 64.0, "Analytical model",
+        "seed", 200.0, 64.0, "Design target",
         "the design's CXL.mem budget (unloaded component latencies, 200 ns) and its "
         "specification-derived 32-121 GB/s bracket, 64 GB/s the mid-range assumption",
     ),

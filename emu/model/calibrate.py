@@ -116,7 +116,7 @@ def replay_hit_rate(
         "reads": reads,
         "audited_victims": au.checked if au else 0,
         "wrong_victims": au.wrong if au else 0,
-        "history_checked": au.history_checked if au else 0,
+        "history_checked": au.as_dict()["history_checked"] if au else 0,  # None: not audited
         "audit_faults": au.faults if au else 0,
     }
 

@@ -485,7 +485,7 @@ def format_timeline(rows: list[dict[str, Any]]) -> str:
 
     lines = [
         f"{'policy':<14}{'budget':>8}{'link rd':>9}{'link wr':>9}{'dram':>8}{'nvme':>8}"
-        f"{'demand queue µs':>17}{'analytic link use':>19}"
+        f"{'demand queue µs':>17}{'link demand':>19}"
     ]
     for r in rows:
         q = r.get("demand_queue_ns_mean")

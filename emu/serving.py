@@ -474,7 +474,24 @@ def format_serving(rows: list[dict[str, Any]]) -> str:
             f"{f(r[key], '.3f'):>12}{f(r['energy_mj_per_token'], '.3f'):>11}"
             f"{meta:>24}"
         )
+    if not _timed(rows):
+        lines += _over_demand(rows)
     return "\n".join(lines)
+
+
+def _over_demand(rows: list[dict[str, Any]]) -> list[str]:
+    """Untimed rows whose link demand exceeds 1: the link cannot carry their bytes in the
+    run's time, so their tokens/s is not reachable; each with its link-bound throughput
+    (every step waits for the bytes it moved: ``link_bound_tokens_per_s_per_user``)."""
+    over = [r for r in rows if (r.get("link_demand") or 0) > 1]
+    return [
+        f"link demand above 1 ({r['policy']} {r['budget']}: {r['link_demand']:.3f}): the link "
+        "cannot carry the run's bytes in its time; bounded by it, tok/s/user ≤ "
+        f"{r['link_bound_tokens_per_s_per_user']:,.1f} (Analytical model on the simulated "
+        "bytes); --timeline queues every transfer"
+        for r in over
+        if r.get("link_bound_tokens_per_s_per_user") is not None
+    ]
 
 
 def format_timeline(rows: list[dict[str, Any]]) -> str:

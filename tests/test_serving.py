@@ -314,3 +314,23 @@ def test_report_reads_each_bound_from_its_own_rate():
     assert "simulated timing: the bound is 16 users" in rep["why"]
     assert "link-bound: the bound is 13 users" in rep["why"]
     assert rep["verdict"] == "cannot say"
+
+
+def test_untimed_demand_above_one_is_named_with_its_link_bound(tmp_path, capsys):
+    """Without the timeline a thrashing LRU run's link demand exceeds 1: the table says the
+    link cannot carry it and gives the throughput the link bounds it to (each step waits
+    for the bytes it moved), which is below the untimed figure."""
+    from kvcxl.emu.cli import main
+
+    out = tmp_path / "d.json"
+    argv = ["simulate", "--workload", "multi-turn", "--steps", "30", "--warmup", "5",
+            "--policy", "lru", "--budget", "10%", "--backend", "serial", "--no-progress",
+            "--serving", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    (srv,) = json.loads(out.read_text())["serving"]
+    assert srv["link_demand"] > 1
+    bound = srv["link_bound_tokens_per_s_per_user"]
+    assert bound < srv["tokens_per_s_per_user"]
+    assert f"link demand above 1 (lru 10%: {srv['link_demand']:.3f})" in printed
+    assert f"tok/s/user ≤ {bound:,.1f}" in printed

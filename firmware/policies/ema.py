@@ -17,7 +17,7 @@ from .. import golden_step
 from ..config import PolicyConfig
 from ..formulas import ema_decay, ema_update, eviction_priority
 from ..history import EntryHistory, HistoryRule
-from ..table import EntryTable, grow
+from ..table import EntryTable
 from .base import Policy, Tick, register
 
 
@@ -33,25 +33,21 @@ class EmaHistory(HistoryRule):
     """
 
     def __init__(self, history: EntryHistory) -> None:
-        super().__init__(history)
         int_mode = history.mode == "int"
-        z = lambda dt, fill=0: np.full(16, fill, dtype=dt)  # noqa: E731
-        self.score = z(np.int64 if int_mode else np.float64)  # EMA as of score_k
-        self.score_k = z(np.int64)
-        self.pend_w = z(np.int64 if int_mode else np.float64)  # largest weight in pend_k
-        self.pend_k = z(np.int64, -1)
-        self.idle_base = z(np.int64)  # idle = max(k − idle_base, 0)
+        q = np.int64 if int_mode else np.float64
+        self.columns = {
+            "score": (q, 0),  # the EMA as of score_k
+            "score_k": (np.int64, 0),
+            "pend_w": (q, 0),  # the largest weight read in step pend_k
+            "pend_k": (np.int64, -1),
+            "idle_base": (np.int64, 0),  # idle = max(k − idle_base, 0)
+        }
+        super().__init__(history)
         cfg = history.config
         if int_mode:
             self.alpha_q = fx.alpha_to_q16(cfg.alpha)
             self.touch_q = fx.to_q16(cfg.touch_threshold)
             self.decay = fx.decay_table(cfg.beta, cfg.decay_shift)
-
-    _EMA = ("score", "score_k", "pend_w", "pend_k", "idle_base")
-
-    def ensure(self, n: int) -> None:
-        for c in self._EMA:
-            setattr(self, c, grow(getattr(self, c), n, -1 if c == "pend_k" else 0))
 
     def index(self, ids: NDArray) -> NDArray:
         """Where the EMA quantities of ``ids`` live."""

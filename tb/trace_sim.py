@@ -79,14 +79,7 @@ def run_stream(
             "tables": pol.tables,
             "checked": check,
             **pol.stats,
-            "cycles": cycles,
-            "model_s": round(sim_s, 4),
-            "model_cpu_s": round(cpu_s, 4),
-            "wall_s": round(wall, 3),
-            "build_s": round(engine.build_s, 2),
-            # per wall second in the model, and per CPU second (the machine may be shared)
-            "cycles_per_s": round(cycles / sim_s, 1) if sim_s else None,
-            "cycles_per_cpu_s": round(cycles / cpu_s, 1) if cpu_s else None,
+            **_run_timing(cycles, sim_s, cpu_s, wall, engine.build_s),
             "entry_updates_per_s": round(upd / sim_s, 1) if sim_s else None,
             "entry_updates_per_cpu_s": round(upd / cpu_s, 1) if cpu_s else None,
         },
@@ -135,14 +128,22 @@ def _run_slots(
             "defect": shape.defect,
             "checked": check,
             **made[0].stats,
-            "cycles": cycles,
-            "model_s": round(sim_s, 4),
-            "model_cpu_s": round(cpu_s, 4),
-            "wall_s": round(wall, 3),
-            "build_s": round(engine.build_s, 2),
-            "cycles_per_s": round(cycles / sim_s, 1) if sim_s else None,
-            "cycles_per_cpu_s": round(cycles / cpu_s, 1) if cpu_s else None,
+            **_run_timing(cycles, sim_s, cpu_s, wall, engine.build_s),
         },
         victims=victims,
     )
     return res
+
+
+def _run_timing(cycles: int, sim_s: float, cpu_s: float, wall: float, build_s: float) -> dict:
+    """A Verilated run's cycles and times, and its rates per wall second in the model and
+    per CPU second (the machine may be shared)."""
+    return {
+        "cycles": cycles,
+        "model_s": round(sim_s, 4),
+        "model_cpu_s": round(cpu_s, 4),
+        "wall_s": round(wall, 3),
+        "build_s": round(build_s, 2),
+        "cycles_per_s": round(cycles / sim_s, 1) if sim_s else None,
+        "cycles_per_cpu_s": round(cycles / cpu_s, 1) if cpu_s else None,
+    }

@@ -208,7 +208,34 @@ class Pass:
     eligible: NDArray
 
 
-class VerilatedEngine:
+class _DriverHandle:
+    """A C++ driver's handle (``_lib``, ``_h``): freed with the object, and its clocks."""
+
+    _lib: ctypes.CDLL
+    _h: ctypes.c_void_p | None
+
+    def __del__(self) -> None:
+        h = getattr(self, "_h", None)
+        if h is not None:
+            self._lib.kv_free(h)
+            self._h = None
+
+    @property
+    def cycles(self) -> int:
+        return int(self._lib.kv_cycles(self._h))
+
+    @property
+    def seconds(self) -> float:
+        """Wall time spent clocking the model (the driver's own clock)."""
+        return float(self._lib.kv_seconds(self._h))
+
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU time the driver's thread spent clocking the model (load-independent)."""
+        return float(self._lib.kv_cpu_seconds(self._h))
+
+
+class VerilatedEngine(_DriverHandle):
     """One Verilated PolicyEngine: reset, decay table, reports, record writes, sweeps."""
 
     def __init__(self, shape: EngineShape) -> None:
@@ -236,26 +263,6 @@ class VerilatedEngine:
         self._vidx = np.zeros(shape.batch, np.int32)
         self._vprio = np.zeros(shape.batch, np.uint32)
         self._tap = [np.zeros(n, np.uint32) for _ in range(3)] + [np.zeros(n, np.uint8)]
-
-    def __del__(self) -> None:
-        h = getattr(self, "_h", None)
-        if h is not None:
-            self._lib.kv_free(h)
-            self._h = None
-
-    @property
-    def cycles(self) -> int:
-        return int(self._lib.kv_cycles(self._h))
-
-    @property
-    def seconds(self) -> float:
-        """Wall time spent clocking the model (the driver's own clock)."""
-        return float(self._lib.kv_seconds(self._h))
-
-    @property
-    def cpu_seconds(self) -> float:
-        """CPU time the driver's thread spent clocking the model (load-independent)."""
-        return float(self._lib.kv_cpu_seconds(self._h))
 
     def _ok(self, rc: int, what: str) -> int:
         if rc < 0:
@@ -335,7 +342,7 @@ def slot_layout_header(top, module: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-class SlotEngine:
+class SlotEngine(_DriverHandle):
     """One Verilated slot-queue engine (``policy`` = clock or sieve) with ``slots`` slots:
     ``reset(ref_max)`` and ``run(commands) -> victim slots`` (the golden step's interface,
     :class:`kvcxl.rtl.slot_policy.GoldenEngine`)."""
@@ -366,24 +373,6 @@ class SlotEngine:
                                ctypes.c_int]  # fmt: skip
         self._lib = lib
         self._h = ctypes.c_void_p(lib.kv_new())
-
-    def __del__(self) -> None:
-        h = getattr(self, "_h", None)
-        if h is not None:
-            self._lib.kv_free(h)
-            self._h = None
-
-    @property
-    def cycles(self) -> int:
-        return int(self._lib.kv_cycles(self._h))
-
-    @property
-    def seconds(self) -> float:
-        return float(self._lib.kv_seconds(self._h))
-
-    @property
-    def cpu_seconds(self) -> float:
-        return float(self._lib.kv_cpu_seconds(self._h))
 
     def reset(self, ref_ceiling: int) -> None:
         self._lib.kv_reset(self._h, int(ref_ceiling))

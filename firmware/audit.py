@@ -36,6 +36,13 @@ from .table import unique_ids
 HISTORY_SAMPLE = 64  # non-victims recomputed per pass (every eligible entry up to 4× this)
 
 
+def _same(a: NDArray, b: NDArray) -> NDArray:
+    """Where two computations of one quantity agree (floats: within rounding)."""
+    if a.dtype.kind == "f" or b.dtype.kind == "f":
+        return np.isclose(a.astype(np.float64), b.astype(np.float64), rtol=1e-9, atol=1e-12)
+    return np.asarray(a == b)
+
+
 @dataclass
 class EvictionAudit:
     """Counts audited victims, victims outside the true top-k, and misordered victims."""
@@ -97,23 +104,37 @@ class EvictionAudit:
         sample = np.concatenate([victims, rest])
         hp = h.priority(sample, tick.time)
         pp = np.asarray(policy.priority(sample, tick))  # type: ignore[attr-defined]
-        if hp.dtype.kind == "f" or pp.dtype.kind == "f":
-            same = np.isclose(pp.astype(np.float64), hp.astype(np.float64), rtol=1e-9, atol=1e-12)
-        else:
-            same = pp == hp
+        same = _same(pp, hp)
+        ht = h.tie(sample, tick.time)  # the policy's key among equal priorities, if any
+        pt = policy.tie(sample, tick)  # type: ignore[attr-defined]
+        if (ht is None) != (pt is None):
+            same[:] = False
+        elif ht is not None and pt is not None:
+            same &= _same(np.asarray(pt), ht)
         bad = int(np.count_nonzero(~same))
         # By the history's own priorities, no sampled non-victim may outrank a victim.
         v, r = hp[: victims.size], hp[victims.size :]
         lo = np.argmin(v) if v.size else 0  # the last victim in contract order
         lo_p = v[lo]
-        lo_candidates = victims[v == lo_p]
-        lo_id = lo_candidates.max()
-        out = int(np.count_nonzero((r > lo_p) | ((r == lo_p) & (rest < lo_id))))
+        at_lo = v == lo_p
+        if ht is None:
+            lo_id = victims[at_lo].max()
+            before = rest < lo_id
+        else:  # among equal priorities: (tie, id), a near-equal float tie decides nothing
+            vt, rt = ht[: victims.size][at_lo], ht[victims.size :]
+            last = np.lexsort((victims[at_lo], vt))[-1]
+            lo_t, lo_id = vt[last], victims[at_lo][last]
+            if rt.dtype.kind == "f":
+                close = np.isclose(rt, lo_t, rtol=1e-9, atol=1e-12)
+                before = ((rt < lo_t) & ~close) | ((rt == lo_t) & (rest < lo_id))
+            else:
+                before = (rt < lo_t) | ((rt == lo_t) & (rest < lo_id))
+        out = int(np.count_nonzero((r > lo_p) | ((r == lo_p) & before)))
         if hp.dtype.kind == "f":  # a near-tie within rounding is not a fault
             out = int(
                 np.count_nonzero(
                     ((r > lo_p) & ~np.isclose(r, lo_p, rtol=1e-9, atol=1e-12))
-                    | ((r == lo_p) & (rest < lo_id))
+                    | ((r == lo_p) & before)
                 )
             )
         self.history_checked += int(sample.size)
@@ -133,14 +154,20 @@ class EvictionAudit:
         return faults + bad + out
 
     def check(
-        self, eligible: NDArray, priority: NDArray, victims: NDArray, ordered: bool = True
+        self,
+        eligible: NDArray,
+        priority: NDArray,
+        victims: NDArray,
+        ordered: bool = True,
+        tie: NDArray | None = None,
     ) -> int:
         """Audit one selection; returns the number of wrong victims in it.
 
         ``ordered=False``: the victims were selected as a set, so only membership is checked.
+        ``tie``: the policy's key among equal priorities (``Policy.tie``), before the id.
         """
         victims = np.asarray(victims, dtype=np.int64)
-        expected = reference_order(eligible, priority)[: victims.size]
+        expected = reference_order(eligible, priority, tie)[: victims.size]
         distinct = unique_ids(victims)
         wrong = int(np.setdiff1d(distinct, expected, assume_unique=True).size)
         wrong += victims.size - distinct.size  # a victim chosen twice

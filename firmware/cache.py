@@ -246,7 +246,8 @@ class PolicyCache:
             victims = self.policy.select(eligible, k, tick, ordered=False)
         if self.audit is not None:
             priority = self.policy.priority(eligible, tick)
-            self.audit.check(eligible, priority, victims, self.ordered_victims)
+            tie = self.policy.tie(eligible, tick)
+            self.audit.check(eligible, priority, victims, self.ordered_victims, tie)
             self.audit.check_history(eligible, victims, self.policy, tick)
         return victims
 

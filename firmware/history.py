@@ -55,6 +55,9 @@ class HistoryRule:
     def born(self, ids: NDArray) -> None:
         """``ids`` were created now (their first admission); :meth:`fresh` already ran."""
 
+    def on_admit(self, ids: NDArray, time: int) -> None:
+        """``ids`` became resident at batch ``time`` (after :meth:`fresh` and :meth:`born`)."""
+
     def on_read(self, ids: NDArray, weights: NDArray, time: int) -> None:
         """``ids`` were read at batch ``time`` with these attention weights."""
 
@@ -65,6 +68,11 @@ class HistoryRule:
     def priority(self, ids: NDArray, time: int) -> NDArray:
         """Each entry's priority by docs/policy.md, from the history alone."""
         raise NotImplementedError
+
+    def tie(self, ids: NDArray, time: int) -> NDArray | None:
+        """The policy's order among equal priorities (``Policy.tie``), from the history;
+        None: the entry index alone."""
+        return None
 
 
 class EntryHistory:
@@ -135,6 +143,7 @@ class EntryHistory:
             self._fresh(ids)
         self.admitted[ids] = time
         self.last_use[ids] = time
+        self.rule.on_admit(ids, time)
         # Pins: in ascending id order, anchors take free slots for good (docs/policy.md).
         free = self.pinned_capacity - self.n_pinned
         if free > 0:
@@ -176,3 +185,8 @@ class EntryHistory:
     def priority(self, ids: NDArray, time: int) -> NDArray:
         """Each entry's priority from its history by its policy's rule (docs/policy.md)."""
         return np.asarray(self.rule.priority(np.asarray(ids, dtype=np.int64), time))
+
+    def tie(self, ids: NDArray, time: int) -> NDArray | None:
+        """Each entry's key among equal priorities by its policy's rule (None: the id alone)."""
+        t = self.rule.tie(np.asarray(ids, dtype=np.int64), time)
+        return None if t is None else np.asarray(t)

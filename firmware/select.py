@@ -1,7 +1,9 @@
 """Exact victim selection and the brute-force reference ranking it is audited against.
 
 Order (the contract shared with the RTL): priority descending, then entry index
-ascending.  :func:`select_victims` is O(n) (``np.partition`` plus the tie-break);
+ascending.  A policy may put a key of its own between the two (``tie``: ascending first
+among equal priorities, e.g. the EMA's ``ema_tie_break``); the entry index still decides
+what that key leaves equal.  :func:`select_victims` is O(n) (``np.partition`` plus the tie-break);
 :func:`reference_order` is the plain full sort the eviction audit recomputes.
 """
 
@@ -21,11 +23,22 @@ def _signed(priority: NDArray) -> NDArray:
     return p.astype(np.int64) if p.dtype.kind == "u" else p
 
 
-def reference_order(ids: NDArray, priority: NDArray) -> NDArray:
-    """All ``ids`` sorted by (priority descending, id ascending): the brute-force ranking."""
+def reference_order(ids: NDArray, priority: NDArray, tie: NDArray | None = None) -> NDArray:
+    """All ``ids`` sorted by (priority descending, ``tie`` ascending when given, id
+    ascending): the brute-force ranking."""
     ids = np.asarray(ids, dtype=np.int64)
-    order = np.lexsort((ids, -_signed(priority)))
-    return ids[order]
+    keys = (ids, -_signed(priority)) if tie is None else (ids, np.asarray(tie), -_signed(priority))
+    return ids[np.lexsort(keys)]
+
+
+def _select_tied(ids: NDArray, priority: NDArray, tie: NDArray, k: int, ordered: bool) -> NDArray:
+    """:func:`select_victims` with a policy's key between priority and id: every entry above
+    the k-th largest priority goes, those at it are ranked by (tie, id)."""
+    tie = np.asarray(tie)
+    kth = np.partition(priority, ids.size - k)[ids.size - k]
+    near = np.flatnonzero(priority >= kth)
+    chosen = reference_order(ids[near], priority[near], tie[near])[:k]
+    return chosen if ordered else np.sort(chosen)
 
 
 def _order_ascending_ids(ids: NDArray, priority: NDArray) -> NDArray:
@@ -40,12 +53,15 @@ def _order_ascending_ids(ids: NDArray, priority: NDArray) -> NDArray:
     return ids[np.argsort(-p, kind="stable")]
 
 
-def select_victims(ids: NDArray, priority: NDArray, k: int, ordered: bool = True) -> NDArray:
+def select_victims(
+    ids: NDArray, priority: NDArray, k: int, ordered: bool = True, tie: NDArray | None = None
+) -> NDArray:
     """The first ``k`` of :func:`reference_order`, in that order, without sorting everything.
 
     ``ordered=False`` returns the same set in no particular order: a caller that removes a
     pass's victims together (the simulator) skips ordering them, which on a thrashing S1
-    step is most of the selection's cost.
+    step is most of the selection's cost.  ``tie``: the policy's key among equal
+    priorities (ascending first), before the entry index.
     """
     ids = np.asarray(ids, dtype=np.int64)
     priority = np.asarray(priority)
@@ -53,7 +69,9 @@ def select_victims(ids: NDArray, priority: NDArray, k: int, ordered: bool = True
     if k <= 0 or n == 0:
         return np.empty(0, dtype=np.int64)
     if k >= n:
-        return reference_order(ids, priority) if ordered else ids.copy()
+        return reference_order(ids, priority, tie) if ordered else ids.copy()
+    if tie is not None:
+        return _select_tied(ids, _signed(priority), tie, k, ordered)
     if n >= _SAMPLE_FROM and k * 64 <= n:
         # Few victims from many entries: a threshold from a strided sample keeps only a
         # small candidate set.  Exact whenever at least k entries pass it (then the k-th

@@ -101,6 +101,11 @@ ROWS = [
     Row("lfu_tie_break", "lru", "index", policy="lfu"),
     Row("seed", 0, 1, policy="random"),
     Row("ema_floor", 0.0, 0.05, policy="ema-floor"),
+    # The EMA's own rules: every tie-break value moves a victim (touched entries tie at 0).
+    Row("ema_tie_break", "id", "last-touch"),
+    Row("ema_tie_break", "last-touch", "score"),
+    Row("ema_tie_break", "score", "age"),
+    Row("ema_touch_resets_idle", True, False),
     # Queue policies: dense multi-turn reads re-read every entry of a context together, so
     # counters and queue shares matter only where reads are sparse (uniform).
     Row("clock_bits", 1, 3, policy="clock", workload=("uniform", 256)),

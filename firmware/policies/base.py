@@ -140,7 +140,13 @@ class Policy(ABC):
     def select(self, eligible: NDArray, k: int, tick: Tick, ordered: bool = True) -> NDArray:
         """Up to ``k`` victims among ``eligible``, in eviction order (``ordered=False``: the
         same set, unordered)."""
-        return select_victims(eligible, self.priority(eligible, tick), k, ordered)
+        tie = self.tie(eligible, tick)
+        return select_victims(eligible, self.priority(eligible, tick), k, ordered, tie)
+
+    def tie(self, ids: NDArray, tick: Tick) -> NDArray | None:
+        """The order among equal priorities, ascending first, before the entry index (the
+        contract's tie-break); None (the default): the entry index alone."""
+        return None
 
     def wants_pin(self, ids: NDArray) -> NDArray:
         """Which of ``ids`` this policy would pin (never evict). None by default."""

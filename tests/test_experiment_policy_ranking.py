@@ -9,6 +9,7 @@ import statistics
 import pytest
 
 from kvcxl.emu import cli
+from kvcxl.emu.experiments import policies as pol
 from kvcxl.emu.experiments import runner
 from kvcxl.emu.experiments.policies import EXPERIMENT, ranked_policies
 from kvcxl.emu.workloads import ARRIVALS
@@ -36,6 +37,35 @@ def test_policies_come_from_the_registry(monkeypatch):
     assert all("later" in c["policies"] for c in EXPERIMENT.cases("tiny"))
 
 
+def test_a_configured_arm_is_one_row(monkeypatch):
+    """An arm of CONFIGURED joins every case with its parameters, and a bad row is refused."""
+    arms = pol.arms_of(EXPERIMENT.cases("tiny")[0])
+    assert arms["ema (calibrated)"][0] == "ema"
+    assert arms["ema (calibrated)"][1]["anchor_zone_size"] == 32  # the file's, not the default
+    row = {**pol.CONFIGURED, "ema (alpha 0.05)": ("ema", {"alpha": 0.05})}
+    monkeypatch.setattr(pol, "CONFIGURED", row)
+    assert all(pol.arms_of(c)["ema (alpha 0.05)"] == ("ema", {"alpha": 0.05})
+               for c in EXPERIMENT.cases("tiny"))  # fmt: skip
+    monkeypatch.setattr(pol, "CONFIGURED", {"ema (bad)": ("ema", {"alpha": 2.0})})
+    with pytest.raises(ValueError, match="alpha"):
+        EXPERIMENT.cases("tiny")
+    monkeypatch.setattr(pol, "CONFIGURED", {"lru": ("ema", {})})
+    with pytest.raises(ValueError, match="label taken"):
+        EXPERIMENT.cases("tiny")
+
+
+def test_the_configured_arm_replays_its_configuration(rows):
+    """The calibrated arm's hit rate is the simulator's with the file's configuration."""
+    from kvcxl.emu.experiments._common import replay, stream
+
+    r = next(r for r in rows if r["workload"] == "uniform" and r["seed"] == 1)
+    policy, config = pol.arms_of(r)["ema (calibrated)"]
+    got = replay(stream(r, 1), r, policy, r["budget"], **config)["hit_rate"]
+    assert r["ema (calibrated):hit_rate"] == got
+    plain = replay(stream(r, 1), r, policy, r["budget"])["hit_rate"]
+    assert r["ema:hit_rate"] == plain
+
+
 def test_every_workload_is_there(rows):
     got = {r["workload"] for r in rows}
     assert {"multi-turn", "uniform", *ARRIVALS} <= got
@@ -52,16 +82,34 @@ def test_ranking_agrees_with_a_plain_computation(rows):
     by: dict[str, list[dict]] = {}
     for r in rows:
         by.setdefault(r["workload"], []).append(r)
-    assert len(rep["tables"]) == 1 + len(by)  # the ranking, then each workload apart
+    assert len(rep["tables"]) == 4 + len(by)  # arms, ranking, family, matrix, each workload
+    family = {"ema", "ema-floor", "ema (calibrated)"}
+    beaten = 0
     for rk in rep["ranking"]:
         rs = by[rk["workload"]]
-        means = {p: statistics.fmean(r[f"{p}:hit_rate"] for r in rs)
-                 for p in rs[0]["policies"] if p != "belady"}  # fmt: skip
+        arms = [p for p in rs[0]["policies"] if p != "belady"] + list(pol.arms_of(rs[0]))
+        means = {p: statistics.fmean(r[f"{p}:hit_rate"] for r in rs) for p in arms}
         best = max(means, key=means.get)
         assert means[rk["best"]] == means[best]
         assert rk["over_ema"]["mean"] == pytest.approx(means[best] - means["ema"])
         assert rk["ema_rank"] == 1 + sum(m > means["ema"] for m in means.values())
+        assert set(rk["family"]) == family
+        top = max(family, key=means.get)
+        assert means[rk["best_of_family"]] == means[top]
+        assert rk["over_family"]["mean"] == pytest.approx(means[best] - means[top])
+        beaten += rk["over_family"]["lo"] > 0
+        for a in family:
+            assert rk["family"][a]["rank"] == 1 + sum(m > means[a] for m in means.values())
     assert rep["verdict"] in ("confirms", "contradicts", "cannot say")
+    assert (
+        f"the best arm of its family (ema, ema (calibrated), ema-floor) on {beaten} of"
+        in (rep["why"])
+    )
+    # The matrix: one column per arm, the family first; the bound last.
+    matrix = next(t for t in rep["tables"] if t.startswith("**Hit rate % of every arm**"))
+    head = [c.strip() for c in matrix.split("\n\n")[1].splitlines()[0].strip("|").split("|")]
+    assert head[:4] == ["workload", "ema", "ema (calibrated)", "ema-floor"]
+    assert head[-1] == "belady" and len(head) == 1 + len(arms) + 1
     # No capture joined this run, and the report says so; with one it does not.
     assert "No SmolLM2 capture joined: KVCXL_CAPTURES" in rep["why"]
     captured = [{**r, "workload": "capture:chat"} if r["workload"] == "multi-turn" else r
@@ -74,6 +122,6 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
             "--out", str(tmp_path), "--json", str(tmp_path / "p.json"), "--plot", str(tmp_path),
             "--no-progress"]  # fmt: skip
     assert cli.main(argv) == 0
-    assert "| workload | best online policy |" in capsys.readouterr().out
+    assert "| workload | best online arm |" in capsys.readouterr().out
     assert (tmp_path / "policies-tiny.png").stat().st_size > 0
     assert (tmp_path / "p.json").stat().st_size > 0

@@ -4,12 +4,13 @@
 Their defaults are the seed's policy as kvcxl ran it (the contract's id tie-break, a touch
 zeroes idle); each other value is audited from history (the audit's tie-aware top-k and
 its recomputation of the tie key), refused in the Q0.16 mode, and replayed equal by the
-fast engine (tests/test_sim_fast.py)."""
+fast engine (:mod:`kvcxl.emu.sim.fast.policies.ema_rules`), victim for victim, below."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_sim_fast import _both, assert_same
 
 from kvcxl.emu.shape import PRESETS
 from kvcxl.emu.sim.simulator import SimOptions, simulate
@@ -119,3 +120,26 @@ def test_a_family_member_without_the_parameters_keeps_the_seeds_rules() -> None:
     table = EntryTable(block_tokens=16, capacity=16)
     p = make_policy("ema-floor", cfg, table)
     assert p.tie(np.arange(2), Tick(0, 0)) is None
+
+
+# Each value off its default, with the replay's other paths: per-request batches, managed
+# tiers' layers with a CXL DRAM that fills, no persistence, batched passes.
+ENGINE_CASES = [
+    *({"ema_tie_break": t} for t in ("last-touch", "score", "age")),
+    {"ema_touch_resets_idle": False},
+    {"ema_touch_resets_idle": False, "ema_tie_break": "score", "persistent_metadata": False},
+    {"ema_tie_break": "age", "eviction_passes": "batched", "tier_management": "static"},
+]
+
+
+@pytest.mark.parametrize("cfg", ENGINE_CASES, ids=[str(sorted(c.items())) for c in ENGINE_CASES])
+@pytest.mark.parametrize("granularity", ["layer", "request"])
+def test_both_engines_choose_the_same_victims(cfg: dict, granularity: str) -> None:
+    stream = compile_workload(make_workload("multi-turn", PRESETS["ci"], seed=3), 16)
+    kv = stream.kv_bytes
+    a, b = _both(
+        stream, policy="ema", granularity=granularity, budget_bytes=kv // 8, cxl_bytes=kv // 20,
+        config=PolicyConfig.from_mapping(cfg),
+    )  # fmt: skip
+    assert a["cache"]["evictions"] > 0
+    assert_same(a, b, f"ema {cfg} {granularity}")

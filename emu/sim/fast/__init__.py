@@ -139,6 +139,8 @@ def run(rep: _Replay) -> None:
     cfg = fw.config
     policy, mode = _mode_of(opts)
     module = modules()[(policy, mode)]
+    if hasattr(module, "variant"):  # a module may hand a run's own rules to another
+        module = module.variant(fw.policy)
     plan = stream.derived(
         ("fast.flat_plan", opts.granularity), lambda: _kernel_plan(stream, opts.granularity)
     )

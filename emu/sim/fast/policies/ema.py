@@ -2,10 +2,12 @@
 weight of the step and a touch resets its idle count; at the step's end every described
 entry's score takes the EMA step.  Priority ``(1 − score)·r`` with ``r`` from a table of
 ``formulas.recency_decay`` over every idle count the replay can reach.  The two formulas
-below are compared bit for bit with the firmware's (tests/test_sim_fast.py)."""
+below are compared bit for bit with the firmware's (tests/test_sim_fast.py).  A run with the
+EMA's own rules off their defaults goes to :mod:`.ema_rules` (``variant``)."""
 
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -40,6 +42,16 @@ def build(setup: Setup) -> State:
         setup.column(0, np.int64), setup.column(False, np.bool_), decay,
         float(cfg.alpha), float(cfg.touch_threshold),
     )  # fmt: skip
+
+
+def variant(policy):  # type: ignore[no-untyped-def]
+    """The module that replays this policy's rules: this one for the seed's (the id
+    tie-break, a touch zeroes idle), else :mod:`.ema_rules`."""
+    if (policy.tie_break, policy.resets_idle) == ("id", True):
+        return sys.modules[__name__]
+    from . import ema_rules
+
+    return ema_rules
 
 
 @njit(cache=True)

@@ -100,6 +100,12 @@ def _slot_queue(policy: str) -> Callable[..., Any]:
     return factory
 
 
+def _tier_boundary(**p: Any) -> Any:
+    from .tier_boundary import TierBoundary
+
+    return TierBoundary(p["entries"], p.get("lanes", 1), p.get("batch", 8), defect=p.get("defect"))
+
+
 def _top(**p: Any) -> Any:
     from .top import PolicyEngine
 
@@ -137,6 +143,10 @@ _ALL = (
            "SIEVE: a hand over linked slots (--entries slots; firmware/golden_clock.py)",
            _slot_queue("sieve"), {"entries": 1024}, formal={"sieve": ("keep_visited",)},
            bench="cocotb_slot_queue", model="slot_queue_model", bench_count=("commands", 400)),
+    Design("tier_boundary", "tier_boundary",
+           "managed tiers' step boundary: CXL DRAM ↔ NVMe moves (firmware/tiering.py)",
+           _tier_boundary, {"entries": 1024, "lanes": 1, "batch": 64},
+           bench="cocotb_tier_boundary", model="tier_boundary_model", bench_count=("plans", 60)),
 )  # fmt: skip
 
 DESIGNS: dict[str, Design] = {d.name: d for d in _ALL}

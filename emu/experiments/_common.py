@@ -29,15 +29,20 @@ PROGRAMME_WORKLOADS = ("retrieval", "multi-turn", "shared-prefix", "uniform")
 ALL_WORKLOADS = PROGRAMME_WORKLOADS + tuple(w for w in WORKLOADS if w not in PROGRAMME_WORKLOADS)
 
 # Each scale: the model shape (a preset and overrides), steps, warm-up steps excluded from
-# every metric, and the workloads it runs.  "mid": S1's head geometry (8 KV heads, GQA
-# groups of 8, 128-dim heads) at 16 layers and 32 K tokens; 500 steps so that β·idle
-# reaches 0.5 at the default β = 0.001 (recency matters), where `ci`'s 200 stays ≤ 0.2.
+# every metric, and the workloads it runs (docs/validation.md, "Scales").  "mid": S1's head
+# geometry (8 KV heads, GQA groups of 8, 128-dim heads) at 8 layers and 16 K tokens, 300
+# steps (β·idle reaches 0.3 at the default β = 0.001, where `ci`'s 200 stay ≤ 0.2).  "s1":
+# S1 exactly (80 layers × 8 KV heads × 128 K tokens), 1,000 steps so that β·idle reaches 1
+# (1/β, the recency term's horizon), the first 100 warm-up (10 %, as at ci and mid); top-256
+# reads, 4,096 tokens per head: mid's 1/32 of the blocks.
 SCALES: dict[str, dict[str, Any]] = {
     "tiny": {"preset": "ci", "context_tokens": 512, "steps": 24, "warmup": 4,
              "workloads": ("multi-turn", "uniform")},
     "ci": {"preset": "ci", "steps": 200, "warmup": 20, "workloads": ALL_WORKLOADS},
     "mid": {"preset": "s1", "layers": 8, "context_tokens": 16384, "steps": 300,
             "warmup": 30, "read": "topk:32", "workloads": ALL_WORKLOADS},
+    "s1": {"preset": "s1", "steps": 1000, "warmup": 100, "read": "topk:256",
+           "workloads": ALL_WORKLOADS},
 }  # fmt: skip
 _SHAPE_KEYS = ("layers", "q_heads", "kv_heads", "d_head", "block_tokens", "context_tokens")
 

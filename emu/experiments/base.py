@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-SCALES = ("tiny", "ci", "mid")
+from ..shape import preset
+
+SCALES = ("tiny", "ci", "mid", "s1")
 VERDICTS = ("confirms", "contradicts", "cannot say")
 
 
@@ -29,6 +31,22 @@ class Experiment:
     def run(self, case: dict[str, Any], seed: int) -> dict[str, Any]:
         """One simulated run of ``case`` on workload seed ``seed``: flat JSON-able numbers."""
         raise NotImplementedError
+
+    def work(self, case: dict[str, Any]) -> float:
+        """A run's size relative to the others, for the progress bar's ETA: the entry reads
+        it replays, steps × users × layers × KV heads × blocks read per head × arms, from the
+        case's fields (its preset's shape where the case names none; one user, one arm
+        where it names none).  An estimate, not a measure: override where it misleads."""
+        shape = preset(str(case.get("preset", "s1"))).with_(
+            **{k: case.get(k) for k in ("layers", "kv_heads", "context_tokens")}
+        )
+        read = str(case.get("read", "dense"))
+        per_head = shape.blocks_per_context
+        if read.startswith("topk:"):
+            per_head = min(per_head, int(read.partition(":")[2]))
+        arms = len(case.get("policies") or ()) or 1
+        users = int(case.get("users", 1))
+        return float(case.get("steps", 1)) * users * shape.heads_total * per_head * arms
 
     def report(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Tables, verdict, why and plots over rows ``{**case, "seed": s, **metrics}``.

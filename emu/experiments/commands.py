@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Any
 
 from kvcxl.common.argtypes import positive
 from kvcxl.common.progress import progress
+
+from .base import SCALES
 
 DESCRIPTION = """\
 Runs experiments of the design's validation programme (its §K.6; docs/validation.md) on
@@ -30,20 +33,33 @@ Seed policy: seed s (0 … N−1) of every case is workload seed s (numpy PCG64:
 streams on every machine); every arm and case replays the same N streams.
 
 Scales: tiny (CI: the ci shape at 512 tokens, 24 steps, two workloads), ci (the ci
-preset, 200 steps, top-8 reads, every workload) and mid (S1's heads — 8 KV heads, GQA
-groups of 8 — at 8 layers × 16 K tokens, 300 steps, top-32 reads, every workload; the
-programme's scale, an hour or more on two cores; docs/validation.md, "Scales").
+preset, 200 steps, top-8 reads, every workload), mid (S1's heads — 8 KV heads, GQA
+groups of 8 — at 8 layers × 16 K tokens, 300 steps, top-32 reads, every workload; an
+hour or more on two cores) and s1 (S1 exactly: 80 layers × 64 Q / 8 KV heads × 128 K
+tokens; 1,000 steps, so that β·idle reaches 1 at β = 0.001, of which the first 100 are
+warm-up; top-256 reads, 4,096 tokens per head; the users experiments sweep 1–24 users
+around the claimed 16).  S1 is huge — one users-timeline run at 16 users replays 5.2 G
+entry reads (Analytical model) — so size it first with one seed and the progress bar's
+ETA, and narrow it with --where.  S1's attention is the seed's
+defaults, not the SmolLM2-135M fit stretched over 80 layers by relative depth: that fit
+is a 135 M model's at 2 K tokens, nothing measured says a 70 B model at 128 K attends so,
+and the seed's defaults are what the design assumed for S1 (docs/validation.md,
+"Scales").
 
-Output: each finished run is appended to OUT/NAME-SCALE.jsonl as it completes; running
-the same command again skips what is there (a killed run continues where it stopped;
-a change to the code that makes the numbers runs everything again).  The report is
-written to OUT/NAME-SCALE.md (docs-ready markdown), --json and --plot.
+Output: each finished run is appended to OUT/NAME-SCALE.jsonl as it completes, and the
+same command run again resumes: what is there is skipped (after Ctrl-C, a killed
+process or a lost worker, nothing but the runs in flight is lost; a change to the code
+that makes the numbers runs everything again).  The report is written to
+OUT/NAME-SCALE.md (docs-ready markdown), --json and --plot.  The progress bar shows the
+runs done, the ETA (this session's rate, each run weighted by the entry reads it
+replays) and each worker's memory (RSS); off a terminal, a status line a minute.
 
 examples:
   kvcxl experiment --list
   kvcxl experiment ladder --scale ci --seeds 10
   kvcxl experiment all --scale mid --plot docs/img --json out/validation.json
   kvcxl experiment all --scheduler tcp://10.0.0.5:8786
+  kvcxl experiment users-timeline --scale s1 --seeds 1 --where users=14-18
 """
 
 
@@ -57,8 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("names", nargs="*", metavar="NAME", help="experiments to run, or all")
     p.add_argument("--list", action="store_true", help="name every experiment and its question")
     p.add_argument(
-        "--scale", choices=("tiny", "ci", "mid"), default="mid", help="model shape, steps and "
-        "workloads (default: mid)"
+        "--scale", choices=SCALES, default="mid", help="model shape, steps and workloads "
+        "(default: mid; s1: S1 at full size)"
     )  # fmt: skip
     p.add_argument(
         "--seeds", type=positive, default=10, help="seeds 0 … N−1 per case (default 10; the "
@@ -82,6 +98,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="Dask scheduler address (implies --backend dask; with --backend dask and no "
         "address: a LocalCluster on this machine)",
     )  # fmt: skip
+    p.add_argument(
+        "--where", action="append", default=[], metavar="KEY=V[,V…]",
+        help="run only the cases whose field KEY takes one of the values (A-B: a range of "
+        "numbers), e.g. users=14-18 or series=seed,seed-fill; repeatable",
+    )  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_experiment)
 
@@ -98,14 +119,100 @@ def _names(args: argparse.Namespace) -> list[str]:
     return list(dict.fromkeys(args.names))
 
 
-def _progress(off: bool):
-    if off:
-        return None
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = int(s)
+    d, h, m = s // 86400, s // 3600 % 24, s // 60 % 60
+    return f"{d}d{h:02d}h" if d else f"{h}h{m:02d}m" if h else f"{m}m{s % 60:02d}s"
 
-    def start(done: int, total: int):
-        return progress(total, "experiment", "run", initial=done)[1]
 
-    return start
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+class Bar:
+    """The experiment's progress bar (a :class:`runner.Progress`): runs done of the total,
+    the ETA and each worker's resident memory.  The ETA is this session's elapsed time ×
+    the work left over the work done, each run weighted by its experiment's ``work``
+    estimate (entry reads), so small runs early do not promise a short sweep.  Off a
+    terminal the bar is silent and a status line goes to stderr at most once a minute."""
+
+    LINE_S = 60.0
+
+    def __init__(self, off: bool = False) -> None:
+        self.off = off
+        self.peak: dict[str, int] = {}
+        self.done = self.total = 0
+        self.left = self.work_done = 0.0
+        self.t0 = self.last_line = time.monotonic()
+        self.bar: Any = None
+        self.mem = ""
+
+    def start(self, done: int, total: int, runs: list) -> None:
+        from . import runner
+
+        self.done, self.total = done, total
+        self.left = sum(runner.work(r) for r in runs)
+        self.t0 = self.last_line = time.monotonic()
+        self.bar, _ = progress(total, "experiment", "run", initial=done, off=self.off)
+        self.bar.bar_format = (
+            "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} runs [{elapsed}{postfix}]"
+        )
+        self._show()
+
+    def ran(self, run: tuple) -> None:
+        from . import runner
+
+        w = runner.work(run)
+        self.done += 1
+        self.work_done += w
+        self.left -= w
+        self.bar.update(1)
+        self._show()
+
+    def memory(self, mem: dict[str, int]) -> None:
+        for k, v in mem.items():
+            self.peak[k] = max(v, self.peak.get(k, 0))
+        if mem:
+            vals = sorted(mem.values(), reverse=True)
+            self.mem = (
+                "RSS " + " ".join(f"{k.split()[-1]}:{_gb(v)}" for k, v in sorted(mem.items()))
+                if len(mem) <= 4
+                else f"RSS max {_gb(vals[0])}, mean {_gb(sum(vals) / len(vals))} "
+                f"over {len(vals)} workers"
+            )
+        self._show()
+
+    def eta(self) -> float | None:
+        if self.work_done <= 0:
+            return None
+        return (time.monotonic() - self.t0) * max(self.left, 0.0) / self.work_done
+
+    def status(self) -> str:
+        return f"ETA {_duration(self.eta())}" + (f", {self.mem}" if self.mem else "")
+
+    def _show(self) -> None:
+        if self.bar is None:
+            return
+        self.bar.set_postfix_str(self.status(), refresh=True)
+        now = time.monotonic()
+        if (self.bar.disable and not self.off and now - self.last_line >= self.LINE_S
+                and self.done < self.total):  # fmt: skip
+            self.last_line = now
+            print(f"experiment: {self.done}/{self.total} runs, {_duration(now - self.t0)} "
+                  f"elapsed, {self.status()}", file=sys.stderr, flush=True)  # fmt: skip
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def peaks(self) -> str:
+        """Each worker's peak sampled RSS, for the closing line."""
+        if not self.peak:
+            return "no memory sampled"
+        vals = sorted(self.peak.values(), reverse=True)
+        return f"peak RSS per worker (sampled) {_gb(vals[0])} max over {len(vals)}"
 
 
 def _experiment(args: argparse.Namespace) -> int:
@@ -119,11 +226,20 @@ def _experiment(args: argparse.Namespace) -> int:
     names = _names(args)
     backend = "dask" if args.scheduler else args.backend
     args.out = Path(args.out)
+    where = runner.parse_where(args.where)
     t0 = time.monotonic()
-    rows = runner.run(
-        names, args.scale, args.seeds, args.out, jobs=args.jobs, backend=backend,
-        address=args.scheduler, progress=_progress(args.no_progress),
-    )  # fmt: skip
+    bar = Bar(off=args.no_progress)
+    try:
+        rows = runner.run(
+            names, args.scale, args.seeds, args.out, jobs=args.jobs, backend=backend,
+            address=args.scheduler, progress=bar, where=where,
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"interrupted: {bar.done} of {bar.total} runs are in {args.out}; the same "
+              "command resumes where it stopped", file=sys.stderr)  # fmt: skip
+        raise
+    bar.close()
     wall = time.monotonic() - t0
     reports: dict[str, Any] = {}
     for name in names:
@@ -143,11 +259,11 @@ def _experiment(args: argparse.Namespace) -> int:
             "rows": rows[name],
         }  # fmt: skip
     print(f"{len(names)} experiment(s), scale {args.scale}, {args.seeds} seeds: {wall:.1f} s "
-          f"wall ({backend}); runs in {args.out}")  # fmt: skip
+          f"wall ({backend}; {bar.peaks()}); runs in {args.out}")  # fmt: skip
     if args.json_out:
         doc = {"evidence": "Simulated", "scale": args.scale, "seeds": args.seeds,
                "fingerprints": {n: runner.fingerprint(n) for n in names}, "wall_s": wall,
-               "backend": backend,
+               "backend": backend, "where": where, "peak_rss_bytes": bar.peak,
                "experiments": reports}  # fmt: skip
         Path(args.json_out).write_text(json.dumps(doc, indent=1))
     return 0

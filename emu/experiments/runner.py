@@ -4,8 +4,11 @@ progress bar and resumable output (docs/validation.md, "Running, resuming").
 Each finished run is appended at once as one JSON line to ``OUT/NAME-SCALE.jsonl`` under
 its key — experiment, case, seed and the code fingerprint — and a run that finds its key
 there is skipped, so a killed run continues where it stopped and a change to the code
-that makes the numbers (:func:`fingerprint`) runs everything again.  Runs of one workload
-and seed are one task, so its streams are compiled once for every experiment.
+that makes the numbers (:func:`fingerprint`) runs everything again.  Every (case, seed) is
+one task, written the moment it finishes; tasks are submitted in (workload, seed) order, so
+a worker that takes the next run of a stream finds it compiled (``_common.stream`` keeps
+the last two per process).  While runs are out, the progress callback is told every few
+seconds what each worker holds in memory (its RSS).
 
 Seed policy: seed s (0 … N−1) of every case is workload seed s (numpy's PCG64, the same
 on every machine); every arm of a case and every case of a scale replays the same N
@@ -19,14 +22,18 @@ import inspect
 import json
 import multiprocessing
 import os
-from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor
+from concurrent.futures import wait as wait_local
 from pathlib import Path
 from typing import Any
 
 from . import EXPERIMENTS, get
 
-Task = list[tuple[str, dict[str, Any], int]]  # (experiment, case, seed) sharing one stream
+Run = tuple[str, dict[str, Any], int]  # (experiment, case, seed)
+Memory = dict[str, int]  # worker -> resident set size, bytes
+#: Seconds between two looks at the workers' memory while runs are out.
+SAMPLE_S = 2.0
 
 # What makes the numbers: the firmware, the simulator, workloads, timing, shapes and the
 # experiments' shared replay; with each experiment's ``run`` (its arms) and its cases.
@@ -88,23 +95,73 @@ def _append(path: Path) -> Any:
     return f
 
 
-def run_task(task: Task) -> list[dict[str, Any]]:
-    """Every run of one task, as report rows ``{**case, "seed": s, **metrics}``."""
-    return [{**case, "seed": seed, **get(name).run(case, seed)} for name, case, seed in task]
+def run_one(run: Run) -> dict[str, Any]:
+    """One run as its report row ``{**case, "seed": s, **metrics}``."""
+    name, case, seed = run
+    return {**case, "seed": seed, **get(name).run(case, seed)}
+
+
+Where = dict[str, list[str]]  # case field -> the values kept ("14-18": a range of integers)
+
+
+def parse_where(items: list[str]) -> Where:
+    """``KEY=V1,V2,…`` items (``A-B``: the integers A … B) as a :data:`Where`."""
+    out: Where = {}
+    for item in items:
+        k, eq, v = item.partition("=")
+        if not eq or not k or not v:
+            raise ValueError(f"--where {item!r}: must be KEY=VALUE[,VALUE…] (e.g. users=14-18)")
+        out.setdefault(k, []).extend(x.strip() for x in v.split(",") if x.strip())
+    return out
+
+
+def _matches(value: Any, item: str) -> bool:
+    if str(value) == item:
+        return True
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    lo, dash, hi = item.partition("-")
+    try:
+        if dash and lo:
+            return float(lo) <= value <= float(hi)
+        return float(item) == value
+    except ValueError:
+        return False
+
+
+def cases_of(name: str, scale: str, where: Where | None = None) -> list[dict[str, Any]]:
+    """Experiment ``name``'s cases at ``scale`` that ``where`` keeps, refused by name when it
+    has none there."""
+    try:
+        cases = get(name).cases(scale)
+    except KeyError as exc:  # a per-experiment table without this scale
+        raise ValueError(f"experiment {name!r} has no scale {scale!r} (no entry {exc})") from None
+    for k, items in (where or {}).items():
+        if not any(k in c for c in cases):
+            raise ValueError(f"--where {k}=…: no case of {name!r} at {scale!r} has a field {k!r}")
+        cases = [c for c in cases if k in c and any(_matches(c[k], i) for i in items)]
+    if not cases:
+        raise ValueError(f"--where keeps no case of {name!r} at scale {scale!r}")
+    return cases
 
 
 def plan(
-    names: list[str], scale: str, seeds: int, out: Path, fps: dict[str, str]
-) -> tuple[list[Task], dict[str, dict[str, dict[str, Any]]], int]:
-    """The tasks still to run (grouped by workload and seed), what is done, and the total."""
-    groups: dict[tuple[str, int], Task] = {}
+    names: list[str],
+    scale: str,
+    seeds: int,
+    out: Path,
+    fps: dict[str, str],
+    where: Where | None = None,
+) -> tuple[list[Run], dict[str, dict[str, dict[str, Any]]], int]:
+    """The runs still to do (in (workload, seed) order: the runs of one stream together),
+    what is done, and the total."""
+    groups: dict[tuple[str, int], list[Run]] = {}
     done: dict[str, dict[str, dict[str, Any]]] = {}
     total = 0
     for name in names:
-        exp = get(name)
         have = load(out_file(out, name, scale))
         done[name] = {}
-        for case in exp.cases(scale):
+        for case in cases_of(name, scale, where):
             for s in range(seeds):
                 total += 1
                 k = key(name, case, s, fps[name])
@@ -112,26 +169,48 @@ def plan(
                     done[name][k] = have[k]
                 else:
                     groups.setdefault((case["workload"], s), []).append((name, case, s))
-    return list(groups.values()), done, total
+    return [r for g in groups.values() for r in g], done, total
 
 
-def _completed(
-    tasks: list[Task], jobs: int, backend: str, address: str | None
-) -> Iterator[tuple[Task, list[dict[str, Any]]]]:
-    """Each task with its rows, as tasks finish."""
-    if backend == "serial" or (backend == "process" and (jobs == 1 or len(tasks) <= 1)):
-        for t in tasks:
-            yield t, run_task(t)
+def rss(pid: int | None = None) -> int | None:
+    """Resident set size of process ``pid`` (default: this one) in bytes, or None where
+    ``/proc`` cannot tell (not Linux, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid or 'self'}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _memory(pids: list[int]) -> Memory:
+    return {f"pid {p}": m for p in pids if (m := rss(p)) is not None}
+
+
+Event = tuple[Run, dict[str, Any]] | Memory  # a finished run with its row, or a memory look
+
+
+def _completed(runs: list[Run], jobs: int, backend: str, address: str | None) -> Iterator[Event]:
+    """Each run with its row as runs finish, and between them (every ``SAMPLE_S`` seconds
+    while runs are out) the workers' memory."""
+    if backend == "serial" or (backend == "process" and (jobs == 1 or len(runs) <= 1)):
+        for r in runs:
+            yield r, run_one(r)
+            yield _memory([os.getpid()])
     elif backend == "process":
         # forkserver: workers never inherit the caller's threads (as kvcxl.emu.sim.sweep)
         ctx = multiprocessing.get_context("forkserver")
-        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as ex:
-            futs = {ex.submit(run_task, t): t for t in tasks}
-            for f in as_completed(futs):
-                yield futs[f], f.result()
+        with ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=ctx) as ex:
+            futs = {ex.submit(run_one, r): r for r in runs}
+            pending = set(futs)
+            while pending:
+                finished, pending = wait_local(pending, SAMPLE_S, FIRST_COMPLETED)
+                for f in finished:
+                    yield futs[f], f.result()
+                # the pool's worker processes (a private map; empty if that ever changes)
+                yield _memory(list(getattr(ex, "_processes", None) or {}))
     elif backend == "dask":
         try:
-            from dask.distributed import as_completed as dask_completed
+            from dask.distributed import wait as wait_dask
         except ImportError:
             raise ValueError(
                 "the dask backend needs the 'cluster' extra: pip install 'kvcxl[cluster]'"
@@ -139,11 +218,39 @@ def _completed(
         from ..sim.sweep import _dask_client
 
         with _dask_client(address) as client:
-            futs = {client.submit(run_task, t, pure=False): i for i, t in enumerate(tasks)}
-            for f in dask_completed(list(futs)):
-                yield tasks[futs[f]], f.result()
+            futs = {client.submit(run_one, r, pure=False): r for r in runs}
+            pending = set(futs)
+            while pending:
+                try:
+                    finished, pending = wait_dask(pending, SAMPLE_S, "FIRST_COMPLETED")
+                except TimeoutError:
+                    finished = set()
+                for f in finished:
+                    yield futs[f], f.result()
+                workers = client.scheduler_info(n_workers=-1)["workers"].values()
+                yield {f"worker {w['name']}": int(w["metrics"]["memory"]) for w in workers}
     else:
         raise ValueError(f"backend {backend!r}: must be 'process', 'serial' or 'dask'")
+
+
+class Progress:
+    """What a progress display is told: ``start(done, total, runs)`` once (``runs``: the
+    runs still to do, for :func:`work` weights), then ``ran(run)`` per finished run and
+    ``memory({worker: rss})`` every few seconds.  This base class displays nothing."""
+
+    def start(self, done: int, total: int, runs: list[Run]) -> None:
+        pass
+
+    def ran(self, run: Run) -> None:
+        pass
+
+    def memory(self, mem: Memory) -> None:
+        pass
+
+
+def work(run: Run) -> float:
+    """A run's relative size, for the ETA: its experiment's estimate (``Experiment.work``)."""
+    return float(get(run[0]).work(run[1]))
 
 
 def run(
@@ -155,12 +262,14 @@ def run(
     jobs: int | None = None,
     backend: str = "process",
     address: str | None = None,
-    progress: Callable[[int, int], Callable[[int], None]] | None = None,
+    progress: Progress | None = None,
+    where: Where | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Run what is missing of ``names`` at ``scale`` on seeds 0 … seeds−1 into ``out``;
     returns every experiment's rows (done before and now), in case and seed order.
+    ``where`` keeps only the cases whose fields take the values named (:func:`parse_where`).
 
-    ``progress(done, total)`` returns the callable that is told of each finished run.
+    ``progress`` is told of the start, of each finished run and of the workers' memory.
     """
     if seeds < 1:
         raise ValueError(f"seeds = {seeds}: must be >= 1")
@@ -168,26 +277,31 @@ def run(
         get(n)
     out.mkdir(parents=True, exist_ok=True)
     fps = {n: fingerprint(n) for n in names}
-    tasks, done, total = plan(names, scale, seeds, out, fps)
-    tick = progress(total - sum(len(t) for t in tasks), total) if progress else None
+    runs, done, total = plan(names, scale, seeds, out, fps, where)
+    progress = progress or Progress()
+    progress.start(total - len(runs), total, runs)
     files = {n: _append(out_file(out, n, scale)) for n in names}
     try:
-        for task, rows in _completed(tasks, jobs or os.cpu_count() or 1, backend, address):
-            for (name, case, s), row in zip(task, rows, strict=True):
-                k = key(name, case, s, fps[name])
-                files[name].write(json.dumps({"key": k, "row": row}) + "\n")
-                files[name].flush()
-                done[name][k] = row
-            if tick:
-                tick(len(task))
+        for event in _completed(runs, jobs or os.cpu_count() or 1, backend, address):
+            if isinstance(event, dict):
+                progress.memory(event)
+                continue
+            (name, case, s), row = event
+            k = key(name, case, s, fps[name])
+            files[name].write(json.dumps({"key": k, "row": row}) + "\n")
+            files[name].flush()
+            done[name][k] = row
+            progress.ran((name, case, s))
     finally:
         for f in files.values():
             f.close()
     result = {}
     for name in names:
-        order = [key(name, c, s, fps[name]) for c in get(name).cases(scale) for s in range(seeds)]
+        order = [
+            key(name, c, s, fps[name]) for c in cases_of(name, scale, where) for s in range(seeds)
+        ]
         result[name] = [done[name][k] for k in order]
     return result
 
 
-__all__ = ["EXPERIMENTS", "fingerprint", "load", "plan", "run", "run_task"]
+__all__ = ["EXPERIMENTS", "Progress", "fingerprint", "load", "plan", "run", "run_one", "work"]

@@ -77,6 +77,11 @@ SCALES: dict[str, dict[str, Any]] = {
     },
 }
 
+#: S1 itself (k = 1: nothing scaled) with mid's user counts, hot sets and placements: 80
+#: layers × 8 KV heads × 128 K tokens, 1,000 steps (β·idle reaches 1), the first 100
+#: warm-up, as the other experiments' s1 scale.
+SCALES["s1"] = {**SCALES["mid"], "dims": (80, 8, 131072), "steps": 1000, "warmup": 100}
+
 
 def scaled_shape(layers: int, kv_heads: int, context_tokens: int) -> ModelShape:
     """S1 with fewer layers, KV heads and tokens; d_head, dtype, block size and the GQA

@@ -138,6 +138,11 @@ SCALES: dict[str, dict[str, Any]] = {
     },
 }
 
+#: S1's 80 layers × 8 KV heads (its context at the trace's token scale, as every scale) with
+#: mid's traces, rates and series; 1,000 steps of which the first 100 are warm-up, as the
+#: other experiments' s1 scale.
+SCALES["s1"] = {**SCALES["mid"], "dims": (80, 8), "steps": 1000, "warmup": 100}
+
 
 def series_name(timeline_series: str, movement: str) -> str:
     return timeline_series if movement == "amortised" else f"{timeline_series}/per-step"

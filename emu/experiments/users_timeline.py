@@ -32,7 +32,7 @@ SERIES = {
     "seed-32": ("seed", 32.0, "policy"),
 }
 #: The series per scale; shapes, user counts, steps and warm-up are the users experiment's.
-SERIES_AT = {"tiny": ["seed"], "mid": list(SERIES),
+SERIES_AT = {"tiny": ["seed"], "mid": list(SERIES), "s1": list(SERIES),
              "ci": ["seed", "asic", "fpga", "seed-fill", "asic-fill", "fpga-fill"]}  # fmt: skip
 SCALES: dict[str, dict[str, Any]] = {
     k: {**USERS_SCALES[k], "series": v} for k, v in SERIES_AT.items()

@@ -1,0 +1,198 @@
+"""Long experiment runs: the s1 scale, --where, the progress bar (runs, ETA, memory per
+worker), resuming after a killed process, and a Dask cluster that loses a worker."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kvcxl.emu.experiments import EXPERIMENTS, _common, runner
+from kvcxl.emu.experiments.commands import Bar
+from kvcxl.emu.experiments.users import scaled_shape
+from kvcxl.emu.shape import PRESETS
+
+S1 = PRESETS["s1"]
+USERS = ("users", "users-timeline")
+
+
+def _s1_cases(name):
+    try:
+        return runner.cases_of(name, "s1")
+    except ValueError as exc:  # an experiment whose own table lacks the scale says so
+        assert name in str(exc) and "'s1'" in str(exc)
+        return []
+
+
+def test_s1_is_s1_exactly_with_steps_for_beta_and_warmup_excluded():
+    beta = 0.001  # the seed's default recency rate (docs/policy.md)
+    seen = 0
+    for name in EXPERIMENTS:
+        for case in _s1_cases(name):
+            seen += 1
+            if "preset" in case:  # the shared replay's cases
+                shape = _common.shape_of(case)
+            else:  # the users experiments' S1, scaled by k = 1
+                shape = scaled_shape(case["layers"], case["kv_heads"], case["context_tokens"])
+            assert (shape.layers, shape.kv_heads, shape.group_size, shape.d_head) == (
+                S1.layers, S1.kv_heads, S1.group_size, S1.d_head,
+            ), name  # fmt: skip
+            assert (shape.block_tokens, shape.dtype_bytes) == (S1.block_tokens, S1.dtype_bytes)
+            if name != "users-mooncake":  # (its context is the trace's, at its token scale)
+                assert shape.context_tokens == S1.context_tokens, name
+            assert beta * case["steps"] >= 1.0, name  # β·idle reaches 1 within the run
+            assert 0 < case["warmup"] < case["steps"] // 2, name
+            assert case["read"].startswith("topk:"), name  # sparse reads
+    assert seen > 0
+    for name in USERS:
+        users = sorted({c["users"] for c in runner.cases_of(name, "s1")})
+        assert users == list(range(1, 25)), name  # the 1-24 sweep around 16
+
+
+def test_where_keeps_the_named_cases_and_refuses_the_rest():
+    where = runner.parse_where(["users=14-16,20", "placement=fill"])
+    cases = runner.cases_of("users", "s1", where)
+    assert {c["users"] for c in cases} == {14, 15, 16, 20}
+    assert {c["placement"] for c in cases} == {"fill"}
+    assert len(cases) == 4 * 2  # two hot sets
+    with pytest.raises(ValueError, match="no case of 'users' at 's1' has a field 'nope'"):
+        runner.cases_of("users", "s1", runner.parse_where(["nope=1"]))
+    with pytest.raises(ValueError, match="keeps no case"):
+        runner.cases_of("users", "s1", runner.parse_where(["users=99"]))
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        runner.parse_where(["users"])
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_the_bar_shows_runs_eta_weighted_by_work_and_memory(monkeypatch):
+    err = _Tty()
+    monkeypatch.setattr(sys, "stderr", err)
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    small, big = (runner.cases_of("users", "tiny", runner.parse_where([f"users={u}"]))[0]
+                  for u in (1, 4))  # fmt: skip
+    runs = [("users", small, 0), ("users", big, 0)]
+    assert runner.work(runs[1]) == 4 * runner.work(runs[0])
+    bar = Bar()
+    bar.start(3, 5, runs)  # three runs were done before: resumed
+    bar.memory({"worker 0": 2_500_000_000, "worker 1": 1_000_000_000})
+    clock[0] += 10.0  # the small run took 10 s: the big one, 4× its work, should take 40
+    bar.ran(runs[0])
+    assert bar.eta() == pytest.approx(40.0)
+    assert "ETA 0m40s" in bar.status()
+    bar.bar.refresh()
+    line = err.getvalue().split("\r")[-1]
+    assert "4/5 runs" in line and "ETA 0m40s" in line, line
+    assert "0:2.50 GB" in line and "1:1.00 GB" in line, line
+    bar.memory({"worker 0": 3_000_000_000})
+    assert bar.peak == {"worker 0": 3_000_000_000, "worker 1": 1_000_000_000}
+    bar.memory({f"worker {i}": (i + 1) * 10**9 for i in range(8)})  # many: a summary
+    assert "RSS max 8.00 GB, mean 4.50 GB over 8 workers" in bar.status()
+    bar.close()
+
+
+class _Seen(runner.Progress):
+    def __init__(self):
+        self.mem, self.runs = [], 0
+
+    def ran(self, run):
+        self.runs += 1
+
+    def memory(self, mem):
+        self.mem.append(mem)
+
+
+@pytest.mark.slow
+def test_process_workers_report_their_memory(tmp_path):
+    seen = _Seen()
+    runner.run(["workloads"], "tiny", 2, tmp_path, backend="process", jobs=2, progress=seen)
+    assert seen.runs == 4
+    pids = {k for m in seen.mem for k in m}
+    assert pids and f"pid {os.getpid()}" not in pids  # the workers', not this process's
+    assert all(v > 10 * 2**20 for m in seen.mem for v in m.values())  # a Python process
+
+
+def _cli(*args):
+    return [sys.executable, "-m", "kvcxl.emu.cli", "experiment", *args]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+def test_the_same_command_resumes_after_an_interrupt(tmp_path, sig):
+    """A real process, stopped by a signal after some runs are written, then the same
+    command again: it runs only what is missing, and the result equals an uninterrupted
+    run's (no timing asserted: the kill waits for lines in the file, however slow)."""
+    seeds = 6  # ladder at tiny: 2 workloads × 6 seeds = 12 runs
+    out, js = tmp_path / "out", tmp_path / "r.json"
+    argv = _cli("ladder", "--scale", "tiny", "--seeds", str(seeds), "--backend", "serial",
+                "--out", str(out), "--json", str(js), "--no-progress")  # fmt: skip
+    f = runner.out_file(out, "ladder", "tiny")
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 900
+    while (not f.exists() or len(f.read_text().splitlines()) < 2) and p.poll() is None:
+        assert time.monotonic() < deadline, "no run written in 15 min"
+        time.sleep(0.02)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=900)
+    before = f.read_text()
+    written = len(before.splitlines())
+    total = 2 * seeds
+    assert p.returncode in (-signal.SIGKILL, 130), (p.returncode, err)  # it was stopped
+    assert 2 <= written < total, written  # mid-way
+    if sig == signal.SIGINT:
+        assert "the same command resumes" in err, err
+    assert not js.exists()
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr
+    after = f.read_text()
+    assert after.startswith(before.rstrip("\n"))  # what was there stays
+    keys = [json.loads(line)["key"] for line in after.splitlines() if line.strip()]
+    assert len(keys) == len(set(keys)) == total  # the rest ran, and only once
+    whole = runner.run(["ladder"], "tiny", seeds, tmp_path / "whole", backend="serial")
+    assert json.loads(js.read_text())["experiments"]["ladder"]["rows"] == whole["ladder"]
+
+
+@pytest.mark.slow
+def test_a_dask_cluster_that_loses_a_worker_gives_the_serial_rows(tmp_path):
+    """Two workers on a LocalCluster; once the first result is in, the worker that holds
+    runs is killed (SIGKILL); the scheduler reruns its runs elsewhere and the rows equal
+    the serial run's."""
+    distributed = pytest.importorskip("dask.distributed")
+    serial = runner.run(["ladder"], "tiny", 3, tmp_path / "serial", backend="serial")
+
+    class KillOne(runner.Progress):
+        killed: list = []
+
+        def ran(self, run):
+            if self.killed:
+                return
+            busy = [w for w, keys in client.processing().items() if keys]
+            if not busy:
+                return  # nothing left on a worker to lose: try after the next run
+            pid = client.run(os.getpid, workers=[busy[0]])[busy[0]]
+            os.kill(pid, signal.SIGKILL)
+            self.killed.append(busy[0])
+
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        client.wait_for_workers(2, timeout=600)
+        done = runner.run(
+            ["ladder"], "tiny", 3, tmp_path / "dask", backend="dask",
+            address=cluster.scheduler_address, progress=KillOne(),
+        )  # fmt: skip
+    assert KillOne.killed, "no worker held a run once the first result was in"
+    assert done == serial

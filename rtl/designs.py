@@ -106,6 +106,15 @@ def _tier_boundary(**p: Any) -> Any:
     return TierBoundary(p["entries"], p.get("lanes", 1), p.get("batch", 8), defect=p.get("defect"))
 
 
+def _record_stream(**p: Any) -> Any:
+    from .record_stream import RecordStreamEngine
+
+    return RecordStreamEngine(
+        p["entries"], p.get("lanes", 1), p.get("batch", 8), p.get("burst", 16),
+        decay_init=p.get("decay_init"), defect=p.get("defect"),
+    )  # fmt: skip
+
+
 def _top(**p: Any) -> Any:
     from .top import PolicyEngine
 
@@ -147,6 +156,10 @@ _ALL = (
            "managed tiers' step boundary: CXL DRAM ↔ NVMe moves (firmware/tiering.py)",
            _tier_boundary, {"entries": 1024, "lanes": 1, "batch": 64},
            bench="cocotb_tier_boundary", model="tier_boundary_model", bench_count=("plans", 60)),
+    Design("record_stream", "record_stream_engine",
+           "EMA scoring + top-k with the records in device DRAM (burst memory port)",
+           _record_stream, {"entries": 1024, "lanes": 4, "batch": 64}, decay=True,
+           bench="cocotb_record_stream", model="record_stream_model", bench_count=("sweeps", 24)),
 )  # fmt: skip
 
 DESIGNS: dict[str, Design] = {d.name: d for d in _ALL}

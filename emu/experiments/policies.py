@@ -54,7 +54,7 @@ CAPTURES_ENV = "KVCXL_CAPTURES"
 CAPTURE = "capture:"  # a captured trace's workload name: CAPTURE + its file's stem
 # Mooncake's longest request at the default token scale (block_tokens / 512) is 5,981 + 1
 # tokens (the synthetic trace; the conversation trace's 3,944 + 11): 8 K holds both.
-ARRIVAL_CONTEXT_TOKENS = {"tiny": 8192, "ci": 8192, "mid": 16384}
+ARRIVAL_CONTEXT_TOKENS = {"tiny": 8192, "ci": 8192, "mid": 16384, "s1": 16384}
 _ROOT = Path(__file__).resolve().parents[2]
 #: The configuration ``kvcxl calibrate`` writes (docs/calibration.md, section 5), committed.
 CALIBRATED = "firmware/calibrated.toml"

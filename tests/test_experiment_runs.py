@@ -172,6 +172,10 @@ def test_a_dask_cluster_that_loses_a_worker_gives_the_serial_rows(tmp_path):
 
     class KillOne(runner.Progress):
         killed: list = []
+        mem: list = []
+
+        def memory(self, mem):
+            self.mem.append(mem)
 
         def ran(self, run):
             if self.killed:
@@ -196,3 +200,6 @@ def test_a_dask_cluster_that_loses_a_worker_gives_the_serial_rows(tmp_path):
         )  # fmt: skip
     assert KillOne.killed, "no worker held a run once the first result was in"
     assert done == serial
+    # the bar's memory per worker: what the scheduler says each one holds
+    assert {"worker 0", "worker 1"} <= {k for m in KillOne.mem for k in m}
+    assert all(v > 10 * 2**20 for m in KillOne.mem for v in m.values())

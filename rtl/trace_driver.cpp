@@ -1,24 +1,21 @@
 // The host side of the Verilated PolicyEngine: drives its valid/ready streams cycle by cycle.
 //
-// Built into a shared library by kvcxl.rtl.verilated (which generates harness_layout.h, the
-// bit offsets of every payload field, from rtl/layouts.py) and called through ctypes. Every
-// call runs the clock until its streams have moved their beats, whatever the pipeline's
-// latency: a beat moves on a rising edge where valid and ready are both high. (Verilator
-// spells the Verilog port `victim__ready` as the member `victim___05Fready`.)
+// Built into a shared library by kvcxl.rtl.verilated (which generates harness_layout.h: the
+// wrapper's Verilated class and the bit offsets of every payload field, from rtl/layouts.py)
+// and called through ctypes. Every call runs the clock until its streams have moved their
+// beats, whatever the pipeline's latency: a beat moves on a rising edge where valid and ready
+// are both high. The clock, timers and handshake are rtl/harness.h's. (Verilator spells the
+// Verilog port `step__valid` as the member `step___05Fvalid`.)
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <ctime>
 
-#include "Vpolicy_engine.h"
 #include "harness_layout.h"
-#include "verilated.h"
+#include "harness.h"
 
 namespace {
 
-constexpr uint64_t kTimeout = 1u << 24;  // cycles a call may wait for a handshake
 constexpr int kWords = 32;               // payload buffer (the widest port here is < 1024 bits)
 
 inline void setb(uint32_t* w, int off, int width, uint64_t v) {
@@ -60,103 +57,21 @@ inline void get(const VlWide<N>& port, uint32_t* b) {
     for (std::size_t i = 0; i < N; ++i) b[i] = port[i];
 }
 
-struct Harness {
-    VerilatedContext ctx;
-    Vpolicy_engine* top;
-    uint64_t cycles = 0;
-    double seconds = 0.0;      // wall time spent clocking the model
-    double cpu_seconds = 0.0;  // this thread's CPU time in it (the machine may be shared)
-    Harness() : top(new Vpolicy_engine(&ctx)) {}
-    ~Harness() {
-        top->final();
-        delete top;
-    }
-    // Inputs are set; let the combinational outputs settle (ready/valid are then sampled).
-    // This evaluation is also the clock's falling edge: two evaluations per cycle.
-    void settle() { top->eval(); }
-    void edge() {
-        top->clk = 1;
-        top->eval();
-        top->clk = 0;
-        ++cycles;
-    }
-};
-
-// The handshake of an input stream, the one place it is written: its payload is set; raise
-// valid and clock until a rising edge finds ready (the beat moves on that edge). Valid stays
-// high for the caller's next beat; end_stream() drops it. False after kTimeout cycles.
-template <typename Valid, typename Ready>
-bool send_beat(Harness* h, Valid& valid, const Ready& ready) {
-    valid = 1;
-    uint64_t waited = 0;
-    for (;;) {
-        h->settle();
-        bool go = ready;
-        h->edge();
-        if (go) return true;
-        if (++waited > kTimeout) return false;
-    }
-}
-
-// After the last beat: valid low, outputs settled.
-template <typename Valid>
-void end_stream(Harness* h, Valid& valid) {
-    valid = 0;
-    h->settle();
-}
-
-inline double thread_cpu() {
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-struct Timer {
-    Harness* h;
-    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-    double c0 = thread_cpu();
-    explicit Timer(Harness* h_) : h(h_) {}
-    ~Timer() {
-        h->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        h->cpu_seconds += thread_cpu() - c0;
-    }
-};
-
 }  // namespace
 
 extern "C" {
 
-void* kv_new() { return new Harness(); }
-
-void kv_free(void* p) { delete static_cast<Harness*>(p); }
-
-uint64_t kv_cycles(void* p) { return static_cast<Harness*>(p)->cycles; }
-
-double kv_seconds(void* p) { return static_cast<Harness*>(p)->seconds; }
-
-double kv_cpu_seconds(void* p) { return static_cast<Harness*>(p)->cpu_seconds; }
-
-// Reset, then the policy parameters (level inputs); every output stream is always taken.
+// Reset with the policy parameters (level inputs); every output stream is always taken
+// (the wrapper ties its ready high).
 void kv_reset(void* p, uint32_t alpha, uint32_t touch, uint32_t shift) {
     auto* h = static_cast<Harness*>(p);
     Timer t(h);
     auto* top = h->top;
-    top->clk = 0;
-    top->rst = 1;
     top->alpha = alpha;
     top->touch = touch;
     top->shift = shift;
     top->k = 0;
-    top->victim___05Fready = 1;
-    top->ndr___05Fready = 1;
-    top->drs___05Fready = 1;
-    top->pf_cand___05Fready = 1;
-    for (int i = 0; i < 4; ++i) {
-        h->settle();
-        h->edge();
-    }
-    top->rst = 0;
-    h->settle();
+    h->reset();
 }
 
 // The decay table through table_w (256 Q0.16 values). Returns 0, or -1 on a timeout.
@@ -231,9 +146,11 @@ int kv_sweep(void* p, int hold, int keep, int k, int32_t* vidx, uint32_t* vprio,
     setb(b, STEP_HOLD_OFF, 1, uint64_t(hold));
     setb(b, STEP_KEEP_OFF, 1, uint64_t(keep));
     put(top->step___05Fpayload, b);
-    top->k = k;
+    if (top->k != k) {  // `k` enters the engine through the wrapper's register: a cycle
+        top->k = k;
+        h->cycle();
+    }
     top->step___05Fvalid = 1;
-    top->victim___05Fready = 1;
     int nv = 0;
     bool stepped = false, done = false;
     uint64_t waited = 0;
@@ -265,6 +182,25 @@ int kv_sweep(void* p, int hold, int keep, int k, int32_t* vidx, uint32_t* vprio,
     }
     // The last victim leaves only after the sweep's final beat was scored.
     return stepped ? nv : -1;
+}
+
+// Verilator's own rate on this design: `n` cycles of the bare clock (two evaluations each,
+// no handshake, no payload read) with a `step` beat always offered and `k` victims always
+// taken, so the engine sweeps and emits back to back. Leaves the engine mid-pass: reset
+// it before any other use. Returns the cycles run.
+uint64_t kv_free_run(void* p, uint64_t n, int k) {
+    auto* h = static_cast<Harness*>(p);
+    Timer t(h);
+    auto* top = h->top;
+    uint32_t b[kWords];
+    std::memset(b, 0, sizeof b);
+    setb(b, STEP_HOLD_OFF, 1, 1);  // evaluation sweeps
+    put(top->step___05Fpayload, b);
+    top->k = k;
+    top->step___05Fvalid = 1;
+    for (uint64_t i = 0; i < n; ++i) h->cycle();
+    top->step___05Fvalid = 0;
+    return n;
 }
 
 }  // extern "C"

@@ -136,8 +136,9 @@ def _run_slots(
 
 
 def _run_timing(cycles: int, sim_s: float, cpu_s: float, wall: float, build_s: float) -> dict:
-    """A Verilated run's cycles and times, and its rates per wall second in the model and
-    per CPU second (the machine may be shared)."""
+    """A Verilated run's cycles and times, and its rates per wall second in the model (the
+    C++ driver's calls), per CPU second there (the machine may be shared) and per wall
+    second of the whole replay (the Python session and ``--check``'s firmware included)."""
     return {
         "cycles": cycles,
         "model_s": round(sim_s, 4),
@@ -146,4 +147,5 @@ def _run_timing(cycles: int, sim_s: float, cpu_s: float, wall: float, build_s: f
         "build_s": round(build_s, 2),
         "cycles_per_s": round(cycles / sim_s, 1) if sim_s else None,
         "cycles_per_cpu_s": round(cycles / cpu_s, 1) if cpu_s else None,
+        "run_cycles_per_s": round(cycles / wall, 1) if wall else None,
     }

@@ -17,6 +17,7 @@ from kvcxl.emu.experiments import EXPERIMENTS, _common, runner
 from kvcxl.emu.experiments.commands import Bar
 from kvcxl.emu.experiments.users import scaled_shape
 from kvcxl.emu.shape import PRESETS
+from kvcxl.emu.workloads import ARRIVALS
 
 S1 = PRESETS["s1"]
 USERS = ("users", "users-timeline")
@@ -44,7 +45,7 @@ def test_s1_is_s1_exactly_with_steps_for_beta_and_warmup_excluded():
                 S1.layers, S1.kv_heads, S1.group_size, S1.d_head,
             ), name  # fmt: skip
             assert (shape.block_tokens, shape.dtype_bytes) == (S1.block_tokens, S1.dtype_bytes)
-            if name != "users-mooncake":  # (its context is the trace's, at its token scale)
+            if case["workload"] not in ARRIVALS:  # (Mooncake's: the trace's, at its scale)
                 assert shape.context_tokens == S1.context_tokens, name
             assert beta * case["steps"] >= 1.0, name  # β·idle reaches 1 within the run
             assert 0 < case["warmup"] < case["steps"] // 2, name
@@ -67,6 +68,18 @@ def test_where_keeps_the_named_cases_and_refuses_the_rest():
         runner.cases_of("users", "s1", runner.parse_where(["users=99"]))
     with pytest.raises(ValueError, match="KEY=VALUE"):
         runner.parse_where(["users"])
+
+
+def test_steps_runs_every_case_shorter_with_its_share_of_warm_up():
+    full = runner.cases_of("users-timeline", "s1", runner.parse_where(["users=16"]))
+    short = runner.cases_of("users-timeline", "s1", runner.parse_where(["users=16"]), 100)
+    assert [c["steps"] for c in full] == [1000] * len(full)
+    assert [(c["steps"], c["warmup"]) for c in short] == [(100, 10)] * len(full)
+    assert [{**c, "steps": 1000, "warmup": 100} for c in short] == full  # nothing else
+    assert runner.with_steps({"steps": 24, "warmup": 4}, 5) == {"steps": 5, "warmup": 1}
+    assert runner.with_steps({"steps": 20, "warmup": 9}, 8)["warmup"] == 3  # under half
+    with pytest.raises(ValueError, match="at least 4"):
+        runner.with_steps({"steps": 24, "warmup": 4}, 3)
 
 
 class _Tty(io.StringIO):

@@ -129,13 +129,28 @@ def _matches(value: Any, item: str) -> bool:
         return False
 
 
-def cases_of(name: str, scale: str, where: Where | None = None) -> list[dict[str, Any]]:
-    """Experiment ``name``'s cases at ``scale`` that ``where`` keeps, refused by name when it
-    has none there."""
+def with_steps(case: dict[str, Any], steps: int) -> dict[str, Any]:
+    """``case`` run for ``steps`` steps, its warm-up the same share of them (at least one
+    step, and fewer than half)."""
+    if steps < 4:
+        raise ValueError(f"--steps {steps}: at least 4 (a warm-up and steps after it)")
+    if "steps" not in case or "warmup" not in case:
+        return case
+    warmup = round(int(case["warmup"]) * steps / int(case["steps"]))
+    return {**case, "steps": steps, "warmup": min(max(1, warmup), (steps - 1) // 2)}
+
+
+def cases_of(
+    name: str, scale: str, where: Where | None = None, steps: int | None = None
+) -> list[dict[str, Any]]:
+    """Experiment ``name``'s cases at ``scale`` that ``where`` keeps (run for ``steps`` steps
+    when given: :func:`with_steps`), refused by name when it has none there."""
     try:
         cases = get(name).cases(scale)
     except KeyError as exc:  # a per-experiment table without this scale
         raise ValueError(f"experiment {name!r} has no scale {scale!r} (no entry {exc})") from None
+    if steps is not None:
+        cases = [with_steps(c, steps) for c in cases]
     for k, items in (where or {}).items():
         if not any(k in c for c in cases):
             raise ValueError(f"--where {k}=…: no case of {name!r} at {scale!r} has a field {k!r}")
@@ -152,6 +167,7 @@ def plan(
     out: Path,
     fps: dict[str, str],
     where: Where | None = None,
+    steps: int | None = None,
 ) -> tuple[list[Run], dict[str, dict[str, dict[str, Any]]], int]:
     """The runs still to do (in (workload, seed) order: the runs of one stream together),
     what is done, and the total."""
@@ -161,7 +177,7 @@ def plan(
     for name in names:
         have = load(out_file(out, name, scale))
         done[name] = {}
-        for case in cases_of(name, scale, where):
+        for case in cases_of(name, scale, where, steps):
             for s in range(seeds):
                 total += 1
                 k = key(name, case, s, fps[name])
@@ -264,10 +280,12 @@ def run(
     address: str | None = None,
     progress: Progress | None = None,
     where: Where | None = None,
+    steps: int | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Run what is missing of ``names`` at ``scale`` on seeds 0 … seeds−1 into ``out``;
     returns every experiment's rows (done before and now), in case and seed order.
-    ``where`` keeps only the cases whose fields take the values named (:func:`parse_where`).
+    ``where`` keeps only the cases whose fields take the values named (:func:`parse_where`);
+    ``steps`` runs every case for that many steps (:func:`with_steps`).
 
     ``progress`` is told of the start, of each finished run and of the workers' memory.
     """
@@ -277,7 +295,7 @@ def run(
         get(n)
     out.mkdir(parents=True, exist_ok=True)
     fps = {n: fingerprint(n) for n in names}
-    runs, done, total = plan(names, scale, seeds, out, fps, where)
+    runs, done, total = plan(names, scale, seeds, out, fps, where, steps)
     progress = progress or Progress()
     progress.start(total - len(runs), total, runs)
     files = {n: _append(out_file(out, n, scale)) for n in names}
@@ -298,7 +316,9 @@ def run(
     result = {}
     for name in names:
         order = [
-            key(name, c, s, fps[name]) for c in cases_of(name, scale, where) for s in range(seeds)
+            key(name, c, s, fps[name])
+            for c in cases_of(name, scale, where, steps)
+            for s in range(seeds)
         ]
         result[name] = [done[name][k] for k in order]
     return result

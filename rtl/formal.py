@@ -293,11 +293,11 @@ class ScoringHarness(Elaboratable):
 class FrontEndHarness(Elaboratable):
     """Every accepted M2S message is answered exactly once, with its tag, before the next
     is taken; nothing is answered that was not asked; responses hold under back-pressure
-    and come within two unstalled cycles.  The HDM registers are free constants (the
+    and come within four unstalled cycles.  The HDM registers are free constants (the
     decode itself is the ``hdm`` check)."""
 
     NONE, NDR, DRS = 0, 1, 2  # the response a message is owed
-    MAX_WAIT = 2  # unstalled cycles from acceptance to the response: DECODE, TOUCH
+    MAX_WAIT = 4  # unstalled cycles to the response: DECODE, DECODE2, ACCESS, TOUCH
 
     def __init__(self, lines: int = 2, defect: str | None = None):
         self.dut = CxlMemFrontEnd(

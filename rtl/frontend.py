@@ -103,7 +103,7 @@ class CxlMemFrontEnd(wiring.Component):
         wdata = Signal(lw)
 
         # HPA → DPA through the one decoder.
-        m.submodules.hdm = dec = HdmDecode(defect=self.hdm_defect)
+        m.submodules.hdm = dec = HdmDecode(defect=self.hdm_defect, staged=True)
         m.d.comb += [
             dec.hpa.eq(line << LINE_SHIFT),
             dec.commit.eq(self.hdm_commit),
@@ -115,9 +115,21 @@ class CxlMemFrontEnd(wiring.Component):
         ]
         dpa = dec.dpa
         hit = Signal()
-        m.d.comb += hit.eq(dec.hit & ((dpa >> LINE_SHIFT) < self.lines))
+        # (dpa >> LINE_SHIFT) < lines, lines a power of two: no bit at or above it is set.
+        m.d.comb += hit.eq(dec.hit & ((dpa >> (LINE_SHIFT + self.lines.bit_length() - 1)) == 0))
         slot = (dpa >> LINE_SHIFT)[: max((self.lines - 1).bit_length(), 1)]
-        m.d.comb += [rp.addr.eq(slot), prp.addr.eq(slot), wp.addr.eq(slot), pwp.addr.eq(slot)]
+        # The decode takes two cycles (DECODE: the decoder's offset and range registers;
+        # DECODE2: hit, slot and entry registered) before the line store sees it (ACCESS):
+        # no cycle runs from the message's address through the decoder's subtract, shifts
+        # and compares into the store's address and write enables.
+        slot_r = Signal(len(slot))
+        entry_r = Signal(self.index_bits)
+        m.d.comb += [
+            rp.addr.eq(slot_r),
+            prp.addr.eq(slot_r),
+            wp.addr.eq(slot_r),
+            pwp.addr.eq(slot_r),
+        ]
 
         ndr, drs, touch = self.ndr, self.drs, self.touch
         ndr_p, drs_p = ndr.payload, drs.payload
@@ -131,7 +143,7 @@ class CxlMemFrontEnd(wiring.Component):
             drs_p.ld_id.eq(ld_id),
             drs_p.meta_field.eq(cxl.MetaField.NO_OP),
             drs_p.dev_load.eq(cxl.DevLoad.LIGHT),
-            touch.payload.eq((dpa >> self.entry_shift)[: self.index_bits]),
+            touch.payload.eq(entry_r),
         ]
         hit_r = Signal()
         is_read = (hdr_op == cxl.M2SReqOpcode.MEM_RD) | (hdr_op == cxl.M2SReqOpcode.MEM_RD_DATA)
@@ -165,13 +177,26 @@ class CxlMemFrontEnd(wiring.Component):
                             line.eq(p.addr),
                         ]
                         m.next = "DECODE"
-            with m.State("DECODE"):
+            with m.State("DECODE"):  # the decoder's first stage takes `line`
                 if self.defect == "lose_request":  # Planted defect: busy yet takes a request.
                     m.d.comb += self.req.ready.eq(1)
+                m.d.comb += dec.en.eq(1)
+                m.next = "DECODE2"
+            with m.State("DECODE2"):  # its second: hit and DPA, registered
+                if self.defect == "lose_request":
+                    m.d.comb += self.req.ready.eq(1)
+                m.d.sync += [
+                    hit_r.eq(hit),
+                    slot_r.eq(slot),
+                    entry_r.eq((dpa >> self.entry_shift)[: self.index_bits]),
+                ]
+                m.next = "ACCESS"
+            with m.State("ACCESS"):
+                if self.defect == "lose_request":
+                    m.d.comb += self.req.ready.eq(1)
                 # The line store's read ports see the decoded slot this cycle.
-                m.d.sync += hit_r.eq(hit)
                 with m.If(is_wr):
-                    with m.If(hit):
+                    with m.If(hit_r):
                         m.d.comb += [
                             wp.en.eq(benable),
                             wp.data.eq(wdata),

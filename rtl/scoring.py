@@ -18,18 +18,18 @@ up in a 256-entry table (written through ``table_w``; its contents come from
 
 with ``eligible = resident ∧ ¬pinned`` on the ``out`` stream.
 
-Pipeline: stage 0 issues the record read; stage 1 forms the two EMA products and
-the new idle count; stage 1b adds the products into the new score, writes the record
-back and issues the table reads; stage 2 receives the table words and registers
-them; stage 3 forms the priority.  The products are registered so that no cycle
-holds a memory read, a multiply, an add and a memory write in series, and the table
-words so that no cycle holds a block RAM's output and the priority multiply (the two
-paths that limited Fmax in turn).  All stages advance together when
-``out`` can take a beat (a stall-able pipeline), so back-pressure on ``out`` holds
-every stage, including the synchronous memory read ports.  The record read port is
-transparent to the write port, so a sweep of two or more words always reads the value
-written back for the same word; a table of a single word (read again before its
-write-back) takes the stage-1b record instead, through a bypass built only then.
+Pipeline: stage 0 issues the record read; stage 1a registers the record; stage 1
+forms the two EMA products and the new idle count; stage 1b adds the products into
+the new score, writes the record back and issues the table reads; stage 2 receives
+the table words and registers them; stage 3 forms the priority.  The record, the
+products and the table words are registered so that no cycle holds a block RAM's
+output and a multiply, nor a multiply, an add and a memory write in series (the
+paths that limited Fmax in turn).  All stages advance together when ``out`` can take
+a beat (a stall-able pipeline), so back-pressure on ``out`` holds every stage,
+including the synchronous memory read ports.  The record read port is transparent to
+the write port, so a sweep of three or more words always reads the value written back
+for the same word; a table of one or two words (a word read again before its
+write-back) takes the stage-1b record instead, through bypasses built only then.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from kvcxl.firmware import fixedpoint as fx
 
 from . import layouts as L
 
-DEPTH = 4  # beats in flight: stages 1, 1b, 2 and 3 (the formal harness bounds occupancy so)
+DEPTH = 5  # beats in flight: stages 1a, 1, 1b, 2 and 3 (the formal harness bounds occupancy so)
 DEFECTS = (None, "ignore_pinned")
 
 
@@ -108,7 +108,7 @@ class ScoringEngine(wiring.Component):
             ]
             tables.append(t.read_port())
 
-        v1, v1b, v2, v3 = Signal(), Signal(), Signal(), Signal()
+        v1a, v1, v1b, v2, v3 = Signal(), Signal(), Signal(), Signal(), Signal()
         advance = Signal()
         m.d.comb += advance.eq(~v3 | self.out.ready)
 
@@ -122,26 +122,47 @@ class ScoringEngine(wiring.Component):
         with m.If(self.upd.valid & advance):
             m.d.sync += addr0.eq(Const(0) if self.groups == 1 else _wrap_inc(addr0, self.groups))
 
-        # Stage 1: the EMA products and the new idle count.
-        addr1 = Signal(self.addr_bits)
-        upd1 = Signal.like(self.upd.payload)
-        last1 = Signal()
+        # Stage 1a: the record arrives from the memory and is registered, so that no cycle
+        # runs from a block RAM's clock-to-out (about 6 ns on the ECP5) into the EMA products.
+        addr1a, addr1 = Signal(self.addr_bits), Signal(self.addr_bits)
+        upd1a, upd1 = Signal.like(self.upd.payload), Signal.like(self.upd.payload)
+        last1a, last1 = Signal(), Signal()
         with m.If(advance):
             m.d.sync += [
-                v1.eq(self.upd.valid),
-                addr1.eq(addr0),
-                upd1.eq(self.upd.payload),
-                last1.eq(addr0 == self.groups - 1),
+                v1a.eq(self.upd.valid),
+                addr1a.eq(addr0),
+                upd1a.eq(self.upd.payload),
+                last1a.eq(addr0 == self.groups - 1),
             ]
-        new = Signal(word)  # stage 1b's record: the write-back (and the bypass)
-        rec1 = Signal(word)
-        hold1b = Signal()  # stage 1b's beat is an evaluation: no write-back
-        if self.groups == 1:
-            # The one word was read before the previous beat's write-back: take it from 1b.
-            m.d.comb += rec1.eq(Mux(v1b & ~hold1b, new, rp.data))
-        else:
-            m.d.comb += rec1.eq(rp.data)
+        new = Signal(word)  # stage 1b's record: the write-back (and the bypasses)
         addr1b = Signal(self.addr_bits)
+        hold1b = Signal()  # stage 1b's beat is an evaluation: no write-back
+        written = Signal()  # stage 1b writes its record back this cycle
+        m.d.comb += written.eq(v1b & ~hold1b)
+        rec1a = Signal(word)  # the record stage 1a registers
+        if self.groups <= 2:
+            # A word read two beats after its previous update (a table of one or two words)
+            # was read before that update's write-back, which stage 1b holds now.
+            m.d.comb += rec1a.eq(Mux(written & (addr1b == addr1a), new, rp.data))
+        else:
+            m.d.comb += rec1a.eq(rp.data)
+        rec1r = Signal(word)
+        with m.If(advance):
+            m.d.sync += [
+                v1.eq(v1a),
+                addr1.eq(addr1a),
+                upd1.eq(upd1a),
+                last1.eq(last1a),
+                rec1r.eq(rec1a),
+            ]
+
+        # Stage 1: the EMA products and the new idle count.
+        rec1 = Signal(word)
+        if self.groups == 1:
+            # The one word, read again one beat after its update: that update is in 1b.
+            m.d.comb += rec1.eq(Mux(written, new, rec1r))
+        else:
+            m.d.comb += rec1.eq(rec1r)
         last1b = Signal()
         prod_w, prod_s, meta1b = [], [], Signal(word)
         # α = 0 leaves the score exactly as stored: (65536·score + 32768) >> 16 = score.

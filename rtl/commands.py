@@ -17,7 +17,7 @@ from kvcxl.rtl.designs import CHECKS, DEFECTS, DESIGNS, SHAPE_OPTIONS
 
 # The cost table's engines (kvcxl.rtl.cost.ENGINES; named here without loading Amaranth)
 # and the markers of its place in a markdown page.
-ENGINE_KEYS = ("ema-1", "ema-4", "clock", "sieve", "frontend")
+ENGINE_KEYS = ("ema-1", "ema-4", "ema-dram-4", "clock", "sieve", "frontend")
 COST_BEGIN = "<!-- kvcxl rtl cost: begin -->"
 COST_END = "<!-- kvcxl rtl cost: end -->"
 
@@ -127,6 +127,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_shape(s, 1024, 1, 64)
     s.add_argument(
+        "--design",
+        choices=tuple(DESIGNS),
+        default="core",
+        help="the design to place and route (default core; shape options it does not take "
+        "are ignored)",
+    )
+    s.add_argument(
         "--freq", type=positive_float, default=50.0, help="target clock in MHz (default 50)"
     )
     s.add_argument("--seed", type=nonnegative, default=1, help="nextpnr placement seed")
@@ -137,7 +144,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "cost",
         help="the engines' cost table: every engine placed and routed, beside its hit rate",
         description=(
-            "Every engine (EMA 1 and 4 lanes, CLOCK, SIEVE, the CXL.mem front end) synthesised "
+            "Every engine (EMA 1 and 4 lanes, EMA with its records in DRAM, CLOCK, SIEVE, the "
+            "CXL.mem front end) synthesised "
             "and placed and routed for the ECP5-85F and the smallest iCE40 that holds it, "
             "seed 1, target 100 MHz: LUTs, FFs, block RAMs, DSPs and Fmax (Measured), the "
             "updates/s that Fmax × lanes gives (Analytical model) and the policy's hit rate "
@@ -219,9 +227,12 @@ def _formal(args) -> int:
 def _synth(args) -> int:
     from .synth import SynthConfig, run
 
-    cfg = SynthConfig(args.target, args.entries, args.lanes, args.batch, args.freq, args.seed)
+    cfg = SynthConfig(
+        args.target, args.entries, args.lanes, args.batch, args.freq, args.seed, args.design
+    )
     print(
-        f"synth {args.target}: entries {args.entries}, lanes {args.lanes}, batch {args.batch} ...",
+        f"synth {args.design} on {args.target}: entries {args.entries}, lanes {args.lanes}, "
+        f"batch {args.batch} ...",
         flush=True,
     )
     emit(run(cfg), args.json_out)

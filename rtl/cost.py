@@ -33,6 +33,7 @@ from pathlib import Path
 from . import toolchain
 from .synth import TARGETS, SynthConfig, netlist, run
 
+BATCHED = ("core", "record_stream")  # the designs with lanes and a top-k (batch)
 FREQ_MHZ = 100.0  # the clock goal: nextpnr's target and the "met" column
 SEED = 1
 ECP5 = "ecp5-85k"
@@ -79,6 +80,16 @@ class Engine:
 ENGINES: tuple[Engine, ...] = (
     Engine("ema-1", "EMA, 1 lane", "core", {"lanes": 1}, "ema", 1, 1, "entry scored (sweep)"),
     Engine("ema-4", "EMA, 4 lanes", "core", {"lanes": 4}, "ema", 4, 1, "entry scored (sweep)"),
+    Engine(
+        "ema-dram-4",
+        "EMA, records in DRAM, 4 lanes",
+        "record_stream",
+        {"lanes": 4},
+        "ema",
+        4,
+        1,
+        "entry scored (sweep)",
+    ),
     Engine("clock", "CLOCK", "clock", {}, "clock", 1, 1, "touch, or slot the walk visits"),
     Engine("sieve", "SIEVE", "sieve", {}, "sieve", 1, 1, "touch, or slot the walk visits"),
     # The front end's entries only size its touch index (its line store is 64 lines).
@@ -302,7 +313,7 @@ def markdown(doc: dict) -> str:
         sh = row.get("shape", {})
         shape = f"{sh.get('entries')} entries" + (
             f", {sh['lanes']} lane{'s' * (sh['lanes'] > 1)}, batch {sh['batch']}"
-            if row["design"] == "core"
+            if row["design"] in BATCHED
             else ""
         )
         met = "met" if e5.get("timing_met") else "failed"
@@ -315,7 +326,7 @@ def markdown(doc: dict) -> str:
         if i4.get("fits"):
             c = i4["config"]
             part = f"{PART_NAMES[c['target']]} ({c['entries']} entries"
-            part += f", batch {c['batch']})" if row["design"] == "core" else ")"
+            part += f", batch {c['batch']})" if row["design"] in BATCHED else ")"
         else:
             part = "none"
         hr = "—"

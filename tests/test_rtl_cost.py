@@ -19,6 +19,15 @@ def test_hit_rates_are_the_published_mid_table():
     assert mean_synthetic(r, "clock") == pytest.approx(sum(r["clock"][w] for w in SYNTHETIC) / 7)
 
 
+def test_the_command_line_names_every_engine_of_the_table():
+    from kvcxl.rtl.commands import ENGINE_KEYS
+    from kvcxl.rtl.cost import ENGINES
+    from kvcxl.rtl.designs import DESIGNS
+
+    assert ENGINE_KEYS == tuple(e.key for e in ENGINES)
+    assert {e.design for e in ENGINES} <= set(DESIGNS)
+
+
 def test_markdown_prices_a_point_of_hit_rate():
     from kvcxl.rtl.cost import markdown
 

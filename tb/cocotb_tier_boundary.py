@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 
 import cocotb
@@ -35,12 +36,12 @@ TRACES = ("uniform", "retrieval", "zipf-sessions")  # CXL DRAM at 5 % of the ent
 
 
 class Bench:
-    def __init__(self, dut, rng: random.Random) -> None:
-        self.dut = dut
+    def __init__(self, dut, rng: random.Random, entries: int = ENTRIES, batch: int = BATCH):
+        self.dut, self.batch = dut, batch
         self.clock = Clock(dut)
-        addr_bits = max((ENTRIES // LANES - 1).bit_length(), 1)
+        addr_bits = max((entries // LANES - 1).bit_length(), 1)
         self.cand = Source(self.clock, "cand", sweep_layout(LANES, addr_bits), Pause(GAP, rng))
-        index_bits = max((ENTRIES - 1).bit_length(), 1)
+        index_bits = max((entries - 1).bit_length(), 1)
         self.move = Sink(self.clock, "move", move_layout(index_bits), Pause(STALL, rng))
         self.sweeps = self.bad_sweeps = 0
         self.bad: list[str] = []
@@ -77,8 +78,8 @@ class Bench:
     async def boundary(self, bnd, where: str) -> int:
         """Plan one boundary through the host's sweeps; the moves it made."""
         thr = threshold_q16(bnd.evict_threshold)
-        gen = host_sweeps(bnd.tier, bnd.score, bnd.budget, bnd.room, bnd.nvme_room, BATCH)
-        hang = 4 * (bnd.tier.size // LANES + 1) + 40 * BATCH + 100
+        gen = host_sweeps(bnd.tier, bnd.score, bnd.budget, bnd.room, bnd.nvme_room, self.batch)
+        hang = 4 * (bnd.tier.size // LANES + 1) + 40 * self.batch + 100
         try:
             req = next(gen)
             while True:
@@ -105,16 +106,22 @@ class Bench:
 async def tier_boundary_test(dut):
     cfg = json.loads(os.environ["KVCXL_TB_CONFIG"])
     rng = random.Random(cfg["seed"])
-    bench = Bench(dut, rng)
+    bench = Bench(dut, rng, cfg.get("entries", ENTRIES), cfg.get("batch", BATCH))
     await bench.start()
     res = {"simulator": cocotb.SIM_NAME, "design": cfg["design"], "random_boundaries": 0,
-           "trace_boundaries": 0, "downs": 0, "ups": 0, "moves_checked": 0}  # fmt: skip
+           "trace_boundaries": 0, "moving_boundaries": 0, "downs": 0, "ups": 0,
+           "moves_checked": 0}  # fmt: skip
     cases = [("random", i, random_boundary(rng)) for i in range(cfg["plans"])]
-    for wl in TRACES:
-        found = trace_boundaries(wl, cxl_share=0.05)
-        cases += [(wl, i, b) for i, b in enumerate(found) if b.down or b.up]
+    if "boundaries" in cfg:  # a replay's recorded boundaries (kvcxl rtl sim --boundary)
+        with open(cfg["boundaries"], "rb") as f:
+            cases += [("replay", i, b) for i, b in enumerate(pickle.load(f))]
+    else:
+        for wl in TRACES:
+            found = trace_boundaries(wl, cxl_share=0.05)
+            cases += [(wl, i, b) for i, b in enumerate(found) if b.down or b.up]
     for src, i, bnd in cases:
         res["random_boundaries" if src == "random" else "trace_boundaries"] += 1
+        res["moving_boundaries"] += bool(bnd.down or bnd.up)
         res["downs"] += len(bnd.down)
         res["ups"] += len(bnd.up)
         res["moves_checked"] += await bench.boundary(bnd, f"{src} boundary {i}")

@@ -98,6 +98,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "difference",
     )
     s.add_argument(
+        "--boundary",
+        action="store_true",
+        help="ema: also plan every step boundary of the replay's managed tiers (CXL DRAM <-> "
+        "NVMe moves) with the Verilated TierBoundary engine (cocotb) and compare each with the "
+        "firmware's moves (exit 1 on a difference)",
+    )
+    s.add_argument(
         "--defect",
         action="store_true",
         help="plant a defect (--check must stop): ema, the eviction engine's tie-break; "
@@ -164,6 +171,8 @@ def _sim(args: argparse.Namespace) -> int:
     defect = ("victim_unoffered" if slots else "tie_off_by_one") if args.defect else None
     if args.clock_bits is not None and args.policy != "clock":
         raise ValueError(f"--clock-bits {args.clock_bits} applies to --policy clock only")
+    if args.boundary and slots:
+        raise ValueError("--boundary applies to --policy ema (managed tiers need a scored policy)")
     if slots and args.eviction_passes != "exact":
         raise ValueError(f"--eviction-passes {args.eviction_passes} applies to --policy ema only")
     shape = EngineShape(args.entries, 1 if slots else args.lanes, args.batch, defect)
@@ -187,10 +196,16 @@ def _sim(args: argparse.Namespace) -> int:
             config = PolicyConfig(eviction_passes="batched", eviction_batch=args.batch)
         if args.clock_bits is not None:
             config = PolicyConfig().with_(clock_bits=args.clock_bits)
-        res = run_stream(
-            stream, args.budget, shape, check=args.check, config=config,
-            progress=update, policy=args.policy,
-        )  # fmt: skip
+        from contextlib import nullcontext
+
+        from .tier_boundary_model import recording
+
+        found: list = []  # the replay's step boundaries (--boundary)
+        with recording(found) if args.boundary else nullcontext():
+            res = run_stream(
+                stream, args.budget, shape, check=args.check, config=config,
+                progress=update, policy=args.policy,
+            )  # fmt: skip
     finally:
         bar.close()
     victims = res.pop("victims")
@@ -208,5 +223,12 @@ def _sim(args: argparse.Namespace) -> int:
             if slots
             else "every pass equal to the firmware's integer mode"
         )
+    if args.boundary:
+        from .tier_boundary_model import run_boundaries
+
+        b = run_boundaries(found, "verilator")
+        keys = ("trace_boundaries", "moving_boundaries", "sweeps", "downs", "ups",
+                "moves_checked", "mismatches", "cycles", "build_s", "run_s")  # fmt: skip
+        out["boundary"] = {"evidence": "Simulated (Verilator)", **{k: b[k] for k in keys}}
     emit(out, args.json_out)
     return 0

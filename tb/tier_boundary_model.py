@@ -95,8 +95,10 @@ def random_boundary(
 
 
 @contextmanager
-def _tap(found: list[Boundary]):
-    """Record every step boundary of the session as it plans it (inputs and moves)."""
+def recording(found: list[Boundary]):
+    """Record into ``found`` every step boundary a firmware session plans while the block
+    runs (its inputs as the session holds them, and its moves): the boundaries of a replay,
+    the simulator's or ``kvcxl rtl sim``'s, for the engine to plan again."""
     from kvcxl.firmware.session import FirmwareSession
 
     plan = FirmwareSession._background
@@ -154,6 +156,39 @@ def trace_boundaries(
     opts = SimOptions(policy="ema", budget_bytes=hbm, config=cfg, mode="int", engine="numpy",
                       cxl_bytes=cxl * eb, nvme_bytes=nvme * eb)  # fmt: skip
     found: list[Boundary] = []
-    with _tap(found):
+    with recording(found):
         simulate(stream, opts)
     return found
+
+
+def run_boundaries(
+    found: list[Boundary],
+    sim: str = "verilator",
+    *,
+    seed: int = 1,
+    lanes: int = LANES,
+    batch: int = BATCH,
+) -> dict:
+    """The cocotb bench on recorded boundaries only (an engine sized for the largest table):
+    every sweep and every boundary's moves against the firmware's."""
+    import pickle
+
+    from kvcxl.rtl import designs, toolchain
+    from kvcxl.rtl.export import build, to_verilog, write_if_changed
+    from kvcxl.tb import runner
+
+    toolchain.apply_env()
+    d = designs.get("tier_boundary")
+    n = max((b.tier.size for b in found), default=1)
+    entries = max(-(-n // lanes) * lanes, lanes)
+    shape = {"entries": entries, "lanes": lanes, "batch": batch}
+    bdir = runner.build_root() / f"{sim}-tier_boundary-{entries}x{lanes}-b{batch}"
+    src = bdir / f"{d.module}.v"
+    text = to_verilog(build("tier_boundary", **shape), d.module)
+    write_if_changed(src, runner.icarus_start(text) if sim == "icarus" else text)
+    path = bdir / "boundaries.pkl"
+    path.write_bytes(pickle.dumps(found))
+    cfg = {**shape, "plans": 0, "boundaries": str(path), "seed": seed,
+           "design": "tier_boundary", "results": str(bdir / f"results-{seed}.json")}  # fmt: skip
+    res, *_ = runner._cocotb(sim, src, d.module, bdir, f"kvcxl.tb.{d.bench}", cfg, seed)
+    return res

@@ -255,3 +255,24 @@ def test_tier_boundary_bench_catches_the_planted_defect():
 
     with pytest.raises(TbFailure, match="firmware"):
         run_unit("tier_boundary", "icarus", count=60, defect="sink_at_threshold")
+
+
+@pytest.mark.slow
+@pytest.mark.hdl
+def test_rtl_sim_plans_every_boundary_of_a_replay_with_the_engine(tmp_path):
+    """``kvcxl rtl sim --check --boundary``: the replay's step boundaries (uniform, 8 steps,
+    10 % HBM: every boundary demotes its full budget of 256) each planned by the Verilated
+    engine, equal to the firmware's moves."""
+    import json
+
+    from kvcxl.emu.cli import main
+
+    trace = tmp_path / "u.npz"
+    assert main(["trace", "export", "--workload", "uniform", "--steps", "8", "--read",
+                 "topk:4", "-o", str(trace)]) == 0  # fmt: skip
+    out = tmp_path / "r.json"
+    assert main(["rtl", "sim", "--trace", str(trace), "--budget", "10%", "--check",
+                 "--boundary", "--no-progress", "--json", str(out)]) == 0  # fmt: skip
+    b = json.loads(out.read_text())["boundary"]
+    assert b["mismatches"] == 0 and b["moving_boundaries"] == b["trace_boundaries"] == 8
+    assert b["downs"] == 8 * 256 and b["moves_checked"] == b["downs"] + b["ups"]

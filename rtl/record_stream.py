@@ -9,7 +9,8 @@ own DRAM and streams them through the engine once a sweep.  This engine does tha
 * ``rd_cmd`` asks the memory for the words in bursts of ``burst`` words (address, length),
   as far ahead as the memory takes commands; ``rd_data`` brings them back in order;
 * each word meets its ``upd`` beat (the step's weights and read flags of its ``lanes``
-  entries, as the on-chip engine takes them) and goes through the same Q0.16 datapath,
+  entries, as the on-chip engine takes them; its ``hold`` field is not read, the sweep's
+  kind is the ``step`` beat's) and goes through the same Q0.16 datapath,
   built by calling the firmware's kernels on signals
   (:func:`kvcxl.firmware.fixedpoint.ema_q16_products`, ``q16_round``,
   ``priority_q16_step``), three stages: join → EMA products and idle count → new score

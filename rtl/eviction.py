@@ -30,7 +30,6 @@ from amaranth.lib.wiring import In, Out
 from . import layouts as L
 
 DEFECTS = (None, "tie_off_by_one")
-COPY_GROUP = 8  # slots per copy of the one-lane candidate
 
 
 class EvictionEngine(wiring.Component):
@@ -122,33 +121,13 @@ class EvictionEngine(wiring.Component):
                     m.d.comb += [cp.eq(g_prio[i]), ci.eq(idx[i])]
             m.d.comb += insert.eq(q != 0)
 
-        # The candidate each slot compares with and takes: with one lane, a copy of the
-        # beat's registers per group of COPY_GROUP slots, so that no register drives all
-        # `batch` comparators across the chip (the route, not the compare, set the clock).
-        # Copy c holds the beat XOR a mask of its own, so that synthesis cannot merge the
-        # copies back into one register (equal registers are merged); the mask is undone
-        # where the copy is read, inside the compare's LUTs.
-        cands = [(cp, ci)] * K
-        if lanes == 1 and K > COPY_GROUP:
-            cands = []
-            for c in range(-(-K // COPY_GROUP)):
-                mp = (c * 0x9E37) % (1 << self.q_bits)
-                mi = (c * 0x2B5) % (1 << self.index_bits)
-                kp = Signal(self.q_bits, name=f"cand{c}_prio")
-                ki = Signal(self.index_bits, name=f"cand{c}_index")
-                with m.If(self.cand.valid & self.cand.ready):
-                    m.d.sync += [
-                        kp.eq(self.cand.payload.lane[0].priority ^ mp),
-                        ki.eq(self.cand.payload.addr ^ mi),
-                    ]
-                cands += [(kp ^ mp, ki ^ mi)] * COPY_GROUP
         with m.If(hold & ~emit):
             with m.If(insert):
-                gt = [self._better(*cands[j], sv[j], sp[j], si[j]) for j in range(K)]
+                gt = [self._better(cp, ci, sv[j], sp[j], si[j]) for j in range(K)]
                 for j in range(K):
                     take_cand = gt[j] if j == 0 else gt[j] & ~gt[j - 1]
                     with m.If(take_cand):
-                        m.d.sync += [sv[j].eq(1), sp[j].eq(cands[j][0]), si[j].eq(cands[j][1])]
+                        m.d.sync += [sv[j].eq(1), sp[j].eq(cp), si[j].eq(ci)]
                     if j > 0:
                         with m.Elif(gt[j - 1]):
                             m.d.sync += [

@@ -1,7 +1,7 @@
-"""EvictionEngine with one lane and a top-k wider than one copy group of its candidate
-(the copies that keep the candidate's broadcast local): every pass's victims equal the
-contract's order (priority descending, index ascending, eligible only) under random
-back-pressure on both streams, with ties and k below, at and above the eligible count."""
+"""EvictionEngine with one lane (its insertion gated on `pending`, without the compare with
+the last slot in series): every pass's victims equal the contract's order (priority
+descending, index ascending, eligible only) under random back-pressure on both streams,
+with ties and k below, at and above the eligible count."""
 
 from __future__ import annotations
 

@@ -214,27 +214,47 @@ def run(
     if not res["ffs"]:
         # iCE40 packs flip-flops into logic cells; count yosys's SB_DFF* cells instead.
         res["ffs"] = _count_cells(stat, "SB_DFF")
-    fmax = report.get("fmax", {})
-    clk = next((v for k, v in fmax.items() if "clk" in k), None)
-    if clk is None:
-        raise toolchain.ToolError(f"no clock in nextpnr's report: {sorted(fmax)}")
-    res["fmax_mhz"] = round(clk["achieved"], 2)
-    res["target_mhz"] = cfg.freq_mhz
-    res["timing_met"] = clk["achieved"] >= cfg.freq_mhz
     res["wrapper_ffs"] = wrapper_ffs
-    # Analytical model from the measured Fmax: one entry per lane per cycle.
-    res["entry_updates_per_s"] = round(cfg.lanes * clk["achieved"] * 1e6)
-    res["critical_path"] = _critical_path(report)
+    res.update(timing(report, cfg))
     res["synth_s"] = round(t_synth, 1)
     res["pnr_s"] = round(t_pnr, 1)
     res["device_flags"] = dev_flags
     return res
 
 
-def _critical_path(report: dict) -> dict | None:
-    """The slowest path of nextpnr's report: its start and end cells, its delay and how
-    much of it is logic (the rest is routing)."""
-    paths = report.get("critical_paths") or []
+def design_clock(fmax: dict) -> str:
+    """The design's clock among nextpnr's: the one named for ``clk``, never a net nextpnr
+    promoted itself (on the UP5K the DSPs' tied-off clock pins become
+    ``$PACKER_GND_NET_$glb_clk``, whose DSP-to-DSP "paths" report hundreds of MHz)."""
+    names = [k for k in fmax if "clk" in k and "PACKER" not in k]
+    if not names:
+        raise toolchain.ToolError(f"no clock in nextpnr's report: {sorted(fmax)}")
+    return names[0]
+
+
+def timing(report: dict, cfg: SynthConfig) -> dict:
+    """Fmax, whether it meets the target, the updates/s and the critical path, of the
+    design's clock in nextpnr's JSON report."""
+    name = design_clock(report.get("fmax", {}))
+    achieved = report["fmax"][name]["achieved"]
+    return {
+        "fmax_mhz": round(achieved, 2),
+        "target_mhz": cfg.freq_mhz,
+        "timing_met": achieved >= cfg.freq_mhz,
+        # Analytical model from the measured Fmax: one entry per lane per cycle.
+        "entry_updates_per_s": round(cfg.lanes * achieved * 1e6),
+        "critical_path": _critical_path(report, name),
+    }
+
+
+def _critical_path(report: dict, clock: str | None = None) -> dict | None:
+    """The slowest path of nextpnr's report within ``clock`` (default: the first listed):
+    its start and end cells, its delay and how much of it is logic (the rest is routing)."""
+    paths = [
+        p
+        for p in report.get("critical_paths") or []
+        if clock is None or (p.get("from"), p.get("to")) == (f"posedge {clock}",) * 2
+    ]
     if not paths or not paths[0].get("path"):
         return None
     segs = paths[0]["path"]

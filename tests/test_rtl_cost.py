@@ -86,3 +86,27 @@ def test_cost_places_an_engine_once_and_reads_the_cache(tmp_path):
     text = doc.read_text()
     assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
     assert "| CXL.mem front end | 1024 entries |" in text
+
+
+def test_fmax_is_the_design_clock_not_a_net_the_packer_promoted():
+    """On the UP5K nextpnr reports the DSPs' tied-off clock pins as a clock of their own;
+    its few-ns DSP-to-DSP path must not stand for the design's Fmax."""
+    from kvcxl.rtl.synth import SynthConfig, timing
+
+    def path(clock, ns):
+        seg = {"type": "logic", "delay": ns, "from": {"cell": "a"}, "to": {"cell": "b"}}
+        return {"from": f"posedge {clock}", "to": f"posedge {clock}", "path": [seg]}
+
+    report = {
+        "fmax": {
+            "$PACKER_GND_NET_$glb_clk": {"achieved": 313.3},
+            "clk$SB_IO_IN_$glb_clk": {"achieved": 31.4},
+        },
+        "critical_paths": [
+            path("$PACKER_GND_NET_$glb_clk", 3.19),
+            path("clk$SB_IO_IN_$glb_clk", 31.86),
+        ],
+    }
+    t = timing(report, SynthConfig(target="ice40-up5k", freq_mhz=100.0))
+    assert t["fmax_mhz"] == 31.4 and not t["timing_met"]
+    assert t["critical_path"]["delay_ns"] == 31.86

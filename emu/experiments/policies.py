@@ -65,6 +65,8 @@ CALIBRATED = "firmware/calibrated.toml"
 #: table, so it must say what it is.
 CONFIGURED: dict[str, tuple[str, str | dict[str, Any]]] = {
     "ema (calibrated)": (BASELINE, CALIBRATED),
+    # the variant of the EMA's own rules that `kvcxl experiment ema-variants` names best
+    "ema (best variant)": (BASELINE, {"touch_threshold": 0.001}),
 }
 
 
@@ -234,6 +236,8 @@ def _rank(wl: str, rs: list[dict[str, Any]], order: list[str]) -> dict[str, Any]
     over the family's best."""
     best, second = order[0], order[1] if len(order) > 1 else order[0]
     hit = lambda p: column(rs, p, "hit_rate")  # noqa: E731
+    mean = {p: float(np.mean(hit(p))) for p in order}
+    rank = lambda a: 1 + sum(m > mean[a] for m in mean.values())  # noqa: E731  (ties share)
     fam = [a for a in family(rs[0]) if a in order]
     top = min(fam, key=order.index) if fam else None
     return {
@@ -243,13 +247,12 @@ def _rank(wl: str, rs: list[dict[str, Any]], order: list[str]) -> dict[str, Any]
         "runner_up": second,
         "lead": paired_gain(hit(best), hit(second)),
         "over_ema": paired_gain(hit(best), hit(BASELINE)),
-        "ema_rank": order.index(BASELINE) + 1 if BASELINE in order else None,
+        "ema_rank": rank(BASELINE) if BASELINE in order else None,
         "policies": len(order),
         "to_bound": paired_gain(hit(BOUND), hit(best)),
         "seeds": len(rs),
         "family": {
-            a: {"rank": order.index(a) + 1, "over_ema": paired_gain(hit(a), hit(BASELINE))}
-            for a in fam
+            a: {"rank": rank(a), "over_ema": paired_gain(hit(a), hit(BASELINE))} for a in fam
         },
         "best_of_family": top,
         "over_family": paired_gain(hit(best), hit(top)) if top else None,

@@ -23,7 +23,7 @@ def test_the_ci_and_mid_runs_let_beta_act_for_1000_steps() -> None:
     for scale in ("ci", "mid"):
         for case in EXPERIMENT.cases(scale):
             assert case["steps"] - case["warmup"] >= 1000 == RUNS[scale]["steps"] - 100
-    assert len(EXPERIMENT.cases("mid")) == 4  # the programme's workloads
+    assert len(EXPERIMENT.cases("mid")) == 3  # three of the programme's workloads
 
 
 def test_each_arm_is_the_simulator_with_its_parameters(rows) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvcxl.common.argtypes import nonnegative, positive
+from kvcxl.common.argtypes import nonnegative, positive, positive_float
 from kvcxl.common.jsonout import emit, wrote
 from kvcxl.common.progress import progress
 from kvcxl.rtl.commands import actions, add_shape
@@ -86,6 +86,32 @@ def register(sub: argparse._SubParsersAction) -> None:
         "with --entries slots (one per resident entry; --lanes and --batch do not apply)",
     )
     s.add_argument(
+        "--records",
+        choices=("chip", "dram"),
+        default="chip",
+        help="ema: where the engine keeps its entry records: chip (the PolicyEngine, "
+        "--entries a table) or dram (the RecordStreamEngine streaming them in bursts from a "
+        "DRAM model in the C++ harness, sized to the trace's record count; --entries does "
+        "not apply)",
+    )
+    s.add_argument(
+        "--dram-latency", type=nonnegative, default=20,
+        help="--records dram: cycles from a read burst's command to its first word (default 20)",
+    )  # fmt: skip
+    s.add_argument(
+        "--dram-bytes", type=positive_float, default=None,
+        help="--records dram: DRAM bytes a cycle, reads and writes together (default two "
+        "record words a cycle, never the bound)",
+    )  # fmt: skip
+    s.add_argument(
+        "--dram-depth", type=positive, default=4,
+        help="--records dram: bursts in flight per direction (default 4)",
+    )  # fmt: skip
+    s.add_argument(
+        "--burst", type=positive, default=16,
+        help="--records dram: words a burst (default 16)",
+    )  # fmt: skip
+    s.add_argument(
         "--clock-bits",
         type=positive,
         help="CLOCK's counter width in bits, 1 to 8 (the firmware's clock_bits; default its "
@@ -108,6 +134,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--defect",
         action="store_true",
         help="plant a defect (--check must stop): ema, the eviction engine's tie-break; "
+        "--records dram, the DRAM model answering each read burst's first word with the "
+        "word before (stale_read); "
         "clock and sieve, a walk that ignores the offered bit (victim_unoffered)",
     )
     s.add_argument(
@@ -175,12 +203,27 @@ def _sim(args: argparse.Namespace) -> int:
         raise ValueError("--boundary applies to --policy ema (managed tiers need a scored policy)")
     if slots and args.eviction_passes != "exact":
         raise ValueError(f"--eviction-passes {args.eviction_passes} applies to --policy ema only")
+    dram = None
+    if args.records == "dram":
+        if slots or args.boundary:
+            raise ValueError("--records dram applies to --policy ema, without --boundary")
+        from kvcxl.rtl.verilated_records import DramShape
+
+        dram = DramShape(args.dram_latency, args.dram_bytes, args.dram_depth, args.burst,
+                         "stale_read" if args.defect else None)  # fmt: skip
+        defect = None
     shape = EngineShape(args.entries, 1 if slots else args.lanes, args.batch, defect)
     what = (
         f"{args.policy} engine, {shape.entries} slots"
         if slots
         else f"PolicyEngine {shape.entries} entries, {shape.lanes} lanes, batch {shape.batch}"
     )
+    if dram is not None:
+        what = (
+            f"RecordStreamEngine {stream.n_entries} entries in DRAM, {shape.lanes} lanes, "
+            f"batch {shape.batch}; DRAM latency {dram.latency}, bursts of {dram.burst}, "
+            f"{dram.depth} in flight, {dram.bytes_per_cycle or 'two words'} B/cycle"
+        )
     print(
         f"rtl sim: {args.trace}, {stream.n_entries} entries, budget {args.budget}; Verilator "
         f"{what}" + (", defect planted" if args.defect else ""),
@@ -204,7 +247,7 @@ def _sim(args: argparse.Namespace) -> int:
         with recording(found) if args.boundary else nullcontext():
             res = run_stream(
                 stream, args.budget, shape, check=args.check, config=config,
-                progress=update, policy=args.policy,
+                progress=update, policy=args.policy, dram=dram,
             )  # fmt: skip
     finally:
         bar.close()

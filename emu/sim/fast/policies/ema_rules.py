@@ -13,13 +13,15 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
-from ..formulas import ema_float, priority_float
 from ..hooks import Setup
 from ..kernel import float_key, key_of
 from .ema import build as build_ema
+from .ema import end_step, idle_steps, priority, score  # (the seed's, on this state)
 
 COVERS: tuple = ()
 STATIC = True
+__all__ = ["COVERS", "STATIC", "build", "end_step", "forget", "idle_steps", "on_access",
+           "on_insert", "priority", "score", "select"]  # fmt: skip
 TIES = {"id": 0, "last-touch": 1, "score": 2, "age": 3}
 
 
@@ -46,11 +48,6 @@ def build(setup: Setup) -> State:
 
 
 @njit(cache=True)
-def priority(ps, tab, e, now):  # type: ignore[no-untyped-def]
-    return priority_float(ps.score[e], ps.decay[ps.idle[e]])
-
-
-@njit(cache=True)
 def on_access(ps, e, j, w, t):  # type: ignore[no-untyped-def]
     if w > ps.w_step[e]:
         ps.w_step[e] = w
@@ -69,15 +66,6 @@ def on_insert(ps, e, t):  # type: ignore[no-untyped-def]
     if not ps.resets:  # an admission zeroes idle, as a touch does otherwise
         ps.touched[e] = True
         ps.idle[e] = 0
-
-
-@njit(cache=True)
-def end_step(ps, n):  # type: ignore[no-untyped-def]
-    for e in range(n):
-        ps.score[e] = ema_float(ps.score[e], ps.w_step[e], ps.alpha)
-        ps.idle[e] = 0 if ps.touched[e] else ps.idle[e] + 1
-        ps.w_step[e] = 0.0
-        ps.touched[e] = False
 
 
 @njit(cache=True)
@@ -117,16 +105,6 @@ def select(ps, tab, cand, m, k, now, out):  # type: ignore[no-untyped-def]
     for j in range(got):
         out[j] = ids[order[j]]
     return got
-
-
-@njit(cache=True)
-def score(ps, e):  # type: ignore[no-untyped-def]
-    return ps.score[e]
-
-
-@njit(cache=True)
-def idle_steps(ps, e):  # type: ignore[no-untyped-def]
-    return ps.idle[e]
 
 
 @njit(cache=True)

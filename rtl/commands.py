@@ -157,6 +157,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument(
         "--out",
+        dest="md_out",
         help="write the markdown table here; a file holding the markers "
         f"{COST_BEGIN!r} … {COST_END!r} has only the text between them replaced",
     )
@@ -256,8 +257,8 @@ def _cost(args) -> int:
         keys, cache, targets=targets, log=lambda s: print(s, flush=True), cached_only=args.cached
     )
     table = markdown(doc)
-    if args.out:
-        out = Path(args.out)
+    if args.md_out:
+        out = Path(args.md_out)
         text = out.read_text() if out.exists() else ""
         if COST_BEGIN in text and COST_END in text:
             a, b = text.index(COST_BEGIN) + len(COST_BEGIN), text.index(COST_END)

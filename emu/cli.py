@@ -157,6 +157,12 @@ def explain(exc: BaseException) -> tuple[int, str] | None:
     code = getattr(type(exc), "exit_code", None)
     if isinstance(code, int) and not isinstance(code, bool):
         return code, str(exc)
+    if isinstance(exc, MemoryError):  # the machine's limit, not a bug: say how to go smaller
+        return 1, (
+            f"out of memory{': ' + str(exc) if str(exc) else ''}; the run needs more memory "
+            "than this process may use: fewer steps (`kvcxl experiment --steps N`), fewer "
+            "users or a smaller scale, or a machine with more memory"
+        )
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         top = exc.name.split(".")[0]
         if top in EXTRAS:

@@ -499,5 +499,7 @@ def test_only_an_unanticipated_error_is_a_bug() -> None:
     assert cli.explain(ZeroDivisionError()) is None
     assert cli.explain(ModuleNotFoundError("no", name="kvcxl.nope")) is None
     assert cli.explain(ValueError("bad")) == (2, "bad")
+    code, msg = cli.explain(MemoryError("Unable to allocate 2.48 GiB"))
+    assert code == 1 and "out of memory: Unable to allocate 2.48 GiB" in msg and "--steps" in msg
     assert cli.explain(ModuleNotFoundError("no", name="torch.nn"))[0] == 1
     assert "report" in cli.REPORT_TO

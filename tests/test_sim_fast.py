@@ -243,7 +243,7 @@ def test_lru_queue_takes_the_smallest_key_then_id(seed: int) -> None:
         want = eligible[:k]
         if k < len(eligible) and key_now[eligible[k - 1]] == key_now[eligible[k]]:
             splits += 1  # (the take ends inside a run of equal keys)
-        nv, head = K._take(hk, hi, hv, head, size, k, ver, stamp, call, protect, out)
+        nv, head = K._take((hk, hi, hv, ver), head, size, k, stamp, call, protect, out)
         assert sorted(out[:nv].tolist()) == sorted(want), (seed, call)
         resident[out[:nv]] = False  # the victims leave
         assert all(hk[j] <= hk[j + 1] for j in range(head, size - 1))  # key order kept

@@ -26,10 +26,25 @@ def age_tokens(tab, e):  # type: ignore[no-untyped-def]
     return max(tab.ctx_tokens[tab.e_ctx[e]] - 1 - last_token, 0)
 
 
+def _detached(context, builder, ty, val):  # type: ignore[no-untyped-def]
+    """``val`` of type ``ty`` with the meminfo of every array in it null (tuples: each of
+    their items, nested tuples included)."""
+    if isinstance(ty, types.Array):
+        arr = context.make_array(ty)(context, builder, val)
+        arr.meminfo = cgutils.get_null_value(arr.meminfo.type)
+        return arr._getvalue()
+    if isinstance(ty, types.BaseTuple):
+        for i, item in enumerate(ty.types):
+            part = _detached(context, builder, item, builder.extract_value(val, i))
+            val = builder.insert_value(val, part, i)
+    return val
+
+
 @intrinsic
 def borrowed(typingctx, tup):  # type: ignore[no-untyped-def]
-    """``tup`` (a policy's state, the entry table: a tuple of arrays and scalars) with every
-    array's reference count detached (its meminfo null), for the loop's own use.
+    """``tup`` (a policy's state, the entry table, a bundle of the loop's arrays: a tuple of
+    arrays, scalars and such tuples) with every array's reference count detached (its
+    meminfo null), for the loop's own use.
 
     numba counts references to the arrays of a tuple that a function receives (an atomic
     increment and decrement per array, per call) and removes the pairs only where the
@@ -40,13 +55,7 @@ def borrowed(typingctx, tup):  # type: ignore[no-untyped-def]
     out of the loop."""
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        out = args[0]
-        for i, ty in enumerate(tup.types):
-            if isinstance(ty, types.Array):
-                arr = context.make_array(ty)(context, builder, builder.extract_value(out, i))
-                arr.meminfo = cgutils.get_null_value(arr.meminfo.type)
-                out = builder.insert_value(out, arr._getvalue(), i)
-        return out
+        return _detached(context, builder, tup, args[0])
 
     return tup(tup), codegen
 
@@ -123,9 +132,10 @@ def _enqueue(hk, hi, hv, size, key, e, ver):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _take(hk, hi, hv, head, size, k, ver, stamp, call, protect, out):  # type: ignore[no-untyped-def]  # fmt: skip
+def _take(queue, head, size, k, stamp, call, protect, out):  # type: ignore[no-untyped-def]
     """Up to ``k`` victims from the queue's head into ``out``: the ``k`` smallest (key, id)
-    of its current items (each its entry's version), skipping the call's own
+    of its current items (``queue``: the items' keys, ids and versions and each entry's
+    version, ``(hk, hi, hv, ver)``), skipping the call's own
     entries (``stamp == call``) when ``protect``.  Stale items are dropped; the call's own
     and the boundary run's unchosen ones stay at the head, in key order.  Returns (how
     many, the new head).
@@ -134,6 +144,7 @@ def _take(hk, hi, hv, head, size, k, ver, stamp, call, protect, out):  # type: i
     own) or gathered in ``out``; all of them leave when the run fits, else its lowest ids
     (a run's order is free: its keys are equal).  ``out`` has room for every current
     item."""
+    hk, hi, hv, ver = queue
     nv = 0
     w = head  # kept items so far: [head, w) (w never passes the read position)
     r = head

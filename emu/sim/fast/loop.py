@@ -51,6 +51,38 @@ from kvcxl.emu.sim.fast.timeline import open_record as log_open
 from kvcxl.emu.sim.fast.timeline import outside as log_outside
 from kvcxl.emu.sim.fast.timeline import prefetch_begins as log_prefetch
 from kvcxl.emu.sim.fast.timeline import seal as log_seal
+from kvcxl.emu.sim.fast.work import (
+    CALL,
+    CXL_SIZE,
+    ERR,
+    EVICTIONS,
+    HHEAD,
+    HITS,
+    HSIZE,
+    INSERTS,
+    MISSES,
+    N_DESC,
+    N_DIRTY,
+    N_DUMP,
+    N_LIST,
+    N_PINNED,
+    N_RES,
+    PASSES,
+    POS,
+    STALE,
+    TIME,
+    Books,
+    Cache,
+    Dump,
+    Env,
+    Heap,
+    Marks,
+    Scratch,
+    Tiers,
+    Work,
+)
+from kvcxl.emu.sim.fast.work import COUNTERS as N_COUNTERS
+from kvcxl.emu.sim.fast.work import T as T_NOW
 
 # The policy's traits and hooks, frozen as constants when numba compiles the loop.
 STATIC = hooks.trait(P, "STATIC")
@@ -79,6 +111,14 @@ select = hooks.hook(P, "select")
 on_admit = hooks.hook(P, "on_admit")  # (once per call that admits)
 
 
+# --- the replay in phases ------------------------------------------------------------------
+# Each phase is a function of the replay's inputs ``env`` (work.Env) and its working state
+# ``w`` (work.Work), both borrowed (kernel.borrowed: no reference count per array and
+# call).  The per-batch and per-read phases are inlined (numba IR) into :func:`_batches`,
+# so that they cost what the one loop they were written as cost; a phase keeps the scalars
+# of ``w.c`` it updates in locals and writes them back once.
+
+
 @njit(cache=True, inline="always")
 def _promote(adm, na, pos, tier, tcount, moved):  # type: ignore[no-untyped-def]
     """tiers.promote: ``adm[:na]`` come up to HBM from their tiers (step position ``pos``)."""
@@ -102,38 +142,483 @@ def _promote(adm, na, pos, tier, tcount, moved):  # type: ignore[no-untyped-def]
     tcount[HBM] += na
 
 
-@njit(cache=True)
-def _leave(ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc, resident, res_list,
-           res_pos, n_list, tier, tcount, moved, since, cxl_k, cxl_i, cxl_v, cxl_ver,
-           cxl_size, pf_mark, pf_cnt, nvme_room, to_nvme, keys, ids,
-           out):  # type: ignore[no-untyped-def]  # fmt: skip
+@njit(cache=True, inline="always")
+def _touched(env, w, e, t, changed, hsize, n_dirty, stale):  # type: ignore[no-untyped-def]
+    """Entry ``e``'s key may have moved (``changed``) at time ``t``: a queue policy queues
+    it again (unless pinned), a heap marks it dirty (unless the heap is ``stale``, rebuilt
+    whole); returns (the heap's size, how many are dirty)."""
+    h = w.heap
+    if QUEUE:
+        if changed and not w.cache.pinned[e]:
+            k_ = key_of(priority(env.ps, env.tab, e, now_of(env.ps, t)))
+            hsize = _enqueue(h.hk, h.hi, h.hv, hsize, k_, e, h.ver)
+    elif STATIC and changed and not stale and not h.dirty[e]:
+        h.dirty[e] = True
+        h.dirty_list[n_dirty] = e
+        n_dirty += 1
+    return hsize, n_dirty
+
+
+@njit(cache=True, inline="always")
+def _hits(env, w, a, z0, step, tok):  # type: ignore[no-untyped-def]
+    """Reads of resident entries from ``a`` on, one after another: what the write, read and
+    room calls do for each, without them (most of a mostly-hit request replay): the write
+    call has nothing to write, the read call one hit, on_access, and no room to make.  The
+    run ends at the first non-resident; returns how many."""
+    ps, c, h, cache = env.ps, w.c, w.heap, w.cache
+    p_ids, p_w = env.plan.ids, env.plan.w
+    call, time, hsize, hhead = c[CALL], c[TIME], c[HSIZE], c[HHEAD]
+    n_dirty, stale, n_list = c[N_DIRTY], c[STALE] != 0, c[N_LIST]
+    j = a
+    while j < z0:
+        e = p_ids[j]
+        if not cache.resident[e]:
+            break
+        call += 2
+        cache.stamp[e] = call
+        changed = on_access(ps, e, j, p_w[j], time)
+        if QUEUE and hsize == h.hk.size:
+            hsize = _compact(h.hk, h.hi, h.hv, hhead, hsize, h.ver)
+            hhead = 0
+        hsize, n_dirty = _touched(env, w, e, time, changed, hsize, n_dirty, stale)
+        time += 1
+        if STATIC and not QUEUE and n_dirty * 2 > n_list:
+            stale = True
+        j += 1
+    c[CALL], c[TIME], c[HSIZE], c[HHEAD] = call, time, hsize, hhead
+    c[N_DIRTY], c[STALE] = n_dirty, stale
+    c[T_NOW] = time - 1  # (the last hit's time, as its read call left it)
+    n = j - a
+    pos, b = c[POS], w.books
+    c[HITS] += n
+    b.reads[pos] += n
+    b.hits[pos] += n
+    b.tokens[pos] += tok
+    log_hits(env.tlog, n, pos, step, tok, b.moved)
+    return n
+
+
+@njit(cache=True, inline="always")
+def _write(env, w, b, a, z, step):  # type: ignore[no-untyped-def]
+    """The write call of batch ``b`` (its own entries, or a trace's entries written just
+    before their first read) into ``adm``: tiers.create, then FirmwareSession.write at the
+    last read batch's time; returns how many (−1: no write)."""
+    plan, run, tab, c, cache = env.plan, env.run, env.tab, w.c, w.cache
+    p_ids, adm, stamp = plan.ids, w.scratch.adm, cache.stamp
+    c[CALL] += 1
+    call = c[CALL]
+    if plan.read[b]:
+        if not run.lazy:
+            return -1
+        na = 0
+        for j in range(a, z):
+            e = p_ids[j]
+            if not cache.created[e] and stamp[e] != call:
+                stamp[e] = call
+                adm[na] = e
+                na += 1
+        if na > 1:
+            adm[:na] = np.sort(adm[:na])
+    else:
+        na = z - a
+        for j in range(na):
+            adm[j] = p_ids[a + j]
+    if na == 0:
+        return -1
+    time = c[TIME]
+    c[T_NOW] = time - 1 if time > 0 or run.offline else 0  # (offline: −1 first)
+    n_desc, pos, ti, bt = c[N_DESC], c[POS], w.tiers, tab.bt
+    for j in range(na):
+        e = adm[j]
+        cache.created[e] = True
+        if e + 1 > n_desc:
+            n_desc = e + 1
+        if BY_AGE:  # EntryTable.append: at least its last block's first token + 1; a
+            # trace's entry written on first read: its block full
+            tl = (tab.e_block[e] + 1) * bt if plan.read[b] else tab.e_block[e] * bt + 1
+            tab.ctx_tokens[tab.e_ctx[e]] = max(tab.ctx_tokens[tab.e_ctx[e]], tl)
+        ti.tier[e] = HBM
+        stamp[e] = call
+    c[N_DESC] = n_desc
+    ti.tcount[HBM] += na
+    w.books.moved[pos, HOST, HBM] += na
+    log_open(env.tlog, False, pos, step, 0, 0, 0, 0, 0, w.books.moved)
+    return na
+
+
+@njit(cache=True, inline="always")
+def _read(env, w, b, a, z, step, tok):  # type: ignore[no-untyped-def]
+    """The read call of batch ``b``: hits (resident at the batch's start), misses by tier
+    and their stall, the misses to admit into ``adm`` (once each, promoted to HBM); returns
+    (how many to admit, −1: no read; the call's protected hits)."""
+    plan, media, c, cache, bk = env.plan, env.media, w.c, w.cache, w.books
+    mk, adm, tier, p_ids = w.marks, w.scratch.adm, w.tiers.tier, plan.ids
+    if not plan.read[b]:
+        return -1, 0
+    pf_log = env.pf.on and env.tlog.rows.shape[0] > 0
+    c[CALL] += 1
+    call, pos = c[CALL], c[POS]
+    c[T_NOW] = c[TIME]
+    m = z - a
+    nh = n_prot = c_cxl = c_nvme = na = n_w = 0
+    for j in range(a, z):
+        e = p_ids[j]
+        first = cache.stamp[e] != call
+        cache.stamp[e] = call  # every read entry is protected
+        if cache.resident[e]:
+            nh += 1
+            if first and not cache.pinned[e]:
+                n_prot += 1
+            if env.pf.on and mk.mark[e]:  # a useful prefetch (counted once)
+                mk.mark[e] = False
+                mk.cnt[PF_USEFUL] += 1
+                if pf_log:  # (the read waits on the record that fetched it)
+                    mk.recs[n_w] = mk.rec[e]
+                    n_w += 1
+        else:
+            tr = tier[e]
+            if tr == CXL:
+                c_cxl += 1
+            elif tr == NVME:
+                c_nvme += 1
+            else:
+                bk.miss[pos, tr] += 1
+            if first:  # the misses to admit, once each
+                adm[na] = e
+                na += 1
+    bk.miss[pos, CXL] += c_cxl
+    bk.miss[pos, NVME] += c_nvme
+    c[HITS] += nh
+    c[MISSES] += m - nh
+    bk.reads[pos] += m
+    bk.hits[pos] += nh
+    bk.tokens[pos] += tok
+    if c_cxl:
+        bk.stall[pos] += media.cxl_lat + (c_cxl * media.entry_bytes) / media.cxl_gbps
+    if c_nvme:
+        bk.stall[pos] += media.nvme_lat + (c_nvme * media.entry_bytes) / media.nvme_gbps
+    # the order matters only to pinning (ascending ids take free slots)
+    if na > 1 and env.run.pinned_capacity - c[N_PINNED] > 0:
+        adm[:na] = np.sort(adm[:na])
+    log_seal(env.tlog, bk.moved)
+    _promote(adm, na, pos, tier, w.tiers.tcount, bk.moved)
+    log_open(env.tlog, True, pos, step, tok, nh, m, c_cxl, c_nvme, bk.moved)
+    if n_w:  # (a call of its own only when there are waits)
+        log_waits(env.tlog, mk.recs, n_w)
+    return na, n_prot
+
+
+@njit(cache=True, inline="always")
+def _prefetch(env, w, b, a, z):  # type: ignore[no-untyped-def]
+    """FirmwareSession.prefetch_candidates of read batch ``b``, then .prefetch at the read's
+    time: the chosen ones into ``adm``, marked, promoted; returns how many (−1: none)."""
+    pf, ps, c, tab, mk = env.pf, env.ps, w.c, env.tab, w.marks
+    adm = w.scratch.adm
+    if not pf.on or not env.plan.read[b]:
+        return -1
+    mc = pf_gather(pf, env.plan.ids, env.plan.w, a, z, tab.e_ctx, tab.e_block, c[N_DESC],
+                   w.cache.resident)  # fmt: skip
+    if mc == 0:
+        return -1
+    for j in range(mc):
+        e = pf.cand[j]
+        if pf.int_mode:  # (Q0.16 ranks are exact as floats)
+            pf.rank[j] = float(pf_rank_q16(pf, pf.dist[e], score_q16(ps, e)))
+        else:
+            pf.rank[j] = pf_rank_float(pf, pf.dist[e], score(ps, e))
+    na = pf_order(pf, mc, adm)
+    c[CALL] += 1
+    call = c[CALL]
+    c[T_NOW] = c[TIME] - 1
+    mk.cnt[PF_TOTAL] += na
+    if na > 1:  # PolicyCache.insert admits in ascending id order
+        adm[:na] = np.sort(adm[:na])
+    log_prefetch(env.tlog, w.books.moved)
+    pf_log = env.tlog.rows.shape[0] > 0
+    for j in range(na):  # marked before its evictions settle
+        e = adm[j]
+        mk.mark[e] = True
+        if pf_log:
+            mk.rec[e] = env.tlog.st[0] - 1  # (the open read record)
+        w.cache.stamp[e] = call
+    _promote(adm, na, c[POS], w.tiers.tier, w.tiers.tcount, w.books.moved)
+    return na
+
+
+@njit(cache=True, inline="always")
+def _admit(env, w, a, z, na, n_prot, is_write):  # type: ignore[no-untyped-def]
+    """PolicyCache._admit(adm[:na]): resident, pinned while pins last, else listed (and
+    counted in the call's protected ``n_prot``, returned), on_insert, queued or dirty."""
+    ps, run, c, cache, h = env.ps, env.run, w.c, w.cache, w.heap
+    adm, t = w.scratch.adm, c[T_NOW]
+    hsize, hhead, n_dirty, stale = c[HSIZE], c[HHEAD], c[N_DIRTY], c[STALE] != 0
+    n_list, n_pinned = c[N_LIST], c[N_PINNED]
+    if QUEUE and hsize + na + (z - a) > h.hk.size:  # (room for every touch below)
+        hsize = _compact(h.hk, h.hi, h.hv, hhead, hsize, h.ver)
+        hhead = 0
+    c[N_RES] += na
+    c[INSERTS] += na
+    free = run.pinned_capacity - n_pinned
+    for j in range(na):
+        e = adm[j]
+        cache.resident[e] = True
+        if free > 0 and run.want_pin[e]:
+            cache.pinned[e] = True
+            n_pinned += 1
+            free -= 1
+        else:
+            if not QUEUE:  # (a queue policy's victims come from its queue)
+                cache.res_list[n_list] = e
+                cache.res_pos[e] = n_list
+            n_list += 1
+            n_prot += 1
+        if not run.persistent:  # Policy.on_insert
+            forget(ps, e)
+        on_insert(ps, e, t)
+        # every insert joins a queue's tail at once (TOUCH: at its read); a stale heap is
+        # rebuilt whole
+        hsize, n_dirty = _touched(env, w, e, t, is_write or not TOUCH, hsize, n_dirty, stale)
+    c[HSIZE], c[HHEAD], c[N_DIRTY] = hsize, hhead, n_dirty
+    c[N_LIST], c[N_PINNED] = n_list, n_pinned
+    if ADMIT and na:
+        on_admit(ps, adm, na, t)
+    return n_prot
+
+
+@njit(cache=True, inline="always")
+def _touch(env, w, a, z):  # type: ignore[no-untyped-def]
+    """on_access of the read call's records ``a:z`` (ONCE: once per entry), each key that
+    moved queued or marked dirty; the batch time advances."""
+    ps, c, stamp, p_ids, p_w = env.ps, w.c, w.cache.stamp, env.plan.ids, env.plan.w
+    call, t = c[CALL], c[T_NOW]
+    hsize, n_dirty, stale = c[HSIZE], c[N_DIRTY], c[STALE] != 0
+    for j in range(a, z):
+        e = p_ids[j]
+        if ONCE:  # once per entry: numpy's last write wins
+            if stamp[e] != call:
+                continue
+            stamp[e] = -call
+        changed = on_access(ps, e, j, p_w[j], t)
+        hsize, n_dirty = _touched(env, w, e, t, changed, hsize, n_dirty, stale)
+    if ONCE:
+        for j in range(a, z):
+            if stamp[p_ids[j]] == -call:
+                stamp[p_ids[j]] = call
+    c[HSIZE], c[N_DIRTY] = hsize, n_dirty
+    c[TIME] += 1
+
+
+@njit(cache=True, inline="always")
+def _heap_victims(env, w, k_pass, protect, now):  # type: ignore[no-untyped-def]
+    """Up to ``k_pass`` victims popped from the heap (rebuilt when stale, else the dirty
+    entries pushed again), the call's own stashed and pushed back when ``protect``; into
+    ``vic``, returning how many."""
+    ps, tab, c, h, cache, sc = env.ps, env.tab, w.c, w.heap, w.cache, w.scratch
+    hk, hi, hv, ver, vic, stash = h.hk, h.hi, h.hv, h.ver, sc.vic, sc.stash
+    hsize, n_dirty, n_list, call = c[HSIZE], c[N_DIRTY], c[N_LIST], c[CALL]
+    if c[STALE] or hsize + n_dirty > hk.size:
+        hsize = n_list
+        for j in range(n_list):
+            e = cache.res_list[j]
+            ver[e] += 1
+            hi[j] = e
+            hv[j] = ver[e]
+            hk[j] = key_of(priority(ps, tab, e, now))
+        _heapify(hk, hi, hv, hsize)
+        for j in range(n_dirty):
+            h.dirty[h.dirty_list[j]] = False
+        c[STALE] = False
+    else:
+        for j in range(n_dirty):
+            e = h.dirty_list[j]
+            h.dirty[e] = False
+            if cache.resident[e] and not cache.pinned[e]:
+                ver[e] += 1
+                k_ = key_of(priority(ps, tab, e, now))
+                hsize = _push(hk, hi, hv, hsize, k_, e, ver[e])
+    c[N_DIRTY] = 0
+    nv = 0
+    n_st = 0
+    while nv < k_pass and hsize > 0:
+        key, e, v, hsize = _pop(hk, hi, hv, hsize)
+        if not cache.resident[e] or cache.pinned[e] or v != ver[e]:
+            continue
+        if protect and cache.stamp[e] == call:
+            stash[2 * n_st] = e
+            stash[2 * n_st + 1] = key  # (unchanged: the item was current)
+            n_st += 1
+            continue
+        vic[nv] = e
+        nv += 1
+    for j in range(n_st):
+        e = stash[2 * j]
+        hsize = _push(hk, hi, hv, hsize, stash[2 * j + 1], e, ver[e])
+    c[HSIZE] = hsize
+    return nv
+
+
+@njit(cache=True, inline="always")
+def _layer_victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-untyped-def]
+    """Managed tiers: up to ``k_pass`` victims layer by layer, each by the policy's order
+    (the layers move only with a score or a touch: fixed for the call); into ``vic``, each
+    one's pass and layer into ``vgrp``, returning how many."""
+    ps, tab, rules, c, cache, sc = env.ps, env.tab, env.rules, w.c, w.cache, w.scratch
+    lay_ids, lay_n, cand_id, cand_k, vic, vic2 = (
+        sc.lay_ids, sc.lay_n, sc.cand_id, sc.cand_k, sc.vic, sc.vic2
+    )  # fmt: skip
+    call, record = c[CALL], env.run.record
+    lay_n[:] = 0
+    for j in range(c[N_LIST]):
+        e = cache.res_list[j]
+        if protect and cache.stamp[e] == call:
+            continue
+        s_ = score(ps, e)
+        g = T.layer(rules, s_, T.value(rules, s_, idle_steps(ps, e), tab.e_block[e] * tab.bt))
+        lay_ids[g, lay_n[g]] = e
+        lay_n[g] += 1
+    nv = 0
+    for g in range(T.LAYERS):
+        if nv >= k_pass:
+            break
+        mc = lay_n[g]
+        if mc == 0:
+            continue
+        if SELECT:
+            for j in range(mc):
+                cand_id[j] = lay_ids[g, j]
+            got = select(ps, tab, cand_id, mc, k_pass - nv, now, vic2)
+        elif mc <= k_pass - nv:  # the whole layer leaves: no ranking
+            for j in range(mc):
+                vic2[j] = lay_ids[g, j]
+            got = mc
+        else:
+            for j in range(mc):
+                cand_id[j] = lay_ids[g, j]
+                cand_k[j] = key_of(priority(ps, tab, cand_id[j], now))
+            got = T.smallest(cand_k, cand_id, mc, k_pass - nv, vic2)
+        for j in range(got):
+            vic[nv + j] = vic2[j]
+            if record:
+                sc.vgrp[nv + j] = n_pass * T.LAYERS + g
+        nv += got
+    return nv
+
+
+@njit(cache=True, inline="always")
+def _scan_victims(env, w, k_pass, protect, now):  # type: ignore[no-untyped-def]
+    """Up to ``k_pass`` victims selected over the eligible resident entries (the policy's
+    own select, or the key order); into ``vic``, returning how many."""
+    ps, tab, c, cache, sc = env.ps, env.tab, w.c, w.cache, w.scratch
+    cand_id, cand_k = sc.cand_id, sc.cand_k
+    call = c[CALL]
+    mc = 0
+    for j in range(c[N_LIST]):
+        e = cache.res_list[j]
+        if protect and cache.stamp[e] == call:
+            continue
+        cand_id[mc] = e
+        mc += 1
+    if SELECT:
+        return select(ps, tab, cand_id, mc, k_pass, now, sc.vic)
+    kmin = 0
+    kmax = 0
+    for j in range(mc):
+        k = key_of(priority(ps, tab, cand_id[j], now))
+        cand_k[j] = k
+        if j == 0 or k < kmin:
+            kmin = k
+        if j == 0 or k > kmax:
+            kmax = k
+    return _select(cand_k, cand_id, mc, k_pass, kmin, kmax, sc.vic)
+
+
+@njit(cache=True, inline="always")
+def _victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-untyped-def]
+    """One pass's victims (at most ``k_pass``) into ``vic``, each one's pass and layer into
+    ``vgrp`` when recording: the queue (any number of victims), the heap (few among many),
+    the managed layers, or a selection; returns how many."""
+    c, h, sc = w.c, w.heap, w.scratch
+    if (STATIC and not SELECT and (QUEUE or k_pass * 16 <= c[N_LIST])
+            and not (LAYERED and env.rules.managed)):  # fmt: skip
+        if QUEUE:  # (every touch is queued already, in key order)
+            nv, head = _take(
+                (h.hk, h.hi, h.hv, h.ver), c[HHEAD], c[HSIZE], k_pass, w.cache.stamp,
+                c[CALL], protect, sc.vic,
+            )  # fmt: skip
+            c[HHEAD] = head
+        else:
+            nv = _heap_victims(env, w, k_pass, protect, now)
+    elif LAYERED and env.rules.managed:
+        return _layer_victims(env, w, k_pass, n_pass, protect, now)
+    else:
+        nv = _scan_victims(env, w, k_pass, protect, now)
+    if env.run.record:
+        for j in range(nv):
+            sc.vgrp[j] = n_pass * T.LAYERS
+    return nv
+
+
+@njit(cache=True, inline="always")
+def _dump(env, w, b, nv, now):  # type: ignore[no-untyped-def]
+    """The pass's victims ``vic[:nv]`` into the dump, each with its priority and key (ordered
+    afterwards; a policy's own selection orders its victims itself)."""
+    c, d, vic = w.c, w.dump, w.scratch.vic
+    call, n_dump = c[CALL], c[N_DUMP]
+    d.call_batch[call] = b
+    for j in range(nv):
+        e = vic[j]
+        p = priority(env.ps, env.tab, e, now)
+        d.d_id[n_dump + j] = e
+        d.d_call[n_dump + j] = call
+        d.d_grp[n_dump + j] = w.scratch.vgrp[j]
+        d.d_pr[n_dump + j] = float(p)
+        d.d_key[n_dump + j] = j if SELECT else key_of(p)
+    c[N_DUMP] = n_dump + nv
+
+
+@njit(cache=True, inline="always")
+def _nvme_bound(env, w, nv):  # type: ignore[no-untyped-def]
+    """Static thresholds with NVMe short of room for the victims ``vic[:nv]`` scored below
+    ``nvme_below``: marks in ``to_nvme`` the ones that take its room (the lowest scores
+    first, ties lower id: session.place); returns whether it is short."""
+    ps, sc, nvme_below = env.ps, w.scratch, env.run.nvme_below
+    nvme_room = env.media.nvme_cap - w.tiers.tcount[NVME]
+    if not (SCORED and nvme_below > -np.inf and nv > nvme_room):  # (else every one fits)
+        return False
+    m = 0
+    for j in range(nv):
+        e = sc.vic[j]
+        s_ = score(ps, e)
+        if s_ < nvme_below:
+            sc.cand_k[m] = float_key(s_)
+            sc.cand_id[m] = e
+            m += 1
+    if m <= nvme_room:
+        return False
+    got = T.smallest(sc.cand_k, sc.cand_id, m, nvme_room, sc.vic2)
+    for j in range(got):
+        w.tiers.to_nvme[sc.vic2[j]] = True
+    return True
+
+
+@njit(cache=True, inline="always")
+def _leave(env, w, nv, t):  # type: ignore[no-untyped-def]
     """Victims ``vic[:nv]`` leave HBM: placement (as each leaves, before it is forgotten),
-    on_evict, tiers.demote, a prefetched one counted wasted; returns (resident list length,
-    CXL arrivals heap size).  Static thresholds send a victim scored below ``nvme_below``
-    to NVMe while its ``nvme_room`` lasts: the lowest scores first, ties lower id
-    (session.place); the rest go to CXL DRAM."""
-    ps = borrowed(ps)
-    limited = False
-    if SCORED and nvme_below > -np.inf and nv > nvme_room:  # (else every one fits)
-        m = 0
+    on_evict, tiers.demote, a prefetched one counted wasted.  Static thresholds send a
+    victim scored below ``nvme_below`` to NVMe while its room lasts (:func:`_nvme_bound`);
+    the rest go to CXL DRAM."""
+    ps, run, c, cache, ti, vic = env.ps, env.run, w.c, w.cache, w.tiers, w.scratch.vic
+    pos, n_desc, nvme_below = c[POS], c[N_DESC], run.nvme_below
+    cxl_fifo = env.media.cxl_cap < run.n and not env.rules.cxl_policy
+    limited = _nvme_bound(env, w, nv)
+    mk = w.marks
+    if mk.mark.size:  # (the simulator's _settle: evicted while still marked prefetched)
         for j in range(nv):
-            e = vic[j]
-            s_ = score(ps, e)
-            if s_ < nvme_below:
-                keys[m] = float_key(s_)
-                ids[m] = e
-                m += 1
-        if m > nvme_room:
-            limited = True
-            got = T.smallest(keys, ids, m, nvme_room, out)
-            for j in range(got):
-                to_nvme[out[j]] = True
-    if pf_mark.size:  # (the simulator's _settle: evicted while still marked prefetched)
-        for j in range(nv):
-            if pf_mark[vic[j]]:
-                pf_mark[vic[j]] = False
-                pf_cnt[PF_WASTED] += 1
+            if mk.mark[vic[j]]:
+                mk.mark[vic[j]] = False
+                mk.cnt[PF_WASTED] += 1
     # many leave: one pass over the list, not a swap each (a queue policy keeps no list)
+    n_list, cxl_size = c[N_LIST], c[CXL_SIZE]
     compact = nv * 4 > n_list and not QUEUE
     n_nvme = 0
     for j in range(nv):
@@ -142,124 +627,251 @@ def _leave(ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc, reside
         if SCORED and score(ps, e) < nvme_below:
             if not limited:
                 dest = NVME
-            elif to_nvme[e]:
+            elif ti.to_nvme[e]:
                 dest = NVME
-                to_nvme[e] = False
-        resident[e] = False
+                ti.to_nvme[e] = False
+        cache.resident[e] = False
         if QUEUE:
             n_list -= 1
         elif not compact:
-            p_ = res_pos[e]
-            moved_e = res_list[n_list - 1]
-            res_list[p_] = moved_e
-            res_pos[moved_e] = p_
-            res_pos[e] = -1
+            p_ = cache.res_pos[e]
+            moved_e = cache.res_list[n_list - 1]
+            cache.res_list[p_] = moved_e
+            cache.res_pos[moved_e] = p_
+            cache.res_pos[e] = -1
             n_list -= 1
         on_evict(ps, e, t)
-        if not persistent:  # Policy.on_evict: the policy forgets the entry
+        if not run.persistent:  # Policy.on_evict: the policy forgets the entry
             forget(ps, e)
         if dest == NVME:
             n_nvme += 1
-        tier[e] = dest  # (from HBM: a resident entry's tier)
-        if since.size:
-            since[e] = t
+        ti.tier[e] = dest  # (from HBM: a resident entry's tier)
+        if ti.since.size:
+            ti.since[e] = t
             if cxl_fifo and dest == CXL:
-                cxl_size = T.fifo_push(e, t, n_desc, tier, since, cxl_k, cxl_i, cxl_v, cxl_ver,
-                                       cxl_size)  # fmt: skip
+                cxl_size = T.fifo_push(e, t, n_desc, ti.tier, ti.since, ti.cxl_k, ti.cxl_i,
+                                       ti.cxl_v, ti.cxl_ver, cxl_size)  # fmt: skip
+    moved = w.books.moved
     moved[pos, HBM, CXL] += nv - n_nvme
     moved[pos, HBM, NVME] += n_nvme
-    tcount[HBM] -= nv
-    tcount[CXL] += nv - n_nvme
-    tcount[NVME] += n_nvme
+    ti.tcount[HBM] -= nv
+    ti.tcount[CXL] += nv - n_nvme
+    ti.tcount[NVME] += n_nvme
     if compact:
-        k = 0
-        for j in range(n_list):
-            e = res_list[j]
-            if resident[e]:
-                res_list[k] = e
-                res_pos[e] = k
-                k += 1
-            else:
-                res_pos[e] = -1
-        n_list = k
-    return n_list, cxl_size
+        n_list = _relist(cache, n_list)
+    c[N_LIST], c[CXL_SIZE] = n_list, cxl_size
+    c[N_RES] -= nv
+    c[EVICTIONS] += nv
 
 
-@njit(cache=True)
-def _spill(ps, tab, rules, t, pos, n_desc, cxl_cap, tier, since, tcount, moved, cxl_k, cxl_i,
-           cxl_v, cxl_ver, cxl_size, keys, ids, out):  # type: ignore[no-untyped-def]  # fmt: skip
+@njit(cache=True, inline="always")
+def _relist(cache, n_list):  # type: ignore[no-untyped-def]
+    """The resident list without the entries that left (one pass); returns its length."""
+    k = 0
+    for j in range(n_list):
+        e = cache.res_list[j]
+        if cache.resident[e]:
+            cache.res_list[k] = e
+            cache.res_pos[e] = k
+            k += 1
+        else:
+            cache.res_pos[e] = -1
+    return k
+
+
+@njit(cache=True, inline="always")
+def _spill(env, w, t):  # type: ignore[no-untyped-def]
     """FirmwareSession._spill: CXL DRAM over its capacity sends the surplus to NVMe, by the
     policy's order (cxl_order = "policy", ranked at the latest eviction's time ``t``) or
-    the earliest arrivals first; returns the arrivals heap's size."""
-    ps = borrowed(ps)
-    tab = borrowed(tab)
-    spill = tcount[CXL] - cxl_cap
-    if spill <= 0:
-        return cxl_size
-    if rules.cxl_policy:
+    the earliest arrivals first; then an NVMe over its capacity is the replay's error."""
+    ps, c, ti, sc = env.ps, w.c, w.tiers, w.scratch
+    tier, tcount, moved, pos = ti.tier, ti.tcount, w.books.moved, c[POS]
+    spill = tcount[CXL] - env.media.cxl_cap
+    if spill > 0 and env.rules.cxl_policy:
         now = now_of(ps, t)
         m = 0
-        for e in range(n_desc):
+        for e in range(c[N_DESC]):
             if tier[e] == CXL:
-                ids[m] = e
-                keys[m] = key_of(priority(ps, tab, e, now))
+                sc.cand_id[m] = e
+                sc.cand_k[m] = key_of(priority(ps, env.tab, e, now))
                 m += 1
-        got = T.smallest(keys, ids, m, spill, out)
-        T.move(out, got, CXL, NVME, t, tier, since, tcount, moved, pos)
-        return cxl_size
-    while spill > 0 and cxl_size > 0:  # by (arrival, id)
-        _, e, v, cxl_size = _pop(cxl_k, cxl_i, cxl_v, cxl_size)
-        if tier[e] != CXL or v != cxl_ver[e]:
+        got = T.smallest(sc.cand_k, sc.cand_id, m, spill, sc.vic)
+        T.move(sc.vic, got, CXL, NVME, t, tier, ti.since, tcount, moved, pos)
+    elif spill > 0:
+        cxl_size = c[CXL_SIZE]
+        while spill > 0 and cxl_size > 0:  # by (arrival, id)
+            _, e, v, cxl_size = _pop(ti.cxl_k, ti.cxl_i, ti.cxl_v, cxl_size)
+            if tier[e] != CXL or v != ti.cxl_ver[e]:
+                continue
+            tier[e] = NVME
+            ti.since[e] = t
+            moved[pos, CXL, NVME] += 1
+            tcount[CXL] -= 1
+            tcount[NVME] += 1
+            spill -= 1
+        c[CXL_SIZE] = cxl_size
+    if tcount[NVME] > env.media.nvme_cap:
+        c[ERR] = 1
+
+
+@njit(cache=True, inline="always")
+def _make_room(env, w, b, n_prot):  # type: ignore[no-untyped-def]
+    """PolicyCache._make_room after a call of batch ``b`` (``n_prot``: its own entries,
+    resident and unpinned): passes of victims (exact: the only one; batched:
+    eviction_batch each), dumped, leaving; CXL DRAM's overflow spilled."""
+    run, c = env.run, w.c
+    over = c[N_RES] - run.capacity
+    if over <= 0:
+        return
+    # else the call's entries compete too (the bypassing optimum: always)
+    protect = c[N_LIST] - n_prot >= over and not run.bypass
+    batched, t = env.rules.batched, c[T_NOW]
+    left = over
+    n_pass = 0
+    n_out = 0
+    while left > 0:
+        k_pass = run.eviction_batch if batched else over
+        now = now_of(env.ps, t)  # what priority reads as the pass's time
+        nv = _victims(env, w, k_pass, n_pass, protect, now)
+        if nv == 0:
+            break
+        if batched:
+            c[PASSES] += 1
+        else:
+            c[PASSES] += (nv + run.eviction_batch - 1) // run.eviction_batch
+        if run.record:
+            _dump(env, w, b, nv, now)
+        _leave(env, w, nv, t)
+        left -= nv
+        n_out += nv
+        n_pass += 1
+        if not batched:
+            break
+    if n_out and w.tiers.tcount[CXL] > env.media.cxl_cap:  # (CXL DRAM over its capacity)
+        _spill(env, w, t)
+
+
+@njit(cache=True, inline="always")
+def _call(env, w, b, a, z, step, tok, phase):  # type: ignore[no-untyped-def]
+    """One of a batch's up to three calls (``phase``: 0 the write, 1 the reads, 2 their
+    prefetch): the call's own work, its admissions, on_access (reads), room made."""
+    if phase == 0:
+        na = _write(env, w, b, a, z, step)
+        n_prot = 0
+    elif phase == 1:
+        na, n_prot = _read(env, w, b, a, z, step, tok)
+    else:
+        na = _prefetch(env, w, b, a, z)
+        n_prot = 0
+    if na < 0:
+        return
+    n_prot = _admit(env, w, a, z, na, n_prot, phase != 1)
+    c = w.c
+    if phase == 1:
+        _touch(env, w, a, z)
+    # (a heap: cheaper to rebuild than to push them all; a queue appends them)
+    if STATIC and not QUEUE and c[N_DIRTY] * 2 > c[N_LIST]:
+        c[STALE] = True
+    _make_room(env, w, b, n_prot)
+
+
+@njit(cache=True, inline="always")
+def _batch(env, w, b, step):  # type: ignore[no-untyped-def]
+    """Batch ``b`` of step ``step``: at the request granularity every read its own batch
+    (runs of hits at once), each up to three calls."""
+    plan, run, c, tab = env.plan, env.run, w.c, env.tab
+    a0, z0 = plan.off[b], plan.off[b + 1]
+    n_sub = z0 - a0 if run.per_request and plan.read[b] else 1
+    nxt_sb = 0
+    while nxt_sb < n_sub:
+        sb = nxt_sb
+        nxt_sb += 1
+        if n_sub == 1:
+            a, z = a0, z0
+        else:
+            a, z = a0 + sb, a0 + sb + 1
+        tok = plan.tokens[b] if sb == 0 else 0  # (the step's tokens ride on its first)
+        if sb == 0 and BY_AGE:  # FirmwareSession.lengths before the batch (never shrink)
+            for j in range(plan.loff[b], plan.loff[b + 1]):
+                ctx = plan.l_ctx[j]
+                tab.ctx_tokens[ctx] = max(tab.ctx_tokens[ctx], plan.l_tok[j])
+        if (n_sub > 1 and c[N_RES] <= run.capacity and w.cache.resident[plan.ids[a]]
+                and not env.pf.on):  # fmt: skip
+            nxt_sb = sb + _hits(env, w, a, z0, step, tok)
             continue
-        tier[e] = NVME
-        since[e] = t
-        moved[pos, CXL, NVME] += 1
-        tcount[CXL] -= 1
-        tcount[NVME] += 1
-        spill -= 1
-    return cxl_size
+        # Up to three calls per batch: a write (the batch's own, or a trace's entries
+        # written just before their first read), the reads, then their prefetch.
+        for phase in range(3):
+            _call(env, w, b, a, z, step, tok, phase)
+            if c[ERR]:
+                return
 
 
 @njit(cache=True)
-def _value(ps, tab, rules, e):  # type: ignore[no-untyped-def]
-    """FirmwareSession.placement_value of entry ``e``."""
-    return T.value(rules, score(ps, e), idle_steps(ps, e), tab.e_block[e] * tab.bt)
-
-
-@njit(cache=True)
-def _bg_victims(ps, tab, rules, res_list, n_list, room, keys, ids, out):  # type: ignore[no-untyped-def]  # fmt: skip
+def _bg_victims(env, w, room):  # type: ignore[no-untyped-def]
     """Weighted managed tiers at a step boundary: the resident, unpinned entries placement
     wants in CXL DRAM (P < low), lowest P first (ties lower id), at most background_moves
-    and at most ``room`` (the free entries of CXL DRAM and NVMe); into ``out`` unordered,
+    and at most ``room`` (the free entries of CXL DRAM and NVMe); into ``vic`` unordered,
     returning how many (the dump orders them by P's key)."""
-    ps = borrowed(ps)
-    tab = borrowed(tab)
+    env = borrowed(env)
+    w = borrowed(w)
+    sc, rules = w.scratch, env.rules
     m = 0
-    for j in range(n_list):
-        e = res_list[j]
-        v = _value(ps, tab, rules, e)
+    for j in range(w.c[N_LIST]):
+        e = w.cache.res_list[j]
+        v = _value(env, e)
         if T.wants_cxl(rules, v):
-            ids[m] = e
-            keys[m] = float_key(v)
+            sc.cand_id[m] = e
+            sc.cand_k[m] = float_key(v)
             m += 1
-    return T.smallest(keys, ids, m, min(rules.moves, room), out)
+    return T.smallest(sc.cand_k, sc.cand_id, m, min(rules.moves, room), sc.vic)
 
 
-@njit(cache=True)
-def _bg_lower(ps, rules, t, pos, n_desc, cxl_cap, nvme_cap, tier, since, tcount, moved,
-              cxl_fifo, cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, keys, ids, down, up,
-              scratch):  # type: ignore[no-untyped-def]  # fmt: skip
+@njit(cache=True, inline="always")
+def _value(env, e):  # type: ignore[no-untyped-def]
+    """FirmwareSession.placement_value of entry ``e``."""
+    ps, tab = env.ps, env.tab
+    return T.value(env.rules, score(ps, e), idle_steps(ps, e), tab.e_block[e] * tab.bt)
+
+
+@njit(cache=True, inline="always")
+def _bg_weighted(env, w, b, t):  # type: ignore[no-untyped-def]
+    """Weighted managed tiers at a step boundary: the HBM entries placement wants in CXL
+    DRAM leave (a call of their own, dumped by P), CXL DRAM's overflow spilled."""
+    c, ti, media = w.c, w.tiers, env.media
+    room = (media.cxl_cap - ti.tcount[CXL]) + (media.nvme_cap - ti.tcount[NVME])
+    nv = _bg_victims(env, w, room)
+    if nv == 0:
+        return
+    c[CALL] += 1
+    if env.run.record:
+        d, call, n_dump = w.dump, c[CALL], c[N_DUMP]
+        d.call_batch[call] = b
+        now = now_of(env.ps, t)
+        for j in range(nv):
+            e = w.scratch.vic[j]
+            d.d_id[n_dump + j] = e
+            d.d_call[n_dump + j] = call
+            d.d_grp[n_dump + j] = 0
+            d.d_pr[n_dump + j] = float(priority(env.ps, env.tab, e, now))
+            d.d_key[n_dump + j] = float_key(_value(env, e))
+        c[N_DUMP] = n_dump + nv
+    _leave(env, w, nv, t)
+    _spill(env, w, t)
+
+
+@njit(cache=True, inline="always")
+def _bg_lower(env, w, t):  # type: ignore[no-untyped-def]
     """Threshold managed tiers at a step boundary (tiering.background_plan): CXL DRAM
     entries scored below evict_threshold sink into NVMe's free room (lowest first), then
     NVMe entries at or above it rise into CXL DRAM's free room (highest first), at most
-    background_moves in all; returns (arrivals heap size, NVMe overflowed)."""
-    ps = borrowed(ps)
-    n = n_desc
-    k2, i2 = scratch[:n], scratch[n : 2 * n]  # the NVMe candidates' keys and ids
-    m = 0
-    m2 = 0
-    n_cxl = 0
-    for e in range(n_desc):  # one pass: both sets as they stand before any move
+    background_moves in all; NVMe overflowing is the replay's error."""
+    ps, rules, c, ti, sc, media = env.ps, env.rules, w.c, w.tiers, w.scratch, env.media
+    keys, ids, down, up, n, pos = sc.cand_k, sc.cand_id, sc.vic, sc.vic2, c[N_DESC], c[POS]
+    tier, since, tcount, moved = ti.tier, ti.since, ti.tcount, w.books.moved
+    k2, i2 = sc.stash[:n], sc.stash[n : 2 * n]  # the NVMe candidates' keys and ids
+    m = m2 = n_cxl = 0
+    for e in range(n):  # one pass: both sets as they stand before any move
         tr = tier[e]
         if tr == CXL:
             n_cxl += 1
@@ -274,17 +886,129 @@ def _bg_lower(ps, rules, t, pos, n_desc, cxl_cap, nvme_cap, tier, since, tcount,
                 i2[m2] = e
                 k2[m2] = float_key(-v)
                 m2 += 1
-    nd = T.smallest(keys, ids, m, min(rules.moves, max(nvme_cap - tcount[NVME], 0)), down)
-    nu = T.smallest(k2, i2, m2, min(rules.moves - nd, max(cxl_cap - n_cxl, 0) + nd), up)
+    nvme_room, cxl_room = max(media.nvme_cap - tcount[NVME], 0), max(media.cxl_cap - n_cxl, 0)
+    nd = T.smallest(keys, ids, m, min(rules.moves, nvme_room), down)
+    nu = T.smallest(k2, i2, m2, min(rules.moves - nd, cxl_room + nd), up)
     T.move(down, nd, CXL, NVME, t, tier, since, tcount, moved, pos)
-    if tcount[NVME] > nvme_cap:
-        return cxl_size, True
+    if tcount[NVME] > media.nvme_cap:
+        c[ERR] = 1
+        return
     T.move(up, nu, NVME, CXL, t, tier, since, tcount, moved, pos)
-    if cxl_fifo:
+    if media.cxl_cap < env.run.n and not rules.cxl_policy:  # (the arrivals heap: fifo)
+        cxl_size = c[CXL_SIZE]
         for j in range(nu):
-            cxl_size = T.fifo_push(up[j], t, n_desc, tier, since, cxl_k, cxl_i, cxl_v, cxl_ver,
-                                   cxl_size)  # fmt: skip
-    return cxl_size, False
+            cxl_size = T.fifo_push(up[j], t, n, tier, since, ti.cxl_k, ti.cxl_i, ti.cxl_v,
+                                   ti.cxl_ver, cxl_size)  # fmt: skip
+        c[CXL_SIZE] = cxl_size
+
+
+@njit(cache=True)
+def _boundary(env, w, b, step):  # type: ignore[no-untyped-def]
+    """The open step ends (before batch ``b``, of step ``step``, or after the last): the
+    policy's end_step over every described entry, then FirmwareSession._background at the
+    closing step's last read time (managed tiers)."""
+    env = borrowed(env)
+    w = borrowed(w)
+    c = w.c
+    if STEPS:
+        end_step(env.ps, c[N_DESC])
+        c[STALE] = True
+    if not (LAYERED and env.rules.managed and env.rules.moves > 0):
+        return
+    tlog, moved, pos = env.tlog, w.books.moved, c[POS]
+    log_outside(tlog, moved)  # (the open record's moves end here)
+    log_boundary_begins(tlog, moved, pos)
+    t = max(c[TIME] - 1, 0)
+    if env.rules.weighted:  # HBM entries placement wants in CXL DRAM leave
+        _bg_weighted(env, w, b, t)
+    else:  # CXL DRAM and NVMe exchange entries
+        _bg_lower(env, w, t)
+    log_inside(tlog, moved)
+    log_boundary(tlog, moved, pos, step)  # (a record of its own, if it moved any)
+
+
+@njit(cache=True)
+def _batches(env, w):  # type: ignore[no-untyped-def]
+    """Every batch of the plan in order, each step's books position found as it starts,
+    and each step's boundary as the next begins (and after the last)."""
+    env = borrowed(env)
+    w = borrowed(w)
+    plan, run, c = env.plan, env.run, w.c
+    nb = plan.step.size
+    pos_step = -1
+    step = 0
+    open_step = 0
+    have_open = False
+    for bb in range(nb + 1):  # every batch, then the last step's boundary
+        b = min(bb, nb - 1)
+        if bb < nb:
+            if run.per_request and plan.read[b] and plan.off[b + 1] == plan.off[b]:
+                continue  # a layer without reads is no request at all
+            step = plan.step[b]
+            if b == 0 or step != pos_step:  # _StepBooks.position: the first read step at
+                new_pos = min(np.searchsorted(run.read_steps, step), run.npos - 1)  # or after
+                if pos_step >= 0 and new_pos != c[POS] and new_pos == run.warm:
+                    w.marks.cnt[PF_USEFUL_WARM] = w.marks.cnt[PF_USEFUL]  # (the warm-up's)
+                c[POS] = new_pos
+                pos_step = step
+        if have_open and (bb == nb or step != open_step):
+            _boundary(env, w, b, step)
+            if c[ERR]:
+                return
+        if bb == nb:
+            return
+        open_step = step
+        have_open = True
+        _batch(env, w, b, step)
+        if c[ERR]:
+            return
+
+
+@njit(cache=True)
+def _work(plan, run, media, tlog, pf):  # type: ignore[no-untyped-def]
+    """The replay's working state (work.Work), every array at its largest size up front."""
+    n, npos, p_ids = run.n, run.npos, plan.ids
+    books = Books(np.zeros(npos, np.int64), np.zeros(npos, np.int64),
+                  np.zeros((npos, 4), np.int64), np.zeros(npos, np.float64),
+                  np.zeros(npos, np.int64), np.zeros((npos, 5, 4), np.int64))  # fmt: skip
+    cache = Cache(np.zeros(n, np.bool_), np.zeros(n, np.bool_), np.zeros(n, np.bool_),
+                  np.empty(n, np.int64), np.full(n, -1, np.int64),
+                  np.zeros(n, np.int64))  # fmt: skip
+    # A heap of the resident unpinned entries by (key, id) serves small evictions of a STATIC
+    # policy: keys change only by an entry's own events (marked dirty, pushed again before
+    # the next pop) and at step ends (the heap is rebuilt).  Large evictions scan.  A QUEUE
+    # policy's items join the queue at every touch instead (kernel._enqueue), with room kept
+    # by compaction: at most n current items, then at most n admissions and a batch's reads.
+    hcap = 2 * n + 64 + p_ids.size if STATIC else 0
+    heap = Heap(np.empty(hcap, np.int64), np.empty(hcap, np.int64), np.empty(hcap, np.int64),
+                np.zeros(n, np.int64), np.zeros(n, np.bool_), np.empty(n, np.int64))  # fmt: skip
+    spills = media.cxl_cap < n  # else CXL DRAM has room for every entry
+    ccap = 2 * n + 64 if spills else 0
+    tiers = Tiers(np.zeros(n, np.uint8), np.zeros(4, np.int64),
+                  np.zeros(n if spills else 0, np.int64), np.empty(ccap, np.int64),
+                  np.empty(ccap, np.int64), np.empty(ccap, np.int64),
+                  np.zeros(n if spills else 0, np.int64),
+                  np.zeros(n if run.nvme_below > -np.inf else 0, np.bool_))  # fmt: skip
+    scratch = Scratch(np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64),
+                      np.empty(n, np.int64), np.empty(n, np.int64), np.empty(2 * n, np.int64),
+                      np.empty(n if run.record else 0, np.int64),
+                      np.empty((T.LAYERS, n if LAYERED else 0), np.int64),
+                      np.zeros(T.LAYERS, np.int64))  # fmt: skip
+    # dump: victims <= admissions (writes, misses, prefetches: at most limit per read call)
+    n_calls = plan.step.size + (p_ids.size if run.per_request else 0)
+    d_cap = p_ids.size + n + (min(pf.limit, n) * n_calls if pf.on else 0) if run.record else 0
+    # (three calls per batch, one per step boundary)
+    nc = 4 * (plan.step.size + p_ids.size) + 4 if run.record else 0
+    dump = Dump(np.empty(d_cap, np.int64), np.empty(d_cap, np.float64),
+                np.empty(d_cap, np.int64), np.empty(d_cap, np.int64),
+                np.empty(d_cap, np.int64), np.zeros(nc, np.int64))  # fmt: skip
+    pf_log = pf.on and tlog.rows.shape[0] > 0  # (a prefetch's record: read by the log)
+    marks = Marks(np.zeros(n if pf.on else 0, np.bool_), np.zeros(4, np.int64),
+                  np.full(n if pf_log else 0, -1, np.int64),
+                  np.empty(n if pf_log else 0, np.int64))  # fmt: skip
+    c = np.zeros(N_COUNTERS, np.int64)
+    c[STALE] = True  # the heap must be built before use
+    return Work(c, books, cache, heap, tiers, scratch, dump, marks)
 
 
 @njit(cache=True)
@@ -295,587 +1019,15 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
     (:class:`~kvcxl.emu.sim.fast.prefetch.Prefetch`), emitting the transfer log into
     ``tlog`` (:mod:`kvcxl.emu.sim.fast.timeline`); returns (books, tiers, stats, victim
     dump, error, prefetch counts)."""
-    b_read, b_step, b_off, b_tokens = plan.read, plan.step, plan.off, plan.tokens
-    p_ids, p_w = plan.ids, plan.w
-    b_loff, l_ctx, l_tok = plan.loff, plan.l_ctx, plan.l_tok
-    n, read_steps, want_pin, npos = run.n, run.read_steps, run.want_pin, run.npos
-    capacity, pinned_capacity = run.capacity, run.pinned_capacity
-    persistent, eviction_batch, nvme_below = run.persistent, run.eviction_batch, run.nvme_below
-    record, per_request, offline, bypass = run.record, run.per_request, run.offline, run.bypass
-    lazy = run.lazy
-    batched, managed = rules.batched, rules.managed
-    cxl_cap, nvme_cap, eb = media.cxl_cap, media.nvme_cap, media.entry_bytes
-    cxl_lat, cxl_gbps, nvme_lat, nvme_gbps = (
-        media.cxl_lat, media.cxl_gbps, media.nvme_lat, media.nvme_gbps
-    )  # fmt: skip
-    ctx_tokens, e_ctx, e_block, bt = tab.ctx_tokens, tab.e_ctx, tab.e_block, tab.bt
-    ps = borrowed(ps)  # (the caller's ps and tab keep their arrays alive)
-    tab = borrowed(tab)
-    tlog = borrowed(tlog)
-    pf = borrowed(pf)
-    rules = borrowed(rules)
-    pf_on = pf.on
-    warm = run.warm
-    # prefetch: which entries are marked prefetched, and the counts (prefetch.TOTAL ...)
-    pf_mark = np.zeros(n if pf_on else 0, np.bool_)
-    pf_cnt = np.zeros(4, np.int64)
-    pf_log = pf_on and tlog.rows.shape[0] > 0
-    pf_rec = np.full(n if pf_log else 0, -1, np.int64)  # the read record that prefetched each
-    pf_recs = np.empty(n if pf_log else 0, np.int64)  # a read's useful ones' pf_rec
-    # books
-    reads = np.zeros(npos, np.int64)
-    hits = np.zeros(npos, np.int64)
-    miss = np.zeros((npos, 4), np.int64)
-    stall = np.zeros(npos, np.float64)
-    tokens = np.zeros(npos, np.int64)
-    moved = np.zeros((npos, 5, 4), np.int64)
-    # cache
-    resident = np.zeros(n, np.bool_)
-    pinned = np.zeros(n, np.bool_)
-    created = np.zeros(n, np.bool_)
-    n_res = 0
-    n_pinned = 0
-    s_hits = s_miss = s_ins = s_evict = s_pass = 0
-    res_list = np.empty(n, np.int64)  # resident, unpinned entries (swap-remove)
-    res_pos = np.full(n, -1, np.int64)
-    n_list = 0
-    n_desc = 0
-    # A heap of the resident unpinned entries by (key, id) serves small evictions of a STATIC
-    # policy: keys change only by an entry's own events (marked dirty, pushed again before
-    # the next pop) and at step ends (the heap is rebuilt).  Large evictions scan.  A QUEUE
-    # policy's items join the queue at every touch instead (kernel._enqueue), with room kept
-    # by compaction: at most n current items, then at most n admissions and a batch's reads.
-    hcap = 2 * n + 64 + p_ids.size if STATIC else 0
-    hk = np.empty(hcap, np.int64)
-    hi = np.empty(hcap, np.int64)
-    hv = np.empty(hcap, np.int64)
-    hsize = 0
-    hhead = 0  # QUEUE: the queue's head (items before it are consumed)
-    stale = True  # the heap must be rebuilt before use
-    ver = np.zeros(n, np.int64)
-    dirty = np.zeros(n, np.bool_)
-    dirty_list = np.empty(n, np.int64)
-    n_dirty = 0
-    # tiers
-    tier = np.zeros(n, np.uint8)
-    tcount = np.zeros(4, np.int64)
-    spills = cxl_cap < n  # else CXL DRAM has room for every entry
-    since = np.zeros(n if spills else 0, np.int64)
-    ccap = 2 * n + 64 if spills else 0
-    cxl_k = np.empty(ccap, np.int64)  # CXL DRAM arrivals by (since, id)
-    cxl_i = np.empty(ccap, np.int64)
-    cxl_v = np.empty(ccap, np.int64)
-    cxl_size = 0
-    cxl_ver = np.zeros(n if spills else 0, np.int64)
-    cxl_fifo = spills and not rules.cxl_policy  # the arrivals heap serves fifo spills only
-    # static thresholds: the victims that take NVMe's last free room (session.place)
-    to_nvme = np.zeros(n if nvme_below > -np.inf else 0, np.bool_)
-    # managed: a pass's eligible entries, layer by layer (row g: layer g's, lay_n[g] of them)
-    lay_ids = np.empty((T.LAYERS, n if LAYERED else 0), np.int64)
-    lay_n = np.zeros(T.LAYERS, np.int64)
-    # scratch, every array at its largest size up front: an array variable reassigned in
-    # the loop costs reference counting on every iteration (20x on one-read batches)
-    stamp = np.zeros(n, np.int64)  # the call that last marked an entry (a batch member)
-    adm = np.empty(n, np.int64)
-    cand_id = np.empty(n, np.int64)
-    cand_k = np.empty(n, np.int64)
-    vic = np.empty(n, np.int64)
-    stash = np.empty(2 * n, np.int64)
-    vic2 = np.empty(n, np.int64)
-    vgrp = np.empty(n if record else 0, np.int64)  # each victim's pass and layer (dump order)
-    # dump: victims <= admissions (writes, misses, prefetches: at most limit per read call)
-    n_calls = b_step.size + (p_ids.size if per_request else 0)
-    d_cap = p_ids.size + n + (min(pf.limit, n) * n_calls if pf_on else 0) if record else 0
-    d_id = np.empty(d_cap, np.int64)
-    d_pr = np.empty(d_cap, np.float64)
-    d_key = np.empty(d_cap, np.int64)
-    d_call = np.empty(d_cap, np.int64)  # the call of each victim
-    d_grp = np.empty(d_cap, np.int64)  # its pass and layer
-    # (three calls per batch, one per step boundary)
-    call_batch = np.zeros(4 * (b_step.size + p_ids.size) + 4 if record else 0, np.int64)
-    n_dump = 0
-    err = 0
-    time = 0
-    call = 0
-    open_step = 0
-    pos = 0
-    have_open = False
-
-    nb = b_step.size
-    pos_step = -1
-    step = 0
-    for bb in range(nb + 1):  # every batch, then the last step's boundary
-        b = min(bb, nb - 1)
-        if bb < nb:
-            if per_request and b_read[b] and b_off[b + 1] == b_off[b]:
-                continue  # a layer without reads is no request at all
-            step = b_step[b]
-            if b == 0 or step != pos_step:  # _StepBooks.position: the first read step at or
-                new_pos = min(np.searchsorted(read_steps, step), npos - 1)  # after this one
-                if pos_step >= 0 and new_pos != pos and new_pos == warm:
-                    pf_cnt[PF_USEFUL_WARM] = pf_cnt[PF_USEFUL]  # (the warm-up's useful ones)
-                pos = new_pos
-                pos_step = step
-        boundary = have_open and (bb == nb or step != open_step)
-        if STEPS and boundary:
-            end_step(ps, n_desc)  # of the open step, over every described entry
-            stale = True
-        if LAYERED and managed and boundary and rules.moves > 0:
-            # --- FirmwareSession._background, at the closing step's last read time ---
-            log_outside(tlog, moved)  # (the open record's moves end here)
-            log_boundary_begins(tlog, moved, pos)
-            t = max(time - 1, 0)
-            if rules.weighted:  # HBM entries placement wants in CXL DRAM leave
-                room = (cxl_cap - tcount[CXL]) + (nvme_cap - tcount[NVME])
-                nv = _bg_victims(ps, tab, rules, res_list, n_list, room, cand_k, cand_id, vic)
-                if nv:
-                    call += 1
-                    if record:
-                        call_batch[call] = b
-                        now = now_of(ps, t)
-                        for j in range(nv):
-                            e = vic[j]
-                            d_id[n_dump + j] = e
-                            d_call[n_dump + j] = call
-                            d_grp[n_dump + j] = 0
-                            d_pr[n_dump + j] = float(priority(ps, tab, e, now))
-                            d_key[n_dump + j] = float_key(_value(ps, tab, rules, e))
-                        n_dump += nv
-                    n_list, cxl_size = _leave(
-                        ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc,
-                        resident, res_list, res_pos, n_list, tier, tcount, moved, since,
-                        cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, pf_mark, pf_cnt,
-                        nvme_cap - tcount[NVME], to_nvme, cand_k, cand_id, vic2,
-                    )  # fmt: skip
-                    n_res -= nv
-                    s_evict += nv
-                    cxl_size = _spill(
-                        ps, tab, rules, t, pos, n_desc, cxl_cap, tier, since, tcount, moved,
-                        cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, cand_k, cand_id, vic,
-                    )  # fmt: skip
-                    if tcount[NVME] > nvme_cap:
-                        err = 1
-            else:  # CXL DRAM and NVMe exchange entries
-                cxl_size, full = _bg_lower(
-                    ps, rules, t, pos, n_desc, cxl_cap, nvme_cap, tier, since, tcount, moved,
-                    cxl_fifo, cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, cand_k, cand_id, vic,
-                    vic2, stash,
-                )  # fmt: skip
-                if full:
-                    err = 1
-            log_inside(tlog, moved)
-            log_boundary(tlog, moved, pos, step)  # (a record of its own, if it moved any)
-            if err:
-                break
-        if bb == nb:
-            break
-        open_step = step
-        have_open = True
-        a0, z0 = b_off[b], b_off[b + 1]
-        n_sub = z0 - a0 if per_request and b_read[b] else 1
-        nxt_sb = 0
-        while nxt_sb < n_sub:  # request granularity: every read its own batch
-            sb = nxt_sb
-            nxt_sb += 1
-            if n_sub == 1:
-                a, z = a0, z0
-            else:
-                a, z = a0 + sb, a0 + sb + 1
-            tok = b_tokens[b] if sb == 0 else 0  # (the step's tokens ride on its first)
-            if sb == 0 and BY_AGE:  # FirmwareSession.lengths before the batch (never shrink)
-                for j in range(b_loff[b], b_loff[b + 1]):
-                    ctx_tokens[l_ctx[j]] = max(ctx_tokens[l_ctx[j]], l_tok[j])
-            if n_sub > 1 and n_res <= capacity and resident[p_ids[a]] and not pf_on:
-                # Reads of resident entries, one after another: what the two calls below do
-                # for each, without them (most of a mostly-hit request replay): the write call
-                # has nothing to write, the read call one hit, on_access, and no room to
-                # make.  The run ends at the first non-resident.
-                j = a
-                while j < z0:
-                    e = p_ids[j]
-                    if not resident[e]:
-                        break
-                    call += 2
-                    stamp[e] = call
-                    changed = on_access(ps, e, j, p_w[j], time)
-                    # (this queue-or-dirty step is written out at each of its three sites: an
-                    # inlined helper taking the queue's arrays pays their reference counts,
-                    # 3x LRU's replay time, Measured)
-                    if QUEUE:
-                        if hsize == hcap:
-                            hsize = _compact(hk, hi, hv, hhead, hsize, ver)
-                            hhead = 0
-                        if changed and not pinned[e]:
-                            k_ = key_of(priority(ps, tab, e, now_of(ps, time)))
-                            hsize = _enqueue(hk, hi, hv, hsize, k_, e, ver)
-                    elif STATIC and changed and not stale and not dirty[e]:
-                        dirty[e] = True
-                        dirty_list[n_dirty] = e
-                        n_dirty += 1
-                    time += 1
-                    if STATIC and not QUEUE and n_dirty * 2 > n_list:
-                        stale = True
-                    j += 1
-                h = j - a
-                t = time - 1  # (the last hit's time, as its read call left it)
-                s_hits += h
-                reads[pos] += h
-                hits[pos] += h
-                tokens[pos] += tok
-                log_hits(tlog, h, pos, step, tok, moved)
-                nxt_sb = sb + h
-                continue
-            # Up to three calls per batch: a write (the batch's own, or a trace's entries
-            # written just before their first read), the reads, then their prefetch.
-            for phase in range(3):
-                n_prot = 0  # this call's entries, resident and unpinned after admission
-                if phase == 0:  # the write
-                    call += 1
-                    if b_read[b]:
-                        if not lazy:
-                            continue
-                        na = 0
-                        for j in range(a, z):
-                            e = p_ids[j]
-                            if not created[e] and stamp[e] != call:
-                                stamp[e] = call
-                                adm[na] = e
-                                na += 1
-                        if na > 1:
-                            adm[:na] = np.sort(adm[:na])
-                    else:
-                        na = z - a
-                        for j in range(na):
-                            adm[j] = p_ids[a + j]
-                    if na == 0:
-                        continue
-                    is_write = True
-                    # tiers.create, then FirmwareSession.write at the last read batch's time
-                    t = time - 1 if time > 0 or offline else 0  # (offline: −1 first)
-                    for j in range(na):
-                        e = adm[j]
-                        created[e] = True
-                        if e + 1 > n_desc:
-                            n_desc = e + 1
-                        if BY_AGE:  # EntryTable.append: at least its last block's first token
-                            # + 1; a trace's entry written on first read: its block full
-                            tl = (e_block[e] + 1) * bt if b_read[b] else e_block[e] * bt + 1
-                            ctx_tokens[e_ctx[e]] = max(ctx_tokens[e_ctx[e]], tl)
-                        tier[e] = HBM
-                        stamp[e] = call
-                    tcount[HBM] += na
-                    moved[pos, HOST, HBM] += na
-                    log_open(tlog, False, pos, step, 0, 0, 0, 0, 0, moved)
-                elif phase == 1:
-                    if not b_read[b]:
-                        continue
-                    call += 1
-                    is_write = False
-                    t = time
-                    m = z - a
-                    nh = 0
-                    c_cxl = 0
-                    c_nvme = 0
-                    na = 0
-                    n_w = 0
-                    for j in range(a, z):  # hits: resident at the batch's start
-                        e = p_ids[j]
-                        first = stamp[e] != call
-                        stamp[e] = call  # every read entry is protected
-                        if resident[e]:
-                            nh += 1
-                            if first and not pinned[e]:
-                                n_prot += 1
-                            if pf_on and pf_mark[e]:  # a useful prefetch (counted once)
-                                pf_mark[e] = False
-                                pf_cnt[PF_USEFUL] += 1
-                                if pf_log:  # (the read waits on the record that fetched it)
-                                    pf_recs[n_w] = pf_rec[e]
-                                    n_w += 1
-                        else:
-                            tr = tier[e]
-                            if tr == CXL:
-                                c_cxl += 1
-                            elif tr == NVME:
-                                c_nvme += 1
-                            else:
-                                miss[pos, tr] += 1
-                            if first:  # the misses to admit, once each
-                                adm[na] = e
-                                na += 1
-                    miss[pos, CXL] += c_cxl
-                    miss[pos, NVME] += c_nvme
-                    s_hits += nh
-                    s_miss += m - nh
-                    reads[pos] += m
-                    hits[pos] += nh
-                    tokens[pos] += tok
-                    if c_cxl:
-                        stall[pos] += cxl_lat + (c_cxl * eb) / cxl_gbps
-                    if c_nvme:
-                        stall[pos] += nvme_lat + (c_nvme * eb) / nvme_gbps
-                    # the order matters only to pinning (ascending ids take free slots)
-                    if na > 1 and pinned_capacity - n_pinned > 0:
-                        adm[:na] = np.sort(adm[:na])
-                    log_seal(tlog, moved)
-                    _promote(adm, na, pos, tier, tcount, moved)
-                    log_open(tlog, True, pos, step, tok, nh, m, c_cxl, c_nvme, moved)
-                    if n_w:  # (a call of its own only when there are waits)
-                        log_waits(tlog, pf_recs, n_w)
-                else:  # FirmwareSession.prefetch_candidates, then .prefetch at the read's time
-                    if not pf_on or not b_read[b]:
-                        continue
-                    mc = pf_gather(pf, p_ids, p_w, a, z, e_ctx, e_block, n_desc, resident)
-                    if mc == 0:
-                        continue
-                    for j in range(mc):
-                        e = pf.cand[j]
-                        if pf.int_mode:  # (Q0.16 ranks are exact as floats)
-                            pf.rank[j] = float(pf_rank_q16(pf, pf.dist[e], score_q16(ps, e)))
-                        else:
-                            pf.rank[j] = pf_rank_float(pf, pf.dist[e], score(ps, e))
-                    na = pf_order(pf, mc, adm)
-                    call += 1
-                    is_write = True
-                    t = time - 1
-                    pf_cnt[PF_TOTAL] += na
-                    if na > 1:  # PolicyCache.insert admits in ascending id order
-                        adm[:na] = np.sort(adm[:na])
-                    log_prefetch(tlog, moved)
-                    for j in range(na):  # marked before its evictions settle
-                        e = adm[j]
-                        pf_mark[e] = True
-                        if pf_log:
-                            pf_rec[e] = tlog.st[0] - 1  # (the open read record)
-                        stamp[e] = call
-                    _promote(adm, na, pos, tier, tcount, moved)
-                # --- PolicyCache._admit(adm[:na]) ---
-                if QUEUE and hsize + na + (z - a) > hcap:  # (room for every touch below)
-                    hsize = _compact(hk, hi, hv, hhead, hsize, ver)
-                    hhead = 0
-                n_res += na
-                s_ins += na
-                free = pinned_capacity - n_pinned
-                for j in range(na):
-                    e = adm[j]
-                    resident[e] = True
-                    if free > 0 and want_pin[e]:
-                        pinned[e] = True
-                        n_pinned += 1
-                        free -= 1
-                    else:
-                        if not QUEUE:  # (a queue policy's victims come from its queue)
-                            res_list[n_list] = e
-                            res_pos[e] = n_list
-                        n_list += 1
-                        n_prot += 1
-                    if not persistent:  # Policy.on_insert
-                        forget(ps, e)
-                    on_insert(ps, e, t)
-                    if QUEUE:  # every insert joins the queue's tail at once (TOUCH: at its read)
-                        if not pinned[e] and (is_write or not TOUCH):
-                            k_ = key_of(priority(ps, tab, e, now_of(ps, t)))
-                            hsize = _enqueue(hk, hi, hv, hsize, k_, e, ver)
-                    elif STATIC and not stale and not dirty[e]:  # (a stale heap is rebuilt whole)
-                        dirty[e] = True
-                        dirty_list[n_dirty] = e
-                        n_dirty += 1
-                if ADMIT and na:
-                    on_admit(ps, adm, na, t)
-                # --- on_access (reads only) ---
-                if not is_write:
-                    for j in range(a, z):
-                        e = p_ids[j]
-                        if ONCE:  # once per entry: numpy's last write wins
-                            if stamp[e] != call:
-                                continue
-                            stamp[e] = -call
-                        changed = on_access(ps, e, j, p_w[j], t)
-                        if QUEUE:  # and every touch that moves a key
-                            if changed and not pinned[e]:
-                                k_ = key_of(priority(ps, tab, e, now_of(ps, t)))
-                                hsize = _enqueue(hk, hi, hv, hsize, k_, e, ver)
-                        elif STATIC and changed and not stale and not dirty[e]:
-                            dirty[e] = True
-                            dirty_list[n_dirty] = e
-                            n_dirty += 1
-                    if ONCE:
-                        for j in range(a, z):
-                            if stamp[p_ids[j]] == -call:
-                                stamp[p_ids[j]] = call
-                    time += 1
-                # (a heap: cheaper to rebuild than to push them all; a queue appends them)
-                if STATIC and not QUEUE and n_dirty * 2 > n_list:
-                    stale = True
-                # --- PolicyCache._make_room ---
-                over = n_res - capacity
-                if over <= 0:
-                    continue
-                # else the call's entries compete too (the bypassing optimum: always)
-                protect = n_list - n_prot >= over and not bypass
-                left = over
-                n_pass = 0
-                n_out = 0
-                while left > 0:  # one pass (exact: the only one; batched: eviction_batch each)
-                    k_pass = eviction_batch if batched else over
-                    now = now_of(ps, t)  # what priority reads as the pass's time
-                    nv = 0
-                    if (STATIC and not SELECT and (QUEUE or k_pass * 16 <= n_list)
-                            and not (LAYERED and managed)):  # fmt: skip
-                        # the queue (any number of victims), or the heap (few among many)
-                        if QUEUE:  # (every touch is queued already, in key order)
-                            nv, hhead = _take(
-                                hk, hi, hv, hhead, hsize, k_pass, ver, stamp, call, protect, vic
-                            )
-                        else:
-                            if stale or hsize + n_dirty > hcap:
-                                hsize = n_list
-                                for j in range(n_list):
-                                    e = res_list[j]
-                                    ver[e] += 1
-                                    hi[j] = e
-                                    hv[j] = ver[e]
-                                    hk[j] = key_of(priority(ps, tab, e, now))
-                                _heapify(hk, hi, hv, hsize)
-                                for j in range(n_dirty):
-                                    dirty[dirty_list[j]] = False
-                                n_dirty = 0
-                                stale = False
-                            else:
-                                for j in range(n_dirty):
-                                    e = dirty_list[j]
-                                    dirty[e] = False
-                                    if resident[e] and not pinned[e]:
-                                        ver[e] += 1
-                                        k_ = key_of(priority(ps, tab, e, now))
-                                        hsize = _push(hk, hi, hv, hsize, k_, e, ver[e])
-                                n_dirty = 0
-                            n_st = 0
-                            while nv < k_pass and hsize > 0:
-                                key, e, v, hsize = _pop(hk, hi, hv, hsize)
-                                if not resident[e] or pinned[e] or v != ver[e]:
-                                    continue
-                                if protect and stamp[e] == call:
-                                    stash[2 * n_st] = e
-                                    stash[2 * n_st + 1] = key  # (unchanged: the item was current)
-                                    n_st += 1
-                                    continue
-                                vic[nv] = e
-                                nv += 1
-                            for j in range(n_st):
-                                e = stash[2 * j]
-                                hsize = _push(hk, hi, hv, hsize, stash[2 * j + 1], e, ver[e])
-                        if record:
-                            for j in range(nv):
-                                vgrp[j] = n_pass * T.LAYERS
-                    elif LAYERED and managed:  # layer by layer, each by the policy's order
-                        # (the layers move only with a score or a touch: fixed for the call)
-                        lay_n[:] = 0
-                        for j in range(n_list):
-                            e = res_list[j]
-                            if protect and stamp[e] == call:
-                                continue
-                            s_ = score(ps, e)
-                            g = T.layer(rules, s_, T.value(rules, s_, idle_steps(ps, e),
-                                                           e_block[e] * bt))  # fmt: skip
-                            lay_ids[g, lay_n[g]] = e
-                            lay_n[g] += 1
-                        for g in range(T.LAYERS):
-                            if nv >= k_pass:
-                                break
-                            mc = lay_n[g]
-                            if mc == 0:
-                                continue
-                            if SELECT:
-                                for j in range(mc):
-                                    cand_id[j] = lay_ids[g, j]
-                                got = select(ps, tab, cand_id, mc, k_pass - nv, now, vic2)
-                            elif mc <= k_pass - nv:  # the whole layer leaves: no ranking
-                                for j in range(mc):
-                                    vic2[j] = lay_ids[g, j]
-                                got = mc
-                            else:
-                                for j in range(mc):
-                                    cand_id[j] = lay_ids[g, j]
-                                    cand_k[j] = key_of(priority(ps, tab, cand_id[j], now))
-                                got = T.smallest(cand_k, cand_id, mc, k_pass - nv, vic2)
-                            for j in range(got):
-                                vic[nv + j] = vic2[j]
-                                if record:
-                                    vgrp[nv + j] = n_pass * T.LAYERS + g
-                            nv += got
-                    else:  # the selection over the eligible resident entries
-                        mc = 0
-                        for j in range(n_list):
-                            e = res_list[j]
-                            if protect and stamp[e] == call:
-                                continue
-                            cand_id[mc] = e
-                            mc += 1
-                        if SELECT:
-                            nv = select(ps, tab, cand_id, mc, k_pass, now, vic)
-                        else:
-                            kmin = 0
-                            kmax = 0
-                            for j in range(mc):
-                                k = key_of(priority(ps, tab, cand_id[j], now))
-                                cand_k[j] = k
-                                if j == 0 or k < kmin:
-                                    kmin = k
-                                if j == 0 or k > kmax:
-                                    kmax = k
-                            nv = _select(cand_k, cand_id, mc, k_pass, kmin, kmax, vic)
-                        if record:
-                            for j in range(nv):
-                                vgrp[j] = n_pass * T.LAYERS
-                    if nv == 0:
-                        break
-                    if batched:
-                        s_pass += 1
-                    else:
-                        s_pass += (nv + eviction_batch - 1) // eviction_batch
-                    # --- the victims leave: dump, placement, on_evict, tiers.demote ---
-                    if record:  # each victim with its priority and key (ordered afterwards)
-                        call_batch[call] = b
-                        for j in range(nv):
-                            e = vic[j]
-                            p = priority(ps, tab, e, now)
-                            d_id[n_dump + j] = e
-                            d_call[n_dump + j] = call
-                            d_grp[n_dump + j] = vgrp[j]
-                            d_pr[n_dump + j] = float(p)
-                            # (a policy's own selection orders its victims itself)
-                            d_key[n_dump + j] = j if SELECT else key_of(p)
-                        n_dump += nv
-                    n_list, cxl_size = _leave(
-                        ps, vic, nv, t, pos, persistent, nvme_below, cxl_fifo, n_desc,
-                        resident, res_list, res_pos, n_list, tier, tcount, moved, since,
-                        cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, pf_mark, pf_cnt,
-                        nvme_cap - tcount[NVME], to_nvme, cand_k, cand_id, vic2,
-                    )  # fmt: skip
-                    n_res -= nv
-                    s_evict += nv
-                    left -= nv
-                    n_out += nv
-                    n_pass += 1
-                    if not batched:
-                        break
-                if n_out and tcount[CXL] > cxl_cap:  # (CXL DRAM over its capacity)
-                    cxl_size = _spill(
-                        ps, tab, rules, t, pos, n_desc, cxl_cap, tier, since, tcount, moved,
-                        cxl_k, cxl_i, cxl_v, cxl_ver, cxl_size, cand_k, cand_id, vic,
-                    )  # fmt: skip
-                    if tcount[NVME] > nvme_cap:
-                        err = 1
-                        break
-            if err:
-                break
-        if err:
-            break
-    log_close(tlog, moved)
-    stats = np.array([s_hits, s_miss, s_ins, s_evict, s_pass, n_pinned, n_res, n_desc])
+    w = _work(plan, run, media, tlog, pf)  # (owns the arrays the phases borrow)
+    _batches(Env(plan, run, media, tab, ps, tlog, rules, pf), w)
+    log_close(tlog, w.books.moved)
+    c, bk, d, ti = w.c, w.books, w.dump, w.tiers
+    stats = np.array([c[HITS], c[MISSES], c[INSERTS], c[EVICTIONS], c[PASSES], c[N_PINNED],
+                      c[N_RES], c[N_DESC]])  # fmt: skip
+    k = c[N_DUMP]
     return (
-        reads, hits, miss, stall, tokens, moved, tier, tcount, stats,
-        d_id[:n_dump], d_pr[:n_dump], d_key[:n_dump], d_call[:n_dump], d_grp[:n_dump],
-        call_batch, err, pf_cnt,
+        bk.reads, bk.hits, bk.miss, bk.stall, bk.tokens, bk.moved, ti.tier, ti.tcount, stats,
+        d.d_id[:k], d.d_pr[:k], d.d_key[:k], d.d_call[:k], d.d_grp[:k], d.call_batch,
+        c[ERR], w.marks.cnt,
     )  # fmt: skip

@@ -1,5 +1,6 @@
-// The clock, the timers and the stream handshake every C++ driver of a Verilated engine
-// shares (rtl/trace_driver.cpp, rtl/slot_driver.cpp): one copy, included once per library.
+// The clock, the timers, the stream handshake and the payload packing every C++ driver of a
+// Verilated engine shares (rtl/trace_driver.cpp, rtl/slot_driver.cpp, rtl/record_driver.cpp):
+// one copy, included once per library.
 //
 // The driver's generated header (from kvcxl.rtl.verilated) names the Verilated class as
 // TOP_CLASS and is included before this file. That class is the harness wrapper
@@ -11,7 +12,9 @@
 
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <ctime>
 
@@ -21,6 +24,48 @@ namespace {
 
 constexpr uint64_t kTimeout = 1u << 24;  // cycles a call may wait for a handshake
 constexpr int kResetCycles = 4;          // cycles `rst` is held high
+constexpr int kWords = 32;               // payload buffer (the widest port here is < 1024 bits)
+
+// A payload as 32-bit words: setb/getb write and read the `width`-bit field at bit `off`;
+// put/get copy a buffer to and from a Verilated port (a scalar of up to 64 bits or a VlWide).
+inline void setb(uint32_t* w, int off, int width, uint64_t v) {
+    for (int done = 0; done < width;) {
+        int i = off + done, sh = i & 31, take = std::min(32 - sh, width - done);
+        uint32_t mask = (take == 32 ? 0xffffffffu : ((1u << take) - 1)) << sh;
+        w[i >> 5] = (w[i >> 5] & ~mask) | ((uint32_t(v >> done) << sh) & mask);
+        done += take;
+    }
+}
+
+inline uint64_t getb(const uint32_t* w, int off, int width) {
+    uint64_t v = 0;
+    for (int done = 0; done < width;) {
+        int i = off + done, sh = i & 31, take = std::min(32 - sh, width - done);
+        uint64_t part = (w[i >> 5] >> sh) & (take == 32 ? 0xffffffffull : ((1ull << take) - 1));
+        v |= part << done;
+        done += take;
+    }
+    return v;
+}
+
+template <typename T>
+inline void put(T& port, const uint32_t* b) {
+    port = static_cast<T>(uint64_t(b[0]) | (uint64_t(b[1]) << 32));
+}
+template <std::size_t N>
+inline void put(VlWide<N>& port, const uint32_t* b) {
+    for (std::size_t i = 0; i < N; ++i) port[i] = b[i];
+}
+template <typename T>
+inline void get(const T& port, uint32_t* b) {
+    uint64_t v = port;
+    b[0] = uint32_t(v);
+    b[1] = uint32_t(v >> 32);
+}
+template <std::size_t N>
+inline void get(const VlWide<N>& port, uint32_t* b) {
+    for (std::size_t i = 0; i < N; ++i) b[i] = port[i];
+}
 
 inline double thread_cpu() {
     timespec ts;

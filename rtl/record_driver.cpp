@@ -5,7 +5,7 @@
 // Built into a shared library by kvcxl.rtl.verilated_records (which generates
 // record_layout.h: the wrapper's Verilated class and the bit offsets of every payload
 // field, from rtl/layouts.py and rtl/record_stream.py) and called through ctypes. The
-// clock, timers and handshake are rtl/harness.h's.
+// clock, timers, handshake and payload packing are rtl/harness.h's.
 //
 // The DRAM model is tb/record_stream_model.py's `Dram`, cycle for cycle: up to `depth`
 // burst commands queued per direction; a read burst's first word offered `latency` cycles
@@ -24,47 +24,7 @@
 
 namespace {
 
-constexpr int kWords = 32;  // payload buffer (the widest port here is < 1024 bits)
 constexpr int WW = std::max(2, (WORD_BITS + 31) / 32);  // 32-bit words in a memory word
-
-inline void setb(uint32_t* w, int off, int width, uint64_t v) {
-    for (int done = 0; done < width;) {
-        int i = off + done, sh = i & 31, take = std::min(32 - sh, width - done);
-        uint32_t mask = (take == 32 ? 0xffffffffu : ((1u << take) - 1)) << sh;
-        w[i >> 5] = (w[i >> 5] & ~mask) | ((uint32_t(v >> done) << sh) & mask);
-        done += take;
-    }
-}
-
-inline uint64_t getb(const uint32_t* w, int off, int width) {
-    uint64_t v = 0;
-    for (int done = 0; done < width;) {
-        int i = off + done, sh = i & 31, take = std::min(32 - sh, width - done);
-        uint64_t part = (w[i >> 5] >> sh) & (take == 32 ? 0xffffffffull : ((1ull << take) - 1));
-        v |= part << done;
-        done += take;
-    }
-    return v;
-}
-
-template <typename T>
-inline void put(T& port, const uint32_t* b) {
-    port = static_cast<T>(uint64_t(b[0]) | (uint64_t(b[1]) << 32));
-}
-template <std::size_t N>
-inline void put(VlWide<N>& port, const uint32_t* b) {
-    for (std::size_t i = 0; i < N; ++i) port[i] = b[i];
-}
-template <typename T>
-inline void get(const T& port, uint32_t* b) {
-    uint64_t v = port;
-    b[0] = uint32_t(v);
-    b[1] = uint32_t(v >> 32);
-}
-template <std::size_t N>
-inline void get(const VlWide<N>& port, uint32_t* b) {
-    for (std::size_t i = 0; i < N; ++i) b[i] = port[i];
-}
 
 // Defects of the DRAM model (the whole-trace check must catch them): kStaleRead answers
 // the first word of every read burst with the word it delivered before (a stale read

@@ -79,3 +79,18 @@ def test_cache_key_covers_sources_flags_version_and_cpu():
     assert V.fingerprint({**src, "d.cpp": "int y;\n"}, cmd, "Verilator 5.048", "cpu A") != key
     assert V.fingerprint(src, cmd, "Verilator 5.046", "cpu A") != key
     assert V.fingerprint(src, cmd, "Verilator 5.048", "cpu B") != key
+
+
+def test_cache_key_covers_the_shared_header():
+    """Every driver's build hashes rtl/harness.h: a changed header is a new library."""
+    from kvcxl.rtl import verilated_records as R
+
+    shape = V.EngineShape(entries=8, lanes=1, batch=2)
+    for src, driver in ((V._sources(shape), "trace_driver.cpp"),
+                        (R.sources(V.EngineShape(entries=8, lanes=2, batch=2), 2),
+                         "record_driver.cpp")):  # fmt: skip
+        assert src["harness.h"] == V.COMMON.read_text()
+        cmd = V.build_command(src, driver)
+        key = V.fingerprint(src, cmd, "Verilator 5.048", "")
+        edited = {**src, "harness.h": src["harness.h"] + "// edited\n"}
+        assert V.fingerprint(edited, cmd, "Verilator 5.048", "") != key

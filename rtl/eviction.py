@@ -32,6 +32,21 @@ from . import layouts as L
 DEFECTS = (None, "tie_off_by_one")
 
 
+def sweep_widths(
+    entries: int, lanes: int, batch: int, defect: str | None, defects: tuple
+) -> tuple[int, int]:
+    """A top-``batch`` selector's shape checked (``defect`` one of ``defects``, ``batch`` ≥ 1,
+    ``entries`` in whole beats of ``lanes``); the widths of its beat address and of an entry
+    index."""
+    if defect not in defects:
+        raise ValueError(f"defect = {defect!r}: must be one of {defects}")
+    if batch < 1:
+        raise ValueError(f"batch = {batch}: must be ≥ 1")
+    if lanes < 1 or entries % lanes:
+        raise ValueError(f"entries = {entries} must be a multiple of lanes = {lanes}")
+    return max((entries // lanes - 1).bit_length(), 1), max((entries - 1).bit_length(), 1)
+
+
 class EvictionEngine(wiring.Component):
     """Streaming top-``batch`` victim selection over the scoring engine's output."""
 
@@ -45,17 +60,9 @@ class EvictionEngine(wiring.Component):
         idle_bits: int = L.IDLE_BITS,
         defect: str | None = None,
     ):
-        if defect not in DEFECTS:
-            raise ValueError(f"defect = {defect!r}: must be one of {DEFECTS}")
-        if batch < 1:
-            raise ValueError(f"batch = {batch}: must be ≥ 1")
-        if lanes < 1 or entries % lanes:
-            raise ValueError(f"entries = {entries} must be a multiple of lanes = {lanes}")
+        self.addr_bits, self.index_bits = sweep_widths(entries, lanes, batch, defect, DEFECTS)
         self.entries, self.lanes, self.batch = entries, lanes, batch
         self.q_bits, self.defect = q_bits, defect
-        groups = entries // lanes
-        self.addr_bits = max((groups - 1).bit_length(), 1)
-        self.index_bits = max((entries - 1).bit_length(), 1)
         super().__init__(
             {
                 "cand": In(

@@ -36,13 +36,13 @@ from __future__ import annotations
 
 from amaranth.hdl import Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from kvcxl.firmware import fixedpoint as fx
 
 from . import layouts as L
 from .eviction import EvictionEngine
+from .scoring import decay_tables
 
 # ``hold_writes``: an evaluation sweep writes its records back too (a touched entry's idle
 # counter reset within the step), which the checks must catch.
@@ -143,18 +143,7 @@ class RecordStreamEngine(wiring.Component):
                 m.d.sync += nxt.eq(nxt + port.payload.len)
 
         # --- decay tables: one copy (a read port) per lane ----------------------------
-        tables = []
-        m.d.comb += self.table_w.ready.eq(1)
-        for i in range(lanes):
-            t = Memory(shape=L.Q_BITS, depth=fx.DECAY_TABLE_SIZE, init=self.decay_init)
-            m.submodules[f"decay{i}"] = t
-            twp = t.write_port()
-            m.d.comb += [
-                twp.en.eq(self.table_w.valid),
-                twp.addr.eq(self.table_w.payload.addr),
-                twp.data.eq(self.table_w.payload.data),
-            ]
-            tables.append(t.read_port())
+        tables = decay_tables(m, lanes, self.decay_init, self.table_w)
 
         # --- the datapath: all stages advance together when the output is free ----------
         v1, v2, v3 = Signal(), Signal(), Signal()

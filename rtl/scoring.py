@@ -94,19 +94,7 @@ class ScoringEngine(wiring.Component):
         m.submodules.records = records = Memory(shape=word, depth=self.groups, init=[])
         wp = records.write_port()
         rp = records.read_port(transparent_for=(wp,))
-        m.d.comb += self.table_w.ready.eq(1)  # table writes never wait
-        tables = []
-        for i in range(lanes):
-            # One table copy per lane: a read port each (BRAM-friendly).
-            t = Memory(shape=L.Q_BITS, depth=fx.DECAY_TABLE_SIZE, init=self.decay_init)
-            m.submodules[f"decay{i}"] = t
-            twp = t.write_port()
-            m.d.comb += [
-                twp.en.eq(self.table_w.valid),
-                twp.addr.eq(self.table_w.payload.addr),
-                twp.data.eq(self.table_w.payload.data),
-            ]
-            tables.append(t.read_port())
+        tables = decay_tables(m, lanes, self.decay_init, self.table_w)
 
         v1a, v1, v1b, v2, v3 = Signal(), Signal(), Signal(), Signal(), Signal()
         advance = Signal()
@@ -254,6 +242,25 @@ class ScoringEngine(wiring.Component):
 
 
 _sel = Mux
+
+
+def decay_tables(m: Module, lanes: int, decay_init, table_w) -> list:
+    """The decay table, one copy per lane (a read port each: BRAM-friendly), as submodules
+    ``decay0`` … of ``m``, every copy written by the host's ``table_w`` stream (which never
+    waits); the lanes' read ports, in lane order."""
+    m.d.comb += table_w.ready.eq(1)
+    tables = []
+    for i in range(lanes):
+        t = Memory(shape=L.Q_BITS, depth=fx.DECAY_TABLE_SIZE, init=decay_init)
+        m.submodules[f"decay{i}"] = t
+        twp = t.write_port()
+        m.d.comb += [
+            twp.en.eq(table_w.valid),
+            twp.addr.eq(table_w.payload.addr),
+            twp.data.eq(table_w.payload.data),
+        ]
+        tables.append(t.read_port())
+    return tables
 
 
 def _wrap_inc(addr, n: int):

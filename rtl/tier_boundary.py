@@ -52,7 +52,7 @@ from kvcxl.firmware.formulas import TIER_CXL, TIER_HBM, TIER_NAMES, TIER_NVME
 from kvcxl.firmware.tiering import background_plan
 
 from . import layouts as L
-from .eviction import EvictionEngine
+from .eviction import EvictionEngine, sweep_widths
 
 DEFECTS = (None, "sink_at_threshold")
 TIER_BITS = (len(TIER_NAMES) - 1).bit_length()  # the tier codes of firmware/formulas.py
@@ -115,16 +115,9 @@ class TierBoundary(wiring.Component):
         q_bits: int = L.Q_BITS,
         defect: str | None = None,
     ):
-        if defect not in DEFECTS:
-            raise ValueError(f"defect = {defect!r}: must be one of {DEFECTS}")
-        if batch < 1:
-            raise ValueError(f"batch = {batch}: must be ≥ 1")
-        if lanes < 1 or entries % lanes:
-            raise ValueError(f"entries = {entries} must be a multiple of lanes = {lanes}")
+        self.addr_bits, self.index_bits = sweep_widths(entries, lanes, batch, defect, DEFECTS)
         self.entries, self.lanes, self.batch = entries, lanes, batch
         self.q_bits, self.defect = q_bits, defect
-        self.addr_bits = max((entries // lanes - 1).bit_length(), 1)
-        self.index_bits = max((entries - 1).bit_length(), 1)
         t_bits = q_bits + 1
         t_init = THRESHOLD_RESET >> (fx.FRAC_BITS - q_bits) if q_bits <= fx.FRAC_BITS else 0
         super().__init__(

@@ -139,6 +139,23 @@ def _cli(*args):
     return [sys.executable, "-m", "kvcxl.emu.cli", "experiment", *args]
 
 
+# The same command, in a process whose third run waits (the first two are written by
+# then), so the signal lands mid-way however fast the runs or slow this test's polling.
+_HOLD_THIRD = """
+import sys, time
+from kvcxl.emu.experiments import runner
+real, calls = runner.run_one, []
+def held(r):
+    calls.append(r)
+    if len(calls) == 3:
+        time.sleep(3600)
+    return real(r)
+runner.run_one = held
+from kvcxl.emu.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
 def test_the_same_command_resumes_after_an_interrupt(tmp_path, sig):
@@ -150,7 +167,8 @@ def test_the_same_command_resumes_after_an_interrupt(tmp_path, sig):
     argv = _cli("ladder", "--scale", "tiny", "--seeds", str(seeds), "--backend", "serial",
                 "--out", str(out), "--json", str(js), "--no-progress")  # fmt: skip
     f = runner.out_file(out, "ladder", "tiny")
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    held = [sys.executable, "-c", _HOLD_THIRD, *argv[3:]]  # (argv less "-m kvcxl.emu.cli")
+    p = subprocess.Popen(held, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 900
     while (not f.exists() or len(f.read_text().splitlines()) < 2) and p.poll() is None:
         assert time.monotonic() < deadline, "no run written in 15 min"

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <ctime>
 
 #include "verilated.h"
@@ -140,6 +141,24 @@ template <typename Valid>
 void end_stream(Harness* h, Valid& valid) {
     valid = 0;
     h->settle();
+}
+
+// The decay table through table_w: beat i carries {i, vals[i]} at the field offsets of the
+// driver's generated layout (a template, so a design without table_w never instantiates
+// it). Returns 0, or -1 on a timeout.
+template <typename Top>
+int send_table(Harness* h, Top* top, int n, const uint32_t* vals, int addr_off, int addr_w,
+               int data_off, int data_w) {
+    uint32_t b[kWords];
+    for (int i = 0; i < n; ++i) {
+        std::memset(b, 0, sizeof b);
+        setb(b, addr_off, addr_w, uint64_t(i));
+        setb(b, data_off, data_w, vals[i]);
+        put(top->table_w___05Fpayload, b);
+        if (!send_beat(h, top->table_w___05Fvalid, top->table_w___05Fready)) return -1;
+    }
+    end_stream(h, top->table_w___05Fvalid);
+    return 0;
 }
 
 }  // namespace

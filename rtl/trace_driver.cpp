@@ -33,17 +33,7 @@ void kv_reset(void* p, uint32_t alpha, uint32_t touch, uint32_t shift) {
 int kv_table(void* p, int n, const uint32_t* vals) {
     auto* h = static_cast<Harness*>(p);
     Timer t(h);
-    auto* top = h->top;
-    uint32_t b[kWords];
-    for (int i = 0; i < n; ++i) {
-        std::memset(b, 0, sizeof b);
-        setb(b, TBL_ADDR_OFF, TBL_ADDR_W, uint64_t(i));
-        setb(b, TBL_DATA_OFF, TBL_DATA_W, vals[i]);
-        put(top->table_w___05Fpayload, b);
-        if (!send_beat(h, top->table_w___05Fvalid, top->table_w___05Fready)) return -1;
-    }
-    end_stream(h, top->table_w___05Fvalid);
-    return 0;
+    return send_table(h, h->top, n, vals, TBL_ADDR_OFF, TBL_ADDR_W, TBL_DATA_OFF, TBL_DATA_W);
 }
 
 // Weight reports {index, weight} on `report`, in order. Returns 0, or -1 on a timeout.

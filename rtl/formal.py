@@ -26,6 +26,11 @@ the defect each must catch are the designs' entries in :mod:`kvcxl.rtl.designs`)
     is sent that was not owed (none duplicated or invented), only a read touches its
     entry and at most once, each output holds valid and payload while stalled, and a
     response comes within two cycles not stalled by ``touch``.
+``clock``, ``sieve``
+    the slot-queue engine under free host commands and back-pressure, every look of its
+    walk against the golden step (:class:`SlotQueueHarness`): at the golden walk's next
+    slot, a victim resident, unpinned and at 0, a counter taken down by one (a visited
+    bit cleared) only where the policy says, min(k, offered) victims, held when stalled.
 ``hdm``
     the RTL's HPA → DPA decode (:class:`kvcxl.rtl.hdm.HdmDecode`) against a reference
     written with ``//`` and ``%`` from the decoder parameters of
@@ -49,9 +54,11 @@ from pathlib import Path
 from amaranth.asserts import AnyConst, AnySeq
 from amaranth.back import rtlil
 from amaranth.hdl import (
+    Array,
     Assert,
     Assume,
     Cat,
+    Const,
     Elaboratable,
     Module,
     Mux,
@@ -410,14 +417,35 @@ class HdmHarness(Elaboratable):
 class SlotQueueHarness(Elaboratable):
     """CLOCK / SIEVE under free host commands and free back-pressure on ``victim``.
 
-    The harness keeps its own copy of each slot's state from the commands it sees (in the
-    queue, offered, counter, fresh) and checks every decision the walk reports on its
-    ``visit`` tap: a slot stepped over is in the queue and not offered; a counter taken
-    down (a visited bit cleared) was above 0; a victim is in the queue, offered and at 0
-    (resident and unpinned); after stepping over a slot the walk is at another one (the
-    hand advances); a walk hands over exactly min(k, offered) victims, the visited slots
-    in order, ``last`` on the final one; the victim beat holds while stalled.  The host's
-    one rule is assumed: INSERT names a slot not in the queue."""
+    The reference is the golden step's definition (:mod:`kvcxl.firmware.golden_clock`,
+    which is the firmware's :mod:`~kvcxl.firmware.policies.clock` and
+    :mod:`~kvcxl.firmware.policies.sieve` as commands), kept by the harness from the
+    commands it sees and written without the engine's links: per slot in the queue,
+    offered, counter, fresh, and a queue position (a sequence number given at INSERT and
+    at a CLOCK move to the head: the tail is the smallest, the head the largest, a slot's
+    next newer the smallest above its own), plus SIEVE's hand.  Every decision the walk
+    reports on its ``visit`` tap is compared with it:
+
+    * where: each look is at the slot the golden walk looks at next, so the hand
+      advances one slot per look, in queue order, and wraps from the head to the tail
+      (CLOCK starts at the tail; SIEVE at its hand, the tail when it has none or its slot
+      left; CLOCK looks again at a head it decremented in place, since it stays the head;
+      a victim's or a stepped-over slot's successor is its next newer slot);
+    * what: a slot stepped over is in the queue and not offered; a counter taken down
+      (a visited bit cleared) is offered and above 0, and the copy takes it down by one
+      (CLOCK) or to 0 (SIEVE), so a counter the engine changes otherwise shows up at the
+      next look; a victim is in the queue, offered (resident and unpinned) and at 0;
+    * the hand: SIEVE's stops after the last victim of a walk without ``keep``, and a
+      REMOVE of its slot moves it to the next newer one, as the golden step's does;
+    * the stream: a walk hands over exactly min(k, offered) victims, the slots it
+      evicted, ``last`` on the final one, an ``empty`` beat when k or offered is 0; no
+      command is taken while a walk is open; the victim beat holds while stalled.
+
+    The host's one rule is assumed: INSERT names a slot not in the queue.  The
+    sequence numbers are 6 bits: at most one is given per cycle, so they do not wrap
+    within a bound below 63."""
+
+    SEQ_BITS = 6
 
     def __init__(self, policy: str, slots: int = 2, defect: str | None = None):
         self.ref_bits = 2 if policy == "clock" else 1
@@ -447,6 +475,36 @@ class SlotQueueHarness(Elaboratable):
         off = [Signal(name=f"off{i}") for i in range(n)]
         fresh = [Signal(name=f"fresh{i}") for i in range(n)]
         ref = [Signal(self.ref_bits, name=f"ref{i}") for i in range(n)]
+        pos = [Signal(self.SEQ_BITS, name=f"pos{i}") for i in range(n)]
+        seq = Signal(self.SEQ_BITS)
+        NONE = n  # no slot: the hand at the tail, or the next look wraps to the tail
+
+        def newer(t):
+            """The next newer slot of ``t`` in the queue (NONE past the head)."""
+            best, best_pos = Const(NONE, range(n + 1)), Const(0, self.SEQ_BITS)
+            t_pos = Array(pos)[t]
+            for j in range(n):
+                later = inq[j] & (j != t) & (pos[j] > t_pos)
+                take = later & ((best == NONE) | (pos[j] < best_pos))
+                best, best_pos = Mux(take, j, best), Mux(take, pos[j], best_pos)
+            return best
+
+        def end(oldest: bool):
+            """The tail (``oldest``) or the head of the queue (NONE when it is empty)."""
+            best, best_pos = Const(NONE, range(n + 1)), Const(0, self.SEQ_BITS)
+            for j in range(n):
+                better = (pos[j] < best_pos) if oldest else (pos[j] > best_pos)
+                take = inq[j] & ((best == NONE) | better)
+                best, best_pos = Mux(take, j, best), Mux(take, pos[j], best_pos)
+            return best
+
+        tail, head = Signal(range(n + 1)), Signal(range(n + 1))
+        m.d.comb += [tail.eq(end(True)), head.eq(end(False))]
+        hand = Signal(range(n + 1), init=NONE)
+        look = Signal(range(n + 1))  # where the walk looks next (NONE: the tail)
+        found = Signal(range(n + 1))  # victims the walk has still to find
+        keep = Signal()
+
         c = cmd.payload
         fire = cmd.valid & cmd.ready
         for i in range(n):
@@ -457,6 +515,7 @@ class SlotQueueHarness(Elaboratable):
                     with m.Switch(c.op):
                         with m.Case(Op.INSERT):
                             m.d.sync += [inq[i].eq(1), off[i].eq(0), ref[i].eq(0), fresh[i].eq(1)]
+                            m.d.sync += [pos[i].eq(seq), seq.eq(seq + 1)]
                         with m.Case(Op.TOUCH):
                             with m.If(fresh[i]):
                                 m.d.sync += fresh[i].eq(0)
@@ -470,6 +529,8 @@ class SlotQueueHarness(Elaboratable):
                             m.d.sync += off[i].eq(c.arg[0] & inq[i])
                         with m.Case(Op.REMOVE):
                             m.d.sync += [inq[i].eq(0), off[i].eq(0)]
+                            with m.If(inq[i] & (hand == i)):
+                                m.d.sync += hand.eq(newer(i))
         # Every decision of the walk against the harness's copy.
         last_skip = Signal(range(n + 1), init=n)  # the slot just stepped over (n: none)
         last_victim = Signal(range(n))
@@ -477,7 +538,9 @@ class SlotQueueHarness(Elaboratable):
             t, kind = tap.payload.slot, tap.payload.kind
             m.d.comb += Assert(t < n)
             m.d.comb += Assert(t != last_skip)  # the hand advances past what it may not take
+            m.d.comb += Assert(t == Mux(look == NONE, tail, look))  # the golden walk's look
             m.d.sync += last_skip.eq(Mux(kind == L.VISIT_SKIP, t, n))
+            m.d.sync += look.eq(newer(t))
             for i in range(n):
                 with m.If(t == i):
                     m.d.comb += Assert(inq[i])
@@ -487,9 +550,18 @@ class SlotQueueHarness(Elaboratable):
                         with m.Case(L.VISIT_DECREMENT):
                             m.d.comb += Assert(off[i] & (ref[i] != 0))
                             m.d.sync += ref[i].eq(ref[i] - 1 if clock else 0)
+                            if clock:  # to the head, or looked at again if it is the head
+                                with m.If(head == i):
+                                    m.d.sync += look.eq(i)
+                                with m.Else():
+                                    m.d.sync += [pos[i].eq(seq), seq.eq(seq + 1)]
                         with m.Case(L.VISIT_VICTIM):
                             m.d.comb += Assert(off[i] & (ref[i] == 0))  # resident, unpinned
                             m.d.sync += [inq[i].eq(0), off[i].eq(0), last_victim.eq(i)]
+                            m.d.sync += found.eq(found - 1)
+                            if not clock:
+                                with m.If((found == 1) & ~keep):
+                                    m.d.sync += hand.eq(newer(i))
                         with m.Default():
                             m.d.comb += Assert(0)
         # A walk hands over exactly min(k, offered) victims, those it visited.
@@ -497,8 +569,12 @@ class SlotQueueHarness(Elaboratable):
         want, got = Signal(range(n + 1)), Signal(range(n + 1))
         walking = Signal()
         with m.If(fire & (c.op == Op.WALK)):
-            m.d.sync += [want.eq(Mux(c.arg < offered, c.arg, offered)), got.eq(0), walking.eq(1)]
+            kk = Mux(c.arg < offered, c.arg, offered)
+            start = tail if clock else Mux(Array([*inq, Const(0)])[hand], hand, NONE)
+            m.d.sync += [want.eq(kk), got.eq(0), walking.eq(1)]
+            m.d.sync += [found.eq(kk), keep.eq(c.keep), look.eq(start)]
         m.d.comb += Assert(~(fire & walking))  # no command while a walk is open
+        m.d.comb += Assert(~tap.valid | walking)
         with m.If(v.valid):
             m.d.comb += Assert(walking)
             with m.If(v.payload.empty):

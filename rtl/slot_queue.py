@@ -16,7 +16,10 @@ the counters; tests can count them.
 
 Planted defects for the formal checks (``defect=``): ``victim_unoffered`` (the walk
 ignores the offered bit), ``stuck_hand`` (the walk does not step past a slot it may not
-evict), ``keep_visited`` (SIEVE: a visited slot's bit is not cleared).
+evict), ``clock_clears`` (CLOCK: a pass sets the counter to 0 instead of taking one off),
+``keep_visited`` (SIEVE: a visited slot's bit is not cleared), ``clear_stays`` (SIEVE:
+the hand stays on a slot whose bit it clears, so its next look takes that slot instead
+of the next one).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from kvcxl.firmware import golden_clock as gc
 
 from . import layouts as L
 
-DEFECTS = (None, "victim_unoffered", "stuck_hand", "keep_visited")
+DEFECTS = (None, "victim_unoffered", "stuck_hand", "clock_clears", "keep_visited", "clear_stays")
 
 
 class SlotQueueEngine(wiring.Component):
@@ -180,7 +183,8 @@ class SlotQueueEngine(wiring.Component):
                 with m.Elif(rec.ref != 0):
                     m.d.comb += [tap.valid.eq(1), tap.payload.kind.eq(L.VISIT_DECREMENT)]
                     if clock:
-                        write_meta(cur, rec.ref - 1, rec.fresh, rec.offered, rec.inq)
+                        down = 0 if self.defect == "clock_clears" else rec.ref - 1
+                        write_meta(cur, down, rec.fresh, rec.offered, rec.inq)
                         with m.If(cur != head):  # to the head: unlink, then link
                             unlink(cur)
                             m.d.sync += [mover.eq(cur), nxt.eq(n_of)]
@@ -188,7 +192,8 @@ class SlotQueueEngine(wiring.Component):
                     else:
                         if self.defect != "keep_visited":
                             write_meta(cur, 0, rec.fresh, rec.offered, rec.inq)
-                        m.d.sync += cur.eq(n_of)
+                        if self.defect != "clear_stays":
+                            m.d.sync += cur.eq(n_of)
                 with m.Else():
                     m.d.comb += [tap.valid.eq(1), tap.payload.kind.eq(L.VISIT_VICTIM)]
                     unlink(cur)

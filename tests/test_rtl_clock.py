@@ -66,9 +66,15 @@ def test_engine_equals_the_golden_step(policy, seed):
 
 
 @pytest.mark.parametrize(
-    ("policy", "defect"),
-    [("clock", "victim_unoffered"), ("clock", "stuck_hand"), ("sieve", "keep_visited")],
+    ("policy", "defect", "seed"),
+    [
+        ("clock", "victim_unoffered", 1),
+        ("clock", "stuck_hand", 1),
+        ("clock", "clock_clears", 11),  # 2-bit counters (1 bit cannot tell the two)
+        ("sieve", "keep_visited", 1),
+        ("sieve", "clear_stays", 1),
+    ],
 )
-def test_a_planted_defect_changes_the_victims(policy, defect):
-    got, want = _run(policy, 1, defect=defect)
+def test_a_planted_defect_changes_the_victims(policy, defect, seed):
+    got, want = _run(policy, seed, defect=defect)
     assert got != want

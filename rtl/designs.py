@@ -156,6 +156,7 @@ _ALL = (
     Design("tier_boundary", "tier_boundary",
            "managed tiers' step boundary: CXL DRAM ↔ NVMe moves (firmware/tiering.py)",
            _tier_boundary, {"entries": 1024, "lanes": 1, "batch": 64},
+           formal={"tier_boundary": ("sink_at_threshold", "ups_ignore_downs")},
            bench="cocotb_tier_boundary", model="tier_boundary_model", bench_count=("plans", 60)),
     Design("record_stream", "record_stream_engine",
            "EMA scoring + top-k with the records in device DRAM (burst memory port)",

@@ -31,6 +31,11 @@ the defect each must catch are the designs' entries in :mod:`kvcxl.rtl.designs`)
     walk against the golden step (:class:`SlotQueueHarness`): at the golden walk's next
     slot, a victim resident, unpinned and at 0, a counter taken down by one (a visited
     bit cleared) only where the policy says, min(k, offered) victims, held when stalled.
+``tier_boundary``
+    the managed tiers' step boundary over any sweep, threshold, budget and rooms, each
+    move against the firmware's plan (:class:`TierBoundaryHarness`): downs only below
+    the threshold and lowest first, ups only at or above it and highest first, exactly
+    min(B, D, sinks) downs then min(B − downs, U + downs, rises) ups, none twice.
 ``hdm``
     the RTL's HPA → DPA decode (:class:`kvcxl.rtl.hdm.HdmDecode`) against a reference
     written with ``//`` and ``%`` from the decoder parameters of
@@ -77,6 +82,7 @@ from .frontend import CxlMemFrontEnd
 from .hdm import HPA_BITS, HdmDecode
 from .scoring import DEPTH, ScoringEngine
 from .slot_queue import SlotQueueEngine
+from .tier_boundary import TierBoundary
 
 
 @dataclass
@@ -596,6 +602,152 @@ class SlotQueueHarness(Elaboratable):
         return m
 
 
+class TierBoundaryHarness(Elaboratable):
+    """The managed tiers' step boundary under any sweep of (score, tier) records, any
+    threshold at each beat, any budget and rooms, and free back-pressure on ``move``.
+
+    The reference is :func:`kvcxl.firmware.tiering.background_plan` as the engine's
+    docstring states it for one sweep (``plan_sweep``): a CXL DRAM entry sinks when its
+    score is below the threshold T read with its beat, an NVMe entry rises when it is at
+    or above T; with B, D, U the budget, ``down_room`` and ``up_room`` taken with the last
+    beat, the plan is n_down = min(B, D, sinks) downs, lowest score first (ties lower
+    id), then n_up = min(B − n_down, U + n_down, rises) ups, highest first (ties lower
+    id).  The harness keeps every entry's score, sink and rise from the beats it sees
+    and checks each move of the plan: a down is a sink, an up a rise, its reported score
+    is the entry's, no entry moves twice, no down follows an up, each move is the best
+    one left (no unmoved sink ranks before a down, no unmoved rise before an up: lowest
+    first, highest first), ``last`` exactly on the move that completes n_down downs and
+    n_up ups (so at most B moves in all), one ``empty`` beat when the plan is empty, no
+    move before the sweep's last beat, and the move beat holds while stalled.
+    The sweep arrives in address order, as the host sends it."""
+
+    SHAPE = {"entries": 4, "lanes": 2, "batch": 2, "q_bits": 2}  # the reduced widths
+
+    def __init__(self, defect: str | None = None):
+        self.entries, self.lanes, self.batch, self.q_bits = self.SHAPE.values()
+        self.dut = TierBoundary(**self.SHAPE, defect=defect)
+
+    def elaborate(self, platform):
+        from kvcxl.firmware.formulas import TIER_CXL, TIER_NVME
+
+        m = Module()
+        _no_reset(m)
+        m.submodules.dut = dut = self.dut
+        past = _Past(m)
+        n, lanes, K = self.entries, self.lanes, self.batch
+        groups = n // lanes
+        cand, mv = dut.cand, dut.move
+        m.d.comb += [
+            cand.valid.eq(AnySeq(1)),
+            cand.payload.eq(AnySeq(len(cand.payload.as_value()))),
+            mv.ready.eq(AnySeq(1)),
+            dut.threshold.eq(AnySeq(len(dut.threshold))),
+            dut.budget.eq(AnySeq(len(dut.budget))),
+            dut.down_room.eq(AnySeq(len(dut.down_room))),
+            dut.up_room.eq(AnySeq(len(dut.up_room))),
+            Assume(dut.threshold <= (1 << self.q_bits)),
+            Assume(dut.budget <= K),
+            Assume(dut.down_room <= K),
+            Assume(dut.up_room <= K),
+        ]
+        addr = Signal(dut.addr_bits)
+        m.d.comb += [
+            Assume(cand.payload.addr == addr),
+            Assume(cand.payload.last == (addr == groups - 1)),
+        ]
+        took = cand.valid & cand.ready
+        with m.If(took):
+            m.d.sync += addr.eq(Mux(addr == groups - 1, 0, addr + 1))
+
+        score = [Signal(self.q_bits, name=f"score{e}") for e in range(n)]
+        sink = [Signal(name=f"sink{e}") for e in range(n)]
+        rise = [Signal(name=f"rise{e}") for e in range(n)]
+        moved = [Signal(name=f"moved{e}") for e in range(n)]
+        budget, d_room, u_room = (Signal(range(K + 1), name=x) for x in ("B", "D", "U"))
+        planning = Signal()  # the sweep's last beat is in; the plan has not ended
+        t = dut.threshold
+        with m.If(took):
+            m.d.comb += Assert(~planning)
+            for a in range(groups):
+                with m.If(cand.payload.addr == a):
+                    for i in range(lanes):
+                        ln, e = cand.payload.lane[i], a * lanes + i
+                        m.d.sync += [
+                            score[e].eq(ln.score),
+                            sink[e].eq((ln.tier == TIER_CXL) & (ln.score < t)),
+                            rise[e].eq((ln.tier == TIER_NVME) & (ln.score >= t)),
+                            moved[e].eq(0),
+                        ]
+            with m.If(cand.payload.last):
+                m.d.sync += [
+                    planning.eq(1),
+                    budget.eq(dut.budget),
+                    d_room.eq(dut.down_room),
+                    u_room.eq(dut.up_room),
+                ]
+
+        def smin(a, b):
+            return Mux(a < b, a, b)
+
+        sinks = sum(sink[e] for e in range(n))
+        rises = sum(rise[e] for e in range(n))
+        n_down, n_up = Signal(range(K + 1)), Signal(range(K + 1))
+        m.d.comb += [
+            n_down.eq(smin(smin(budget, d_room), sinks)),
+            n_up.eq(smin(smin(budget - n_down, u_room + n_down), rises)),
+        ]
+        downs, ups = Signal(range(2 * K + 2)), Signal(range(2 * K + 2))
+        p = mv.payload
+        fire = mv.valid & mv.ready
+        with m.If(mv.valid):
+            m.d.comb += Assert(planning)
+            with m.If(p.empty):
+                m.d.comb += Assert(p.last & (n_down == 0) & (n_up == 0))
+            with m.Else():
+                m.d.comb += Assert(p.index < n)
+                for e in range(n):
+                    with m.If(p.index == e):
+                        m.d.comb += [Assert(~moved[e]), Assert(p.score == score[e])]
+                        for f in range(n):
+                            if f == e:
+                                continue
+                            before_down = (score[f] < score[e]) | ((score[f] == score[e]) & (f < e))
+                            before_up = (score[f] > score[e]) | ((score[f] == score[e]) & (f < e))
+                            with m.If(p.up):
+                                m.d.comb += Assert(~(rise[f] & ~moved[f] & before_up))
+                            with m.Else():
+                                m.d.comb += Assert(~(sink[f] & ~moved[f] & before_down))
+                        m.d.comb += Assert(Mux(p.up, rise[e], sink[e]))
+                with m.If(p.up):
+                    m.d.comb += [
+                        Assert(downs == n_down),
+                        Assert(ups < n_up),
+                        Assert(p.last == (ups + 1 == n_up)),
+                    ]
+                with m.Else():
+                    m.d.comb += [
+                        Assert(ups == 0),
+                        Assert(downs < n_down),
+                        Assert(p.last == ((downs + 1 == n_down) & (n_up == 0))),
+                    ]
+        with m.If(fire):
+            with m.If(~p.empty):
+                for e in range(n):
+                    with m.If(p.index == e):
+                        m.d.sync += moved[e].eq(1)
+                with m.If(p.up):
+                    m.d.sync += ups.eq(ups + 1)
+                with m.Else():
+                    m.d.sync += downs.eq(downs + 1)
+            with m.If(p.last):
+                m.d.sync += [planning.eq(0), downs.eq(0), ups.eq(0)]
+        stalled = past(mv.valid & ~mv.ready, "mstall")
+        held = past(mv.payload.as_value(), "mpayload")
+        with m.If(past.valid & stalled):
+            m.d.comb += Assert(mv.valid & (mv.payload.as_value() == held))
+        return m
+
+
 def _no_reset(m: Module) -> None:
     # Registers start from their init values; a free reset input would restart the DUT
     # mid-pass behind the checker's back.
@@ -641,10 +793,15 @@ def _slot_harness(policy: str, depth: int):
     return make
 
 
+def _tier_boundary_harness(defect: str | None):
+    return TierBoundaryHarness(defect), {**TierBoundaryHarness.SHAPE, "defect": defect}, 12
+
+
 # The harness of each check a design's registry entry names: (harness, params, default depth).
 HARNESSES = {
     "clock": _slot_harness("clock", 10),
     "sieve": _slot_harness("sieve", 10),
+    "tier_boundary": _tier_boundary_harness,
     "eviction": _eviction_harness,
     "scoring": _scoring_harness,
     "frontend": _frontend_harness,

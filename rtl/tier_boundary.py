@@ -32,8 +32,10 @@ The threshold is an input in Q0.16 (17 bits: 0 … 65536), the bound T of
 that function derives from the firmware's own conversion and test.  Weighted placement
 (float placement values) has no integer contract and is not built.
 
-``defect="sink_at_threshold"`` plants a bug for the checks to catch: a CXL DRAM entry
-scored exactly T also sinks (≤ where the firmware's test is <).
+Planted defects for the checks to catch (``defect=``): ``sink_at_threshold``, a CXL DRAM
+entry scored exactly T also sinks (≤ where the firmware's test is <);
+``ups_ignore_downs``, the ups are bounded by the budget itself instead of what the downs
+left of it (a plan can move more than ``budget`` entries).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from kvcxl.firmware.tiering import background_plan
 from . import layouts as L
 from .eviction import EvictionEngine, sweep_widths
 
-DEFECTS = (None, "sink_at_threshold")
+DEFECTS = (None, "sink_at_threshold", "ups_ignore_downs")
 TIER_BITS = (len(TIER_NAMES) - 1).bit_length()  # the tier codes of firmware/formulas.py
 THRESHOLD_BITS = fx.FRAC_BITS + 1  # T ∈ [0, Q_ONE]: evict_threshold = 1 puts every score below
 
@@ -190,10 +192,11 @@ class TierBoundary(wiring.Component):
         up_k = Signal(range(K + 1))
         n_up = Signal(range(K + 1))
         total = Signal(range(2 * K + 1))
+        up_budget = budget if self.defect == "ups_ignore_downs" else budget - n_down
         m.d.comb += [
             down_k.eq(smin(budget, down_room)),
             n_down.eq(smin(down_k, n_sink)),
-            up_k.eq(smin(budget - n_down, up_room + n_down)),
+            up_k.eq(smin(up_budget, up_room + n_down)),
             n_up.eq(smin(up_k, n_rise)),
             total.eq(n_down + n_up),
             down.k.eq(down_k),

@@ -36,6 +36,10 @@ the defect each must catch are the designs' entries in :mod:`kvcxl.rtl.designs`)
     move against the firmware's plan (:class:`TierBoundaryHarness`): downs only below
     the threshold and lowest first, ups only at or above it and highest first, exactly
     min(B, D, sinks) downs then min(B − downs, U + downs, rises) ups, none twice.
+``record_stream``
+    the record-stream engine's memory traffic under any memory latency and back-pressure
+    (:class:`RecordStreamHarness`): each sweep reads every record word once, in order,
+    and (not ``hold``) writes each back once, to the address it was read from.
 ``hdm``
     the RTL's HPA → DPA decode (:class:`kvcxl.rtl.hdm.HdmDecode`) against a reference
     written with ``//`` and ``%`` from the decoder parameters of
@@ -80,6 +84,7 @@ from .designs import CHECKS, DEFECTS
 from .eviction import EvictionEngine
 from .frontend import CxlMemFrontEnd
 from .hdm import HPA_BITS, HdmDecode
+from .record_stream import RecordStreamEngine
 from .scoring import DEPTH, ScoringEngine
 from .slot_queue import SlotQueueEngine
 from .tier_boundary import TierBoundary
@@ -319,10 +324,7 @@ class FrontEndHarness(Elaboratable):
         self.lines = lines
 
     def elaborate(self, platform):
-        m = Module()
-        _no_reset(m)
-        m.submodules.dut = dut = self.dut
-        past = _Past(m)
+        m, dut, past = _start(self.dut)
         req, rwd, ndr, drs, touch = dut.req, dut.rwd, dut.ndr, dut.drs, dut.touch
         for s in (req, rwd):
             m.d.comb += [s.valid.eq(AnySeq(1)), s.payload.eq(AnySeq(len(s.payload.as_value())))]
@@ -463,10 +465,7 @@ class SlotQueueHarness(Elaboratable):
 
         from . import layouts as L
 
-        m = Module()
-        _no_reset(m)
-        m.submodules.dut = dut = self.dut
-        past = _Past(m)
+        m, dut, past = _start(self.dut)
         n, clock = self.slots, self.policy == "clock"
         cmd, v, tap = dut.cmd, dut.victim, dut.visit
         m.d.comb += [
@@ -630,10 +629,7 @@ class TierBoundaryHarness(Elaboratable):
     def elaborate(self, platform):
         from kvcxl.firmware.formulas import TIER_CXL, TIER_NVME
 
-        m = Module()
-        _no_reset(m)
-        m.submodules.dut = dut = self.dut
-        past = _Past(m)
+        m, dut, past = _start(self.dut)
         n, lanes, K = self.entries, self.lanes, self.batch
         groups = n // lanes
         cand, mv = dut.cand, dut.move
@@ -748,6 +744,132 @@ class TierBoundaryHarness(Elaboratable):
         return m
 
 
+class RecordStreamHarness(Elaboratable):
+    """The record-stream engine's memory traffic under a memory of any latency and any
+    back-pressure (every ready of the memory port and of ``victim`` free each cycle, read
+    data free whenever a word is owed), free ``step`` / ``upd`` beats and parameters.
+
+    The reference is the engine's contract (its module docstring): a sweep reads every
+    record word once, in address order, and an update sweep writes each back, once, to
+    the address it was read from, while a ``hold`` sweep writes nothing.  The harness
+    plays the memory (a read command owes its ``len`` words, answered in order; a write
+    command's words are taken after it, as the Verilator and cocotb DRAM models take
+    them; the n-th word read or written in a sweep is at address n, given the commands'
+    addresses it checks) and keeps each word's ``pinned`` / ``resident`` flags as read (the
+    datapath passes them through unchanged; the scores go through the Q0.16 products,
+    which the simulation tests check bit-exactly).  Checked: read and write commands
+    cover the words 0 … W−1 in order, bursts of 1 … ``burst`` words, never past the end,
+    and a ``hold`` sweep issues no write command or data; a word is written back only
+    after it is read, with the flags it was read with, and a beat goes to the selector
+    only after its word is read, at that word's address, ``last`` on the final one, its
+    ``eligible`` = resident ∧ ¬pinned of that word; when a sweep ends (``busy`` falls),
+    it read, scored and (update sweeps) wrote exactly W words: none lost, none
+    duplicated; ``rd_cmd``, ``wr_cmd`` and ``wr_data`` hold valid and payload while
+    stalled."""
+
+    SHAPE = {"entries": 4, "lanes": 1, "batch": 1, "burst": 2}  # 4 words, 2 bursts
+
+    def __init__(self, defect: str | None = None):
+        self.dut = RecordStreamEngine(**self.SHAPE, defect=defect)
+
+    def elaborate(self, platform):
+        m, dut, past = _start(self.dut)
+        W, lanes, burst = dut.words, dut.lanes, dut.burst
+        rd_cmd, rd, wr_cmd, wr, sel = dut.rd_cmd, dut.rd_data, dut.wr_cmd, dut.wr_data, dut.select
+        for s in (dut.step, dut.upd, rd):
+            m.d.comb += [s.valid.eq(AnySeq(1)), s.payload.eq(AnySeq(len(s.payload.as_value())))]
+        for s in (rd_cmd, wr_cmd, wr, dut.victim):
+            m.d.comb += s.ready.eq(AnySeq(1))
+        m.d.comb += dut.table_w.valid.eq(0)  # the decay tables are not under check here
+        for x in (dut.alpha, dut.touch, dut.shift, dut.k):
+            m.d.comb += x.eq(AnySeq(len(x)))
+
+        cnt = range(W + burst + 1)
+        rd_cmds, rd_got, wr_cmds, wr_sent, scored = (
+            Signal(cnt, name=x) for x in ("rd_cmds", "rd_got", "wr_cmds", "wr_sent", "scored")
+        )
+        hold = Signal()
+        pinned = [Signal(lanes, name=f"pinned{a}") for a in range(W)]
+        resident = [Signal(lanes, name=f"resident{a}") for a in range(W)]
+        # The memory answers only words it owes, and takes a write burst's data only after
+        # its command (its models do: without this a sweep can end, ``busy`` low, with
+        # write commands still unsent, which a memory that takes data first would see).
+        m.d.comb += Assume(~rd.valid | (rd_got < rd_cmds))
+        m.d.comb += Assume(~wr.ready | (wr_sent < wr_cmds))
+        with m.If(dut.step.valid & dut.step.ready):
+            m.d.comb += Assert(~dut.busy)
+            m.d.sync += [rd_cmds.eq(0), rd_got.eq(0), wr_cmds.eq(0), wr_sent.eq(0),
+                         scored.eq(0), hold.eq(dut.step.payload.hold)]  # fmt: skip
+        for port, issued, name in ((rd_cmd, rd_cmds, "rd"), (wr_cmd, wr_cmds, "wr")):
+            c = port.payload
+            with m.If(port.valid):
+                m.d.comb += [
+                    Assert(dut.busy),
+                    Assert(c.addr == issued),
+                    Assert((c.len >= 1) & (c.len <= burst)),
+                    Assert(issued + c.len <= W),
+                ]
+                if name == "wr":
+                    m.d.comb += Assert(~hold)
+            with m.If(port.valid & port.ready):
+                m.d.sync += issued.eq(issued + c.len)
+        with m.If(rd.valid & rd.ready):
+            for a in range(W):
+                with m.If(rd_got == a):
+                    m.d.sync += [
+                        pinned[a].eq(Cat(r.pinned for r in rd.payload)),
+                        resident[a].eq(Cat(r.resident for r in rd.payload)),
+                    ]
+            m.d.sync += rd_got.eq(rd_got + 1)
+        with m.If(wr.valid):
+            m.d.comb += [Assert(~hold), Assert(wr_sent < rd_got)]
+            for a in range(W):
+                with m.If(wr_sent == a):
+                    m.d.comb += [
+                        Assert(Cat(r.pinned for r in wr.payload) == pinned[a]),
+                        Assert(Cat(r.resident for r in wr.payload) == resident[a]),
+                    ]
+        with m.If(wr.valid & wr.ready):
+            m.d.sync += wr_sent.eq(wr_sent + 1)
+        c = sel.cand
+        with m.If(c.valid):
+            m.d.comb += [
+                Assert(scored < rd_got),
+                Assert(c.payload.addr == scored),
+                Assert(c.payload.last == (scored == W - 1)),
+            ]
+            for a in range(W):
+                with m.If(scored == a):
+                    for i in range(lanes):
+                        ok = resident[a][i] & ~pinned[a][i]
+                        m.d.comb += Assert(c.payload.lane[i].eligible == ok)
+        with m.If(c.valid & c.ready):
+            m.d.sync += scored.eq(scored + 1)
+        # A sweep's end: every word read, scored and (update) written, once.
+        with m.If(past.valid & past(dut.busy, "busy") & ~dut.busy):
+            m.d.comb += [
+                Assert(rd_cmds == W),
+                Assert(rd_got == W),
+                Assert(scored == W),
+                Assert(wr_sent == Mux(hold, 0, W)),
+                Assert(wr_cmds == Mux(hold, 0, W)),
+            ]
+        for name, s in (("rd_cmd", rd_cmd), ("wr_cmd", wr_cmd), ("wr", wr)):
+            stalled = past(s.valid & ~s.ready, f"{name}_stall")
+            held = past(s.payload.as_value(), f"{name}_payload")
+            with m.If(past.valid & stalled):
+                m.d.comb += Assert(s.valid & (s.payload.as_value() == held))
+        return m
+
+
+def _start(dut) -> tuple[Module, Elaboratable, _Past]:
+    """A harness's module around ``dut``, reset held low, with its past-value registers."""
+    m = Module()
+    _no_reset(m)
+    m.submodules.dut = dut
+    return m, dut, _Past(m)
+
+
 def _no_reset(m: Module) -> None:
     # Registers start from their init values; a free reset input would restart the DUT
     # mid-pass behind the checker's back.
@@ -797,11 +919,16 @@ def _tier_boundary_harness(defect: str | None):
     return TierBoundaryHarness(defect), {**TierBoundaryHarness.SHAPE, "defect": defect}, 12
 
 
+def _record_stream_harness(defect: str | None):
+    return RecordStreamHarness(defect), {**RecordStreamHarness.SHAPE, "defect": defect}, 18
+
+
 # The harness of each check a design's registry entry names: (harness, params, default depth).
 HARNESSES = {
     "clock": _slot_harness("clock", 10),
     "sieve": _slot_harness("sieve", 10),
     "tier_boundary": _tier_boundary_harness,
+    "record_stream": _record_stream_harness,
     "eviction": _eviction_harness,
     "scoring": _scoring_harness,
     "frontend": _frontend_harness,

@@ -45,8 +45,9 @@ from .eviction import EvictionEngine
 from .scoring import decay_tables
 
 # ``hold_writes``: an evaluation sweep writes its records back too (a touched entry's idle
-# counter reset within the step), which the checks must catch.
-DEFECTS = (None, "hold_writes")
+# counter reset within the step); ``lose_word``: a record word is taken from memory while
+# its ``upd`` beat has not come, and dropped.  The checks must catch both.
+DEFECTS = (None, "hold_writes", "lose_word")
 
 
 def word_layout(lanes: int) -> data.ArrayLayout:
@@ -113,12 +114,14 @@ class RecordStreamEngine(wiring.Component):
                 "busy": Out(1),  # a sweep is under way (its words not all out yet)
             }
         )
+        # The selector (built here so that a checker can watch its input).
+        self.select = EvictionEngine(entries, lanes, batch)
 
     def elaborate(self, platform):
         m = Module()
         lanes, W, B = self.lanes, self.words, self.burst
         word = word_layout(lanes)
-        m.submodules.select = sel = EvictionEngine(self.entries, lanes, self.batch)
+        m.submodules.select = sel = self.select
         m.d.comb += sel.k.eq(self.k)
 
         # --- the sweep and its burst commands -----------------------------------------
@@ -153,8 +156,9 @@ class RecordStreamEngine(wiring.Component):
 
         # Stage 1: a record word joined with its weights.
         join = self.rd_data.valid & self.upd.valid & active
+        lose = self.defect == "lose_word"
         m.d.comb += [
-            self.rd_data.ready.eq(advance & self.upd.valid & active),
+            self.rd_data.ready.eq(advance & (1 if lose else self.upd.valid) & active),
             self.upd.ready.eq(advance & self.rd_data.valid & active),
         ]
         waddr = Signal(range(W))  # the word the next join belongs to

@@ -197,6 +197,14 @@ def test_planted_sink_at_threshold_is_caught():
 
 
 @pytest.mark.hdl
+def test_planted_ups_ignore_downs_is_caught():
+    """The ups bounded by the budget, not by what the downs left (the formal check's
+    second defect): a plan over its budget."""
+    _, bad = _exhaustive("ups_ignore_downs")
+    assert any("engine" in b for b in bad) and "over the budget or a room" in bad
+
+
+@pytest.mark.hdl
 def test_engine_host_sweeps_equal_the_firmware():
     """Random boundaries (up to 24 entries, 4 lanes, batch 4) and the boundaries of a trace
     (retrieval, 472 entries), through the host's sweeps of the engine."""

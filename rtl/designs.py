@@ -161,7 +161,7 @@ _ALL = (
     Design("record_stream", "record_stream_engine",
            "EMA scoring + top-k with the records in device DRAM (burst memory port)",
            _record_stream, {"entries": 1024, "lanes": 4, "batch": 64}, decay=True,
-           formal={"record_stream": ("hold_writes", "lose_word")},
+           formal={"record_stream": ("hold_writes", "lose_word", "early_done")},
            bench="cocotb_record_stream", model="record_stream_model", bench_count=("sweeps", 24)),
 )  # fmt: skip
 

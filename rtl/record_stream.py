@@ -19,11 +19,13 @@ own DRAM and streams them through the engine once a sweep.  This engine does tha
   imported: the same selector the on-chip engine uses) and, unless the sweep is a
   ``hold`` evaluation, its new record word back to memory (``wr_cmd`` bursts at the same
   addresses, ``wr_data`` in order);
-* when the sweep's last beat has left, the victims stream out on ``victim``.
+* when the sweep's last beat has left, the victims stream out on ``victim``; the sweep
+  (``busy``) ends once its last write command has been taken too.
 
 The memory port is four valid/ready streams in the manner of AXI's AR/R/AW/W channels
-(a burst is one command beat, then its data beats in order); a word is ``lanes`` records
-of :func:`kvcxl.rtl.layouts.record_layout` (34 bits each). The host writes records into
+(a burst is one command beat and its data beats in order, the data possibly taken
+before the command, as AXI allows); a word is ``lanes`` records of
+:func:`kvcxl.rtl.layouts.record_layout` (34 bits each). The host writes records into
 the DRAM itself (an entry's first write, a pin), not through the engine.
 
 Semantics per sweep are the on-chip engine's: an update sweep is
@@ -46,8 +48,10 @@ from .scoring import decay_tables
 
 # ``hold_writes``: an evaluation sweep writes its records back too (a touched entry's idle
 # counter reset within the step); ``lose_word``: a record word is taken from memory while
-# its ``upd`` beat has not come, and dropped.  The checks must catch both.
-DEFECTS = (None, "hold_writes", "lose_word")
+# its ``upd`` beat has not come, and dropped; ``early_done``: the sweep ends (``busy``
+# falls) with its last beat, though a memory that took the data first has not yet taken
+# every write command, and the rest are never sent.  The checks must catch all three.
+DEFECTS = (None, "hold_writes", "lose_word", "early_done")
 
 
 def word_layout(lanes: int) -> data.ArrayLayout:
@@ -111,7 +115,8 @@ class RecordStreamEngine(wiring.Component):
                 "touch": In(L.Q_BITS),
                 "shift": In(L.SHIFT_BITS),
                 "k": In(range(batch + 1), init=batch),
-                "busy": Out(1),  # a sweep is under way (its words not all out yet)
+                # a sweep is under way: its words or (write-back) write commands not all out
+                "busy": Out(1),
             }
         )
         # The selector (built here so that a checker can watch its input).
@@ -236,12 +241,27 @@ class RecordStreamEngine(wiring.Component):
             ]
         with m.If(out_fire):
             m.d.sync += [cand_sent.eq(0), wr_sent.eq(0)]
-            with m.If(last3):
-                m.d.sync += active.eq(0)
         with m.Else():
             with m.If(sel.cand.valid & sel.cand.ready):
                 m.d.sync += cand_sent.eq(1)
             with m.If(self.wr_data.valid & self.wr_data.ready):
                 m.d.sync += wr_sent.eq(1)
+
+        # The sweep ends when its last beat has left and (write-back sweeps) its last write
+        # command has been taken: a memory may take a burst's data before its command (AXI
+        # allows it), and a command still unsent when the sweep ends would never be sent.
+        drained = Signal()  # the last beat has left; a write command is still owed
+        last_out = out_fire & last3
+        wc = self.wr_cmd
+        cmds_done = Signal()
+        m.d.comb += cmds_done.eq(
+            1
+            if self.defect == "early_done"
+            else ~wb | (wr_next == W) | (wc.valid & wc.ready & (wr_next + wc.payload.len == W))
+        )
+        with m.If((drained | last_out) & cmds_done):
+            m.d.sync += [active.eq(0), drained.eq(0)]
+        with m.Elif(last_out):
+            m.d.sync += drained.eq(1)
         wiring.connect(m, sel.victim, wiring.flipped(self.victim))
         return m

@@ -9,7 +9,8 @@ the command names (the workload's KV bytes for ``simulate``).
 
 A budget is an amount in an explicit unit (:data:`BYTES`, :data:`TOKENS` per KV head, or a
 :data:`FRACTION` of a whole), written in one grammar: a number in that unit, a percentage
-of the total the command names, or ``all`` (the whole total).  :func:`parse_budget` reads it.
+of the total the command names, or ``all`` (the whole total).  :meth:`Budget.parse` reads it
+(``type=budget_arg(unit)`` on the command line) and :meth:`Budget.resolve` gives the amount.
 
 Standard library only: the command-line modules import it at their top.
 """
@@ -106,35 +107,101 @@ FRACTION = Unit("fraction", "0.25", round_up=False, minimum=0, whole=False)
 _ALL = ("all", "full", "unbounded")
 
 
-def parse_budget(text: str | int | float, unit: Unit, total: float | None = None) -> int | float:
-    """A budget in ``unit``: an amount (``512MiB`` for bytes, ``128`` tokens, ``0.25``), a
-    percentage of ``total`` (``25%``) or ``all`` (``total``; a fraction's total is 1)."""
-    if unit is FRACTION:
-        total = 1.0
-    t = str(text).strip().lower()
-    if t in _ALL:
+@dataclass(frozen=True)
+class Budget:
+    """A budget as the user wrote it, parsed once (at argparse time): an ``amount`` in
+    ``unit``, a ``percent`` of a total the command names, or neither: ``all`` of it.
+
+    :meth:`resolve` turns it into an amount once the total is known; ``str()`` gives the
+    text as written, which reports and JSON rows carry.  Frozen and made of plain values,
+    so it pickles to worker processes.
+    """
+
+    unit: Unit
+    text: str
+    amount: int | float | None = None
+    percent: float | None = None
+
+    @classmethod
+    def parse(cls, text: str | int | float, unit: Unit) -> Budget:
+        """An amount (``512MiB`` for bytes, ``128`` tokens, ``0.25``), a percentage
+        (``25%``) or ``all``; a ValueError names the bad value and what is accepted."""
+        raw = str(text)
+        t = raw.strip().lower()
+        if t in _ALL:
+            return cls(unit, raw)
+        if unit == BYTES:  # the size grammar, its messages ("a percentage must be in [0, 100]")
+            if t.endswith("%"):
+                parse_size(raw, 0)  # refuses a bad or out-of-range percentage, naming it
+                return cls(unit, raw, percent=float(t[:-1]))
+            return cls(unit, raw, amount=parse_size(text))
+        accepted = f"accepted: {unit.name} (e.g. {unit.example}), a percentage (e.g. 25%) or 'all'"
+        try:
+            pct = float(t[:-1]) if t.endswith("%") else None
+            value = 0 if pct is not None else int(t) if unit.whole else float(t)
+        except ValueError:
+            raise ValueError(f"budget {raw!r} is not understood; {accepted}") from None
+        if pct is not None:
+            if not 0 < pct <= 100:  # also refuses nan
+                raise ValueError(f"budget {raw!r}: a percentage must be in (0, 100]; {accepted}")
+            return cls(unit, raw, percent=pct)
+        if unit == FRACTION and not 0 < value <= 1:
+            raise ValueError(f"budget {raw!r} is not a fraction in (0, 1]; {accepted}")
+        if value < unit.minimum:
+            raise ValueError(f"budget {raw!r}: must be >= {unit.minimum:g} {unit.name}")
+        return cls(unit, raw, amount=value)
+
+    @property
+    def relative(self) -> bool:
+        """A percentage or ``all``: the amount depends on the total."""
+        return self.amount is None
+
+    def resolve(self, total: float | None = None) -> int | float:
+        """The amount in the unit: a percentage of ``total`` (bytes round down, tokens round
+        up to at least one), ``all`` is ``total``; a fraction's total is always 1.  A
+        percentage or ``all`` without a total is a ValueError naming the budget."""
+        if self.amount is not None:
+            return self.amount
+        if self.unit == FRACTION:
+            total = 1.0
         if total is None:
-            raise ValueError(f"budget {text!r}: 'all' has nothing to be relative to here")
-        return total
-    if unit is BYTES:
-        return parse_size(text, None if total is None else int(total))
-    accepted = f"accepted: {unit.name} (e.g. {unit.example}), a percentage (e.g. 25%) or 'all'"
-    try:
-        if t.endswith("%"):
-            pct = float(t[:-1])
-            if not 0 < pct <= 100:
-                raise ValueError
-            if total is None:
-                raise ValueError(f"budget {text!r}: a percentage has nothing to be relative to")
-            share = total * pct / 100
-            return max(unit.minimum, math.ceil(share)) if unit.round_up else share
-        value = int(t) if unit.whole else float(t)
-    except ValueError as exc:
-        if "relative" in str(exc):
-            raise
-        raise ValueError(f"budget {text!r} is not understood; {accepted}") from None
-    if unit is FRACTION and not 0 < value <= 1:
-        raise ValueError(f"budget {text!r} is not a fraction in (0, 1]; {accepted}")
-    if value < unit.minimum:
-        raise ValueError(f"budget {text!r}: must be >= {unit.minimum:g} {unit.name}")
-    return value
+            what = "'all'" if self.percent is None else "a percentage"
+            raise ValueError(f"budget {self.text!r}: {what} has nothing to be relative to here")
+        share = total if self.percent is None else total * self.percent / 100
+        if self.unit.round_up:
+            return max(self.unit.minimum, math.ceil(share))
+        return int(share) if self.unit.whole else share
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __format__(self, spec: str) -> str:  # aligned in tables like the text it is
+        return format(self.text, spec)
+
+
+def as_budget(value: Budget | str | int | float, unit: Unit) -> Budget:
+    """``value`` if already a :class:`Budget` (in ``unit``), else parsed in ``unit``."""
+    if isinstance(value, Budget):
+        if value.unit != unit:
+            raise ValueError(f"budget {value.text!r} is in {value.unit.name}, not {unit.name}")
+        return value
+    return Budget.parse(value, unit)
+
+
+@dataclass(frozen=True)
+class BudgetArg:
+    """An argparse ``type``: the option's text as a :class:`Budget` in ``unit``; a bad one
+    is refused while parsing, with the message of :meth:`Budget.parse`."""
+
+    unit: Unit
+
+    def __call__(self, text: str) -> Budget:
+        try:
+            return Budget.parse(text, self.unit)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def budget_arg(unit: Unit) -> BudgetArg:
+    """The ``type=`` of every ``--budget`` option: ``type=budget_arg(BYTES)``."""
+    return BudgetArg(unit)

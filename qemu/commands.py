@@ -17,7 +17,7 @@ from kvcxl.common.argtypes import (
     unit_interval,
 )
 from kvcxl.common.jsonout import wrote
-from kvcxl.common.sizes import dpa_range
+from kvcxl.common.sizes import FRACTION, budget_arg, dpa_range
 
 from .accel import ACCELS
 
@@ -82,7 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument(
         "--budget",
-        type=float,
+        type=budget_arg(FRACTION),
         default=None,
         help="HBM stand-in capacity as a fraction of the trace's entries (default 0.25)",
     )
@@ -311,7 +311,7 @@ def _boot(args: argparse.Namespace) -> int:
         PolicyConfig.load(args.config)  # a missing or invalid file: one line, exit 2
     if args.device_mib % 256:
         raise CliError(f"--device-mib {args.device_mib}: a multiple of 256 is accepted")
-    budget = DEFAULT_BUDGET if args.budget is None else args.budget
+    budget = DEFAULT_BUDGET if args.budget is None else args.budget.resolve()
     if args.trace:
         if args.steps is not None:
             raise ValueError("--steps sets the built-in trace's length: not with --trace")
@@ -321,8 +321,6 @@ def _boot(args: argparse.Namespace) -> int:
             raise ValueError(f"--steps {args.steps}: must be in 1 … 1000")
         gt = default_trace() if args.steps is None else default_trace(steps=args.steps)
         if args.budget is not None:
-            if not 0 < budget <= 1:
-                raise ValueError(f"--budget {budget}: must be in (0, 1]")
             gt.capacity = max(1, int(budget * gt.n_entries))
     poison = []
     for text in args.poison:

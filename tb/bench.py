@@ -50,6 +50,7 @@ def _load() -> list[float]:
 def _rtl_sim(quick: bool) -> dict:
     """The trace harness on each engine (``--check``), its design's free-running rate, and
     cocotb + Verilator on the PolicyCore test, in one run."""
+    from kvcxl.common.sizes import BYTES, Budget
     from kvcxl.emu.shape import PRESETS
     from kvcxl.emu.workloads import compile_workload, make_workload
     from kvcxl.rtl.verilated import EngineShape, SlotEngine, VerilatedEngine
@@ -63,7 +64,7 @@ def _rtl_sim(quick: bool) -> dict:
     out: dict = {"evidence": "Measured", "load_average_before": _load(), "engines": {}}
     for policy in ("ema", "clock", "sieve"):
         shape = EngineShape(1024, 4 if policy == "ema" else 1, 64)
-        r = run_stream(stream, "25%", shape, check=True, policy=policy)["rtl"]
+        r = run_stream(stream, Budget.parse("25%", BYTES), shape, check=True, policy=policy)["rtl"]
         if policy == "ema":
             eng = VerilatedEngine(shape)
             eng.reset(0, 0, 0, np.zeros(fx.DECAY_TABLE_SIZE, np.uint32))

@@ -13,6 +13,7 @@ import argparse
 from kvcxl.common.argtypes import nonnegative, positive, positive_float
 from kvcxl.common.jsonout import emit, wrote
 from kvcxl.common.progress import progress
+from kvcxl.common.sizes import BYTES, budget_arg
 from kvcxl.rtl.commands import actions, add_shape
 from kvcxl.rtl.designs import DESIGNS
 
@@ -74,6 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--trace", required=True, metavar="FILE", help="a kvcxl trace (.npz)")
     s.add_argument(
         "--budget",
+        type=budget_arg(BYTES),
         default="25%",
         help="HBM budget: a size (512MiB) or %% of the trace's KV bytes (default 25%%)",
     )
@@ -181,7 +183,6 @@ def _test(args: argparse.Namespace) -> int:
 def _sim(args: argparse.Namespace) -> int:
     import sys
 
-    from kvcxl.common.sizes import parse_size
     from kvcxl.emu.sim.commands import _dump_victims
     from kvcxl.emu.trace import Trace
     from kvcxl.emu.workloads.stream import from_trace
@@ -193,7 +194,6 @@ def _sim(args: argparse.Namespace) -> int:
     slots = args.policy != "ema"
     if args.entries % args.lanes and not slots:
         raise ValueError(f"--entries {args.entries} must be a multiple of --lanes {args.lanes}")
-    parse_size(args.budget, 1)  # refuse a malformed budget before any work
     toolchain.require("verilator")
     stream = from_trace(Trace.load(args.trace))
     defect = ("victim_unoffered" if slots else "tie_off_by_one") if args.defect else None
@@ -253,7 +253,7 @@ def _sim(args: argparse.Namespace) -> int:
         bar.close()
     victims = res.pop("victims")
     if args.dump_victims:
-        row = {"seed": 0, "policy": args.policy, "budget": args.budget, "_victims": victims}
+        row = {"seed": 0, "policy": args.policy, "budget": str(args.budget), "_victims": victims}
         _dump_victims([row], args.dump_victims)
         wrote(args.dump_victims)
     keys = ("budget_entries", "reads", "hits", "misses", "hit_rate")

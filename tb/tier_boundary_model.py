@@ -140,7 +140,7 @@ def trace_boundaries(
     EMA, managed tiers, threshold placement) with CXL DRAM and NVMe holding
     ``cxl_share`` and ``nvme_share`` of the workload's entries (so that both rooms bind):
     the session's inputs and the moves it decided."""
-    from kvcxl.common.sizes import parse_size
+    from kvcxl.common.sizes import BYTES, as_budget
     from kvcxl.emu.shape import PRESETS
     from kvcxl.emu.sim.simulator import SimOptions, simulate
     from kvcxl.emu.workloads import compile_workload, make_workload
@@ -149,7 +149,7 @@ def trace_boundaries(
     eb = stream.shape.entry_bytes
     total = stream.n_entries * eb
     cfg = (config or PolicyConfig()).with_(tier_management="managed", placement_mode="thresholds")
-    hbm = parse_size(budget, total)
+    hbm = as_budget(budget, BYTES).resolve(total)
     n = stream.n_entries
     cxl = max(int(n * cxl_share), 1)
     nvme = max(n - hbm // eb - cxl, int(n * nvme_share))

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvcxl.common.sizes import parse_size
+from kvcxl.common.sizes import Budget
 from kvcxl.emu.sim.simulator import SimOptions, simulate, victims_table
 from kvcxl.emu.workloads.stream import ReadStream
 from kvcxl.firmware.config import PolicyConfig
@@ -29,7 +29,7 @@ POLICIES = ("ema", *SLOT_POLICIES)
 
 def run_stream(
     stream: ReadStream,
-    budget: str,
+    budget: Budget,
     shape: EngineShape,
     *,
     check: bool = False,
@@ -49,7 +49,7 @@ def run_stream(
     total = stream.n_entries * stream.shape.entry_bytes
     opts = SimOptions(
         policy="ema",
-        budget_bytes=parse_size(budget, total),
+        budget_bytes=budget.resolve(total),
         config=config or PolicyConfig(),
         mode="int",
         # the firmware's placement, as `kvcxl simulate`: with managed tiers (the default)
@@ -101,7 +101,7 @@ def run_stream(
 
 def _run_slots(
     stream: ReadStream,
-    budget: str,
+    budget: Budget,
     shape: EngineShape,
     policy: str,
     check: bool,
@@ -112,7 +112,7 @@ def _run_slots(
     total = stream.n_entries * stream.shape.entry_bytes
     opts = SimOptions(
         policy=policy,
-        budget_bytes=parse_size(budget, total),
+        budget_bytes=budget.resolve(total),
         config=config or PolicyConfig(),
         record_victims=True,
         engine="numpy",

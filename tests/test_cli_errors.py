@@ -66,7 +66,6 @@ HANDLER_CHECKED: dict[tuple[str, str], tuple[str, str]] = {
     ("policy compare", "--objects"): ("0", "--objects 0"),
     ("policy compare", "--zipf"): ("-1", "--zipf -1"),
     ("policy compare", "--seed"): ("-1", "--seed -1"),
-    ("qemu boot", "--budget"): ("0", "--budget 0"),
 }
 for _name, _kind in POLICY_OPTIONS.items():
     if _kind in ("int", "float"):
@@ -350,6 +349,10 @@ VALUE_ROWS = [
     (["rtl", "formal", "--check", "scoring", "--defect"], ["--defect", "eviction"]),
     (["rtl", "sim", "--trace", "t.npz", "--entries", "10", "--lanes", "4"], ["10", "multiple"]),
     (["rtl", "sim", "--trace", "t.npz", "--budget", "abc"], ["abc"]),
+    (["qemu", "boot", "--budget", "0"], ["'0'", "(0, 1]"]),
+    (["qemu", "boot", "--budget", "30%", "--steps", "2000"], ["--steps 2000"]),
+    (["quality", "--trace", "t.npz", "--budget", "0"], ["'0'", ">= 1"]),
+    (["calibrate", "--trace", "t.npz", "--budget", "25%"], ["25%", "tokens per KV head"]),
     (["rtl", "sim", "--trace", "t.npz"], ["t.npz"]),
     (["rtl", "host", "--sim", "--entries", "10", "--lanes", "4"], ["10", "multiple"]),
     (["rtl", "bitstream", "--board", "nope"], ["nope", "choose from"]),

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from kvcxl.common.sizes import FRACTION, Budget
 from kvcxl.emu.metrics import wilson_ci
 from kvcxl.emu.model import passkey as pk
 from kvcxl.emu.model.quality import PolicySpec
@@ -51,11 +52,13 @@ def test_wilson_interval_against_textbook_values() -> None:
 
 
 def test_budget_fractions() -> None:
-    assert pk.parse_budget_fraction("25%") == 0.25
-    assert pk.parse_budget_fraction("0.5") == 0.5 and pk.parse_budget_fraction("all") == 1.0
+    def fraction(text: str) -> float:
+        return Budget.parse(text, FRACTION).resolve()
+
+    assert fraction("25%") == 0.25 and fraction("0.5") == 0.5 and fraction("all") == 1.0
     for bad in ("0", "150%", "x", "nan"):
         with pytest.raises(ValueError, match="accepted"):
-            pk.parse_budget_fraction(bad)
+            fraction(bad)
     # 25 % of a 300-token prompt's 19 blocks: 4 whole blocks; 'all' covers prompt and answer.
     assert pk.budget_tokens(0.25, 300, 307, 16) == 64
     assert pk.budget_tokens(1.0, 300, 307, 16) == 320

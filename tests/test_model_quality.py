@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from kvcxl.emu.model.quality import PolicySpec, parse_budget
+from kvcxl.common.sizes import TOKENS, Budget
+from kvcxl.emu.model.quality import PolicySpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 
@@ -143,9 +144,10 @@ def test_policy_spec_and_budget_parsing() -> None:
         PolicySpec.parse("nope")
     with pytest.raises(ValueError, match="key=value"):
         PolicySpec.parse("ema:alpha")
-    assert parse_budget("25%", 400) == 100 and parse_budget("all", 77) == 77
+    assert Budget.parse("25%", TOKENS).resolve(400) == 100
+    assert Budget.parse("all", TOKENS).resolve(77) == 77
     with pytest.raises(ValueError, match="budget 'x'"):
-        parse_budget("x", 10)
+        Budget.parse("x", TOKENS)
 
 
 def test_quality_cli(tmp_path, captures, capsys) -> None:

@@ -7,6 +7,7 @@ import json
 from collections import Counter
 
 import numpy as np
+import pytest
 
 from kvcxl.emu.cli import main
 from kvcxl.emu.sim import commands
@@ -64,7 +65,9 @@ def test_simulate_json_schema(tmp_path, capsys):
 def test_simulate_bad_values_are_one_line_errors(capsys):
     assert main(["simulate", "--policy", "nope", "--no-progress"]) == 2
     assert "unknown policy 'nope'" in capsys.readouterr().err
-    assert main(["simulate", "--budget", "12 parsecs", "--no-progress"]) == 2
+    with pytest.raises(SystemExit) as exc:  # refused by argparse, before any work
+        main(["simulate", "--budget", "12 parsecs", "--no-progress"])
+    assert exc.value.code == 2
     assert "size '12 parsecs' is not understood" in capsys.readouterr().err
     assert main(["simulate", "--alpha", "1.5", "--no-progress"]) == 2
     assert "alpha = 1.5 is out of range" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcxl.common.sizes import parse_size
+from kvcxl.common.sizes import BYTES, Budget, as_budget
 from kvcxl.firmware.config import PolicyConfig
 
 from ..shape import ModelShape, preset
@@ -79,7 +79,7 @@ def replay(
     st: Any,
     case: dict[str, Any],
     policy: str,
-    budget: str = "10%",
+    budget: Budget | str = "10%",
     prefetch: bool = False,
     **config: Any,
 ) -> dict[str, float]:
@@ -89,7 +89,7 @@ def replay(
         st,
         SimOptions(
             policy=policy,
-            budget_bytes=parse_size(budget, st.kv_bytes),
+            budget_bytes=as_budget(budget, BYTES).resolve(st.kv_bytes),
             config=PolicyConfig.from_mapping(config),
             prefetch=prefetch,
             warmup_steps=int(case["warmup"]),

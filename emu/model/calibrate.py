@@ -406,10 +406,9 @@ def main(
     keeps = _floats(args.keep, "keep")
     evicts = _floats(args.evict, "evict")
     touches = _floats(args.touch, "touch")
-    try:
-        budget = int(args.budget)
-    except ValueError:
-        raise ValueError(f"--budget {args.budget!r}: expected tokens per KV head") from None
+    if args.budget.relative:  # one budget for every trace, whatever its length
+        raise ValueError(f"--budget {args.budget}: tokens per KV head are accepted (e.g. 128)")
+    budget = int(args.budget.resolve())
     for flag, v in (("--slo", args.slo), ("--breakeven", args.breakeven)):
         if not 0 < v <= 1:
             raise ValueError(f"{flag} {v}: must be in (0, 1]")

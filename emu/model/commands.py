@@ -17,6 +17,7 @@ from kvcxl.common.argtypes import nonnegative, positive, positive_float, unit_in
 from kvcxl.common.figures import figure
 from kvcxl.common.jsonout import wrote
 from kvcxl.common.progress import progress
+from kvcxl.common.sizes import FRACTION, TOKENS, Budget, budget_arg
 
 QUALITY_EPILOG = """\
 policies: any firmware policy (ema, h2o, lru, sink-window, lfu, fifo, lrfu, random) or
@@ -73,6 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument(
         "--budget",
         action="append",
+        type=budget_arg(TOKENS),
         metavar="B",
         help="tokens per KV head, a percentage of the sequence, or 'all' (repeatable; "
         "default 64 and 128)",
@@ -116,7 +118,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--trace", action="append", required=True, help="captured trace (repeatable)")
     c.add_argument("--alpha", default="0.02,0.05,0.1,0.2,0.4", help="comma-separated α values")
     c.add_argument("--beta", default="0.0001,0.001,0.01,0.1", help="comma-separated β values")
-    c.add_argument("--budget", default="128", help="HBM budget in tokens per KV head (default 128)")
+    c.add_argument(
+        "--budget",
+        type=budget_arg(TOKENS),
+        default="128",
+        help="HBM budget in tokens per KV head (default 128)",
+    )
     c.add_argument(
         "--read-threshold",
         type=unit_interval,
@@ -207,11 +214,11 @@ def _base_config(path: str | None, aggregation: str) -> Any:
 
 def _quality(args: argparse.Namespace) -> int:
     from .capture import load_model
-    from .quality import PolicySpec, evaluate, parse_budget
+    from .quality import PolicySpec, evaluate
 
     trace, tokens = _load_measured(args.trace, args.max_tokens)
     specs = [PolicySpec.parse(p) for p in (args.policy or _DEFAULT_POLICIES)]
-    budgets = [parse_budget(b, len(tokens)) for b in (args.budget or ["64", "128"])]
+    budgets = [int(b.resolve(len(tokens))) for b in (args.budget or _DEFAULT_BUDGETS)]
     bt = trace.shape.block_tokens
     for b in budgets:
         if b < bt:
@@ -259,6 +266,7 @@ def _quality(args: argparse.Namespace) -> int:
 
 
 _DEFAULT_POLICIES = ("ema", "h2o", "lru", "sink-window", "window")
+_DEFAULT_BUDGETS = (Budget.parse("64", TOKENS), Budget.parse("128", TOKENS))
 
 
 def _plot_quality(rows: list[dict], path: str, title: str) -> None:
@@ -344,9 +352,8 @@ def _digits(text: str) -> int:
 
 
 def _budget(text: str) -> float:
-    from .passkey import parse_budget_fraction
-
-    return parse_budget_fraction(text)
+    """A fraction of the prompt's KV: ``25%``, ``0.25`` or ``all`` (= 1.0)."""
+    return float(Budget.parse(text, FRACTION).resolve())
 
 
 def _policy(text: str) -> Any:

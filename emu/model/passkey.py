@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 
 from kvcxl.common.figures import figure
-from kvcxl.common.sizes import FRACTION, parse_budget
 
 from ..metrics import mean_ci, wilson_ci
 from .calibrate import replay_hit_rate
@@ -150,12 +149,6 @@ def score(answer: str, passkey: str) -> bool:
     """Exact match: the first run of digits in the answer is the pass key."""
     m = _DIGITS.search(answer)
     return m is not None and m.group() == passkey
-
-
-def parse_budget_fraction(text: str) -> float:
-    """A budget as a fraction of the prompt's KV: ``25%``, ``0.25`` or ``all`` (= 1.0) (the
-    grammar of :func:`kvcxl.common.sizes.parse_budget`)."""
-    return float(parse_budget(text, FRACTION))
 
 
 def budget_tokens(fraction: float, prompt_tokens: int, total_tokens: int, block_tokens: int) -> int:

@@ -38,8 +38,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcxl.common.progress import progress as progress_bar
-from kvcxl.common.sizes import TOKENS
-from kvcxl.common.sizes import parse_budget as budget_in
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.policies import POLICIES
 from kvcxl.firmware.session import FirmwareSession
@@ -90,12 +88,6 @@ def _parse_value(v: str) -> Any:
         except ValueError:
             pass
     return v
-
-
-def parse_budget(text: str, n_tokens: int) -> int:
-    """Tokens per KV head: an integer, a percentage of the sequence (``25%``) or ``all``
-    (the grammar of :func:`kvcxl.common.sizes.parse_budget`)."""
-    return int(budget_in(text, TOKENS, n_tokens))
 
 
 @dataclass

@@ -19,7 +19,7 @@ from kvcxl.common.argtypes import nonnegative, nonnegative_float, positive, posi
 from kvcxl.common.figures import figure
 from kvcxl.common.jsonout import wrote
 from kvcxl.common.progress import progress
-from kvcxl.common.sizes import SIZE_HELP, parse_size
+from kvcxl.common.sizes import BYTES, SIZE_HELP, Budget, budget_arg, parse_size
 from kvcxl.firmware.config import PARAMS, PolicyConfig
 from kvcxl.firmware.policies import POLICIES
 from kvcxl.firmware.policy_params import POLICY_PARAMS
@@ -318,6 +318,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--budget",
         action="append",
+        type=budget_arg(BYTES),
         metavar="B",
         help="HBM budget: a size (512MiB, 2GB) or %% of the workload's KV bytes "
         f"(repeatable; default 25%%; {SIZE_HELP})",
@@ -659,7 +660,7 @@ def _simulate(args: argparse.Namespace) -> int:
     if getattr(args, "versus_offload", False) and not args.serving:
         raise ValueError("--versus-offload compares serving metrics: add --serving")
     policies = args.policy or ["lru", "ema"]
-    budgets = args.budget or ["25%"]
+    budgets = args.budget or [Budget.parse("25%", BYTES)]
     spec: SweepSpec = _spec_from_args(args, policies, budgets)
     from .sweep import progress_units
 
@@ -943,7 +944,8 @@ def _demo_report(
         "![hit rate vs budget](hit_rate.png)",
         "",
     ]
-    budgets = sorted({r["budget"] for r in rows}, key=lambda b: float(b.rstrip("%")))
+    share = {r["budget"]: r["budget_fraction"] for r in rows}  # the budget as a share of KV
+    budgets = sorted(share, key=share.__getitem__)
     lines.append("## Best online policy per budget (vs Belady's optimum)")
     lines.append("")
     for b in budgets:

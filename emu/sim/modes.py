@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcxl.common.sizes import BYTES, Budget, as_budget, budget_arg
 from kvcxl.firmware.policies import POLICIES
 
 from ..metrics import mean_ci
@@ -46,12 +47,14 @@ def victims_differ(f: dict[str, np.ndarray], i: dict[str, np.ndarray]) -> float:
 
 def compare(
     workloads: list[str],
-    budgets: list[str],
+    budgets: list[Budget | str],
     seeds: list[int],
     steps: int = 200,
     jobs: int | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per workload × policy × budget (policies with an integer mode)."""
+    """One row per workload × policy × budget (policies with an integer mode); a row's
+    budget is its text, as the sweep's rows carry it."""
+    texts = [str(as_budget(b, BYTES)) for b in budgets]
     rows = []
     for wl in workloads:
         runs = {}
@@ -64,7 +67,7 @@ def compare(
                 (r["seed"], r["policy"], r["budget"]): r for r in run_sweep(spec, jobs=jobs)
             }
         for policy in INT_POLICIES:
-            for budget in budgets:
+            for budget in texts:
                 pairs = [(runs["float"][(s, policy, budget)], runs["int"][(s, policy, budget)])
                          for s in seeds]  # fmt: skip
                 faults = sum(r["audit_faults"] for p in pairs for r in p)
@@ -103,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--seeds", type=int, default=10, help="seeds per workload (default 10)")
     ap.add_argument("--steps", type=int, default=200, help="decode steps (default 200)")
-    ap.add_argument("--budget", action="append", help="HBM budgets (default 10%% and 25%%)")
+    ap.add_argument("--budget", action="append", type=budget_arg(BYTES),
+                    help="HBM budgets (default 10%% and 25%%)")  # fmt: skip
     ap.add_argument("--workload", action="append", help="workloads (default: all)")
     ap.add_argument("--jobs", type=int, default=None, help="local processes (default: cores)")
     ap.add_argument("--json", dest="json_out", help="also write the rows as JSON")

@@ -20,12 +20,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kvcxl.common.jsonout import wrote
-from kvcxl.common.sizes import parse_size
+from kvcxl.common.sizes import BYTES, Budget, as_budget, parse_size
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.policies import POLICIES, ranked
 
@@ -47,7 +47,9 @@ from .simulator import SimOptions, pick_engine, simulate, victims_table
 
 @dataclass
 class SweepSpec:
-    """What to run.  Budgets are strings as on the command line (``512MiB``, ``25%``)."""
+    """What to run.  Budgets are :class:`~kvcxl.common.sizes.Budget` in bytes (text as on the
+    command line, ``512MiB`` or ``25%``, is parsed on construction); :meth:`to_dict` writes
+    them as that text."""
 
     workload: str | None = "zipf-sessions"
     trace: str | None = None
@@ -56,7 +58,7 @@ class SweepSpec:
     steps: int = 200
     seeds: list[int] = field(default_factory=lambda: [0])
     policies: list[str] = field(default_factory=lambda: ["lru", "ema"])
-    budgets: list[str] = field(default_factory=lambda: ["25%"])
+    budgets: list[Budget] = field(default_factory=lambda: [Budget.parse("25%", BYTES)])
     config: dict[str, Any] = field(default_factory=dict)
     variants: list[dict[str, Any]] = field(default_factory=lambda: [{}])
     workload_params: dict[str, Any] = field(default_factory=dict)
@@ -76,8 +78,16 @@ class SweepSpec:
     engine: str | None = None  # SimOptions.engine: "fast", "numpy", None (fast where covered)
     timeline: bool = False  # SimOptions.timeline: the transfer timeline (docs/timeline.md)
 
+    def __post_init__(self) -> None:
+        self.budgets = [as_budget(b, BYTES) for b in self.budgets]
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The spec as JSON values (each budget as its text)."""
+        return {**asdict(replace(self, budgets=[])), "budgets": [str(b) for b in self.budgets]}
+
+    def _task(self) -> dict[str, Any]:
+        """The spec for a worker process: :meth:`to_dict` with the parsed budgets (they pickle)."""
+        return {**self.to_dict(), "budgets": list(self.budgets)}
 
 
 def build_stream(spec: SweepSpec, seed: int):
@@ -112,8 +122,6 @@ def validate(spec: SweepSpec) -> None:
     for p in spec.policies:
         if p not in POLICIES:
             raise ValueError(f"unknown policy {p!r}; choose from: {', '.join(sorted(POLICIES))}")
-    for b in spec.budgets:
-        parse_size(b, 100)
     for v in spec.variants:
         _config(spec, v)
     if not spec.seeds:
@@ -164,7 +172,7 @@ def _replay_spec(
                 stream,
                 SimOptions(
                     policy=policy,
-                    budget_bytes=parse_size(budget, total),
+                    budget_bytes=budget.resolve(total),
                     cxl_bytes=None if spec.cxl is None else parse_size(spec.cxl, total),
                     nvme_bytes=None if spec.nvme is None else parse_size(spec.nvme, total),
                     config=cfg,
@@ -182,7 +190,7 @@ def _replay_spec(
                 ),
             )
             r.update(
-                seed=seed, budget=budget, variant=variant, workload=stream.info.get("workload")
+                seed=seed, budget=str(budget), variant=variant, workload=stream.info.get("workload")
             )
             if spec.record_victims:
                 r["_victims"] = victims_table(stream, r.pop("_victims"))
@@ -203,7 +211,7 @@ def run_sweep(
     """Every task of ``spec``; returns the raw per-seed results (see :func:`combine`)."""
     validate(spec)
     tasks = [(s, v) for v in spec.variants for s in spec.seeds]
-    d = spec.to_dict()
+    d = spec._task()
     results: list[list[dict[str, Any]]] = [[] for _ in tasks]
     jobs = jobs or os.cpu_count() or 1
     if backend == "dask":
@@ -268,7 +276,7 @@ def run_sweeps(
         seeds = dict.fromkeys(s for i in members for s in specs[i].seeds)
         for seed in seeds:
             tasks.append(([i for i in members if seed in specs[i].seeds], seed))
-    args = [([specs[i].to_dict() for i in idx], seed) for idx, seed in tasks]
+    args = [([specs[i]._task() for i in idx], seed) for idx, seed in tasks]
     jobs = jobs or os.cpu_count() or 1
     if backend == "dask":
         done = _run_dask_calls(run_group, args, address)

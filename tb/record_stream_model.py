@@ -5,7 +5,10 @@ every sweep must answer.
 from: burst commands queue up to ``depth`` deep per direction; a read burst's first word
 is offered ``latency`` cycles after its command was taken, the rest in order; reads and
 writes share ``bytes_per_cycle`` of bandwidth (a word costs its bits / 8 bytes; unused
-bandwidth is not banked beyond two words).  It is cycle-driven (``drive`` then
+bandwidth is not banked beyond two words).  With ``data_first`` it takes write data
+before the command, as AXI allows: it buffers every word offered and takes a write
+command only once it holds all of that burst's words (so a sweep's last write command
+comes after its last word).  It is cycle-driven (``drive`` then
 ``sample`` each cycle), so the Amaranth-simulator test and the cocotb bench run the same
 model.
 
@@ -95,8 +98,11 @@ class Dram:
         latency: int = 20,
         bytes_per_cycle: float | None = None,
         depth: int = 4,
+        data_first: bool = False,
     ) -> None:
         self.mem = list(words)
+        self.data_first = data_first
+        self.wbuf: deque[int] = deque()  # write words taken before their command
         self.word_bytes = word_bits(lanes) / 8
         self.latency, self.depth = latency, depth
         self.bpc = 2 * self.word_bytes if bytes_per_cycle is None else bytes_per_cycle
@@ -111,13 +117,22 @@ class Dram:
         self.rd_cmd_ready = self.wr_cmd_ready = self.rd_valid = self.wr_ready = 0
         self.rd_word = 0
 
-    def drive(self) -> None:
-        """Decide this cycle's ready and valid outputs."""
+    def drive(self, offer: Port | None = None) -> None:
+        """Decide this cycle's ready and valid outputs.  A ``data_first`` memory looks at
+        what the engine offers this cycle (``offer``: its write command's valid and length,
+        its write data's valid; all from its registers), as an AXI slave may wait for a
+        valid before its ready."""
         self.rd_cmd_ready = int(len(self.rq) < self.depth)
-        self.wr_cmd_ready = int(len(self.wq) < self.depth)
         wb = self.word_bytes
         can_r = bool(self.rq) and self.rq[0][2] <= self.now and self.tokens >= wb
-        can_w = bool(self.wq) and self.tokens >= wb
+        if self.data_first:
+            if offer is None:
+                raise ValueError("offer = None: a data_first Dram must see the engine's offer")
+            self.wr_cmd_ready = int(offer.wr_cmd_valid and len(self.wbuf) >= offer.wr_cmd_len)
+            can_w = bool(offer.wr_data_valid) and self.tokens >= wb
+        else:
+            self.wr_cmd_ready = int(len(self.wq) < self.depth)
+            can_w = bool(self.wq) and self.tokens >= wb
         if can_r and can_w and self.tokens < 2 * wb:
             can_r, can_w = (True, False) if self.turn == 0 else (False, True)
         self.rd_valid, self.wr_ready = int(can_r), int(can_w)
@@ -135,7 +150,12 @@ class Dram:
             self.tokens -= wb
             self.reads += 1
             self.turn = 1
-        if self.wr_ready and p.wr_data_valid:
+        if self.wr_ready and p.wr_data_valid and self.data_first:
+            self.wbuf.append(p.wr_data)
+            self.tokens -= wb
+            self.writes += 1
+            self.turn = 0
+        elif self.wr_ready and p.wr_data_valid:
             head = self.wq[0]
             self.mem[head[0]] = p.wr_data
             head[0] += 1
@@ -147,7 +167,10 @@ class Dram:
             self.turn = 0
         if self.rd_cmd_ready and p.rd_cmd_valid:
             self.rq.append([p.rd_cmd_addr, p.rd_cmd_len, self.now + 1 + self.latency])
-        if self.wr_cmd_ready and p.wr_cmd_valid:
+        if self.wr_cmd_ready and p.wr_cmd_valid and self.data_first:
+            for a in range(p.wr_cmd_addr, p.wr_cmd_addr + p.wr_cmd_len):
+                self.mem[a] = self.wbuf.popleft()
+        elif self.wr_cmd_ready and p.wr_cmd_valid:
             self.wq.append([p.wr_cmd_addr, p.wr_cmd_len])
         self.tokens = min(self.tokens + self.bpc, self.cap)
         self.now += 1
@@ -238,11 +261,14 @@ def run(
     depth: int = 4,
     sweeps: int = 4,
     seed: int = 1,
+    data_first: bool = False,
+    defect: str | None = None,
 ) -> dict:
     """The cocotb bench on an engine of any size (``kvcxl.tb.runner.run_unit`` builds the
     registry's bench shape): ``sweeps`` random sweeps behind a DRAM of ``latency`` cycles
-    and ``bytes_per_cycle`` (None: two words a cycle, never the bound); the bench's figures
-    (cycles per sweep, records per cycle, DRAM bytes per cycle)."""
+    and ``bytes_per_cycle`` (None: two words a cycle, never the bound), taking write data
+    before its command with ``data_first``, the engine with a planted ``defect`` if given;
+    the bench's figures (cycles per sweep, records per cycle, DRAM bytes per cycle)."""
     from kvcxl.rtl import designs, toolchain
     from kvcxl.rtl.export import build, default_decay, to_verilog, write_if_changed
     from kvcxl.tb import runner
@@ -250,12 +276,15 @@ def run(
     toolchain.apply_env()
     d = designs.get("record_stream")
     shape = {"entries": entries, "lanes": lanes, "batch": batch, "burst": burst}
-    bdir = runner.build_root() / f"{sim}-record_stream-{entries}x{lanes}-b{batch}-{burst}"
+    tag = f"{entries}x{lanes}-b{batch}-{burst}" + (f"-{defect}" if defect else "")
+    bdir = runner.build_root() / f"{sim}-record_stream-{tag}"
     src = bdir / f"{d.module}.v"
-    text = to_verilog(build("record_stream", **shape, decay_init=default_decay()), d.module)
+    extra = {"defect": defect} if defect else {}
+    text = to_verilog(build("record_stream", **shape, decay_init=default_decay(), **extra),
+                      d.module)  # fmt: skip
     write_if_changed(src, runner.icarus_start(text) if sim == "icarus" else text)
     cfg = {**shape, "sweeps": sweeps, "seed": seed, "latency": latency,
-           "bytes_per_cycle": bytes_per_cycle, "depth": depth, "design": "record_stream",
-           "results": str(bdir / f"results-{seed}.json")}  # fmt: skip
+           "bytes_per_cycle": bytes_per_cycle, "depth": depth, "data_first": data_first,
+           "design": "record_stream", "results": str(bdir / f"results-{seed}.json")}  # fmt: skip
     res, *_ = runner._cocotb(sim, src, d.module, bdir, f"kvcxl.tb.{d.bench}", cfg, seed)
     return res

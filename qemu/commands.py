@@ -17,6 +17,7 @@ from kvcxl.common.argtypes import (
     unit_interval,
 )
 from kvcxl.common.jsonout import wrote
+from kvcxl.common.options import add_parser, opt
 from kvcxl.common.sizes import FRACTION, budget_arg, dpa_range
 
 from .accel import ACCELS
@@ -27,138 +28,127 @@ JOBS = (
 )  # fmt: skip
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "qemu",
-        help="boot a QEMU virtual host that sees the device through the Linux CXL stack",
-        description=(
-            "A QEMU 10 guest (Linux 6.12) with a CXL Type-3 device whose memory is a file the "
-            "firmware service maps. The guest creates a RAM region, hands it to device DAX and "
-            "runs the guest agent, which talks to the firmware through a command ring in "
-            "device memory. See docs/qemu.md."
-        ),
-    )
-    qs = p.add_subparsers(dest="qemu_command", metavar="ACTION")
-
-    s = qs.add_parser(
-        "setup",
-        help="install QEMU >= 10, fetch the 6.12 guest kernel, build the initramfs (root)",
-        description=(
-            "Idempotent. Installs qemu-system-x86 (bookworm-backports on Debian 12), busybox, "
-            "ndctl/daxctl; unpacks linux-image-6.12 into ~/.cache/kvcxl/qemu (never installed "
-            "on the host); builds the static guest agent, the TCG plugin and the initramfs."
-        ),
-    )
-    s.add_argument("--force", action="store_true", help="rebuild everything from scratch")
-    s.set_defaults(func=_setup)
-
-    b = qs.add_parser(
-        "boot",
-        help="boot the guest, replay a trace through the firmware, print a JSON report",
-        description=(
-            "Starts the firmware service and QEMU; the guest loads the CXL modules, creates, "
-            "commits and onlines the region as devdax, prints `cxl list`, runs the jobs and "
-            "powers off. The report joins boot and region times, what `cxl list` showed, the "
-            "guest agent's counters and the firmware's statistics. Takes ~1-2 minutes under TCG."
-        ),
-        epilog=(
-            "examples:\n"
-            "  kvcxl qemu boot --json boot.json\n"
-            "  kvcxl qemu boot --trace capture.npz --budget 0.3\n"
-            "  kvcxl qemu boot --jobs replay --poison 0x1004000 --jobs poison\n"
-            "  kvcxl qemu boot --jobs wait --wait 120 &   # then: kvcxl qemu inject ...\n"
-            "  kvcxl qemu boot --trap 0x800000:64KiB --jobs datapath  # slow path for a buffer\n"
-            "  kvcxl qemu boot --churn 0x800000:64KiB --jobs datapath  # pages moving meanwhile\n"
-            "  kvcxl qemu boot --qemu stock           # Debian's QEMU, ring only"
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    b.add_argument("--trace", help="kvcxl trace file (.npz) to replay (default: built-in)")
-    b.add_argument(
+QEMU_PARSER = dict(
+    help="boot a QEMU virtual host that sees the device through the Linux CXL stack",
+    description=(
+        "A QEMU 10 guest (Linux 6.12) with a CXL Type-3 device whose memory is a file the "
+        "firmware service maps. The guest creates a RAM region, hands it to device DAX and "
+        "runs the guest agent, which talks to the firmware through a command ring in "
+        "device memory. See docs/qemu.md."
+    ),
+)
+SETUP_PARSER = dict(
+    help="install QEMU >= 10, fetch the 6.12 guest kernel, build the initramfs (root)",
+    description=(
+        "Idempotent. Installs qemu-system-x86 (bookworm-backports on Debian 12), busybox, "
+        "ndctl/daxctl; unpacks linux-image-6.12 into ~/.cache/kvcxl/qemu (never installed "
+        "on the host); builds the static guest agent, the TCG plugin and the initramfs."
+    ),
+)
+SETUP_OPTIONS = (opt("--force", action="store_true", help="rebuild everything from scratch"),)
+BOOT_PARSER = dict(
+    help="boot the guest, replay a trace through the firmware, print a JSON report",
+    description=(
+        "Starts the firmware service and QEMU; the guest loads the CXL modules, creates, "
+        "commits and onlines the region as devdax, prints `cxl list`, runs the jobs and "
+        "powers off. The report joins boot and region times, what `cxl list` showed, the "
+        "guest agent's counters and the firmware's statistics. Takes ~1-2 minutes under TCG."
+    ),
+    epilog=(
+        "examples:\n"
+        "  kvcxl qemu boot --json boot.json\n"
+        "  kvcxl qemu boot --trace capture.npz --budget 0.3\n"
+        "  kvcxl qemu boot --jobs replay --poison 0x1004000 --jobs poison\n"
+        "  kvcxl qemu boot --jobs wait --wait 120 &   # then: kvcxl qemu inject ...\n"
+        "  kvcxl qemu boot --trap 0x800000:64KiB --jobs datapath  # slow path for a buffer\n"
+        "  kvcxl qemu boot --churn 0x800000:64KiB --jobs datapath  # pages moving meanwhile\n"
+        "  kvcxl qemu boot --qemu stock           # Debian's QEMU, ring only"
+    ),
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+)
+BOOT_OPTIONS = (
+    opt("--trace", help="kvcxl trace file (.npz) to replay (default: built-in)"),
+    opt(
         "--steps",
         type=positive,
         default=None,
         help="decode steps of the built-in trace (default 24; not with --trace)",
-    )
-    b.add_argument(
+    ),
+    opt(
         "--budget",
         type=budget_arg(FRACTION),
         default=None,
         help="HBM stand-in capacity as a fraction of the trace's entries (default 0.25)",
-    )
-    b.add_argument(
+    ),
+    opt(
         "--jobs",
         action="append",
         choices=JOBS,
         help="guest jobs in order (repeatable; default: datapath replay)",
-    )
-    b.add_argument("--policy", default="ema", help="firmware policy (default ema)")
-    b.add_argument(
+    ),
+    opt("--policy", default="ema", help="firmware policy (default ema)"),
+    opt(
         "--mode",
         choices=("float", "int"),
         default="float",
         help="the firmware's EMA arithmetic: float, or int (the Q0.16 contract the RTL computes)",
-    )
-    b.add_argument("--config", help="policy configuration TOML")
-    b.add_argument(
+    ),
+    opt("--config", help="policy configuration TOML"),
+    opt(
         "--plugin",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="stream the guest's CXL-window accesses to the firmware through the TCG plugin "
         "(default: on when it was built; it arms itself on the first ring command)",
-    )
-    b.add_argument(
+    ),
+    opt(
         "--device-emulator",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="the firmware the guest's ring reaches is the device emulator (kvcxl.emu.device, "
         "in the service's process); --no-device-emulator: the service's own firmware "
         "session (default: on)",
-    )
-    b.add_argument(
+    ),
+    opt(
         "--poison",
         action="append",
         default=[],
         metavar="DPA[:LEN]",
         help="inject poison over QMP before the guest probes (64-byte aligned)",
-    )
-    b.add_argument(
+    ),
+    opt(
         "--media-event",
         action="append",
         default=[],
         metavar="DPA",
         help="inject a General Media event over QMP once the region is ready",
-    )
-    b.add_argument("--device-mib", type=positive, default=256, help="device size (multiple of 256)")
-    b.add_argument("--smp", type=positive, default=2, help="guest CPUs (default 2)")
-    b.add_argument(
-        "--wait", type=nonnegative_float, default=30.0, help="seconds the 'wait' job idles"
-    )
-    b.add_argument(
-        "--timeout", type=positive_float, default=600.0, help="hard limit for the whole boot"
-    )
-    b.add_argument(
+    ),
+    opt("--device-mib", type=positive, default=256, help="device size (multiple of 256)"),
+    opt("--smp", type=positive, default=2, help="guest CPUs (default 2)"),
+    opt("--wait", type=nonnegative_float, default=30.0, help="seconds the 'wait' job idles"),
+    opt("--timeout", type=positive_float, default=600.0, help="hard limit for the whole boot"),
+    opt(
         "--stall-s",
         type=positive_float,
         default=120.0,
         help="a guest silent this long on the console has stalled: stop QEMU (default 120)",
-    )
-    b.add_argument(
+    ),
+    opt(
         "--retries",
         type=nonnegative,
         default=1,
         help="boots retried when the guest stalls before the kvcxl agent starts (Linux boot, "
         "driver probing, region set-up under TCG); reported as boot_retries (default 1)",
-    )
-    b.add_argument(
+    ),
+    opt(
         "--qemu",
         choices=("kvcxl", "stock"),
         default="kvcxl",
         help="kvcxl: the patched QEMU built by setup, the kvcxl device on the memory path "
         "(DRAM-tier pages direct, the rest as CXL.mem requests to the device; docs/qemu.md); "
         "stock: Debian's QEMU, whose cxl-type3 serves memory itself (the ring only)",
-    )
-    b.add_argument(
+    ),
+    opt(
         "--trap",
         action="append",
         default=[],
@@ -166,8 +156,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DPA:LENGTH",
         help="(--qemu kvcxl) pages whose every guest access goes to the device, e.g. "
         "0x800000:64KiB (repeatable)",
-    )
-    b.add_argument(
+    ),
+    opt(
         "--churn",
         action="append",
         default=[],
@@ -175,104 +165,109 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DPA:LENGTH",
         help="(--qemu kvcxl) pages the device moves to NVMe and back without pause while the "
         "guest runs, one page drawn at random per move, e.g. 0x800000:64KiB (repeatable)",
-    )
-    b.add_argument(
+    ),
+    opt(
         "--alias",
         action="store_true",
         help="(--qemu kvcxl) map the pages the device keeps in DRAM into the guest as RAM "
         "(RAM speed; their accesses are then not counted per page)",
-    )
-    b.add_argument(
+    ),
+    opt(
         "--sample-rate",
         type=unit_interval,
         default=0.0,
         help="(--alias) share of the KV cache's DIRECT pages trapped each step to learn the "
         "replay's reads from their first touches (default 0: off)",
-    )
-    b.add_argument(
+    ),
+    opt(
         "--mem-link",
         choices=("ring", "socket"),
         default="ring",
         help="(--qemu kvcxl) how QEMU sends CXL.mem requests to the device: the shared-"
         "memory request ring (default) or the device's socket",
-    )
-    b.add_argument(
+    ),
+    opt(
         "--accel",
         choices=ACCELS,
         default="tcg",
         help="the guest's accelerator: tcg (default), or kvm where /dev/kvm is usable and the "
         "QEMU has it; with kvm, device memory the guest copies with wide (AVX) instructions "
         'needs --alias (docs/qemu.md, "KVM")',
-    )
-    b.add_argument("--console", action="store_true", help="echo the guest console")
-    b.add_argument("--keep", action="store_true", help="keep the work directory (media, logs)")
-    b.add_argument("--json", dest="json_out", help="write the full report to this file")
-    b.set_defaults(func=_boot)
-
-    i = qs.add_parser(
-        "inject",
-        help="inject a device fault into a running guest over QMP",
-        description=(
-            "Talks to the QMP socket of a running `kvcxl qemu boot` (its path is printed at "
-            "start). poison: adds DPA..DPA+LEN to the device's poison list. media-event: a "
-            "General Media event record (the guest traces cxl_general_media)."
-        ),
-    )
-    i.add_argument("kind", choices=("poison", "media-event"))
-    i.add_argument("--qmp", required=True, help="QMP socket path of the running boot")
-    i.add_argument("--dpa", required=True, help="device physical address (64-byte aligned)")
-    i.add_argument(
-        "--length", type=positive, default=64, help="poison length in bytes (default 64)"
-    )
-    i.set_defaults(func=_inject)
-
-    z = qs.add_parser(
-        "fuzz",
-        help="fuzz the command ring: mutated commands, modelled return codes",
-        description=(
-            "Sends mutated ring commands through the ring's shared memory to the firmware "
-            "a boot runs behind the ring, in this process (--via process, no QEMU needed), "
-            "or boots the guest and has its agent send them from inside the guest (--via "
-            "guest: through QEMU's CXL memory path and a real doorbell); a model of the "
-            "ring's rules for that firmware predicts each return code. The firmware, as "
-            "for `kvcxl qemu boot`: --qemu kvcxl (default) the memory-path device, rung by "
-            "its doorbell's CXL.mem write; --qemu stock the device emulator in the firmware "
-            "service, or with --firmware ring-only the service's own session. Exit status "
-            "1 on a crash, a wrong return code or a byte changed outside the command's own "
-            "slots (docs/reliability.md)."
-        ),
-    )
-    z.add_argument(
+    ),
+    opt("--console", action="store_true", help="echo the guest console"),
+    opt("--keep", action="store_true", help="keep the work directory (media, logs)"),
+    opt("--json", dest="json_out", help="write the full report to this file"),
+)
+INJECT_PARSER = dict(
+    help="inject a device fault into a running guest over QMP",
+    description=(
+        "Talks to the QMP socket of a running `kvcxl qemu boot` (its path is printed at "
+        "start). poison: adds DPA..DPA+LEN to the device's poison list. media-event: a "
+        "General Media event record (the guest traces cxl_general_media)."
+    ),
+)
+INJECT_OPTIONS = (
+    opt("kind", choices=("poison", "media-event")),
+    opt("--qmp", required=True, help="QMP socket path of the running boot"),
+    opt("--dpa", required=True, help="device physical address (64-byte aligned)"),
+    opt("--length", type=positive, default=64, help="poison length in bytes (default 64)"),
+)
+FUZZ_PARSER = dict(
+    help="fuzz the command ring: mutated commands, modelled return codes",
+    description=(
+        "Sends mutated ring commands through the ring's shared memory to the firmware "
+        "a boot runs behind the ring, in this process (--via process, no QEMU needed), "
+        "or boots the guest and has its agent send them from inside the guest (--via "
+        "guest: through QEMU's CXL memory path and a real doorbell); a model of the "
+        "ring's rules for that firmware predicts each return code. The firmware, as "
+        "for `kvcxl qemu boot`: --qemu kvcxl (default) the memory-path device, rung by "
+        "its doorbell's CXL.mem write; --qemu stock the device emulator in the firmware "
+        "service, or with --firmware ring-only the service's own session. Exit status "
+        "1 on a crash, a wrong return code or a byte changed outside the command's own "
+        "slots (docs/reliability.md)."
+    ),
+)
+FUZZ_OPTIONS = (
+    opt(
         "--via",
         choices=("process", "guest"),
         default="process",
         help="who writes the ring: this process, or the guest agent in a booted guest "
         "(default process)",
-    )
-    z.add_argument(
+    ),
+    opt(
         "--cases",
         type=positive,
         default=None,
         help="cases (default 20000; --via guest: 500, at most what the fuzz area holds)",
-    )
-    z.add_argument("--seed", type=nonnegative, default=0)
-    z.add_argument(
+    ),
+    opt("--seed", type=nonnegative, default=0),
+    opt(
         "--qemu",
         choices=("kvcxl", "stock"),
         default="kvcxl",
         help="kvcxl (default): the patched QEMU, whose memory-path device answers the ring; "
         "stock: Debian's QEMU, whose ring the polling firmware service answers",
-    )
-    z.add_argument(
+    ),
+    opt(
         "--firmware",
         choices=("device", "ring-only"),
         default="device",
         help="device (default): the device emulator (with --qemu kvcxl, the memory-path "
         "device); ring-only: the service's own firmware session (needs --qemu stock; "
         "boot's --no-device-emulator)",
-    )
-    z.add_argument("--json", dest="json_out", help="write the report to this JSON file")
-    z.set_defaults(func=_fuzz)
+    ),
+    opt("--json", dest="json_out", help="write the report to this JSON file"),
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("qemu", **QEMU_PARSER)
+    qs = p.add_subparsers(dest="qemu_command", metavar="ACTION")
+    add_parser(qs, "setup", SETUP_OPTIONS, func=_setup, **SETUP_PARSER)
+    add_parser(qs, "boot", BOOT_OPTIONS, func=_boot, **BOOT_PARSER)
+    add_parser(qs, "inject", INJECT_OPTIONS, func=_inject, **INJECT_PARSER)
+    add_parser(qs, "fuzz", FUZZ_OPTIONS, func=_fuzz, **FUZZ_PARSER)
     p.set_defaults(func=lambda args: p.print_help() or 0)
 
 

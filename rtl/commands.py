@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kvcxl.common.argtypes import nonnegative, positive, positive_float
 from kvcxl.common.jsonout import emit, wrote
+from kvcxl.common.options import Group, Option, add_parser, opt
 from kvcxl.rtl.designs import CHECKS, DEFECTS, DESIGNS, SHAPE_OPTIONS
 
 # The cost table's engines (kvcxl.rtl.cost.ENGINES; named here without loading Amaranth)
@@ -22,81 +23,87 @@ COST_BEGIN = "<!-- kvcxl rtl cost: begin -->"
 COST_END = "<!-- kvcxl rtl cost: end -->"
 
 
-def add_shape(p: argparse.ArgumentParser, entries: int, lanes: int, batch: int) -> None:
-    p.add_argument(
-        "--entries",
-        type=positive,
-        default=entries,
-        help=f"entry records held on chip (a multiple of --lanes; default {entries})",
-    )
-    p.add_argument(
-        "--lanes",
-        type=positive,
-        default=lanes,
-        help=f"entries scored per clock cycle (default {lanes})",
-    )
-    p.add_argument(
-        "--batch",
-        type=positive,
-        default=batch,
-        help=f"most victims per eviction pass, the hardware top-k (default {batch})",
-    )
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "rtl",
-        help="the policy engine in Amaranth HDL: Verilog, formal checks, synthesis, testbenches",
-        description=(
-            "The scoring and eviction engines as RTL, matching kvcxl.firmware's Q0.16 integer "
-            "mode bit for bit. `verilog` writes the design, `formal` runs bounded proofs "
-            "(yowasp-sby), `synth` places and routes it for an FPGA (YoWASP yosys + nextpnr) "
-            "and `test` runs the cocotb + pyuvm testbench on Verilator or Icarus."
+def shape_options(entries: int, lanes: int, batch: int, when: str = "") -> tuple[Option, ...]:
+    """The engine-shape options with these defaults (``when``: a prefix of each help)."""
+    return (
+        opt(
+            "--entries",
+            type=positive,
+            default=entries,
+            help=f"{when}entry records held on chip (a multiple of --lanes; default {entries})",
         ),
-        epilog="Example: kvcxl rtl synth --target ecp5 --lanes 4 --json synth.json",
+        opt(
+            "--lanes",
+            type=positive,
+            default=lanes,
+            help=f"{when}entries scored per clock cycle (default {lanes})",
+        ),
+        opt(
+            "--batch",
+            type=positive,
+            default=batch,
+            help=f"{when}most victims per eviction pass, the hardware top-k (default {batch})",
+        ),
     )
-    rs = p.add_subparsers(dest="rtl_command", metavar="ACTION")
 
-    v = rs.add_parser(
-        "verilog",
-        help="write the design as Verilog",
-        description="Write Verilog for the design (and its FuseSoC .core file).",
+
+RTL_PARSER = dict(
+    help="the policy engine in Amaranth HDL: Verilog, formal checks, synthesis, testbenches",
+    description=(
+        "The scoring and eviction engines as RTL, matching kvcxl.firmware's Q0.16 integer "
+        "mode bit for bit. `verilog` writes the design, `formal` runs bounded proofs "
+        "(yowasp-sby), `synth` places and routes it for an FPGA (YoWASP yosys + nextpnr) "
+        "and `test` runs the cocotb + pyuvm testbench on Verilator or Icarus."
+    ),
+    epilog="Example: kvcxl rtl synth --target ecp5 --lanes 4 --json synth.json",
+)
+JSON_FIGURES = opt("--json", dest="json_out", help="write the figures to this JSON file")
+JSON_RESULTS = opt("--json", dest="json_out", help="write the results to this JSON file")
+
+
+def _design_shape(name: str) -> Option:
+    """--NAME: one shape option of `verilog`, its default per design."""
+    takes = {d.name: d.defaults[name] for d in DESIGNS.values() if name in d.defaults}
+    return opt(
+        f"--{name}",
+        type=positive,
+        help="default per design (rtl/designs.py): "
+        + ", ".join(f"{n} {x}" for n, x in takes.items()),
     )
-    v.add_argument("-o", "--out", default="build/rtl", help="output folder (default build/rtl)")
-    v.add_argument(
+
+
+VERILOG_PARSER = dict(
+    help="write the design as Verilog",
+    description="Write Verilog for the design (and its FuseSoC .core file).",
+)
+VERILOG_OPTIONS = (
+    opt("-o", "--out", default="build/rtl", help="output folder (default build/rtl)"),
+    opt(
         "--design",
         choices=tuple(DESIGNS),
         default="core",
         help="; ".join(f"{d.name} = {d.summary}" for d in DESIGNS.values()) + " (default core)",
-    )
-    for opt in SHAPE_OPTIONS:
-        takes = {d.name: d.defaults[opt] for d in DESIGNS.values() if opt in d.defaults}
-        v.add_argument(
-            f"--{opt}",
-            type=positive,
-            help="default per design (rtl/designs.py): "
-            + ", ".join(f"{n} {x}" for n, x in takes.items()),
-        )
-    v.set_defaults(func=_verilog)
-
-    f = rs.add_parser(
-        "formal",
-        help="bounded model checks with yowasp-sby",
-        description=(
-            "Bounded proofs at reduced widths. eviction: every victim eligible and of "
-            "maximal priority, no victim twice, victims in order, k free between passes. "
-            "scoring: no beat lost or duplicated under back-pressure, eligible = resident "
-            "and not pinned. frontend: every accepted CXL.mem message answered exactly "
-            "once with its tag, none invented, responses held under back-pressure. hdm: "
-            "the RTL's HPA to DPA decode equals a reference built from the emulator's "
-            "decoder parameters for every address and legal programming. --defect plants "
-            "a bug to show that its check catches it (that run is expected to FAIL)."
-        ),
-        epilog="Example: kvcxl rtl formal --defect drop_on_stall",
-    )
-    f.add_argument("--check", choices=("all", *CHECKS), default="all")
-    f.add_argument("--depth", type=positive, help="BMC depth in cycles (default per check)")
-    f.add_argument(
+    ),
+    *(_design_shape(name) for name in SHAPE_OPTIONS),
+)
+FORMAL_PARSER = dict(
+    help="bounded model checks with yowasp-sby",
+    description=(
+        "Bounded proofs at reduced widths. eviction: every victim eligible and of "
+        "maximal priority, no victim twice, victims in order, k free between passes. "
+        "scoring: no beat lost or duplicated under back-pressure, eligible = resident "
+        "and not pinned. frontend: every accepted CXL.mem message answered exactly "
+        "once with its tag, none invented, responses held under back-pressure. hdm: "
+        "the RTL's HPA to DPA decode equals a reference built from the emulator's "
+        "decoder parameters for every address and legal programming. --defect plants "
+        "a bug to show that its check catches it (that run is expected to FAIL)."
+    ),
+    epilog="Example: kvcxl rtl formal --defect drop_on_stall",
+)
+FORMAL_OPTIONS = (
+    opt("--check", choices=("all", *CHECKS), default="all"),
+    opt("--depth", type=positive, help="BMC depth in cycles (default per check)"),
+    opt(
         "--defect",
         nargs="?",
         const="tie_off_by_one",
@@ -106,78 +113,131 @@ def register(sub: argparse._SubParsersAction) -> None:
             + ", ".join(f"{d} ({c})" for d, c in DEFECTS.items())
             + "; without a name, tie_off_by_one"
         ),
-    )
-    f.add_argument("--json", dest="json_out", help="write the results to this JSON file")
-    f.set_defaults(func=_formal)
-
-    s = rs.add_parser(
-        "synth",
-        help="synthesise, place and route for ECP5 or iCE40",
-        description=(
-            "YoWASP yosys + nextpnr; prints LUTs, FFs, block RAMs, DSPs and Fmax (parsed from "
-            "nextpnr's report: it exits 0 even when timing fails) and the entry updates/s "
-            "that lanes × Fmax gives."
-        ),
-    )
-    s.add_argument(
+    ),
+    JSON_RESULTS,
+)
+SYNTH_PARSER = dict(
+    help="synthesise, place and route for ECP5 or iCE40",
+    description=(
+        "YoWASP yosys + nextpnr; prints LUTs, FFs, block RAMs, DSPs and Fmax (parsed from "
+        "nextpnr's report: it exits 0 even when timing fails) and the entry updates/s "
+        "that lanes × Fmax gives."
+    ),
+)
+SYNTH_OPTIONS = (
+    opt(
         "--target",
         default="ecp5",
         choices=("ecp5", "ecp5-85k", "ice40", "ice40-up5k"),
         help="ecp5 = LFE5U-25F out of context; ice40 = HX8K behind a serial wrapper",
-    )
-    add_shape(s, 1024, 1, 64)
-    s.add_argument(
+    ),
+    *shape_options(1024, 1, 64),
+    opt(
         "--design",
         choices=tuple(DESIGNS),
         default="core",
         help="the design to place and route (default core; shape options it does not take "
         "are ignored)",
-    )
-    s.add_argument(
-        "--freq", type=positive_float, default=50.0, help="target clock in MHz (default 50)"
-    )
-    s.add_argument("--seed", type=nonnegative, default=1, help="nextpnr placement seed")
-    s.add_argument("--json", dest="json_out", help="write the figures to this JSON file")
-    s.set_defaults(func=_synth)
-
-    c = rs.add_parser(
-        "cost",
-        help="the engines' cost table: every engine placed and routed, beside its hit rate",
-        description=(
-            "Every engine (EMA 1 and 4 lanes, EMA with its records in DRAM, CLOCK, SIEVE, the "
-            "CXL.mem front end) synthesised "
-            "and placed and routed for the ECP5-85F and the smallest iCE40 that holds it, "
-            "seed 1, target 100 MHz: LUTs, FFs, block RAMs, DSPs and Fmax (Measured), the "
-            "updates/s that Fmax × lanes gives (Analytical model) and the policy's hit rate "
-            "at mid (Simulated, read from docs/validation.md). Results are cached under "
-            "~/.cache/kvcxl/synth by a fingerprint of the Verilog and the tools, so a rerun "
-            "places only what changed."
-        ),
-        epilog="Example: kvcxl rtl cost --out docs/rtl.md --json out/rtl-cost.json",
-    )
-    c.add_argument(
+    ),
+    opt("--freq", type=positive_float, default=50.0, help="target clock in MHz (default 50)"),
+    opt("--seed", type=nonnegative, default=1, help="nextpnr placement seed"),
+    JSON_FIGURES,
+)
+COST_PARSER = dict(
+    help="the engines' cost table: every engine placed and routed, beside its hit rate",
+    description=(
+        "Every engine (EMA 1 and 4 lanes, EMA with its records in DRAM, CLOCK, SIEVE, the "
+        "CXL.mem front end) synthesised "
+        "and placed and routed for the ECP5-85F and the smallest iCE40 that holds it, "
+        "seed 1, target 100 MHz: LUTs, FFs, block RAMs, DSPs and Fmax (Measured), the "
+        "updates/s that Fmax × lanes gives (Analytical model) and the policy's hit rate "
+        "at mid (Simulated, read from docs/validation.md). Results are cached under "
+        "~/.cache/kvcxl/synth by a fingerprint of the Verilog and the tools, so a rerun "
+        "places only what changed."
+    ),
+    epilog="Example: kvcxl rtl cost --out docs/rtl.md --json out/rtl-cost.json",
+)
+COST_OPTIONS = (
+    opt(
         "--out",
         dest="md_out",
         help="write the markdown table here; a file holding the markers "
         f"{COST_BEGIN!r} … {COST_END!r} has only the text between them replaced",
-    )
-    c.add_argument(
-        "--only", help="comma-separated engines (default all): " + ", ".join(ENGINE_KEYS)
-    )
-    c.add_argument(
-        "--target", choices=("all", "ecp5", "ice40"), default="all", help="families to run"
-    )
-    c.add_argument("--cache", help="the results cache (default ~/.cache/kvcxl/synth)")
-    c.add_argument(
+    ),
+    opt("--only", help="comma-separated engines (default all): " + ", ".join(ENGINE_KEYS)),
+    opt("--target", choices=("all", "ecp5", "ice40"), default="all", help="families to run"),
+    opt("--cache", help="the results cache (default ~/.cache/kvcxl/synth)"),
+    opt(
         "--cached",
         action="store_true",
         help="place nothing: the table from the cache alone, 'not run' where it has no result",
-    )
-    c.add_argument("--json", dest="json_out", help="write the figures to this JSON file")
-    c.set_defaults(func=_cost)
+    ),
+    JSON_FIGURES,
+)
+BITSTREAM_PARSER = dict(
+    help="build the board top (engine + UART host link) for a real FPGA board",
+    description=(
+        "Builds the policy core behind a UART command link for a board of amaranth-boards "
+        "(yosys, nextpnr, ecppack/icepack from YoWASP), checks that yowasp-ecpunpack or "
+        "yowasp-iceunpack reads the bitstream back, and prints LUTs, FFs, block RAMs, DSPs "
+        "and Fmax (parsed from nextpnr's report). Load it with openFPGALoader, then talk to "
+        "it with `kvcxl rtl host --port DEV`."
+    ),
+    epilog="Example: kvcxl rtl bitstream --board icebreaker -o build/icebreaker",
+)
+BOARDS = ("ulx3s-85f", "icebreaker")  # the keys of kvcxl.rtl.board.BOARDS (no amaranth here)
+BITSTREAM_OPTIONS = (
+    opt("--board", required=True, choices=BOARDS, help="the FPGA board"),
+    opt("-o", "--out", help="output folder (default build/bitstream/BOARD)", default=None),
+    opt("--seed", type=nonnegative, default=1, help="nextpnr placement seed"),
+    JSON_FIGURES,
+)
+HOST_PARSER = dict(
+    help="drive a board over its serial link: load records, run passes, read victims",
+    description=(
+        "The host side of the board's UART protocol (docs/rtl.md). Asks the board its "
+        "shape, loads the decay table, the policy parameters (defaults of "
+        "kvcxl.firmware.config) and seeded random records, runs --steps passes of random "
+        "attention and reads each pass's victims; --check compares them with the "
+        "firmware's integer mode. --sim runs the same driver against the Verilated board "
+        "top through a pseudo-terminal instead of a device."
+    ),
+    epilog="Example: kvcxl rtl host --port /dev/ttyUSB0 --steps 20 --check",
+)
+HOST_OPTIONS = (
+    Group(
+        None,
+        (
+            opt("--port", help="serial device (/dev/ttyUSB0) or a pyserial URL"),
+            opt(
+                "--sim",
+                action="store_true",
+                help="the Verilated board top (built once; shape from --entries/--lanes/--batch)",
+            ),
+        ),
+        exclusive=True,
+        required=True,
+    ),
+    opt("--baud", type=positive, default=115200, help="baud rate (default 115200)"),
+    opt("--timeout", type=positive_float, default=2.0, help="seconds to wait for a reply"),
+    opt("--steps", type=positive, default=8, help="passes to run (default 8)"),
+    opt("--seed", type=nonnegative, default=1, help="seed of records and attention"),
+    opt("--check", action="store_true", help="compare the victims with the firmware (exit 1)"),
+    *shape_options(64, 1, 8, when="with --sim: "),  # a board reports its own shape
+    JSON_RESULTS,
+)
 
-    _register_board(rs)
 
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("rtl", **RTL_PARSER)
+    rs = p.add_subparsers(dest="rtl_command", metavar="ACTION")
+    add_parser(rs, "verilog", VERILOG_OPTIONS, func=_verilog, **VERILOG_PARSER)
+    add_parser(rs, "formal", FORMAL_OPTIONS, func=_formal, **FORMAL_PARSER)
+    add_parser(rs, "synth", SYNTH_OPTIONS, func=_synth, **SYNTH_PARSER)
+    add_parser(rs, "cost", COST_OPTIONS, func=_cost, **COST_PARSER)
+    # `bitstream` and `host`: the board top behind its UART link (rtl/board.py)
+    add_parser(rs, "bitstream", BITSTREAM_OPTIONS, func=_bitstream, **BITSTREAM_PARSER)
+    add_parser(rs, "host", HOST_OPTIONS, func=_host, **HOST_PARSER)
     # kvcxl.tb.commands adds `test` (the testbench) to this group: the RTL does not import it.
     p.set_defaults(func=lambda a: (p.print_help(), 0)[1], rtl_actions=rs)
 
@@ -272,66 +332,6 @@ def _cost(args) -> int:
         print(table)
     emit(doc, args.json_out) if args.json_out else None
     return 0
-
-
-def _register_board(rs: argparse._SubParsersAction) -> None:
-    """`bitstream` and `host`: the board top behind its UART link (rtl/board.py)."""
-    boards = ("ulx3s-85f", "icebreaker")  # the keys of kvcxl.rtl.board.BOARDS (no amaranth here)
-    b = rs.add_parser(
-        "bitstream",
-        help="build the board top (engine + UART host link) for a real FPGA board",
-        description=(
-            "Builds the policy core behind a UART command link for a board of amaranth-boards "
-            "(yosys, nextpnr, ecppack/icepack from YoWASP), checks that yowasp-ecpunpack or "
-            "yowasp-iceunpack reads the bitstream back, and prints LUTs, FFs, block RAMs, DSPs "
-            "and Fmax (parsed from nextpnr's report). Load it with openFPGALoader, then talk to "
-            "it with `kvcxl rtl host --port DEV`."
-        ),
-        epilog="Example: kvcxl rtl bitstream --board icebreaker -o build/icebreaker",
-    )
-    b.add_argument("--board", required=True, choices=boards, help="the FPGA board")
-    b.add_argument(
-        "-o", "--out", help="output folder (default build/bitstream/BOARD)", default=None
-    )
-    b.add_argument("--seed", type=nonnegative, default=1, help="nextpnr placement seed")
-    b.add_argument("--json", dest="json_out", help="write the figures to this JSON file")
-    b.set_defaults(func=_bitstream)
-
-    h = rs.add_parser(
-        "host",
-        help="drive a board over its serial link: load records, run passes, read victims",
-        description=(
-            "The host side of the board's UART protocol (docs/rtl.md). Asks the board its "
-            "shape, loads the decay table, the policy parameters (defaults of "
-            "kvcxl.firmware.config) and seeded random records, runs --steps passes of random "
-            "attention and reads each pass's victims; --check compares them with the "
-            "firmware's integer mode. --sim runs the same driver against the Verilated board "
-            "top through a pseudo-terminal instead of a device."
-        ),
-        epilog="Example: kvcxl rtl host --port /dev/ttyUSB0 --steps 20 --check",
-    )
-    where = h.add_mutually_exclusive_group(required=True)
-    where.add_argument("--port", help="serial device (/dev/ttyUSB0) or a pyserial URL")
-    where.add_argument(
-        "--sim",
-        action="store_true",
-        help="the Verilated board top (built once; shape from --entries/--lanes/--batch)",
-    )
-    h.add_argument("--baud", type=positive, default=115200, help="baud rate (default 115200)")
-    h.add_argument(
-        "--timeout", type=positive_float, default=2.0, help="seconds to wait for a reply"
-    )
-    h.add_argument("--steps", type=positive, default=8, help="passes to run (default 8)")
-    h.add_argument("--seed", type=nonnegative, default=1, help="seed of records and attention")
-    h.add_argument(
-        "--check", action="store_true", help="compare the victims with the firmware (exit 1)"
-    )
-    add_shape(h, 64, 1, 8)
-    for a in h._actions:  # a board reports its own shape
-        if a.dest in ("entries", "lanes", "batch"):
-            a.help = f"with --sim: {a.help}"
-    h.add_argument("--json", dest="json_out", help="write the results to this JSON file")
-    h.set_defaults(func=_host)
 
 
 def _bitstream(args) -> int:

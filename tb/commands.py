@@ -12,31 +12,30 @@ import argparse
 
 from kvcxl.common.argtypes import nonnegative, positive, positive_float
 from kvcxl.common.jsonout import emit, wrote
+from kvcxl.common.options import add_parser, opt
 from kvcxl.common.progress import progress
 from kvcxl.common.sizes import BYTES, budget_arg
-from kvcxl.rtl.commands import actions, add_shape
+from kvcxl.rtl.commands import actions, shape_options
 from kvcxl.rtl.designs import DESIGNS
 
-
-def register(sub: argparse._SubParsersAction) -> None:
-    t = actions(sub).add_parser(
-        "test",
-        help="run the cocotb + pyuvm testbench",
-        description=(
-            "Random steps with back-pressure, corner-case table rewrites and parameter "
-            "changes; every output checked against kvcxl.firmware's integer mode. The seed is "
-            "printed; pass it back with --seed to replay."
-        ),
-    )
-    t.add_argument("--sim", choices=("verilator", "icarus"), default="verilator")
-    t.add_argument(
+TEST_PARSER = dict(
+    help="run the cocotb + pyuvm testbench",
+    description=(
+        "Random steps with back-pressure, corner-case table rewrites and parameter "
+        "changes; every output checked against kvcxl.firmware's integer mode. The seed is "
+        "printed; pass it back with --seed to replay."
+    ),
+)
+TEST_OPTIONS = (
+    opt("--sim", choices=("verilator", "icarus"), default="verilator"),
+    opt(
         "--design",
         choices=tuple(n for n, d in DESIGNS.items() if d.bench),
         default="core",
         help="the design whose bench runs (rtl/designs.py; default core, the pyuvm test; "
         "the shape options and --waves/--defect are core's)",
-    )
-    t.add_argument(
+    ),
+    opt(
         "--steps",
         type=positive,
         help="how long the bench runs: "
@@ -45,49 +44,48 @@ def register(sub: argparse._SubParsersAction) -> None:
             for n, d in DESIGNS.items()
             if d.bench
         ),
-    )
-    t.add_argument("--seed", type=nonnegative, help="random seed (default: fresh, printed)")
-    t.add_argument("--waves", action="store_true", help="write a waveform file (VCD / FST)")
-    t.add_argument("--defect", action="store_true", help="plant the tie-break defect")
-    add_shape(t, 16, 4, 4)
-    t.add_argument("--json", dest="json_out", help="write the figures to this JSON file")
-    t.set_defaults(func=_test)
-
-    s = actions(sub).add_parser(
-        "sim",
-        help="replay a whole trace with the Verilated RTL choosing every victim",
-        description=(
-            "Replays a trace (.npz: `kvcxl trace export`, `kvcxl trace capture`) as the "
-            "simulator does (demand paging, writes, pinning, the overflow evicted in passes of "
-            "at most --batch), with the PolicyEngine (CXL.mem front end, scoring, eviction, "
-            "prefetch) compiled by Verilator doing the scoring and the victim choice, driven "
-            "through its valid/ready ports by a C++ driver. A trace with more entries than "
-            "--entries is split into tables of that size, swapped in by the host (docs/rtl.md). "
-            "--check runs the firmware's integer mode beside it and stops at the first pass "
-            "whose victims differ (exit 1), printing the step, the entry and both priorities. "
-            "The model is built once per design and cached in ~/.cache/kvcxl/rtl-harness."
-        ),
-        epilog=(
-            "Example: kvcxl trace export --workload cyclic --steps 16 -o c.npz && "
-            "kvcxl rtl sim --trace c.npz --budget 25% --check --dump-victims v.csv"
-        ),
-    )
-    s.add_argument("--trace", required=True, metavar="FILE", help="a kvcxl trace (.npz)")
-    s.add_argument(
+    ),
+    opt("--seed", type=nonnegative, help="random seed (default: fresh, printed)"),
+    opt("--waves", action="store_true", help="write a waveform file (VCD / FST)"),
+    opt("--defect", action="store_true", help="plant the tie-break defect"),
+    *shape_options(16, 4, 4),
+    opt("--json", dest="json_out", help="write the figures to this JSON file"),
+)
+SIM_PARSER = dict(
+    help="replay a whole trace with the Verilated RTL choosing every victim",
+    description=(
+        "Replays a trace (.npz: `kvcxl trace export`, `kvcxl trace capture`) as the "
+        "simulator does (demand paging, writes, pinning, the overflow evicted in passes of "
+        "at most --batch), with the PolicyEngine (CXL.mem front end, scoring, eviction, "
+        "prefetch) compiled by Verilator doing the scoring and the victim choice, driven "
+        "through its valid/ready ports by a C++ driver. A trace with more entries than "
+        "--entries is split into tables of that size, swapped in by the host (docs/rtl.md). "
+        "--check runs the firmware's integer mode beside it and stops at the first pass "
+        "whose victims differ (exit 1), printing the step, the entry and both priorities. "
+        "The model is built once per design and cached in ~/.cache/kvcxl/rtl-harness."
+    ),
+    epilog=(
+        "Example: kvcxl trace export --workload cyclic --steps 16 -o c.npz && "
+        "kvcxl rtl sim --trace c.npz --budget 25% --check --dump-victims v.csv"
+    ),
+)
+SIM_OPTIONS = (
+    opt("--trace", required=True, metavar="FILE", help="a kvcxl trace (.npz)"),
+    opt(
         "--budget",
         type=budget_arg(BYTES),
         default="25%",
         help="HBM budget: a size (512MiB) or %% of the trace's KV bytes (default 25%%)",
-    )
-    add_shape(s, 1024, 4, 64)
-    s.add_argument(
+    ),
+    *shape_options(1024, 4, 64),
+    opt(
         "--policy",
         choices=("ema", "clock", "sieve"),
         default="ema",
         help="ema: the PolicyEngine (scoring + top-k); clock, sieve: the slot-queue engine "
         "with --entries slots (one per resident entry; --lanes and --batch do not apply)",
-    )
-    s.add_argument(
+    ),
+    opt(
         "--records",
         choices=("chip", "dram"),
         default="chip",
@@ -95,66 +93,79 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--entries a table) or dram (the RecordStreamEngine streaming them in bursts from a "
         "DRAM model in the C++ harness, sized to the trace's record count; --entries does "
         "not apply)",
-    )
-    s.add_argument(
-        "--dram-latency", type=nonnegative, default=20,
+    ),
+    opt(
+        "--dram-latency",
+        type=nonnegative,
+        default=20,
         help="--records dram: cycles from a read burst's command to its first word (default 20)",
-    )  # fmt: skip
-    s.add_argument(
-        "--dram-bytes", type=positive_float, default=None,
+    ),
+    opt(
+        "--dram-bytes",
+        type=positive_float,
+        default=None,
         help="--records dram: DRAM bytes a cycle, reads and writes together (default two "
         "record words a cycle, never the bound)",
-    )  # fmt: skip
-    s.add_argument(
-        "--dram-depth", type=positive, default=4,
+    ),
+    opt(
+        "--dram-depth",
+        type=positive,
+        default=4,
         help="--records dram: bursts in flight per direction (default 4)",
-    )  # fmt: skip
-    s.add_argument(
-        "--burst", type=positive, default=16,
+    ),
+    opt(
+        "--burst",
+        type=positive,
+        default=16,
         help="--records dram: words a burst (default 16)",
-    )  # fmt: skip
-    s.add_argument(
+    ),
+    opt(
         "--clock-bits",
         type=positive,
         help="CLOCK's counter width in bits, 1 to 8 (the firmware's clock_bits; default its "
         "default)",
-    )
-    s.add_argument(
+    ),
+    opt(
         "--check",
         action="store_true",
         help="compare every eviction pass with the firmware's integer mode; stop at the first "
         "difference",
-    )
-    s.add_argument(
+    ),
+    opt(
         "--boundary",
         action="store_true",
         help="ema: also plan every step boundary of the replay's managed tiers (CXL DRAM <-> "
         "NVMe moves) with the Verilated TierBoundary engine (cocotb) and compare each with the "
         "firmware's moves (exit 1 on a difference)",
-    )
-    s.add_argument(
+    ),
+    opt(
         "--defect",
         action="store_true",
         help="plant a defect (--check must stop): ema, the eviction engine's tie-break; "
         "--records dram, the DRAM model answering each read burst's first word with the "
         "word before (stale_read); "
         "clock and sieve, a walk that ignores the offered bit (victim_unoffered)",
-    )
-    s.add_argument(
+    ),
+    opt(
         "--eviction-passes",
         choices=("exact", "batched"),
         default="exact",
         help="the firmware's eviction passes (docs/policy.md): 'batched' evicts a whole "
         "--batch per pass (eviction_batch = --batch), possibly past the overflow",
-    )
-    s.add_argument(
+    ),
+    opt(
         "--dump-victims",
         metavar="FILE",
         help="write every eviction as CSV, in `kvcxl simulate --dump-victims` format",
-    )
-    s.add_argument("--json", dest="json_out", help="write the figures to this JSON file")
-    s.add_argument("--no-progress", action="store_true", help="no progress bar")
-    s.set_defaults(func=_sim)
+    ),
+    opt("--json", dest="json_out", help="write the figures to this JSON file"),
+    opt("--no-progress", action="store_true", help="no progress bar"),
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    add_parser(actions(sub), "test", TEST_OPTIONS, func=_test, **TEST_PARSER)
+    add_parser(actions(sub), "sim", SIM_OPTIONS, func=_sim, **SIM_PARSER)
 
 
 def _test(args: argparse.Namespace) -> int:

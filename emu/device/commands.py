@@ -12,6 +12,7 @@ import sys
 
 from kvcxl.common.argtypes import nonnegative, positive, unit_interval
 from kvcxl.common.jsonout import write_json
+from kvcxl.common.options import add_parser, opt
 from kvcxl.common.progress import progress
 from kvcxl.common.sizes import SIZE_HELP, dpa_range, size_arg
 
@@ -69,93 +70,92 @@ def _positive_size(text: str) -> int:
     return n
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "device",
-        help="the CXL Type-3 device emulator: serve it on a socket, soak it, fuzz it",
-        description=(
-            "The emulated memory expander: HDM decoders, DRAM and NVMe tiers holding real "
-            "bytes, poison, the CCI mailbox and the firmware policy that migrates data."
-        ),
-    )
-    dsub = p.add_subparsers(dest="device_command", metavar="SUBCOMMAND", required=True)
-
-    s = dsub.add_parser(
-        "serve",
-        help="run the device as a service on a Unix socket (for QEMU's bridge and tests)",
-        description=(
-            "Runs one device and its firmware behind a Unix stream socket until interrupted. "
-            "Program decoders over the socket (HDM frames) or with --decoder."
-        ),
-        epilog=_SERVE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    s.add_argument("--socket", required=True, help="path of the Unix socket to create")
-    s.add_argument(
+DEVICE_PARSER = dict(
+    help="the CXL Type-3 device emulator: serve it on a socket, soak it, fuzz it",
+    description=(
+        "The emulated memory expander: HDM decoders, DRAM and NVMe tiers holding real "
+        "bytes, poison, the CCI mailbox and the firmware policy that migrates data."
+    ),
+)
+POLICY = opt("--policy", default="ema", help="firmware policy (default ema)")
+SEED = opt("--seed", type=nonnegative, default=0)
+JSON_REPORT = opt("--json", dest="json_out", help="write the report to this JSON file")
+SERVE_PARSER = dict(
+    help="run the device as a service on a Unix socket (for QEMU's bridge and tests)",
+    description=(
+        "Runs one device and its firmware behind a Unix stream socket until interrupted. "
+        "Program decoders over the socket (HDM frames) or with --decoder."
+    ),
+    epilog=_SERVE_EPILOG,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+)
+SERVE_OPTIONS = (
+    opt("--socket", required=True, help="path of the Unix socket to create"),
+    opt(
         "--capacity",
         type=size_arg,
         default="1GiB",
         metavar="SIZE",
         help=f"DPA bytes (default 1GiB; {SIZE_HELP})",
-    )
-    s.add_argument(
+    ),
+    opt(
         "--page-bytes",
         type=size_arg,
         default="4KiB",
         metavar="SIZE",
         help=f"migration page (default 4KiB; {SIZE_HELP})",
-    )
-    s.add_argument(
+    ),
+    opt(
         "--dram-pages",
         type=positive,
         default=None,
         help="DRAM budget in pages; default: all pages in DRAM, no NVMe migration",
-    )
-    s.add_argument("--dram-file", help="back the DRAM tier by this file (DPA = file offset)")
-    s.add_argument(
+    ),
+    opt("--dram-file", help="back the DRAM tier by this file (DPA = file offset)"),
+    opt(
         "--nvme-file",
         help="back the NVMe tier by this file, with the map of which tier holds each page "
         "in FILE.tiers: with --dram-file, every acknowledged write survives the service "
         "being killed and started again on the same files (docs/reliability.md)",
-    )
-    s.add_argument("--policy", default="ema", help="firmware policy (default ema)")
-    s.add_argument("--config", help="policy configuration TOML (see `kvcxl policy`)")
-    s.add_argument(
+    ),
+    POLICY,
+    opt("--config", help="policy configuration TOML (see `kvcxl policy`)"),
+    opt(
         "--decoder",
         metavar="BASE[:WAYS:GRAN:POS]",
         help="program and commit decoder 0 over the whole capacity at HPA BASE (256 MiB "
         "aligned), optionally interleaved WAYS ways at GRAN bytes as position POS",
-    )
-    s.add_argument(
+    ),
+    opt(
         "--entries",
         choices=("pages", "host"),
         default="pages",
         help="policy entries: every DPA page from the start (pages), or only those the host "
         "describes/creates/reports, in id order, as the simulator does (host)",
-    )
-    s.add_argument("--record-victims", action="store_true", help="keep the victim log")
-    s.add_argument(
+    ),
+    opt("--record-victims", action="store_true", help="keep the victim log"),
+    opt(
         "--page-state",
         metavar="FILE",
         help="create the page-state table a patched QEMU shares (its kvcxl-state=FILE): "
         "QEMU completes accesses to DRAM-tier pages of --dram-file itself and sends the "
         "rest here (docs/qemu.md)",
-    )
-    s.add_argument(
+    ),
+    opt(
         "--health",
         action="append",
         default=[],
         metavar="FIELD=VALUE",
         help="what Get Health Info reports (repeatable): health_status, media_status, "
         "life_used (%%), temperature (°C), dirty_shutdowns",
-    )
-    s.add_argument(
+    ),
+    opt(
         "--fill-on-access",
         action="store_true",
         help="a host access to a page on NVMe brings the page into DRAM first (the device's "
         "DRAM caching its NVMe); default: host accesses are served where the page is",
-    )
-    s.add_argument(
+    ),
+    opt(
         "--churn",
         action="append",
         default=[],
@@ -163,68 +163,66 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DPA:LENGTH",
         help="move these pages to NVMe and back without pause while serving, one page drawn "
         "at random per move (a migration stress for a patched QEMU's direct path; repeatable)",
-    )
-    s.add_argument(
+    ),
+    opt(
         "--trap",
         action="append",
         default=[],
         type=dpa_range,
         metavar="DPA:LENGTH",
         help="pages a patched QEMU must always send here (repeatable), e.g. 0x800000:64KiB",
-    )
-    s.set_defaults(func=_serve)
-
-    k = dsub.add_parser(
-        "soak",
-        help="integrity soak: random reads/writes while the policy migrates data",
-        description=(
-            "Random mixed reads and writes (1 B … 4 KiB, and single-line CXL.mem "
-            "transactions) over several interleave set-ups while attention reports make "
-            "the policy move pages between DRAM and NVMe; every read is checked against "
-            "a shadow copy. Exit status 1 if any byte mismatched."
-        ),
-        epilog=_SOAK_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    k.add_argument("--ops", type=positive, default=1_000_000, help="operations (default 1000000)")
-    k.add_argument(
+    ),
+)
+SOAK_PARSER = dict(
+    help="integrity soak: random reads/writes while the policy migrates data",
+    description=(
+        "Random mixed reads and writes (1 B … 4 KiB, and single-line CXL.mem "
+        "transactions) over several interleave set-ups while attention reports make "
+        "the policy move pages between DRAM and NVMe; every read is checked against "
+        "a shadow copy. Exit status 1 if any byte mismatched."
+    ),
+    epilog=_SOAK_EPILOG,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+)
+SOAK_OPTIONS = (
+    opt("--ops", type=positive, default=1_000_000, help="operations (default 1000000)"),
+    opt(
         "--setups",
         type=_setups,
         default=None,
         help="interleave set-ups WAYSxGRAN,... (default 1x4096,2x256,4x1024,8x16384,16x256)",
-    )
-    k.add_argument(
+    ),
+    opt(
         "--span",
         type=_positive_size,
         default="4MiB",
         metavar="SIZE",
         help=f"HPA bytes exercised (default 4MiB; {SIZE_HELP})",
-    )
-    k.add_argument("--policy", default="ema", help="firmware policy (default ema)")
-    k.add_argument("--seed", type=nonnegative, default=0)
-    k.add_argument("--json", dest="json_out", help="write the report to this JSON file")
-    k.set_defaults(func=_soak)
-
-    f = dsub.add_parser(
-        "fuzz",
-        help="fuzz CXL.mem, mailbox and service frames: 0 crashes expected",
-        description=(
-            "Random and malformed CXL.mem transactions, mailbox commands and service frames "
-            "(a seeded random generator plus Hypothesis strategies). Every case must be "
-            "answered with a response or a protocol error code. Exit status 1 on any crash."
-        ),
-        epilog=_FUZZ_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    f.add_argument("--cases", type=positive, default=100_000, help="cases (default 100000)")
-    f.add_argument("--seed", type=nonnegative, default=0)
-    f.add_argument(
+    ),
+    POLICY,
+    SEED,
+    JSON_REPORT,
+)
+FUZZ_PARSER = dict(
+    help="fuzz CXL.mem, mailbox and service frames: 0 crashes expected",
+    description=(
+        "Random and malformed CXL.mem transactions, mailbox commands and service frames "
+        "(a seeded random generator plus Hypothesis strategies). Every case must be "
+        "answered with a response or a protocol error code. Exit status 1 on any crash."
+    ),
+    epilog=_FUZZ_EPILOG,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+)
+FUZZ_OPTIONS = (
+    opt("--cases", type=positive, default=100_000, help="cases (default 100000)"),
+    SEED,
+    opt(
         "--hypothesis-fraction",
         type=unit_interval,
         default=0.05,
         help="share of cases drawn by Hypothesis (slower per case; default 0.05)",
-    )
-    f.add_argument(
+    ),
+    opt(
         "--via",
         choices=("engine", "socket"),
         default="engine",
@@ -232,26 +230,32 @@ def register(sub: argparse._SubParsersAction) -> None:
         "frames, each mutated, over the Unix socket of a `kvcxl device serve` it starts, "
         "every answer predicted by a model of the protocol (wrong answers and bytes changed "
         "outside the addressed range count as failures)",
-    )
-    f.add_argument("--json", dest="json_out", help="write the report to this JSON file")
-    f.set_defaults(func=_fuzz)
+    ),
+    JSON_REPORT,
+)
+DESCRIBE_PARSER = dict(
+    help="print the CXL.mem message layouts and the mailbox command table",
+    description="The field table of every CXL.mem message class (bit ranges, widths, "
+    "opcodes) and every mailbox command this device implements.",
+)
+STATS_PARSER = dict(
+    help="ask a running `device serve` for its statistics (JSON)",
+    description="Sends Get Statistics (C003h) to the service on --socket and prints it.",
+)
+STATS_OPTIONS = (
+    opt("--socket", required=True, help="the service's Unix socket"),
+    opt("--json", dest="json_out", help="also write the statistics to this file"),
+)
 
-    d = dsub.add_parser(
-        "describe",
-        help="print the CXL.mem message layouts and the mailbox command table",
-        description="The field table of every CXL.mem message class (bit ranges, widths, "
-        "opcodes) and every mailbox command this device implements.",
-    )
-    d.set_defaults(func=_describe)
 
-    st = dsub.add_parser(
-        "stats",
-        help="ask a running `device serve` for its statistics (JSON)",
-        description="Sends Get Statistics (C003h) to the service on --socket and prints it.",
-    )
-    st.add_argument("--socket", required=True, help="the service's Unix socket")
-    st.add_argument("--json", dest="json_out", help="also write the statistics to this file")
-    st.set_defaults(func=_stats)
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("device", **DEVICE_PARSER)
+    dsub = p.add_subparsers(dest="device_command", metavar="SUBCOMMAND", required=True)
+    add_parser(dsub, "serve", SERVE_OPTIONS, func=_serve, **SERVE_PARSER)
+    add_parser(dsub, "soak", SOAK_OPTIONS, func=_soak, **SOAK_PARSER)
+    add_parser(dsub, "fuzz", FUZZ_OPTIONS, func=_fuzz, **FUZZ_PARSER)
+    add_parser(dsub, "describe", func=_describe, **DESCRIBE_PARSER)
+    add_parser(dsub, "stats", STATS_OPTIONS, func=_stats, **STATS_PARSER)
 
 
 def _check_policy(name: str) -> None:

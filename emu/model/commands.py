@@ -16,6 +16,7 @@ from typing import Any
 from kvcxl.common.argtypes import nonnegative, positive, positive_float, unit_interval
 from kvcxl.common.figures import figure
 from kvcxl.common.jsonout import wrote
+from kvcxl.common.options import add_options, add_parser, opt
 from kvcxl.common.progress import progress
 from kvcxl.common.sizes import FRACTION, TOKENS, Budget, budget_arg
 
@@ -51,137 +52,140 @@ def _wrap(text: str) -> str:
     return textwrap.fill(text, 88)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    q = sub.add_parser(
-        "quality",
-        help="output quality (KL, top-1) of the real model under a cache bounded by each policy",
-        description=_wrap(
-            "Re-run SmolLM2-135M over a captured trace's tokens with a KV cache bounded by "
-            "each policy at each budget (tokens per KV head; kept blocks keep their original "
-            "positions) and report, per step and in summary, KL(full ‖ bounded) of the "
-            "next-token distribution and top-1 agreement with full-cache decoding."
-        ),
-        epilog=QUALITY_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    q.add_argument("--trace", required=True, help="a trace from `kvcxl trace capture`")
-    q.add_argument(
+QUALITY_PARSER = dict(
+    help="output quality (KL, top-1) of the real model under a cache bounded by each policy",
+    description=_wrap(
+        "Re-run SmolLM2-135M over a captured trace's tokens with a KV cache bounded by "
+        "each policy at each budget (tokens per KV head; kept blocks keep their original "
+        "positions) and report, per step and in summary, KL(full ‖ bounded) of the "
+        "next-token distribution and top-1 agreement with full-cache decoding."
+    ),
+    epilog=QUALITY_EPILOG,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+)
+CONFIG = opt("--config", metavar="FILE.toml", help="base policy configuration")
+THREADS = opt("--threads", type=positive, default=1, help="torch CPU threads (default 1)")
+QUALITY_OPTIONS = (
+    opt("--trace", required=True, help="a trace from `kvcxl trace capture`"),
+    opt(
         "--policy",
         action="append",
         metavar="P",
         help="policy (repeatable; default: ema h2o lru sink-window window)",
-    )
-    q.add_argument(
+    ),
+    opt(
         "--budget",
         action="append",
         type=budget_arg(TOKENS),
         metavar="B",
         help="tokens per KV head, a percentage of the sequence, or 'all' (repeatable; "
         "default 64 and 128)",
-    )
-    q.add_argument("--config", metavar="FILE.toml", help="base policy configuration")
-    q.add_argument(
+    ),
+    CONFIG,
+    opt(
         "--max-tokens", type=positive, metavar="N", help="use only the first N tokens of the trace"
-    )
-    q.add_argument("--threads", type=positive, default=1, help="torch CPU threads (default 1)")
-    q.add_argument(
+    ),
+    THREADS,
+    opt(
         "--json",
         dest="json_out",
         metavar="FILE",
         help="write the summary and every step's KL, top-1 agreement and bounded flag as JSON",
-    )
-    q.add_argument("--plot", metavar="FILE.png", help="KL and top-1 vs budget, one line per policy")
-    q.set_defaults(func=_quality)
-
-    c = sub.add_parser(
-        "calibrate",
-        help="joint α × β (then keep/evict) sweep of the seed's policy on real traces, and every "
-        "other §K.7 parameter by its own method (writes calibrated.toml)",
-        description=_wrap(
-            "The design's calibration (docs/calibration.md): sweep α × β of the ema policy "
-            "on captured traces, "
-            "scored by hit rate at a fixed HBM budget (trace replay with demand paging) and "
-            "by output quality (the real model re-run with the bounded cache); then sweep the "
-            "keep/evict thresholds (on the score trajectories, then each pair replayed under "
-            "managed tiers with every read counted by the tier that served it) and the "
-            "touch threshold at the best (α, β). Then fits every other parameter of the "
-            "design's §K.7 table a trace can fit, each by its own method (keep by the hit-rate "
-            "SLO, the placement weights and cuts by a fit of reuse, the prefetch window, "
-            "depth, distance scale and blend by precision and recall, the anchor zone by where "
-            "the sink stops) and writes them to OUT/calibrated.toml, which --config replays. "
-            "Writes heat maps (PNG), a JSON report and the best point with its 95 % confidence "
-            "interval over prompts."
-        ),
-        epilog=CALIBRATE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    c.add_argument("--trace", action="append", required=True, help="captured trace (repeatable)")
-    c.add_argument("--alpha", default="0.02,0.05,0.1,0.2,0.4", help="comma-separated α values")
-    c.add_argument("--beta", default="0.0001,0.001,0.01,0.1", help="comma-separated β values")
-    c.add_argument(
+    ),
+    opt("--plot", metavar="FILE.png", help="KL and top-1 vs budget, one line per policy"),
+)
+CALIBRATE_PARSER = dict(
+    help="joint α × β (then keep/evict) sweep of the seed's policy on real traces, and every "
+    "other §K.7 parameter by its own method (writes calibrated.toml)",
+    description=_wrap(
+        "The design's calibration (docs/calibration.md): sweep α × β of the ema policy "
+        "on captured traces, "
+        "scored by hit rate at a fixed HBM budget (trace replay with demand paging) and "
+        "by output quality (the real model re-run with the bounded cache); then sweep the "
+        "keep/evict thresholds (on the score trajectories, then each pair replayed under "
+        "managed tiers with every read counted by the tier that served it) and the "
+        "touch threshold at the best (α, β). Then fits every other parameter of the "
+        "design's §K.7 table a trace can fit, each by its own method (keep by the hit-rate "
+        "SLO, the placement weights and cuts by a fit of reuse, the prefetch window, "
+        "depth, distance scale and blend by precision and recall, the anchor zone by where "
+        "the sink stops) and writes them to OUT/calibrated.toml, which --config replays. "
+        "Writes heat maps (PNG), a JSON report and the best point with its 95 % confidence "
+        "interval over prompts."
+    ),
+    epilog=CALIBRATE_EPILOG,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+)
+CALIBRATE_OPTIONS = (
+    opt("--trace", action="append", required=True, help="captured trace (repeatable)"),
+    opt("--alpha", default="0.02,0.05,0.1,0.2,0.4", help="comma-separated α values"),
+    opt("--beta", default="0.0001,0.001,0.01,0.1", help="comma-separated β values"),
+    opt(
         "--budget",
         type=budget_arg(TOKENS),
         default="128",
         help="HBM budget in tokens per KV head (default 128)",
-    )
-    c.add_argument(
+    ),
+    opt(
         "--read-threshold",
         type=unit_interval,
         default=0.01,
         help="hit-rate replay: an entry is read in a step when its weight is at least this "
         "(sparse, Quest-like selection; default 0.01)",
-    )
-    c.add_argument("--keep", default="0.02,0.05,0.1,0.2", help="keep thresholds to sweep")
-    c.add_argument("--evict", default="0.005,0.01,0.02,0.05", help="evict thresholds to sweep")
-    c.add_argument(
+    ),
+    opt("--keep", default="0.02,0.05,0.1,0.2", help="keep thresholds to sweep"),
+    opt("--evict", default="0.005,0.01,0.02,0.05", help="evict thresholds to sweep"),
+    opt(
         "--touch",
         default="0.001,0.005,0.01,0.02,0.05",
         help="touch thresholds to sweep at the best (α, β) by hit rate (a read lighter than "
         "this does not reset the idle count)",
-    )
-    c.add_argument(
-        "--no-quality", action="store_true", help="score by hit rate only (no model runs)"
-    )
-    c.add_argument("--max-tokens", type=positive, metavar="N", help="use only the first N tokens")
-    c.add_argument(
+    ),
+    opt("--no-quality", action="store_true", help="score by hit rate only (no model runs)"),
+    opt("--max-tokens", type=positive, metavar="N", help="use only the first N tokens"),
+    opt(
         "--slo",
         type=unit_interval,
         default=0.97,
         help="§K.7: hit-rate SLO for keep and the low P cut: the smallest hot set serving "
         "this share of reads (default 0.97, the design's)",
-    )
-    c.add_argument(
+    ),
+    opt(
         "--prefetch-limit",
         type=positive,
         default=None,
         metavar="N",
         help="§K.7 prefetch: entries fetched per batch and touches used as sources (default: "
         "the simulator's, 64)",
-    )
-    c.add_argument(
+    ),
+    opt(
         "--breakeven",
         type=unit_interval,
         default=0.5,
         help="§K.7 prefetch: a ring of the window (a layer of the depth) pays when at least "
         "this share of its blocks is read (default 0.5: an unread fetch costs what a read one "
         "saves)",
-    )
-    c.add_argument(
+    ),
+    opt(
         "--sink-ratio",
         type=positive_float,
         default=2.0,
         help="§K.7 anchor zone: a leading block is part of the sink while its mean weight is "
         "at least this many times the far background (default 2)",
-    )
-    c.add_argument("--config", metavar="FILE.toml", help="base policy configuration")
-    c.add_argument("--threads", type=positive, default=1, help="torch CPU threads (default 1)")
-    c.add_argument(
+    ),
+    CONFIG,
+    THREADS,
+    opt(
         "--out",
         default="calibration",
         help="output folder (JSON, PNG heat maps, calibrated.toml for --config)",
-    )
-    c.add_argument("--json", dest="json_out", metavar="FILE", help="also write the JSON here")
-    c.set_defaults(func=_calibrate)
+    ),
+    opt("--json", dest="json_out", metavar="FILE", help="also write the JSON here"),
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    add_parser(sub, "quality", QUALITY_OPTIONS, func=_quality, **QUALITY_PARSER)
+    add_parser(sub, "calibrate", CALIBRATE_OPTIONS, func=_calibrate, **CALIBRATE_PARSER)
 
 
 def _load_measured(path: str, max_tokens: int | None) -> tuple[Any, list[int]]:
@@ -362,6 +366,54 @@ def _policy(text: str) -> Any:
     return PolicySpec.parse(text)
 
 
+PASSKEY_OPTIONS = (
+    opt("--prompts", type=positive, default=20, help="prompts per depth (default 20)"),
+    opt(
+        "--depths",
+        type=_listed(_depth, "depths in [0, 1]"),
+        default=[0.25, 0.5, 0.9],
+        help="needle depths, fractions of the filler (default 0.25,0.5,0.9)",
+    ),
+    opt(
+        "--budgets",
+        type=_listed(_budget, "budgets"),
+        default=[0.25, 0.5, 0.75],
+        help="fractions of the prompt's KV kept (default 25%%,50%%,75%%)",
+    ),
+    opt(
+        "--policies",
+        type=_listed(_policy, "policies"),
+        default=None,
+        help="policies, as for `kvcxl quality` (default ema,h2o,lru,sink-window)",
+    ),
+    opt("--min-tokens", type=positive, default=2000, help="prompt length, at least (default 2000)"),
+    opt("--digits", type=_digits, default=5, help="pass key digits, 1 … 18 (default 5)"),
+    opt("--seed", type=nonnegative, default=0, help="prompt generator seed (default 0)"),
+    opt(
+        "--read-threshold",
+        type=unit_interval,
+        default=0.01,
+        help="hit-rate replay: an entry is read when its weight is at least this (default 0.01)",
+    ),
+    CONFIG,
+    THREADS,
+    opt(
+        "--json",
+        dest="json_out",
+        metavar="FILE",
+        help="write settings, every prompt's answers and the summary (resumes from it)",
+    ),
+    opt(
+        "--resume",
+        action="append",
+        metavar="FILE",
+        help="take finished prompts from an earlier run's --json (same settings; repeatable: "
+        "runs split by depth merge this way)",
+    ),
+    opt("--plot", metavar="FILE.png", help="accuracy and hit rate vs. budget, a panel per depth"),
+)
+
+
 def add_passkey_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``kvcxl trace passkey`` (the parser is created by the trace command)."""
     p.description = _wrap(
@@ -375,54 +427,7 @@ def add_passkey_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.epilog = PASSKEY_EPILOG
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--prompts", type=positive, default=20, help="prompts per depth (default 20)")
-    p.add_argument(
-        "--depths",
-        type=_listed(_depth, "depths in [0, 1]"),
-        default=[0.25, 0.5, 0.9],
-        help="needle depths, fractions of the filler (default 0.25,0.5,0.9)",
-    )
-    p.add_argument(
-        "--budgets",
-        type=_listed(_budget, "budgets"),
-        default=[0.25, 0.5, 0.75],
-        help="fractions of the prompt's KV kept (default 25%%,50%%,75%%)",
-    )
-    p.add_argument(
-        "--policies",
-        type=_listed(_policy, "policies"),
-        default=None,
-        help="policies, as for `kvcxl quality` (default ema,h2o,lru,sink-window)",
-    )
-    p.add_argument(
-        "--min-tokens", type=positive, default=2000, help="prompt length, at least (default 2000)"
-    )
-    p.add_argument("--digits", type=_digits, default=5, help="pass key digits, 1 … 18 (default 5)")
-    p.add_argument("--seed", type=nonnegative, default=0, help="prompt generator seed (default 0)")
-    p.add_argument(
-        "--read-threshold",
-        type=unit_interval,
-        default=0.01,
-        help="hit-rate replay: an entry is read when its weight is at least this (default 0.01)",
-    )
-    p.add_argument("--config", metavar="FILE.toml", help="base policy configuration")
-    p.add_argument("--threads", type=positive, default=1, help="torch CPU threads (default 1)")
-    p.add_argument(
-        "--json",
-        dest="json_out",
-        metavar="FILE",
-        help="write settings, every prompt's answers and the summary (resumes from it)",
-    )
-    p.add_argument(
-        "--resume",
-        action="append",
-        metavar="FILE",
-        help="take finished prompts from an earlier run's --json (same settings; repeatable: "
-        "runs split by depth merge this way)",
-    )
-    p.add_argument(
-        "--plot", metavar="FILE.png", help="accuracy and hit rate vs. budget, a panel per depth"
-    )
+    add_options(p, PASSKEY_OPTIONS)
 
 
 def passkey_main(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 from kvcxl.common.argtypes import nonnegative, nonnegative_float, positive, positive_float
 from kvcxl.common.figures import figure
 from kvcxl.common.jsonout import wrote
+from kvcxl.common.options import Group, Option, add_options, add_parser, opt
 from kvcxl.common.progress import progress
 from kvcxl.common.sizes import BYTES, SIZE_HELP, Budget, budget_arg, parse_size
 from kvcxl.firmware.config import PARAMS, PolicyConfig
@@ -97,367 +98,418 @@ def _kv(text: str) -> tuple[str, Any]:
     return k.replace("-", "_"), value
 
 
-def _add_model_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model shape (a preset, any dimension overridable)")
-    g.add_argument(
-        "--preset",
-        default="ci",
-        help="model-shape preset: ci, s1 (Llama-2-70B at 128 K) or smollm2",
+MODEL_OPTIONS = Group(
+    "model shape (a preset, any dimension overridable)",
+    (
+        opt(
+            "--preset",
+            default="ci",
+            help="model-shape preset: ci, s1 (Llama-2-70B at 128 K) or smollm2",
+        ),
+        *(
+            opt(
+                f"--{name.replace('_', '-')}",
+                type=positive,  # a 0 would silently mean "the preset's value"
+                default=None,
+                metavar="N",
+                help=argparse.SUPPRESS
+                if name != "context_tokens"
+                else "override a dimension; likewise --layers, --q-heads, --kv-heads, "
+                "--d-head, --dtype-bytes, --block-tokens",
+            )
+            for name in SHAPE_OPTIONS
+        ),
+    ),
+)
+
+
+def _policy_option(name: str, kind: str) -> Option:
+    # The random baseline's seed is --policy-seed (--seed picks the workload seed).
+    flag = "--policy-seed" if name == "seed" else f"--{name.replace('_', '-')}"
+    return opt(
+        flag,
+        dest=f"p_{name}",
+        type={"float": float, "int": int, "str": str, "bool": _bool, "floats": _floats}[kind],
+        default=None,
+        metavar={"bool": "on|off", "floats": "X,Y[,Z]"}.get(kind, kind.upper()),
+        help=argparse.SUPPRESS
+        if name not in ("alpha", "persistent_metadata")
+        else "e.g. --alpha 0.05, --persistent-metadata off; every parameter of "
+        "`kvcxl policy params` has its option (--beta, --keep-threshold, ...)",
     )
-    for name in SHAPE_OPTIONS:
-        g.add_argument(
-            f"--{name.replace('_', '-')}",
-            type=positive,  # a 0 would silently mean "the preset's value"
-            default=None,
+
+
+POLICY_PARAMETER_OPTIONS = Group(
+    "policy parameters (defaults and ranges: `kvcxl policy params`; override a --config)",
+    (
+        opt("--config", metavar="FILE.toml", help="policy configuration file"),
+        *(_policy_option(name, kind) for name, kind in POLICY_OPTIONS.items()),
+    ),
+)
+TIERS_OPTIONS = Group(
+    "tiers, reads and timing",
+    (
+        opt(
+            "--cxl",
+            metavar="SIZE",
+            help="CXL DRAM capacity: a size (1TiB, 2GB) or %% of the KV bytes; default: room "
+            f"for everything ({SIZE_HELP})",
+        ),
+        opt(
+            "--nvme",
+            metavar="SIZE",
+            help=f"NVMe capacity, as --cxl; default: room for everything ({SIZE_HELP})",
+        ),
+        opt(
+            "--read",
+            default="dense",
+            help="dense, topk:K (K blocks per head per "
+            "step, Quest-style) or threshold:T (blocks with weight >= T)",
+        ),
+        opt(
+            "--granularity",
+            choices=GRANULARITIES,
+            default="layer",
+            help="what the cache serves as one batch: a layer of a step (default), a whole "
+            "step, or every read on its own (request: a classic one-request cache, as "
+            "libCacheSim)",
+        ),
+        opt(
+            "--prefetch",
+            action="store_true",
+            help="RoPE-locality prefetch into HBM (firmware.prefetch); off = demand paging",
+        ),
+        opt(
+            "--prefetch-limit",
+            type=nonnegative,
+            default=64,
             metavar="N",
-            help=argparse.SUPPRESS
-            if name != "context_tokens"
-            else "override a dimension; likewise --layers, --q-heads, --kv-heads, "
-            "--d-head, --dtype-bytes, --block-tokens",
-        )
-
-
-def _add_policy_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(
-        "policy parameters (defaults and ranges: `kvcxl policy params`; override a --config)"
-    )
-    g.add_argument("--config", metavar="FILE.toml", help="policy configuration file")
-    for name, kind in POLICY_OPTIONS.items():
-        # The random baseline's seed is --policy-seed (--seed picks the workload seed).
-        flag = "--policy-seed" if name == "seed" else f"--{name.replace('_', '-')}"
-        typ = {"float": float, "int": int, "str": str, "bool": _bool, "floats": _floats}[kind]
-        metavar = {"bool": "on|off", "floats": "X,Y[,Z]"}.get(kind, kind.upper())
-        g.add_argument(
-            flag,
-            dest=f"p_{name}",
-            type=typ,
-            default=None,
-            metavar=metavar,
-            help=argparse.SUPPRESS
-            if name not in ("alpha", "persistent_metadata")
-            else "e.g. --alpha 0.05, --persistent-metadata off; every parameter of "
-            "`kvcxl policy params` has its option (--beta, --keep-threshold, ...)",
-        )
-
-
-def _add_run_options(p: argparse.ArgumentParser, *, steps: int = 200) -> None:
-    g = p.add_argument_group("tiers, reads and timing")
-    g.add_argument(
-        "--cxl",
-        metavar="SIZE",
-        help="CXL DRAM capacity: a size (1TiB, 2GB) or %% of the KV bytes; default: room for "
-        f"everything ({SIZE_HELP})",
-    )
-    g.add_argument(
-        "--nvme",
-        metavar="SIZE",
-        help=f"NVMe capacity, as --cxl; default: room for everything ({SIZE_HELP})",
-    )
-    g.add_argument(
-        "--read",
-        default="dense",
-        help="dense, topk:K (K blocks per head per "
-        "step, Quest-style) or threshold:T (blocks with weight >= T)",
-    )
-    g.add_argument(
-        "--granularity",
-        choices=GRANULARITIES,
-        default="layer",
-        help="what the cache serves as one batch: a layer of a step (default), a whole step, "
-        "or every read on its own (request: a classic one-request cache, as libCacheSim)",
-    )
-    g.add_argument(
-        "--prefetch",
-        action="store_true",
-        help="RoPE-locality prefetch into HBM (firmware.prefetch); off = demand paging",
-    )
-    g.add_argument(
-        "--prefetch-limit",
-        type=nonnegative,
-        default=64,
-        metavar="N",
-        help="most entries prefetched per batch",
-    )
-    g.add_argument(
-        "--placement",
-        choices=("policy", "fill"),
-        default="policy",
-        help="lower tier of an entry leaving HBM: the firmware's placement rule "
-        "(scored policies) or CXL first",
-    )
-    g.add_argument(
-        "--mode",
-        choices=("float", "int"),
-        default="float",
-        help="ema arithmetic: float reference or the Q0.16 integer contract",
-    )
-    g.add_argument(
-        "--engine",
-        choices=("fast", "numpy"),
-        default=None,
-        help="replay engine: fast (compiled; the default where it covers the run, else numpy "
-        "with a notice) or numpy (the readable reference); both replay identically",
-    )
-    g.add_argument(
-        "--warmup",
-        type=nonnegative,
-        default=0,
-        metavar="STEPS",
-        help="decode steps excluded from the metrics",
-    )
-    g.add_argument(
-        "--compute-model",
-        action="store_true",
-        help="add the GB10 decode model 73.9 ms + 17.58 ms/GiB to step time",
-    )
-    g.add_argument(
-        "--timeline",
-        action="store_true",
-        help="schedule every transfer (demand, prefetch, write-back, CXL->NVMe) on the link "
-        "(full duplex), device DRAM and NVMe with queueing (docs/timeline.md; either engine): "
-        "step times, tokens/s and the serving metrics come from it",
-    )
-    g.add_argument(
-        "--timing",
-        choices=("seed", "asic", "fpga", "offload"),
-        default=None,
-        help="CXL DRAM timing preset (docs/timeline.md): seed = 200 ns, 64 GB/s (Analytical "
-        "model); asic / fpga = CXL-DMSim's measured ratios to local DDR (arXiv 2411.02282); "
-        "offload = host DRAM over PCIe instead of the device (--pcie-contention x 51 GB/s, "
-        "13.0 us per DMA); --cxl-gbps / --cxl-latency-ns override it",
-    )
-    g.add_argument(
-        "--versus-offload",
-        action="store_true",
-        help="with --serving: also replay every run with host-DRAM offload over PCIe in place "
-        "of the device (at --pcie-contention, default the design's 0.32, and at the measured "
-        "0.87), under the same policy and timeline, and print one table (docs/timeline.md)",
-    )
-    for name in TIMING_OPTIONS:
-        g.add_argument(
-            f"--{name.replace('_', '-')}",
-            type=positive_float if name.endswith("gbps") else nonnegative_float,
-            default=None,
-            help=argparse.SUPPRESS
-            if name != "cxl_gbps"
-            else "tier timing overrides: --cxl-gbps, --cxl-latency-ns, --nvme-gbps, "
-            "--nvme-latency-ns, --hbm-gbps (defaults, docs/simulator.md: CXL DRAM "
-            f"{CXL_DRAM.latency_ns:g} ns + {CXL_DRAM.bandwidth_gbps:g} GB/s, NVMe "
-            f"{NVME.latency_ns / 1000:g} µs + {NVME.bandwidth_gbps:g} GB/s, HBM "
-            f"{HBM.bandwidth_gbps / 1000:g} TB/s)",
-        )
-    w = p.add_argument_group("workload")
-    w.add_argument("--steps", type=positive, default=steps, help="decode steps")
-    w.add_argument(
-        "--workload-param",
-        action="append",
-        type=_kv,
-        default=[],
-        metavar="K=V",
-        help="workload parameter, e.g. sessions=100 (see `kvcxl simulate --list`)",
-    )
-    w.add_argument(
-        "--attention-param",
-        action="append",
-        type=_kv,
-        default=[],
-        metavar="K=V",
-        help="synthetic attention parameter over the preset's defaults (ci and smollm2: the "
-        "fit to SmolLM2, docs/model.md), e.g. sink_mass_last=0.3 or "
-        "sink_profile=[0.05,0.1,0.6,0.5] (per-layer, depth 0 to 1)",
-    )
-    x = p.add_argument_group("execution")
-    x.add_argument(
-        "--jobs", type=positive, default=None, help="parallel processes (default: cores)"
-    )
-    x.add_argument(
-        "--backend",
-        choices=("process", "serial", "dask"),
-        default="process",
-        help="where seeds run: local processes, in-process, or a Dask cluster",
-    )
-    x.add_argument(
-        "--scheduler",
-        metavar="ADDRESS",
-        help="Dask scheduler address (default: a LocalCluster on this machine)",
-    )
-    x.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "simulate",
-        help="replay a workload or trace through policies and HBM budgets (three tiers)",
-        formatter_class=_Formatter,
-        description=(
-            "Replays a synthetic workload (--workload) or a kvcxl trace (--trace) through each "
-            "--policy at each HBM --budget, with CXL DRAM and NVMe behind HBM, and reports hit "
-            "rate, byte miss ratio, bytes moved per tier pair, effective latency, stall, "
-            "tokens/s, prefetch precision/coverage and audited victims. Every figure is "
-            "Simulated. With --seeds N the workload is regenerated with N seeds and means carry "
-            "95% confidence intervals."
+            help="most entries prefetched per batch",
         ),
-        epilog=(
-            "examples:\n"
-            "  kvcxl simulate --workload cyclic --policy lru --policy ema --budget 10% "
-            "--budget 25%\n"
-            "  kvcxl simulate --trace run.npz --policy ema --alpha 0.05 --budget 64MiB --audit\n"
-            "  kvcxl simulate --seeds 10 --json out.json --plot hit.png\n"
-            "  kvcxl simulate --list     (workloads, policies, presets)"
+        opt(
+            "--placement",
+            choices=("policy", "fill"),
+            default="policy",
+            help="lower tier of an entry leaving HBM: the firmware's placement rule "
+            "(scored policies) or CXL first",
         ),
-    )
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--workload", default=None, help="synthetic workload (default zipf-sessions)")
-    src.add_argument("--trace", metavar="FILE", help="replay a kvcxl trace (.npz) instead")
-    p.add_argument(
+        opt(
+            "--mode",
+            choices=("float", "int"),
+            default="float",
+            help="ema arithmetic: float reference or the Q0.16 integer contract",
+        ),
+        opt(
+            "--engine",
+            choices=("fast", "numpy"),
+            default=None,
+            help="replay engine: fast (compiled; the default where it covers the run, else "
+            "numpy with a notice) or numpy (the readable reference); both replay identically",
+        ),
+        opt(
+            "--warmup",
+            type=nonnegative,
+            default=0,
+            metavar="STEPS",
+            help="decode steps excluded from the metrics",
+        ),
+        opt(
+            "--compute-model",
+            action="store_true",
+            help="add the GB10 decode model 73.9 ms + 17.58 ms/GiB to step time",
+        ),
+        opt(
+            "--timeline",
+            action="store_true",
+            help="schedule every transfer (demand, prefetch, write-back, CXL->NVMe) on the link "
+            "(full duplex), device DRAM and NVMe with queueing (docs/timeline.md; either "
+            "engine): step times, tokens/s and the serving metrics come from it",
+        ),
+        opt(
+            "--timing",
+            choices=("seed", "asic", "fpga", "offload"),
+            default=None,
+            help="CXL DRAM timing preset (docs/timeline.md): seed = 200 ns, 64 GB/s (Analytical "
+            "model); asic / fpga = CXL-DMSim's measured ratios to local DDR (arXiv 2411.02282); "
+            "offload = host DRAM over PCIe instead of the device (--pcie-contention x 51 GB/s, "
+            "13.0 us per DMA); --cxl-gbps / --cxl-latency-ns override it",
+        ),
+        opt(
+            "--versus-offload",
+            action="store_true",
+            help="with --serving: also replay every run with host-DRAM offload over PCIe in "
+            "place of the device (at --pcie-contention, default the design's 0.32, and at the "
+            "measured 0.87), under the same policy and timeline, and print one table "
+            "(docs/timeline.md)",
+        ),
+        *(
+            opt(
+                f"--{name.replace('_', '-')}",
+                type=positive_float if name.endswith("gbps") else nonnegative_float,
+                default=None,
+                help=argparse.SUPPRESS
+                if name != "cxl_gbps"
+                else "tier timing overrides: --cxl-gbps, --cxl-latency-ns, --nvme-gbps, "
+                "--nvme-latency-ns, --hbm-gbps (defaults, docs/simulator.md: CXL DRAM "
+                f"{CXL_DRAM.latency_ns:g} ns + {CXL_DRAM.bandwidth_gbps:g} GB/s, NVMe "
+                f"{NVME.latency_ns / 1000:g} µs + {NVME.bandwidth_gbps:g} GB/s, HBM "
+                f"{HBM.bandwidth_gbps / 1000:g} TB/s)",
+            )
+            for name in TIMING_OPTIONS
+        ),
+    ),
+)
+WORKLOAD_PARAM = opt(
+    "--workload-param",
+    action="append",
+    type=_kv,
+    default=[],
+    metavar="K=V",
+    help="workload parameter, e.g. sessions=100 (see `kvcxl simulate --list`)",
+)
+WORKLOAD_OPTIONS = Group(
+    "workload",
+    (
+        opt("--steps", type=positive, default=200, help="decode steps"),
+        WORKLOAD_PARAM,
+        opt(
+            "--attention-param",
+            action="append",
+            type=_kv,
+            default=[],
+            metavar="K=V",
+            help="synthetic attention parameter over the preset's defaults (ci and smollm2: "
+            "the fit to SmolLM2, docs/model.md), e.g. sink_mass_last=0.3 or "
+            "sink_profile=[0.05,0.1,0.6,0.5] (per-layer, depth 0 to 1)",
+        ),
+    ),
+)
+EXECUTION_OPTIONS = Group(
+    "execution",
+    (
+        opt("--jobs", type=positive, default=None, help="parallel processes (default: cores)"),
+        opt(
+            "--backend",
+            choices=("process", "serial", "dask"),
+            default="process",
+            help="where seeds run: local processes, in-process, or a Dask cluster",
+        ),
+        opt(
+            "--scheduler",
+            metavar="ADDRESS",
+            help="Dask scheduler address (default: a LocalCluster on this machine)",
+        ),
+        opt("--no-progress", action="store_true", help="no progress bar"),
+    ),
+)
+
+SIMULATE_PARSER = dict(
+    help="replay a workload or trace through policies and HBM budgets (three tiers)",
+    formatter_class=_Formatter,
+    description=(
+        "Replays a synthetic workload (--workload) or a kvcxl trace (--trace) through each "
+        "--policy at each HBM --budget, with CXL DRAM and NVMe behind HBM, and reports hit "
+        "rate, byte miss ratio, bytes moved per tier pair, effective latency, stall, "
+        "tokens/s, prefetch precision/coverage and audited victims. Every figure is "
+        "Simulated. With --seeds N the workload is regenerated with N seeds and means carry "
+        "95% confidence intervals."
+    ),
+    epilog=(
+        "examples:\n"
+        "  kvcxl simulate --workload cyclic --policy lru --policy ema --budget 10% "
+        "--budget 25%\n"
+        "  kvcxl simulate --trace run.npz --policy ema --alpha 0.05 --budget 64MiB --audit\n"
+        "  kvcxl simulate --seeds 10 --json out.json --plot hit.png\n"
+        "  kvcxl simulate --list     (workloads, policies, presets)"
+    ),
+)
+SIMULATE_OPTIONS = (
+    Group(
+        None,
+        (
+            opt("--workload", default=None, help="synthetic workload (default zipf-sessions)"),
+            opt("--trace", metavar="FILE", help="replay a kvcxl trace (.npz) instead"),
+        ),
+        exclusive=True,
+    ),
+    opt(
         "--policy",
         action="append",
         metavar="P",
         help="policy to run (repeatable; default: lru and ema)",
-    )
-    p.add_argument(
+    ),
+    opt(
         "--budget",
         action="append",
         type=budget_arg(BYTES),
         metavar="B",
         help="HBM budget: a size (512MiB, 2GB) or %% of the workload's KV bytes "
         f"(repeatable; default 25%%; {SIZE_HELP})",
-    )
-    p.add_argument("--seeds", type=positive, default=1, help="workload seeds (mean and 95%% CI)")
-    p.add_argument("--seed", type=nonnegative, default=0, help="first seed")
-    p.add_argument(
+    ),
+    opt("--seeds", type=positive, default=1, help="workload seeds (mean and 95%% CI)"),
+    opt("--seed", type=nonnegative, default=0, help="first seed"),
+    opt(
         "--audit",
         action="store_true",
         help="check every victim against a brute-force ranking of the policy's priorities and "
         "recompute priorities from each entry's own history (victims and a sample per pass); "
         "any fault fails the run",
-    )
-    p.add_argument("--json", dest="json_out", metavar="FILE", help="write results as JSON")
-    p.add_argument("--plot", metavar="FILE.png", help="plot hit rate vs budget per policy")
-    p.add_argument(
+    ),
+    opt("--json", dest="json_out", metavar="FILE", help="write results as JSON"),
+    opt("--plot", metavar="FILE.png", help="plot hit rate vs budget per policy"),
+    opt(
         "--dump-victims",
         metavar="FILE",
         help="write every eviction (step, entry identity, priority) as CSV",
-    )
-    p.add_argument(
+    ),
+    opt(
         "--serving",
         action="store_true",
         help="also report the serving metrics (docs/serving.md): tokens/s aggregate and per "
         "user, inter-token latency and time to first token (p50/p99; TTFT here is the first "
         "decode step of each turn, no prefill model), CXL link utilisation, energy per token "
         "and the device's metadata footprint (Simulated counts, Analytical energy inputs)",
-    )
-    p.add_argument("--list", action="store_true", help="list workloads, policies, presets")
-    _add_model_options(p)
-    _add_policy_options(p)
-    _add_run_options(p)
-    p.set_defaults(func=_simulate)
-
-    s = sub.add_parser(
-        "sizing",
-        help="analytic KV-cache sizing of a model shape (S1: docs/design.md; Analytical model)",
-        formatter_class=_Formatter,
-        description="KV bytes per token, per block, per context and for N users, and how many "
-        f"full contexts HBM, CXL DRAM and NVMe hold, and the design's tier economics (a block "
-        "fetched at 121 / 64 / 32 GB/s against regenerating it). Analytical model. Sizes: "
-        f"{SIZE_HELP}.",
-        epilog="example: kvcxl sizing --preset s1 --users 8",
-    )
-    s.add_argument("--users", type=positive, default=8, help="concurrent full contexts")
-    for flag, default, what in (
-        ("--hbm", "192GB", "GPU HBM"),
-        ("--weights", "140GB", "model weights in HBM"),
-        ("--activations", "5GB", "activations / workspace in HBM"),
-        ("--pinned", "10GB", "pinned (anchor) KV in HBM"),
-        ("--cxl", "1000GB", "CXL DRAM behind HBM"),
-        ("--nvme", "16000GB", "NVMe behind CXL DRAM"),
-    ):
-        s.add_argument(flag, default=default, metavar="SIZE", help=what)
-    s.add_argument("--json", dest="json_out", metavar="FILE")
-    _add_model_options(s)
-    s.set_defaults(func=_sizing, preset="s1")
-
-    d = sub.add_parser(
-        "demo",
-        help="the main job: every policy at a few budgets on the default workload, with report",
-        formatter_class=_Formatter,
-        description=(
-            "Runs every policy (the registry's ranked policies, Belady's optimum included) at "
-            "budgets " + ", ".join(DEMO_BUDGETS) + " of the default workload's KV bytes over "
-            "a few seeds on the fast engine, prints the table and writes report.md, "
-            "results.json and hit_rate.png into --out. The eviction audit runs on a sample "
-            f"it names: every policy at {DEMO_AUDIT_BUDGET} on seed 0, replayed again on the "
-            "numpy engine with the audit on, whose hits must equal the fast engine's. "
-            "Simulated."
-        ),
-    )
-    d.add_argument("--out", default="out/demo", help="output folder")
-    d.add_argument("--workload", default="zipf-sessions")
-    d.add_argument("--seeds", type=positive, default=3)
-    d.add_argument("--steps", type=positive, default=160)
-    d.add_argument("--jobs", type=positive, default=None)
-    d.add_argument(
+    ),
+    opt("--list", action="store_true", help="list workloads, policies, presets"),
+    MODEL_OPTIONS,
+    POLICY_PARAMETER_OPTIONS,
+    TIERS_OPTIONS,
+    WORKLOAD_OPTIONS,
+    EXECUTION_OPTIONS,
+)
+SIZING_PARSER = dict(
+    help="analytic KV-cache sizing of a model shape (S1: docs/design.md; Analytical model)",
+    formatter_class=_Formatter,
+    description="KV bytes per token, per block, per context and for N users, and how many "
+    f"full contexts HBM, CXL DRAM and NVMe hold, and the design's tier economics (a block "
+    "fetched at 121 / 64 / 32 GB/s against regenerating it). Analytical model. Sizes: "
+    f"{SIZE_HELP}.",
+    epilog="example: kvcxl sizing --preset s1 --users 8",
+)
+SIZING_OPTIONS = (
+    opt("--users", type=positive, default=8, help="concurrent full contexts"),
+    *(
+        opt(flag, default=default, metavar="SIZE", help=what)
+        for flag, default, what in (
+            ("--hbm", "192GB", "GPU HBM"),
+            ("--weights", "140GB", "model weights in HBM"),
+            ("--activations", "5GB", "activations / workspace in HBM"),
+            ("--pinned", "10GB", "pinned (anchor) KV in HBM"),
+            ("--cxl", "1000GB", "CXL DRAM behind HBM"),
+            ("--nvme", "16000GB", "NVMe behind CXL DRAM"),
+        )
+    ),
+    opt("--json", dest="json_out", metavar="FILE"),
+    MODEL_OPTIONS,
+)
+DEMO_PARSER = dict(
+    help="the main job: every policy at a few budgets on the default workload, with report",
+    formatter_class=_Formatter,
+    description=(
+        "Runs every policy (the registry's ranked policies, Belady's optimum included) at "
+        "budgets " + ", ".join(DEMO_BUDGETS) + " of the default workload's KV bytes over "
+        "a few seeds on the fast engine, prints the table and writes report.md, "
+        "results.json and hit_rate.png into --out. The eviction audit runs on a sample "
+        f"it names: every policy at {DEMO_AUDIT_BUDGET} on seed 0, replayed again on the "
+        "numpy engine with the audit on, whose hits must equal the fast engine's. "
+        "Simulated."
+    ),
+)
+DEMO_OPTIONS = (
+    opt("--out", default="out/demo", help="output folder"),
+    opt("--workload", default="zipf-sessions"),
+    opt("--seeds", type=positive, default=3),
+    opt("--steps", type=positive, default=160),
+    opt("--jobs", type=positive, default=None),
+    opt(
         "--mode",
         choices=("float", "int"),
         default="float",
         help="EMA arithmetic: float, or int, the Q0.16 contract the RTL computes (how far "
         "apart they are: docs/results.md, 'Float and integer arithmetic')",
-    )
-    d.add_argument("--no-progress", action="store_true")
-    d.set_defaults(func=_demo)
+    ),
+    opt("--no-progress", action="store_true"),
+)
+EXPORT_PARSER = dict(
+    help="write a trace or a synthetic workload as npz, libCacheSim CSV or oracleGeneral",
+    formatter_class=_Formatter,
+    description="Export the read stream of a trace file or of a synthetic workload "
+    "(docs/trace-format.md).\n\n"
+    "npz: the kvcxl trace format. A workload is saved as a version-2 trace: its reads and "
+    "its writes (prefills and new blocks, with the contexts' lengths in tokens), in event "
+    "order, so that `kvcxl simulate --trace FILE` replays it exactly as the workload "
+    "(same hits, misses, victims and bytes moved for every policy and granularity). "
+    "--reads-only saves the reads alone (version 1): a replay then writes each entry just "
+    "before the batch that first reads it, which is what a request trace means.\n\n"
+    "csv and oracle-general: libCacheSim request traces, one request per entry read "
+    "(writes are not requests), object ids dense in order of first request, object size "
+    "= entry bytes; oracle-general carries the next-access times libCacheSim's Belady "
+    "needs.",
+)
+EXPORT_OPTIONS = (
+    Group(
+        None,
+        (
+            opt("--trace", metavar="FILE", help="a kvcxl trace"),
+            opt("--workload", help="a synthetic workload"),
+        ),
+        exclusive=True,
+        required=True,
+    ),
+    opt(
+        "--format",
+        choices=("npz", "csv", "oracle-general"),
+        default="npz",
+        help="npz: kvcxl trace (a workload: version 2, reads and writes; with --reads-only: "
+        "version 1); csv, oracle-general: libCacheSim request traces",
+    ),
+    opt("-o", "--output", required=True),
+    opt(
+        "--reads-only",
+        action="store_true",
+        help="npz: save the reads alone as a version-1 trace (no writes)",
+    ),
+    opt("--seed", type=nonnegative, default=0),
+    opt("--steps", type=positive, default=200),
+    opt("--read", default="dense", help="dense, topk:K or threshold:T"),
+    opt("--workload-param", action="append", type=_kv, default=[], metavar="K=V"),
+    MODEL_OPTIONS,
+)
+IMPORT_OPTIONS = (
+    opt("--seed", type=nonnegative, default=0, help="seed of the synthetic attention"),
+    opt("--steps", type=positive, default=200, help="steps replayed (the window)"),
+    opt("--read", default="topk:8", help="dense, topk:K or threshold:T (with -o)"),
+    opt(
+        "--workload-param", action="append", type=_kv, default=[], metavar="K=V",
+        help="itl_ms (real ms per token, default 25), token_scale (default block_tokens/512), "
+        "rate (arrival-rate factor, default 1)",
+    ),
+    MODEL_OPTIONS,
+)  # fmt: skip
 
+
+def register(sub: argparse._SubParsersAction) -> None:
+    add_parser(sub, "simulate", SIMULATE_OPTIONS, func=_simulate, **SIMULATE_PARSER)
+    add_parser(sub, "sizing", SIZING_OPTIONS, func=_sizing, **SIZING_PARSER).set_defaults(
+        preset="s1"
+    )
+    add_parser(sub, "demo", DEMO_OPTIONS, func=_demo, **DEMO_PARSER)
+    _register_trace(sub)
+
+
+def _register_trace(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser(
         "trace",
         help="kvcxl traces: validate, info, export (npz/CSV/oracleGeneral), import, capture, fit",
         description="Work with kvcxl attention traces (docs/trace-format.md).",
     )
     ts = t.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
-    tv = ts.add_parser("validate", help="load and validate trace files (exit 2 on the first bad)")
-    tv.add_argument("files", nargs="+")
-    tv.set_defaults(func=_trace_validate)
-    ti = ts.add_parser("info", help="summary of a trace")
-    ti.add_argument("file")
-    ti.add_argument("--json", action="store_true", help="print JSON")
-    ti.set_defaults(func=_trace_info)
-    te = ts.add_parser(
-        "export",
-        help="write a trace or a synthetic workload as npz, libCacheSim CSV or oracleGeneral",
-        formatter_class=_Formatter,
-        description="Export the read stream of a trace file or of a synthetic workload "
-        "(docs/trace-format.md).\n\n"
-        "npz: the kvcxl trace format. A workload is saved as a version-2 trace: its reads and "
-        "its writes (prefills and new blocks, with the contexts' lengths in tokens), in event "
-        "order, so that `kvcxl simulate --trace FILE` replays it exactly as the workload "
-        "(same hits, misses, victims and bytes moved for every policy and granularity). "
-        "--reads-only saves the reads alone (version 1): a replay then writes each entry just "
-        "before the batch that first reads it, which is what a request trace means.\n\n"
-        "csv and oracle-general: libCacheSim request traces, one request per entry read "
-        "(writes are not requests), object ids dense in order of first request, object size "
-        "= entry bytes; oracle-general carries the next-access times libCacheSim's Belady "
-        "needs.",
-    )
-    tsrc = te.add_mutually_exclusive_group(required=True)
-    tsrc.add_argument("--trace", metavar="FILE", help="a kvcxl trace")
-    tsrc.add_argument("--workload", help="a synthetic workload")
-    te.add_argument(
-        "--format",
-        choices=("npz", "csv", "oracle-general"),
-        default="npz",
-        help="npz: kvcxl trace (a workload: version 2, reads and writes; with --reads-only: "
-        "version 1); csv, oracle-general: libCacheSim request traces",
-    )
-    te.add_argument("-o", "--output", required=True)
-    te.add_argument(
-        "--reads-only",
-        action="store_true",
-        help="npz: save the reads alone as a version-1 trace (no writes)",
-    )
-    te.add_argument("--seed", type=nonnegative, default=0)
-    te.add_argument("--steps", type=positive, default=200)
-    te.add_argument("--read", default="dense", help="dense, topk:K or threshold:T")
-    te.add_argument("--workload-param", action="append", type=_kv, default=[], metavar="K=V")
-    _add_model_options(te)
-    te.set_defaults(func=_trace_export)
+    files = (opt("files", nargs="+"),)
+    bad = "load and validate trace files (exit 2 on the first bad)"
+    add_parser(ts, "validate", files, func=_trace_validate, help=bad)
+    info = (opt("file"), opt("--json", action="store_true", help="print JSON"))
+    add_parser(ts, "info", info, func=_trace_info, help="summary of a trace")
+    add_parser(ts, "export", EXPORT_OPTIONS, func=_trace_export, **EXPORT_PARSER)
     tim = ts.add_parser(
         "import",
         help="read a published request trace (Mooncake), print its facts, write it as a trace",
@@ -465,15 +517,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     trace_import.add_arguments(tim)
-    tim.add_argument("--seed", type=nonnegative, default=0, help="seed of the synthetic attention")
-    tim.add_argument("--steps", type=positive, default=200, help="steps replayed (the window)")
-    tim.add_argument("--read", default="topk:8", help="dense, topk:K or threshold:T (with -o)")
-    tim.add_argument(
-        "--workload-param", action="append", type=_kv, default=[], metavar="K=V",
-        help="itl_ms (real ms per token, default 25), token_scale (default block_tokens/512), "
-        "rate (arrival-rate factor, default 1)",
-    )  # fmt: skip
-    _add_model_options(tim)
+    add_options(tim, IMPORT_OPTIONS)
     tim.set_defaults(func=lambda a: trace_import.main(a, _shape(a), dict(a.workload_param)))
     capture = importlib.import_module("kvcxl.emu.model.capture")  # no torch at import time
     tc = ts.add_parser("capture", help="record a Measured trace from SmolLM2-135M (offline)")

@@ -38,8 +38,9 @@ the defect each must catch are the designs' entries in :mod:`kvcxl.rtl.designs`)
     min(B, D, sinks) downs then min(B − downs, U + downs, rises) ups, none twice.
 ``record_stream``
     the record-stream engine's memory traffic under any memory latency and back-pressure
-    (:class:`RecordStreamHarness`): each sweep reads every record word once, in order,
-    and (not ``hold``) writes each back once, to the address it was read from.
+    (:class:`RecordStreamHarness`), write commands and data taken in any order: each
+    sweep reads every record word once, in order, and (not ``hold``) writes each back
+    once, to the address it was read from, with no write command unsent when it ends.
 ``hdm``
     the RTL's HPA → DPA decode (:class:`kvcxl.rtl.hdm.HdmDecode`) against a reference
     written with ``//`` and ``%`` from the decoder parameters of

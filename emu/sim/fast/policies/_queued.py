@@ -232,6 +232,37 @@ def hold(ps, out, nv):  # type: ignore[no-untyped-def]
     ps.sc[RANKED] = 0
 
 
+@njit(cache=True)
+def close_walk(ps, cand, m, na, out, nv, k):  # type: ignore[no-untyped-def]
+    """QueuePolicy.run_walk's end, after the module's walk put ``nv`` victims in ``out``:
+    the offer withdrawn, the arriving entries taken last (:func:`take_arriving`), the plan
+    held; returns the victims."""
+    withdraw(ps, cand, m)
+    nv = take_arriving(ps.arrv, na, out, nv, k)
+    hold(ps, out, nv)
+    return nv
+
+
+@njit(cache=True)
+def offer_held(ps):  # type: ignore[no-untyped-def]
+    """QueuePolicy.walk_rank's set-up: the held victims offered to a second walk (its
+    arriving ones to ``arrv2``); returns (victims, arriving)."""
+    nv = ps.sc[NV]
+    return nv, offer(ps, ps.vic, nv, ps.arrv2)
+
+
+@njit(cache=True)
+def keep_ranks(ps, na, got):  # type: ignore[no-untyped-def]
+    """QueuePolicy.walk_rank's end, after the second walk put ``got`` entries in ``rk``:
+    the arriving ones ranked last, each held victim's place into ``rank``."""
+    nv = ps.sc[NV]
+    withdraw(ps, ps.vic, nv)
+    got = take_arriving(ps.arrv2, na, ps.rk, got, nv)
+    for j in range(got):
+        ps.rank[ps.rk[j]] = j
+    ps.sc[RANKED] = 1
+
+
 @njit(cache=True, inline="always")
 def pending(ps):  # type: ignore[no-untyped-def]
     """True once per held pass: the first ``on_evict`` after ``select`` commits it."""
@@ -247,6 +278,17 @@ def leave(ps, i):  # type: ignore[no-untyped-def]
     unlink(ps, i)
     ps.seq[i] = -1
     ps.fresh[i] = False
+
+
+@njit(cache=True)
+def leave_held(ps):  # type: ignore[no-untyped-def]
+    """The commit's first step, once per held pass (:func:`pending`): every victim leaves;
+    False when there was nothing to commit."""
+    if not pending(ps):
+        return False
+    for j in range(ps.sc[NV]):
+        leave(ps, ps.vic[j])
+    return True
 
 
 @njit(cache=True)

@@ -158,29 +158,15 @@ def select(ps, tab, cand, m, k, now, out):  # type: ignore[no-untyped-def]
     k = min(k, m)
     nv, a1, a2, nd = _walk(ps, min(k, m - na), out, ps.nb1, ps.nb2, ps.drop)
     ps.sc[_N1], ps.sc[_N2], ps.sc[_ND] = a1, a2, nd
-    Q.withdraw(ps, cand, m)
-    nv = Q.take_arriving(ps.arrv, na, out, nv, k)
-    Q.hold(ps, out, nv)
-    return nv
-
-
-@njit(cache=True)
-def _ranks(ps):  # type: ignore[no-untyped-def]
-    """QueuePolicy.walk_rank of the held victims, into ``rank``."""
-    nv = ps.sc[Q.NV]
-    na = Q.offer(ps, ps.vic, nv, ps.arrv2)
-    got = _walk(ps, nv - na, ps.rk, ps.nb12, ps.nb22, ps.drop2)[0]
-    Q.withdraw(ps, ps.vic, nv)
-    got = Q.take_arriving(ps.arrv2, na, ps.rk, got, nv)
-    for j in range(got):
-        ps.rank[ps.rk[j]] = j
-    ps.sc[Q.RANKED] = 1
+    return Q.close_walk(ps, cand, m, na, out, nv, k)
 
 
 @njit(cache=True)
 def priority(ps, tab, e, now):  # type: ignore[no-untyped-def]
-    if ps.sc[Q.RANKED] == 0:
-        _ranks(ps)
+    if ps.sc[Q.RANKED] == 0:  # QueuePolicy.walk_rank of the held victims, once a pass
+        nv, na = Q.offer_held(ps)
+        got = _walk(ps, nv - na, ps.rk, ps.nb12, ps.nb22, ps.drop2)[0]
+        Q.keep_ranks(ps, na, got)
     return -ps.rank[e]
 
 
@@ -192,10 +178,8 @@ def _add_ghost(ps, i, q, mark):  # type: ignore[no-untyped-def]
 
 @njit(cache=True)
 def on_evict(ps, e, t):  # type: ignore[no-untyped-def]
-    if not Q.pending(ps):
+    if not Q.leave_held(ps):
         return
-    for j in range(ps.sc[Q.NV]):
-        Q.leave(ps, ps.vic[j])
     mark = Q.next_pass(ps)
     for j in range(ps.sc[_ND]):
         i = ps.drop[j]

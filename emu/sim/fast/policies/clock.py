@@ -98,11 +98,7 @@ def _walk(ps, k, out):  # type: ignore[no-untyped-def]
 def select(ps, tab, cand, m, k, now, out):  # type: ignore[no-untyped-def]
     na = Q.offer(ps, cand, m, ps.arrv)
     k = min(k, m)
-    nv = _walk(ps, min(k, m - na), out)
-    Q.withdraw(ps, cand, m)
-    nv = Q.take_arriving(ps.arrv, na, out, nv, k)
-    Q.hold(ps, out, nv)
-    return nv
+    return Q.close_walk(ps, cand, m, na, out, _walk(ps, min(k, m - na), out), k)
 
 
 @njit(cache=True)
@@ -115,12 +111,10 @@ def _move(ps, i):  # type: ignore[no-untyped-def]
 
 @njit(cache=True)
 def on_evict(ps, e, t):  # type: ignore[no-untyped-def]
-    if not Q.pending(ps):
+    if not Q.leave_held(ps):
         return
     for j in range(ps.sc[Q.NV]):
-        i = ps.vic[j]
-        Q.leave(ps, i)
-        ps.ref[i] = 0
+        ps.ref[ps.vic[j]] = 0
     if ps.sc[_PU] != Q.NONE:
         _move(ps, ps.sc[_PU])
     for x in range(ps.sc[_LO], ps.sc[_HI]):

@@ -138,41 +138,25 @@ def select(ps, tab, cand, m, k, now, out):  # type: ignore[no-untyped-def]
     k = min(k, m)
     nv, lo, hi, ng = _walk(ps, min(k, m - na), out, ps.ext, ps.wval, ps.wst, ps.ghl)
     ps.sc[_LO], ps.sc[_HI], ps.sc[_NG] = lo, hi, ng
-    Q.withdraw(ps, cand, m)
-    nv = Q.take_arriving(ps.arrv, na, out, nv, k)
-    Q.hold(ps, out, nv)
-    return nv
-
-
-@njit(cache=True)
-def _ranks(ps):  # type: ignore[no-untyped-def]
-    """QueuePolicy.walk_rank of the held victims, into ``rank``."""
-    nv = ps.sc[Q.NV]
-    na = Q.offer(ps, ps.vic, nv, ps.arrv2)
-    got = _walk(ps, nv - na, ps.rk, ps.ext2, ps.wval2, ps.wst2, ps.ghl2)[0]
-    Q.withdraw(ps, ps.vic, nv)
-    got = Q.take_arriving(ps.arrv2, na, ps.rk, got, nv)
-    for j in range(got):
-        ps.rank[ps.rk[j]] = j
-    ps.sc[Q.RANKED] = 1
+    return Q.close_walk(ps, cand, m, na, out, nv, k)
 
 
 @njit(cache=True)
 def priority(ps, tab, e, now):  # type: ignore[no-untyped-def]
-    if ps.sc[Q.RANKED] == 0:
-        _ranks(ps)
+    if ps.sc[Q.RANKED] == 0:  # QueuePolicy.walk_rank of the held victims, once a pass
+        nv, na = Q.offer_held(ps)
+        got = _walk(ps, nv - na, ps.rk, ps.ext2, ps.wval2, ps.wst2, ps.ghl2)[0]
+        Q.keep_ranks(ps, na, got)
     return -ps.rank[e]
 
 
 @njit(cache=True)
 def on_evict(ps, e, t):  # type: ignore[no-untyped-def]
-    if not Q.pending(ps):
+    if not Q.leave_held(ps):
         return
     nv = ps.sc[Q.NV]
     for j in range(nv):
-        i = ps.vic[j]
-        Q.leave(ps, i)
-        ps.freq[i] = 0
+        ps.freq[ps.vic[j]] = 0
     for x in range(ps.sc[_LO], ps.sc[_HI]):  # the moves to main's head, last ones in order
         i = ps.ext[x % ps.ext.size]
         if ps.seq[i] >= 0:

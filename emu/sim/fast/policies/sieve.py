@@ -91,11 +91,7 @@ def _walk(ps, k, out):  # type: ignore[no-untyped-def]
 def select(ps, tab, cand, m, k, now, out):  # type: ignore[no-untyped-def]
     na = Q.offer(ps, cand, m, ps.arrv)
     k = min(k, m)
-    nv = _walk(ps, min(k, m - na), out)
-    Q.withdraw(ps, cand, m)
-    nv = Q.take_arriving(ps.arrv, na, out, nv, k)
-    Q.hold(ps, out, nv)
-    return nv
+    return Q.close_walk(ps, cand, m, na, out, _walk(ps, min(k, m - na), out), k)
 
 
 @njit(cache=True)

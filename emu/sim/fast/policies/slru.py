@@ -75,17 +75,12 @@ def select(ps, tab, cand, m, k, now, out):  # type: ignore[no-untyped-def]
             out[nv] = i
             nv += 1
             i = Q.next_offered(ps, ps.newer[i])
-    Q.withdraw(ps, cand, m)
-    nv = Q.take_arriving(ps.arrv, na, out, nv, k)
-    Q.hold(ps, out, nv)
-    return nv
+    return Q.close_walk(ps, cand, m, na, out, nv, k)
 
 
 @njit(cache=True)
 def on_evict(ps, e, t):  # type: ignore[no-untyped-def]
-    if not Q.pending(ps):
+    if not Q.leave_held(ps):
         return
-    for j in range(ps.sc[Q.NV]):
-        Q.leave(ps, ps.vic[j])
     na = Q.survivors(ps)
     _place(ps, ps.arrv, na)

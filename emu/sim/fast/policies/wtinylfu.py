@@ -309,41 +309,25 @@ def select(ps, tab, cand, m, k, now, out):  # type: ignore[no-untyped-def]
     else:
         nv, nm, nc = _walk(ps, min(k, m - na), out, ps.ws)
     ps.sc[_NM], ps.sc[_NC] = nm, nc
-    Q.withdraw(ps, cand, m)
-    nv = Q.take_arriving(ps.arrv, na, out, nv, k)
-    Q.hold(ps, out, nv)
-    return nv
-
-
-@njit(cache=True)
-def _ranks(ps):  # type: ignore[no-untyped-def]
-    """QueuePolicy.walk_rank of the held victims, into ``rank``."""
-    nv = ps.sc[Q.NV]
-    na = Q.offer(ps, ps.vic, nv, ps.arrv2)
-    if ps.main >= _QUEUE_MAIN:
-        got = _walk_queue_main(ps, nv - na, ps.rk, ps.ws2, L.V2, ps.vic, nv)[0]
-    else:
-        got = _walk(ps, nv - na, ps.rk, ps.ws2)[0]
-    Q.withdraw(ps, ps.vic, nv)
-    got = Q.take_arriving(ps.arrv2, na, ps.rk, got, nv)
-    for j in range(got):
-        ps.rank[ps.rk[j]] = j
-    ps.sc[Q.RANKED] = 1
+    return Q.close_walk(ps, cand, m, na, out, nv, k)
 
 
 @njit(cache=True)
 def priority(ps, tab, e, now):  # type: ignore[no-untyped-def]
-    if ps.sc[Q.RANKED] == 0:
-        _ranks(ps)
+    if ps.sc[Q.RANKED] == 0:  # QueuePolicy.walk_rank of the held victims, once a pass
+        nv, na = Q.offer_held(ps)
+        if ps.main >= _QUEUE_MAIN:
+            got = _walk_queue_main(ps, nv - na, ps.rk, ps.ws2, L.V2, ps.vic, nv)[0]
+        else:
+            got = _walk(ps, nv - na, ps.rk, ps.ws2)[0]
+        Q.keep_ranks(ps, na, got)
     return -ps.rank[e]
 
 
 @njit(cache=True)
 def on_evict(ps, e, t):  # type: ignore[no-untyped-def]
-    if not Q.pending(ps):
+    if not Q.leave_held(ps):
         return
-    for j in range(ps.sc[Q.NV]):
-        Q.leave(ps, ps.vic[j])
     if ps.main >= _QUEUE_MAIN:  # WTinyLfuPolicy.commit: out of the window, the main's pass
         for j in range(ps.sc[_NM]):
             Q.unlink(ps, ps.ws[_MOVED, j])

@@ -142,7 +142,10 @@ def _cli(*args):
 # The same command, in a process whose third run waits (the first two are written by
 # then), so the signal lands mid-way however fast the runs or slow this test's polling.
 _HOLD_THIRD = """
-import sys, time
+import signal, sys, time
+# A shell's background job starts with SIGINT ignored, and Python then keeps it ignored:
+# the user's Ctrl-C, which this test stands for, reaches a process that has the default.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from kvcxl.emu.experiments import runner
 real, calls = runner.run_one, []
 def held(r):

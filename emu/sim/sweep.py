@@ -318,12 +318,20 @@ def run_sweeps(
 
 @contextlib.contextmanager
 def _dask_client(address: str | None) -> Iterator[Any]:
-    """A client of the cluster at ``address``, or of a local one (one worker per core)."""
+    """A client of the cluster at ``address`` (the caller's default client when it is one of
+    that cluster), or of a local one (one worker per core)."""
     # lazy: dask is the optional 'cluster' extra (`kvcxl` names it when it is missing)
-    from dask.distributed import Client, LocalCluster
+    from dask.distributed import Client, LocalCluster, default_client
 
     cluster = None
     if address:
+        try:  # the caller's own client of that cluster, if it has one: one client, one loop
+            mine = default_client()
+        except ValueError:
+            mine = None
+        if mine is not None and mine.scheduler.address == address:
+            yield mine
+            return
         client = Client(address)
     else:
         cluster = LocalCluster(n_workers=os.cpu_count() or 1, threads_per_worker=1, processes=True)

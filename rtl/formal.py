@@ -123,6 +123,15 @@ class _Past:
         self.m.d.sync += r.eq(value)
         return r
 
+    def hold(self, s, name: str) -> None:
+        """The stream rule on ``s``: a beat back-pressured last cycle is offered again,
+        its payload unchanged."""
+        payload = Value.cast(s.payload)
+        stalled = self(s.valid & ~s.ready, f"{name}_stall")
+        held = self(payload, f"{name}_payload")
+        with self.m.If(self.valid & stalled):
+            self.m.d.comb += Assert(s.valid & (payload == held))
+
 
 class EvictionHarness(Elaboratable):
     def __init__(
@@ -216,10 +225,7 @@ class EvictionHarness(Elaboratable):
                 )
                 m.d.sync += [w_seen.eq(0), chosen.eq(0), emitted.eq(0), worse.eq(0), prev_ok.eq(0)]
         # Stream rule: a back-pressured beat stays, unchanged.
-        was_stalled = past(v.valid & ~v.ready, "vstall")
-        was_payload = past(v.payload.as_value(), "vpayload")
-        with m.If(past.valid & was_stalled):
-            m.d.comb += Assert(v.valid & (v.payload.as_value() == was_payload))
+        past.hold(v, "v")
         return m
 
 
@@ -374,11 +380,7 @@ class FrontEndHarness(Elaboratable):
             ]
         # Stream rule on every output: a stalled beat stays, unchanged.
         for name, s in (("ndr", ndr), ("drs", drs), ("touch", touch)):
-            stalled = past(s.valid & ~s.ready, f"{name}_stall")
-            payload = Value.cast(s.payload)
-            held = past(payload, f"{name}_payload")
-            with m.If(past.valid & stalled):
-                m.d.comb += Assert(s.valid & (payload == held))
+            past.hold(s, name)
         return m
 
 
@@ -595,10 +597,7 @@ class SlotQueueHarness(Elaboratable):
                 m.d.sync += got.eq(got + 1)
                 with m.If(v.payload.last):
                     m.d.sync += walking.eq(0)
-        stalled = past(v.valid & ~v.ready, "vstall")
-        held = past(v.payload.as_value(), "vpayload")
-        with m.If(past.valid & stalled):
-            m.d.comb += Assert(v.valid & (v.payload.as_value() == held))
+        past.hold(v, "v")
         return m
 
 
@@ -738,10 +737,7 @@ class TierBoundaryHarness(Elaboratable):
                     m.d.sync += downs.eq(downs + 1)
             with m.If(p.last):
                 m.d.sync += [planning.eq(0), downs.eq(0), ups.eq(0)]
-        stalled = past(mv.valid & ~mv.ready, "mstall")
-        held = past(mv.payload.as_value(), "mpayload")
-        with m.If(past.valid & stalled):
-            m.d.comb += Assert(mv.valid & (mv.payload.as_value() == held))
+        past.hold(mv, "m")
         return m
 
 
@@ -854,10 +850,7 @@ class RecordStreamHarness(Elaboratable):
                 Assert(wr_cmds == Mux(hold, 0, W)),
             ]
         for name, s in (("rd_cmd", rd_cmd), ("wr_cmd", wr_cmd), ("wr", wr)):
-            stalled = past(s.valid & ~s.ready, f"{name}_stall")
-            held = past(s.payload.as_value(), f"{name}_payload")
-            with m.If(past.valid & stalled):
-                m.d.comb += Assert(s.valid & (s.payload.as_value() == held))
+            past.hold(s, name)
         return m
 
 

@@ -27,6 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcxl.firmware import golden_clock as gc
+from kvcxl.firmware import golden_s3fifo as gs
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.policies.base import Policy, Tick, make_policy
 from kvcxl.firmware.table import EntryTable, grow
@@ -46,15 +47,25 @@ class SlotsExhausted(RuntimeError):
     exit_code = 1
 
 
-class GoldenEngine:
-    """The golden step behind the engine's command interface (no RTL)."""
+class IdsExceeded(RuntimeError):
+    """An entry id beyond the S3-FIFO engine's ghost: printed as one line."""
 
-    def __init__(self, slots: int, policy: str) -> None:
-        self.slots, self.policy = slots, policy
-        self.q: gc.SlotQueue | None = None
+    exit_code = 1
+
+
+class GoldenEngine:
+    """The golden step behind the engine's command interface (no RTL); ``ids``: the id
+    space of S3-FIFO's ghost."""
+
+    def __init__(self, slots: int, policy: str, ids: int = 0) -> None:
+        self.slots, self.policy, self.ids = slots, policy, ids
+        self.q: gc.SlotQueue | gs.S3Queue | None = None
 
     def reset(self, ref_ceiling: int) -> None:
-        self.q = gc.SlotQueue(self.slots, self.policy, ref_ceiling)
+        if self.policy == "s3fifo":
+            self.q = gs.S3Queue(self.slots, self.ids, ref_ceiling)
+        else:
+            self.q = gc.SlotQueue(self.slots, self.policy, ref_ceiling)
 
     def run(self, cmds: list[tuple[int, int, int, int]]) -> list[int]:
         assert self.q is not None, "reset() first"
@@ -81,8 +92,7 @@ class SlotPolicy(Policy):
         super().__init__(config, table)
         self.policy = policy
         self.engine = engine
-        bits = config.param("clock_bits") if policy == "clock" else 1
-        engine.reset(gc.ref_max(policy, bits))
+        engine.reset(self.ceiling(config))
         self.n_slots = engine.slots
         self.slot_of = np.full(16, -1, np.int64)  # entry → slot (-1: not in the engine)
         self.id_of = np.full(self.n_slots, -1, np.int64)
@@ -95,6 +105,11 @@ class SlotPolicy(Policy):
         self.ref = make_policy(policy, config, table) if check else None
         self.stats = {"walks": 0, "commands": 0, "victims": 0, "arrival_walks": 0}
         self.passes = 0  # passes since the step began (for messages)
+
+    def ceiling(self, config: PolicyConfig) -> int:
+        """The engine's counter ceiling (its ``ref_max``)."""
+        bits = config.param("clock_bits") if self.policy == "clock" else 1
+        return gc.ref_max(self.policy, bits)
 
     # --- storage ------------------------------------------------------------------------
     def ensure(self, n: int) -> None:
@@ -171,7 +186,17 @@ class SlotPolicy(Policy):
     def select(self, eligible: NDArray, k: int, tick: Tick, ordered: bool = True) -> NDArray:
         eligible = np.asarray(eligible, dtype=np.int64)
         want = self.ref.select(eligible, k, tick) if self.ref is not None else None
-        k = min(int(k), eligible.size)
+        got = self._walk(eligible, min(int(k), eligible.size))
+        self.walked = np.sort(got)
+        self.stats["victims"] += got.size
+        if want is not None:
+            self._compare(tick, np.asarray(want, np.int64), got)
+        self.passes += 1
+        return got
+
+    def _walk(self, eligible: NDArray, k: int) -> NDArray:
+        """The pass's victims: the engine's walk over the queued entries, then (the batch
+        alone overflows) its arrivals through a second walk."""
         held = np.isin(eligible, self.arriving)
         queued = eligible[~held]
         self._offer(queued)
@@ -187,11 +212,6 @@ class SlotPolicy(Policy):
             self._apply_deferred()
         else:
             self._place_arriving()
-        self.walked = np.sort(got)
-        self.stats["victims"] += got.size
-        if want is not None:
-            self._compare(tick, np.asarray(want, np.int64), got)
-        self.passes += 1
         return got
 
     def priority(self, ids: NDArray, tick: Tick) -> NDArray:
@@ -221,10 +241,14 @@ class SlotPolicy(Policy):
 
     def _insert_arriving(self, *, touches: bool = True) -> None:
         for i in self.arriving.tolist():
-            self.cmds.append((Op.INSERT, self._slot(i), 0, 0))
+            self.cmds.append((Op.INSERT, self._slot(i), self._insert_arg(i), 0))
         self.arriving = np.zeros(0, np.int64)
         if touches:
             self._apply_deferred()
+
+    def _insert_arg(self, i: int) -> int:
+        """INSERT's ``arg`` for entry ``i`` (CLOCK and SIEVE: none)."""
+        return 0
 
     def _apply_deferred(self) -> None:
         for op, i in self.deferred:
@@ -268,3 +292,59 @@ class SlotPolicy(Policy):
             f"step {tick.step}, pass {self.passes} of the step, victim {i}: the engine chose "
             f"{g}; the firmware's {self.policy} chose {w} ({got.size} vs {want.size} victims)"
         )
+
+
+class S3FifoSlotPolicy(SlotPolicy):
+    """The firmware's S3-FIFO with every victim chosen by the S3-FIFO engine
+    (:mod:`kvcxl.firmware.golden_s3fifo`): the host sends ADMIT as a batch arrives (the
+    firmware takes its ids out of the ghost then), INSERT with the entry id once the walk
+    is done, the parameters as SET commands when the capacity is known, and takes the
+    batch's own arrivals itself, lowest id first, when the batch alone overflows (the
+    batch rule, not S3-FIFO's: the firmware neither ghosts them nor moves them)."""
+
+    def __init__(
+        self, config: PolicyConfig, table: EntryTable, engine, *, check: bool = False
+    ) -> None:
+        super().__init__(config, table, engine, "s3fifo", check=check)
+        self.n_ids = int(engine.ids)
+
+    def ceiling(self, config: PolicyConfig) -> int:
+        return gs.ref_ceiling(config.param("s3fifo_move_threshold"))
+
+    def set_capacity(self, capacity: int) -> None:
+        super().set_capacity(capacity)
+        p = self.config.param
+        got = gs.settings(capacity, p("s3fifo_small_ratio"), p("s3fifo_ghost_ratio"),
+                          p("s3fifo_move_threshold"), self.n_ids)  # fmt: skip
+        self.cmds += [(gs.Op.SET, int(k), v, 0) for k, v in got.items()]
+
+    def on_insert(self, ids: NDArray, tick: Tick) -> None:
+        super().on_insert(ids, tick)
+        for i in np.asarray(ids, dtype=np.int64).tolist():
+            if i >= self.n_ids:
+                raise IdsExceeded(
+                    f"entry {i}: the S3-FIFO engine's ghost holds ids below {self.n_ids} "
+                    "(raise --ids)"
+                )
+            self.cmds.append((gs.Op.ADMIT, 0, i, 0))
+
+    def _insert_arg(self, i: int) -> int:
+        return i
+
+    def _walk(self, eligible: NDArray, k: int) -> NDArray:
+        held = np.isin(eligible, self.arriving)
+        self._offer(eligible[~held])
+        # k, not the queued share of it: a pass that evicts only arrivals still marks the
+        # cache as having evicted (the warm placement rule ends); the engine takes at most
+        # its offered slots
+        self.cmds.append((Op.WALK, 0, min(k, self.n_slots), 0))
+        got = self._ids(self._run())
+        if got.size < k:  # the batch alone overflows: its arrivals, lowest id first
+            self.stats["arrival_walks"] += 1
+            late = np.sort(eligible[held])[: k - got.size]
+            gone = set(late.tolist())
+            self.arriving = self.arriving[~np.isin(self.arriving, late)]
+            self.deferred = [d for d in self.deferred if d[1] not in gone]
+            got = np.concatenate([got, late])
+        self._place_arriving()
+        return got

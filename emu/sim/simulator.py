@@ -293,7 +293,9 @@ class _Replay:
             nvme_capacity=nvme_cap,
         )
         if policy is not None:
-            fw.use_policy(policy(fw.config, fw.table))
+            own = policy(fw.config, fw.table)
+            own.set_capacity(self.capacity)  # as the cache tells the policy it builds
+            fw.use_policy(own)
         fw.ensure(n_rows)
         for ctx, parent, blocks in stream.prefixes:
             fw.share_prefix(ctx, parent, blocks)

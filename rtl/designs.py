@@ -100,6 +100,12 @@ def _slot_queue(policy: str) -> Callable[..., Any]:
     return factory
 
 
+def _s3fifo(**p: Any) -> Any:
+    from .s3fifo import S3FifoEngine
+
+    return S3FifoEngine(p["entries"], p["ids"], defect=p.get("defect"))
+
+
 def _tier_boundary(**p: Any) -> Any:
     from .tier_boundary import TierBoundary
 
@@ -153,6 +159,11 @@ _ALL = (
            _slot_queue("sieve"), {"entries": 1024},
            formal={"sieve": ("keep_visited", "clear_stays")},
            bench="cocotb_slot_queue", model="slot_queue_model", bench_count=("commands", 400)),
+    Design("s3fifo", "s3fifo_engine",
+           "S3-FIFO: small and main queues over linked slots, an exact ghost of ids "
+           "(--entries slots; firmware/golden_s3fifo.py)",
+           _s3fifo, {"entries": 1024, "ids": 4096},
+           bench="cocotb_slot_queue", model="s3fifo_model", bench_count=("commands", 400)),
     Design("tier_boundary", "tier_boundary",
            "managed tiers' step boundary: CXL DRAM ↔ NVMe moves (firmware/tiering.py)",
            _tier_boundary, {"entries": 1024, "lanes": 1, "batch": 64},

@@ -8,7 +8,8 @@ the testbench packs and unpacks stream payloads with these same layouts
 from __future__ import annotations
 
 from amaranth.hdl import Shape, unsigned
-from amaranth.lib import data
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
 
 from kvcxl.firmware import fixedpoint as fx
 from kvcxl.firmware.config import PolicyConfig
@@ -191,7 +192,20 @@ def slot_victim_layout(index_bits: int) -> data.StructLayout:
 # off its counter (CLOCK: and moved it to the head; SIEVE: cleared its visited bit), or
 # evicted it.
 VISIT_SKIP, VISIT_DECREMENT, VISIT_VICTIM = 0, 1, 2
+VISIT_PROMOTE = 3  # S3-FIFO (rtl/s3fifo.py): small's slot moved to main's head
 
 
 def slot_visit_layout(index_bits: int) -> data.StructLayout:
     return data.StructLayout({"slot": unsigned(max(index_bits, 1)), "kind": unsigned(2)})
+
+
+def slot_engine_members(index_bits: int, arg_bits: int, ref_bits: int, ref_init: int) -> dict:
+    """The ports of a slot-queue engine (CLOCK, SIEVE, S3-FIFO): commands in, victims out,
+    the ``visit`` tap and the counter's ceiling ``ref_max`` (a level input)."""
+    tap = {"valid": Out(1), "payload": Out(slot_visit_layout(index_bits))}
+    return {
+        "cmd": In(stream.Signature(slot_cmd_layout(index_bits, arg_bits))),
+        "victim": Out(stream.Signature(slot_victim_layout(index_bits))),
+        "visit": Out(wiring.Signature(tap)),
+        "ref_max": In(ref_bits, init=ref_init),
+    }

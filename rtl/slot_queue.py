@@ -25,9 +25,8 @@ of the next one).
 from __future__ import annotations
 
 from amaranth.hdl import Module, Mux, Signal, unsigned
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
-from amaranth.lib.wiring import In, Out
 
 from kvcxl.firmware import golden_clock as gc
 
@@ -55,18 +54,7 @@ class SlotQueueEngine(wiring.Component):
         self.index_bits = max((slots - 1).bit_length(), 1)
         self.ptr_bits = slots.bit_length()  # a slot or NONE (= slots)
         self.count_bits = slots.bit_length()  # 0 … slots victims
-        super().__init__(
-            {
-                "cmd": In(stream.Signature(L.slot_cmd_layout(self.index_bits, self.count_bits))),
-                "victim": Out(stream.Signature(L.slot_victim_layout(self.index_bits))),
-                "visit": Out(
-                    wiring.Signature(
-                        {"valid": Out(1), "payload": Out(L.slot_visit_layout(self.index_bits))}
-                    )
-                ),
-                "ref_max": In(ref_bits, init=1),
-            }
-        )
+        super().__init__(L.slot_engine_members(self.index_bits, self.count_bits, ref_bits, 1))
 
     def elaborate(self, platform):
         m = Module()
@@ -137,15 +125,7 @@ class SlotQueueEngine(wiring.Component):
                             ]  # fmt: skip
                             m.d.sync += mover.eq(c.slot)
                             m.next = "LINK"
-                        with m.Case(Op.TOUCH):
-                            up = Mux(rec.ref >= self.ref_max, self.ref_max, rec.ref + 1)
-                            write_meta(c.slot, Mux(rec.fresh, rec.ref, up), 0, rec.offered, rec.inq)
-                        with m.Case(Op.RESET):
-                            write_meta(c.slot, 0, 0, rec.offered, rec.inq)
-                        with m.Case(Op.OFFER):
-                            on = c.arg[0] & rec.inq
-                            write_meta(c.slot, rec.ref, rec.fresh, on, rec.inq)
-                            m.d.sync += n_off.eq(n_off + on - rec.offered)
+                        entry_cases(m, c, rec, rec.inq, rec.inq, write_meta, n_off, self.ref_max)
                         with m.Case(Op.REMOVE):
                             with m.If(rec.inq):
                                 unlink(c.slot)
@@ -220,20 +200,41 @@ class SlotQueueEngine(wiring.Component):
                 m.d.comb += [nw.addr.eq(head), nw.data.eq(mover), nw.en.eq(1)]
                 m.d.sync += [head.eq(mover), cur.eq(nxt)]
                 m.next = "WALK"
-            with m.State("EMIT"):
-                m.d.comb += [
-                    v.valid.eq(1),
-                    v.payload.index.eq(vic),
-                    v.payload.last.eq(vic_last),
-                ]
-                with m.If(v.ready):
-                    m.d.sync += cur.eq(nxt)
-                    with m.If(vic_last):
-                        m.next = "IDLE"
-                    with m.Else():
-                        m.next = "WALK"
-            with m.State("EMPTY"):
-                m.d.comb += [v.valid.eq(1), v.payload.last.eq(1), v.payload.empty.eq(1)]
-                with m.If(v.ready):
-                    m.next = "IDLE"
+            hand_over(m, v, vic, vic_last, [cur.eq(nxt)])
         return m
+
+
+def entry_cases(m, c, rec, place, queued, write_meta, n_off, ref_max) -> None:
+    """The commands on one slot's counter and bits, as ``Case``s of a ``Switch`` on
+    ``c.op`` (golden_clock's TOUCH, RESET, OFFER), for every slot-queue engine: ``rec`` is
+    the slot's meta word, ``place`` what of it says where the slot is (written back as
+    read), ``queued`` whether it is in a queue, ``write_meta(slot, ref, fresh, offered,
+    place)`` writes the word."""
+    Op = gc.Op
+    with m.Case(Op.TOUCH):
+        up = Mux(rec.ref >= ref_max, ref_max, rec.ref + 1)
+        write_meta(c.slot, Mux(rec.fresh, rec.ref, up), 0, rec.offered, place)
+    with m.Case(Op.RESET):
+        write_meta(c.slot, 0, 0, rec.offered, place)
+    with m.Case(Op.OFFER):
+        on = c.arg[0] & queued
+        write_meta(c.slot, rec.ref, rec.fresh, on, place)
+        m.d.sync += n_off.eq(n_off + on - rec.offered)
+
+
+def hand_over(m, v, vic, vic_last, taken: list) -> None:
+    """A walk's last states, for every slot-queue engine: EMIT offers victim ``vic`` on
+    ``v`` (``taken`` happens as it moves; then IDLE after the last, else WALK); EMPTY
+    offers the empty beat of a walk with nothing to evict."""
+    with m.State("EMIT"):
+        m.d.comb += [v.valid.eq(1), v.payload.index.eq(vic), v.payload.last.eq(vic_last)]
+        with m.If(v.ready):
+            m.d.sync += taken
+            with m.If(vic_last):
+                m.next = "IDLE"
+            with m.Else():
+                m.next = "WALK"
+    with m.State("EMPTY"):
+        m.d.comb += [v.valid.eq(1), v.payload.last.eq(1), v.payload.empty.eq(1)]
+        with m.If(v.ready):
+            m.next = "IDLE"

@@ -1,10 +1,13 @@
-"""cocotb + pyuvm entry point: a slot-queue engine (CLOCK or SIEVE) on Verilator or Icarus.
+"""cocotb + pyuvm entry point: a slot-queue engine (CLOCK, SIEVE or S3-FIFO) on Verilator or
+Icarus.
 
-A pyuvm environment: a sequence of random host commands (``slot_queue_model.script``),
+A pyuvm environment: a sequence of random host commands (``slot_queue_model.script``;
+S3-FIFO's from ``s3fifo_model.script``),
 a driver that puts each on ``cmd`` through a stream Source (a WALK is done when its last
 victim has left), a monitor that groups the ``victim`` stream (a Sink with random
 back-pressure) into walks and one that counts the ``visit`` tap, and a scoreboard that
-predicts every walk with the golden step (:class:`kvcxl.firmware.golden_clock.SlotQueue`).
+predicts every walk with the golden step (:class:`kvcxl.firmware.golden_clock.SlotQueue`,
+:class:`kvcxl.firmware.golden_s3fifo.S3Queue`).
 Configuration in KVCXL_TB_CONFIG (JSON: design, commands, seed, results path).
 """
 
@@ -33,12 +36,28 @@ from pyuvm import (
 )
 
 from kvcxl.firmware import golden_clock as gc
+from kvcxl.firmware import golden_s3fifo as gs
 from kvcxl.rtl import layouts as L
+from kvcxl.rtl.s3fifo import arg_bits
+from kvcxl.tb import s3fifo_model
 from kvcxl.tb.slot_queue_model import SLOTS, script
 from kvcxl.tb.streams import Clock, Monitor, Pause, Sink, Source
 
 STALL = 0.3  # probability that victim is not ready in a cycle
-KINDS = {L.VISIT_SKIP: "skipped", L.VISIT_DECREMENT: "decremented", L.VISIT_VICTIM: "evicted"}
+KINDS = {L.VISIT_SKIP: "skipped", L.VISIT_DECREMENT: "decremented", L.VISIT_VICTIM: "evicted",
+         L.VISIT_PROMOTE: "promoted"}  # fmt: skip
+
+
+def model(design: str, ceiling: int = 1):
+    """(``script(n, rng)``, the golden step for ``ceiling``, the width of ``arg``)."""
+    if design == "s3fifo":
+        ids = s3fifo_model.IDS
+        return s3fifo_model.script, gs.S3Queue(SLOTS, ids, ceiling), arg_bits(SLOTS, ids)
+    return (
+        (lambda n, rng: script(design, n, rng)),
+        gc.SlotQueue(SLOTS, design, ceiling),
+        (SLOTS.bit_length()),
+    )
 
 
 class CmdItem(uvm_sequence_item):
@@ -65,8 +84,8 @@ class Bus:
     """The engine's pins through the stream BFMs: Source on cmd, Sink on victim, Monitor on
     the visit tap; ``walks`` receives each walk's victims when its last beat has moved."""
 
-    def __init__(self, dut, rng: random.Random, ceiling: int) -> None:
-        ib, cb = max((SLOTS - 1).bit_length(), 1), SLOTS.bit_length()
+    def __init__(self, dut, rng: random.Random, ceiling: int, cb: int) -> None:
+        ib = max((SLOTS - 1).bit_length(), 1)
         dut.ref_max.value = ceiling
         self.clock = Clock(dut)
         self.cmd = Source(self.clock, "cmd", L.slot_cmd_layout(ib, cb))
@@ -132,7 +151,7 @@ class Scoreboard(uvm_component):
 
     def build_phase(self):
         cfg = ConfigDB().get(self, "", "CFG")
-        self.golden = gc.SlotQueue(SLOTS, cfg["design"], cfg["ref_max"])
+        _, self.golden, _ = model(cfg["design"], cfg["ref_max"])
         self.want: deque[list[int]] = deque()
         self.walks = self.victims = self.empty = 0
         self.bad: list[str] = []
@@ -171,9 +190,10 @@ class SlotQueueTest(uvm_test):
     def build_phase(self):
         cfg = json.loads(os.environ["KVCXL_TB_CONFIG"])
         rng = random.Random(cfg["seed"])
-        ceiling, self.cmds, _ = script(cfg["design"], cfg["commands"], rng)
+        run, _, cb = model(cfg["design"])
+        ceiling, self.cmds, _ = run(cfg["commands"], rng)
         self.cfg = {**cfg, "ref_max": ceiling}
-        self.bus = Bus(cocotb.top, rng, ceiling)
+        self.bus = Bus(cocotb.top, rng, ceiling, cb)
         self.visits = dict.fromkeys(KINDS.values(), 0)
         self.bus.visit.on_beat.append(self._on_visit)
         ConfigDB().set(None, "*", "BUS", self.bus)

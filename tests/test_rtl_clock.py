@@ -13,15 +13,19 @@ HANG = 2000  # cycles a walk may take here (8 slots, counters of at most 3 bits)
 
 
 def _run(policy: str, seed: int, n: int = 300, defect: str | None = None) -> tuple[list, list]:
-    from amaranth.sim import Simulator
-
     from kvcxl.rtl.slot_queue import SlotQueueEngine
     from kvcxl.tb.slot_queue_model import SLOTS, script
 
     rng = random.Random(seed)
     ceiling, cmds, want = script(policy, n, rng)
-    dut = SlotQueueEngine(SLOTS, policy, defect=defect)
-    got: list[list[int]] = []
+    return drive(SlotQueueEngine(SLOTS, policy, defect=defect), ceiling, cmds, rng), want
+
+
+def drive(dut, ceiling: int, cmds: list, rng: random.Random) -> list:
+    """Every WALK's victims from ``dut`` (a slot-queue engine) in Amaranth's simulator."""
+    from amaranth.sim import Simulator
+
+    got: list[list] = []
 
     async def bench(ctx):
         ctx.set(dut.ref_max, ceiling)
@@ -54,7 +58,7 @@ def _run(policy: str, seed: int, n: int = 300, defect: str | None = None) -> tup
     sim.add_clock(1e-6)
     sim.add_testbench(bench)
     sim.run()
-    return got, want
+    return got
 
 
 @pytest.mark.parametrize("policy", ["clock", "sieve"])

@@ -323,8 +323,7 @@ class S3FifoSlotPolicy(SlotPolicy):
         for i in np.asarray(ids, dtype=np.int64).tolist():
             if i >= self.n_ids:
                 raise IdsExceeded(
-                    f"entry {i}: the S3-FIFO engine's ghost holds ids below {self.n_ids} "
-                    "(raise --ids)"
+                    f"entry {i}: the S3-FIFO engine's ghost holds ids below {self.n_ids}"
                 )
             self.cmds.append((gs.Op.ADMIT, 0, i, 0))
 

@@ -473,17 +473,21 @@ def slot_layout_header(top) -> str:
 
 
 class SlotEngine(_DriverHandle):
-    """One Verilated slot-queue engine (``policy`` = clock or sieve) with ``slots`` slots:
-    ``reset(ref_max)`` and ``run(commands) -> victim slots`` (the golden step's interface,
+    """One Verilated slot-queue engine (``policy`` = clock, sieve or s3fifo, whose ghost
+    holds ``ids`` entry ids) with ``slots`` slots: ``reset(ref_max)`` and
+    ``run(commands) -> victim slots`` (the golden step's interface,
     :class:`kvcxl.rtl.slot_policy.GoldenEngine`)."""
 
-    def __init__(self, slots: int, policy: str, defect: str | None = None) -> None:
+    def __init__(
+        self, slots: int, policy: str, defect: str | None = None, ids: int | None = None
+    ) -> None:
         from .designs import get
         from .export import build as build_design
         from .export import to_verilog
 
         d = get(policy)
-        design = build_design(policy, entries=slots, defect=defect)
+        design = build_design(policy, entries=slots, defect=defect,
+                              **({"ids": ids} if ids is not None else {}))  # fmt: skip
         verilog = to_verilog(design, d.module)
         src = {
             "slot_layout.h": slot_layout_header(design),
@@ -492,7 +496,7 @@ class SlotEngine(_DriverHandle):
             "harness.h": COMMON.read_text(),
             "slot_driver.cpp": SLOT_DRIVER.read_text(),
         }
-        self.slots, self.policy, self.defect = slots, policy, defect
+        self.slots, self.policy, self.defect, self.ids = slots, policy, defect, ids
         self.lib_path, self.build_s = build_library(src, "slot_driver.cpp")
         lib = self._load(self.lib_path)
         lib.kv_reset.argtypes = [ctypes.c_void_p, ctypes.c_uint32]

@@ -80,10 +80,11 @@ SIM_OPTIONS = (
     *shape_options(1024, 4, 64),
     opt(
         "--policy",
-        choices=("ema", "clock", "sieve"),
+        choices=("ema", "clock", "sieve", "s3fifo"),
         default="ema",
-        help="ema: the PolicyEngine (scoring + top-k); clock, sieve: the slot-queue engine "
-        "with --entries slots (one per resident entry; --lanes and --batch do not apply)",
+        help="ema: the PolicyEngine (scoring + top-k); clock, sieve, s3fifo: the slot-queue "
+        "engine with --entries slots (one per resident entry; --lanes and --batch do not "
+        "apply; s3fifo's ghost holds the trace's entry ids)",
     ),
     opt(
         "--records",

@@ -19,11 +19,11 @@ from kvcxl.emu.sim.simulator import SimOptions, simulate, victims_table
 from kvcxl.emu.workloads.stream import ReadStream
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.rtl.engine_policy import EnginePolicy
-from kvcxl.rtl.slot_policy import SlotPolicy
+from kvcxl.rtl.slot_policy import S3FifoSlotPolicy, SlotPolicy
 from kvcxl.rtl.verilated import EngineShape, SlotEngine, VerilatedEngine
 from kvcxl.rtl.verilated_records import DramShape, RecordEngine
 
-SLOT_POLICIES = ("clock", "sieve")
+SLOT_POLICIES = ("clock", "sieve", "s3fifo")
 POLICIES = ("ema", *SLOT_POLICIES)
 
 
@@ -40,8 +40,9 @@ def run_stream(
 ) -> dict[str, Any]:
     """Replay ``stream`` with the RTL choosing every victim; the simulator's result plus the
     harness's figures, and ``victims`` (the columns of ``victims_table``).  ``policy``:
-    ``ema`` (the PolicyEngine) or ``clock`` / ``sieve`` (the slot-queue engine with
-    ``shape.entries`` slots; lanes and batch do not apply).  ``dram``: the EMA engine with its
+    ``ema`` (the PolicyEngine) or ``clock`` / ``sieve`` / ``s3fifo`` (the slot-queue engine
+    with ``shape.entries`` slots, S3-FIFO's ghost over the trace's entry ids; lanes and batch
+    do not apply).  ``dram``: the EMA engine with its
     records in device DRAM (RecordStreamEngine) behind that DRAM model, its table sized to
     the trace's record count (``shape.entries`` does not apply)."""
     if policy in SLOT_POLICIES:
@@ -108,7 +109,7 @@ def _run_slots(
     config: PolicyConfig | None,
     progress: Callable[[int], None] | None,
 ) -> dict[str, Any]:
-    """The replay with a slot-queue engine (CLOCK or SIEVE) choosing every victim."""
+    """The replay with a slot-queue engine (CLOCK, SIEVE or S3-FIFO) choosing every victim."""
     total = stream.n_entries * stream.shape.entry_bytes
     opts = SimOptions(
         policy=policy,
@@ -117,11 +118,15 @@ def _run_slots(
         record_victims=True,
         engine="numpy",
     )
-    engine = SlotEngine(shape.entries, policy, shape.defect)
+    s3 = policy == "s3fifo"
+    engine = SlotEngine(shape.entries, policy, shape.defect, ids=stream.n_entries if s3 else None)
     made: list[SlotPolicy] = []
 
     def factory(cfg: PolicyConfig, table) -> SlotPolicy:
-        made.append(SlotPolicy(cfg, table, engine, policy, check=check))
+        if s3:
+            made.append(S3FifoSlotPolicy(cfg, table, engine, check=check))
+        else:
+            made.append(SlotPolicy(cfg, table, engine, policy, check=check))
         return made[0]
 
     t0 = time.perf_counter()
@@ -136,6 +141,7 @@ def _run_slots(
             "evidence": "Simulated (Verilator)",
             "design": policy,
             "slots": shape.entries,
+            **({"ids": stream.n_entries} if s3 else {}),
             "defect": shape.defect,
             "checked": check,
             **made[0].stats,

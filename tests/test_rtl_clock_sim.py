@@ -1,12 +1,12 @@
-"""`kvcxl rtl sim --policy clock|sieve`: whole traces with the Verilated slot-queue engine
-choosing every victim, checked against the firmware's own CLOCK and SIEVE.
+"""`kvcxl rtl sim --policy clock|sieve|s3fifo`: whole traces with the Verilated slot-queue
+engine choosing every victim, checked against the firmware's own CLOCK, SIEVE and S3-FIFO.
 
-`--check` compares every pass in lockstep with firmware/policies/clock.py or sieve.py;
-the dumped victims must also equal, line for line (the priority column aside: a walk has
-no per-entry key, the firmware prints its closed form there), those of an independent
-`kvcxl simulate --policy clock|sieve` run.  Sparse reads (top-4 per head) make reuse,
-and so the counters, decide victims.  A walk that ignores the offered bit must stop
-`--check`.  Each engine (1 024 slots) is built once by Verilator and cached.
+`--check` compares every pass in lockstep with firmware/policies/clock.py, sieve.py or
+s3fifo.py; the dumped victims must also equal, line for line (the priority column aside: a
+walk has no per-entry key, the firmware prints its closed form there), those of an
+independent `kvcxl simulate --policy clock|sieve|s3fifo` run.  Sparse reads (top-4 per
+head) make reuse, and so the counters, decide victims.  A walk that ignores the offered
+bit must stop `--check`.  Each engine (1 024 slots) is built once by Verilator and cached.
 """
 
 from __future__ import annotations
@@ -38,7 +38,13 @@ def _rows(path: Path) -> list[str]:
 
 @pytest.mark.parametrize(
     ("policy", "bits", "workload"),
-    [("clock", 1, "uniform"), ("clock", 3, "zipf-sessions"), ("sieve", None, "uniform")],
+    [
+        ("clock", 1, "uniform"),
+        ("clock", 3, "zipf-sessions"),
+        ("sieve", None, "uniform"),
+        ("s3fifo", None, "zipf-sessions"),
+        ("s3fifo", None, "uniform"),
+    ],
 )
 def test_engine_victims_equal_the_firmware_over_a_whole_trace(tmp_path, policy, bits, workload):
     trace = _trace(tmp_path, workload)
@@ -58,10 +64,11 @@ def test_engine_victims_equal_the_firmware_over_a_whole_trace(tmp_path, policy, 
     assert r["design"] == policy and r["walks"] > 0 and r["cycles"] > 0
 
 
-def test_planted_defect_stops_check(tmp_path, capsys):
+@pytest.mark.parametrize("policy", ["clock", "s3fifo"])
+def test_planted_defect_stops_check(tmp_path, capsys, policy):
     trace = _trace(tmp_path, "uniform")
     capsys.readouterr()
-    rc = main(["rtl", "sim", "--trace", str(trace), "--budget", "10%", "--policy", "clock",
+    rc = main(["rtl", "sim", "--trace", str(trace), "--budget", "10%", "--policy", policy,
                "--check", "--defect", "--no-progress"])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert rc == 1

@@ -163,6 +163,7 @@ _ALL = (
            "S3-FIFO: small and main queues over linked slots, an exact ghost of ids "
            "(--entries slots; firmware/golden_s3fifo.py)",
            _s3fifo, {"entries": 1024, "ids": 4096},
+           formal={"s3fifo": ("offer_ignored", "stuck_cursor", "main_clears")},
            bench="cocotb_slot_queue", model="s3fifo_model", bench_count=("commands", 400)),
     Design("tier_boundary", "tier_boundary",
            "managed tiers' step boundary: CXL DRAM ↔ NVMe moves (firmware/tiering.py)",

@@ -31,6 +31,11 @@ the defect each must catch are the designs' entries in :mod:`kvcxl.rtl.designs`)
     walk against the golden step (:class:`SlotQueueHarness`): at the golden walk's next
     slot, a victim resident, unpinned and at 0, a counter taken down by one (a visited
     bit cleared) only where the policy says, min(k, offered) victims, held when stalled.
+``s3fifo``
+    the S3-FIFO engine under free host commands and back-pressure against the harness's
+    copy of the golden step (:class:`S3FifoHarness`): a victim resident and unpinned (at
+    0 in main, below the threshold in small), cursors that advance, counters moved only as
+    the rule says, each INSERT's queue (a ghost hit enters main), the walk's stream.
 ``tier_boundary``
     the managed tiers' step boundary over any sweep, threshold, budget and rooms, each
     move against the firmware's plan (:class:`TierBoundaryHarness`): downs only below
@@ -58,6 +63,7 @@ import re
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +92,7 @@ from .eviction import EvictionEngine
 from .frontend import CxlMemFrontEnd
 from .hdm import HPA_BITS, HdmDecode
 from .record_stream import RecordStreamEngine
+from .s3fifo import S3FifoEngine
 from .scoring import DEPTH, ScoringEngine
 from .slot_queue import SlotQueueEngine
 from .tier_boundary import TierBoundary
@@ -524,20 +531,8 @@ class SlotQueueHarness(Elaboratable):
                         with m.Case(Op.INSERT):
                             m.d.sync += [inq[i].eq(1), off[i].eq(0), ref[i].eq(0), fresh[i].eq(1)]
                             m.d.sync += [pos[i].eq(seq), seq.eq(seq + 1)]
-                        with m.Case(Op.TOUCH):
-                            with m.If(fresh[i]):
-                                m.d.sync += fresh[i].eq(0)
-                            with m.Elif(ref[i] < dut.ref_max):
-                                m.d.sync += ref[i].eq(ref[i] + 1)
-                            with m.Else():
-                                m.d.sync += ref[i].eq(dut.ref_max)
-                        with m.Case(Op.RESET):
-                            m.d.sync += [ref[i].eq(0), fresh[i].eq(0)]
-                        with m.Case(Op.OFFER):
-                            m.d.sync += off[i].eq(c.arg[0] & inq[i])
-                        with m.Case(Op.REMOVE):
-                            m.d.sync += [inq[i].eq(0), off[i].eq(0)]
-                            with m.If(inq[i] & (hand == i)):
+                        with _copy_entry_cases(m, dut, i, inq[i], inq[i], off, ref, fresh):
+                            with m.If(inq[i] & (hand == i)):  # REMOVE: the hand moves on
                                 m.d.sync += hand.eq(newer(i))
         # Every decision of the walk against the harness's copy.
         last_skip = Signal(range(n + 1), init=n)  # the slot just stepped over (n: none)
@@ -572,33 +567,209 @@ class SlotQueueHarness(Elaboratable):
                                     m.d.sync += hand.eq(newer(i))
                         with m.Default():
                             m.d.comb += Assert(0)
-        # A walk hands over exactly min(k, offered) victims, those it visited.
-        offered = sum(off[i] for i in range(n))
-        want, got = Signal(range(n + 1)), Signal(range(n + 1))
-        walking = Signal()
+        kk = _walk_stream(m, past, dut, sum(off[i] for i in range(n)), last_victim)
         with m.If(fire & (c.op == Op.WALK)):
-            kk = Mux(c.arg < offered, c.arg, offered)
             start = tail if clock else Mux(Array([*inq, Const(0)])[hand], hand, NONE)
-            m.d.sync += [want.eq(kk), got.eq(0), walking.eq(1)]
             m.d.sync += [found.eq(kk), keep.eq(c.keep), look.eq(start)]
-        m.d.comb += Assert(~(fire & walking))  # no command while a walk is open
-        m.d.comb += Assert(~tap.valid | walking)
-        with m.If(v.valid):
-            m.d.comb += Assert(walking)
-            with m.If(v.payload.empty):
-                m.d.comb += Assert(v.payload.last & (want == 0))
-            with m.Else():
-                m.d.comb += [
-                    Assert(v.payload.index == last_victim),
-                    Assert(got < want),
-                    Assert(v.payload.last == (got + 1 == want)),
-                ]
-            with m.If(v.ready):
-                m.d.sync += got.eq(got + 1)
-                with m.If(v.payload.last):
-                    m.d.sync += walking.eq(0)
-        past.hold(v, "v")
         return m
+
+
+class S3FifoHarness(Elaboratable):
+    """S3-FIFO under free host commands (its four parameters SET at any time) and free
+    back-pressure on ``victim``.
+
+    The harness keeps its own copy, from the commands and the engine's taps, of what the
+    golden step (:mod:`kvcxl.firmware.golden_s3fifo`) defines: per slot its queue, offered,
+    fresh, counter and entry id; per id whether the ghost holds it, in which order
+    (sequence numbers: the oldest has the smallest) and its ``back`` bit; the parameters
+    and whether a walk has asked for a victim.  Against it:
+
+    * a victim is in a queue and offered (resident, unpinned): at 0 in main, below the
+      threshold in small; a small victim's id enters the copy's ghost, which drops its
+      oldest id past the ghost's length;
+    * a cursor advances: no slot is stepped over twice in a row, and a slot stepped over
+      is in a queue and not offered;
+    * counters change as the rule says: main's move is of an offered slot above 0 and
+      leaves min(counter, 3) − 1, small's move to main of one at or above the threshold
+      leaves 0 (a counter the engine changes otherwise shows at its next look);
+    * a ghost hit enters main: each INSERT's queue (the ``placed`` tap) is main exactly
+      when the id's ``back`` bit is set or no walk has asked for a victim and small holds
+      ``small_full`` or more;
+    * the walk's stream, as CLOCK's and SIEVE's (:func:`_walk_stream`).
+
+    The host's rules are assumed: INSERT names a slot in no queue and an id no queued slot
+    holds; ids below ``ids``.  Sequence numbers are 6 bits (one per cycle at most)."""
+
+    SEQ_BITS = 6
+    SHAPE = {"slots": 2, "ids": 2, "ref_bits": 2}  # counters to 3: main's cap
+
+    def __init__(self, defect: str | None = None):
+        self.dut = S3FifoEngine(**self.SHAPE, defect=defect)
+
+    def elaborate(self, platform):
+        from kvcxl.firmware import golden_s3fifo as gs
+        from kvcxl.firmware.policies.s3fifo import MAIN_CAP
+
+        from . import layouts as L
+
+        m, dut, past = _start(self.dut)
+        n, ids, Op, P, SMALL, MAIN = dut.slots, dut.ids, gs.Op, gs.Param, gs.SMALL, gs.MAIN
+        cmd, tap, c = dut.cmd, dut.visit, dut.cmd.payload
+        fire = cmd.valid & cmd.ready
+        m.d.comb += [
+            cmd.valid.eq(AnySeq(1)),
+            c.eq(AnySeq(len(c.as_value()))),
+            dut.victim.ready.eq(AnySeq(1)),
+            dut.ref_max.eq(AnyConst(dut.ref_bits)),
+            Assume(dut.ref_max >= 1),
+            Assume(c.slot < Mux(c.op == Op.SET, len(P), n)),
+            Assume(((c.op != Op.ADMIT) & (c.op != Op.INSERT)) | (c.arg < ids)),
+        ]
+        q = [Signal(2, name=f"q{i}") for i in range(n)]
+        off = [Signal(name=f"off{i}") for i in range(n)]
+        fresh = [Signal(name=f"fresh{i}") for i in range(n)]
+        ref = [Signal(dut.ref_bits, name=f"ref{i}") for i in range(n)]
+        idn = [Signal(range(ids), name=f"id{i}") for i in range(n)]
+        member = [Signal(name=f"member{j}") for j in range(ids)]
+        back = [Signal(name=f"back{j}") for j in range(ids)]
+        gpos = [Signal(self.SEQ_BITS, name=f"gpos{j}") for j in range(ids)]
+        gseq = Signal(self.SEQ_BITS)
+        par = {p: Signal.like(c.arg, name=f"par_{p.name.lower()}") for p in P}
+        evicted = Signal()
+        n_small = sum(q[i] == SMALL for i in range(n))
+        n_ghost = sum(member)
+        oldest, oldest_pos = Const(ids, range(ids + 1)), Const(0, self.SEQ_BITS)
+        for j in range(ids):
+            take = member[j] & ((oldest == ids) | (gpos[j] < oldest_pos))
+            oldest, oldest_pos = Mux(take, j, oldest), Mux(take, gpos[j], oldest_pos)
+
+        with m.If(cmd.valid & (c.op == Op.INSERT)):  # the host's rule
+            for i in range(n):
+                m.d.comb += Assume((q[i] == 0) | ((c.slot != i) & (idn[i] != c.arg)))
+        with m.If(fire):
+            with m.Switch(c.op):
+                with m.Case(Op.SET):
+                    for p in P:
+                        with m.If(c.slot == p):
+                            m.d.sync += par[p].eq(c.arg)
+                with m.Case(Op.ADMIT):
+                    for j in range(ids):
+                        with m.If(c.arg == j):
+                            m.d.sync += [back[j].eq(member[j]), member[j].eq(0)]
+                with m.Case(Op.WALK):
+                    m.d.sync += evicted.eq(evicted | (c.arg != 0))
+        for i in range(n):
+            with m.If(fire & (c.slot == i)):
+                with m.Switch(c.op):
+                    with m.Case(Op.INSERT):
+                        warm = ~evicted & (n_small >= par[P.SMALL_FULL])
+                        to_main = Array(back)[c.arg] | warm
+                        placed = dut.placed
+                        m.d.comb += Assert(placed.valid & (placed.main == to_main))
+                        m.d.sync += [q[i].eq(Mux(to_main, MAIN, SMALL)), off[i].eq(0)]
+                        m.d.sync += [ref[i].eq(0), fresh[i].eq(1), idn[i].eq(c.arg)]
+                    with _copy_entry_cases(m, dut, i, q[i], q[i] != 0, off, ref, fresh):
+                        pass
+        # Every decision of the walk against the copy.
+        last_skip = Signal(range(n + 1), init=n)  # the slot just stepped over (n: none)
+        last_victim = Signal(range(n))
+        with m.If(tap.valid):
+            t, kind = tap.payload.slot, tap.payload.kind
+            m.d.comb += [Assert(t < n), Assert(t != last_skip)]
+            m.d.sync += last_skip.eq(Mux(kind == L.VISIT_SKIP, t, n))
+            for i in range(n):
+                with m.If(t == i):
+                    with m.Switch(kind):
+                        with m.Case(L.VISIT_SKIP):
+                            m.d.comb += Assert((q[i] != 0) & ~off[i])
+                        with m.Case(L.VISIT_DECREMENT):
+                            m.d.comb += Assert((q[i] == MAIN) & off[i] & (ref[i] != 0))
+                            capped = Mux(ref[i] > MAIN_CAP, MAIN_CAP, ref[i])
+                            m.d.sync += ref[i].eq(capped - 1)
+                        with m.Case(L.VISIT_PROMOTE):
+                            m.d.comb += Assert((q[i] == SMALL) & off[i])
+                            m.d.comb += Assert(ref[i] >= par[P.THRESHOLD])
+                            m.d.sync += [q[i].eq(MAIN), ref[i].eq(0)]
+                        with m.Case(L.VISIT_VICTIM):
+                            m.d.comb += Assert((q[i] != 0) & off[i])  # resident, unpinned
+                            low = Mux(q[i] == MAIN, ref[i] == 0, ref[i] < par[P.THRESHOLD])
+                            m.d.comb += Assert(low)
+                            m.d.sync += [q[i].eq(0), off[i].eq(0), last_victim.eq(i)]
+                            with m.If((q[i] == SMALL) & (par[P.GHOST_LEN] != 0)):
+                                self._ghost_push(m, idn[i], member, gpos, gseq, oldest,
+                                                 n_ghost + 1 > par[P.GHOST_LEN])  # fmt: skip
+        _walk_stream(m, past, dut, sum(off), last_victim)
+        return m
+
+    @staticmethod
+    def _ghost_push(m, i, member, gpos, gseq, oldest, over) -> None:
+        """Id ``i`` enters the copy's ghost (one there keeps its place); ``over``: its
+        oldest id leaves."""
+        for j in range(len(member)):
+            with m.If((i == j) & ~member[j]):
+                m.d.sync += [member[j].eq(1), gpos[j].eq(gseq), gseq.eq(gseq + 1)]
+                with m.If(over):
+                    for k in range(len(member)):
+                        with m.If(oldest == k):
+                            m.d.sync += member[k].eq(0)
+
+
+@contextmanager
+def _copy_entry_cases(m: Module, dut, i: int, place: Signal, queued, off, ref, fresh):
+    """A harness copy's TOUCH, RESET, OFFER and REMOVE of slot ``i``, as ``Case``s of a
+    ``Switch`` on the command (golden_clock's rules, every slot-queue engine's): ``place``
+    is where the copy has the slot (0: in no queue), ``queued`` whether it is in one; the
+    body runs inside REMOVE's case."""
+    from kvcxl.firmware.golden_clock import Op
+
+    with m.Case(Op.TOUCH):
+        with m.If(fresh[i]):
+            m.d.sync += fresh[i].eq(0)
+        with m.Elif(ref[i] < dut.ref_max):
+            m.d.sync += ref[i].eq(ref[i] + 1)
+        with m.Else():
+            m.d.sync += ref[i].eq(dut.ref_max)
+    with m.Case(Op.RESET):
+        m.d.sync += [ref[i].eq(0), fresh[i].eq(0)]
+    with m.Case(Op.OFFER):
+        m.d.sync += off[i].eq(dut.cmd.payload.arg[0] & queued)
+    with m.Case(Op.REMOVE):
+        m.d.sync += [place.eq(0), off[i].eq(0)]
+        yield
+
+
+def _walk_stream(m: Module, past: _Past, dut, offered, last_victim: Signal):
+    """A slot-queue engine's walks as streams: a WALK hands over exactly min(k, offered)
+    victims (``kk``, returned), each the slot its tap last evicted (``last_victim``),
+    ``last`` on the final one and an ``empty`` beat when there are none; no command and
+    no tap outside a walk; the victim beat holds while stalled."""
+    from kvcxl.firmware.golden_clock import Op
+
+    cmd, v, c = dut.cmd, dut.victim, dut.cmd.payload
+    fire = cmd.valid & cmd.ready
+    want, got = Signal.like(c.arg, name="want"), Signal.like(c.arg, name="got")
+    walking = Signal()
+    kk = Mux(c.arg < offered, c.arg, offered)
+    with m.If(fire & (c.op == Op.WALK)):
+        m.d.sync += [want.eq(kk), got.eq(0), walking.eq(1)]
+    m.d.comb += Assert(~(fire & walking))  # no command while a walk is open
+    m.d.comb += Assert(~dut.visit.valid | walking)
+    with m.If(v.valid):
+        m.d.comb += Assert(walking)
+        with m.If(v.payload.empty):
+            m.d.comb += Assert(v.payload.last & (want == 0))
+        with m.Else():
+            m.d.comb += [
+                Assert(v.payload.index == last_victim),
+                Assert(got < want),
+                Assert(v.payload.last == (got + 1 == want)),
+            ]
+        with m.If(v.ready):
+            m.d.sync += got.eq(got + 1)
+            with m.If(v.payload.last):
+                m.d.sync += walking.eq(0)
+    past.hold(v, "v")
+    return kk
 
 
 class TierBoundaryHarness(Elaboratable):
@@ -907,6 +1078,10 @@ def _slot_harness(policy: str, depth: int):
     return make
 
 
+def _s3fifo_harness(defect: str | None):
+    return S3FifoHarness(defect), {**S3FifoHarness.SHAPE, "defect": defect}, 12
+
+
 def _tier_boundary_harness(defect: str | None):
     return TierBoundaryHarness(defect), {**TierBoundaryHarness.SHAPE, "defect": defect}, 12
 
@@ -919,6 +1094,7 @@ def _record_stream_harness(defect: str | None):
 HARNESSES = {
     "clock": _slot_harness("clock", 10),
     "sieve": _slot_harness("sieve", 10),
+    "s3fifo": _s3fifo_harness,
     "tier_boundary": _tier_boundary_harness,
     "record_stream": _record_stream_harness,
     "eviction": _eviction_harness,

@@ -24,10 +24,12 @@ on, 2 more per move (its links), 1-3 more per small victim (its id into the ghos
 oldest id out) and 1 per victim handed over (``victim`` ready).
 
 ``visit`` taps every decision as golden_clock's engines do, with ``VISIT_PROMOTE`` for a
-slot small moves to main (``VISIT_DECREMENT``: main's move to its head).
+slot small moves to main (``VISIT_DECREMENT``: main's move to its head); ``placed`` taps
+the queue each INSERT chooses (``main``), for the formal check of the ghost.
 
-Planted defects (``defect=``): ``victim_unoffered`` (the walk ignores the offered bit),
-``stuck_hand`` (a cursor does not step past a slot it may not evict), ``main_clears``
+Planted defects (``defect=``; named apart from CLOCK's, since a defect names its check):
+``offer_ignored`` (the walk ignores the offered bit), ``stuck_cursor`` (a cursor does not
+step past a slot it may not evict), ``main_clears``
 (main's move sets the counter to 0, not min(counter, 3) − 1), ``ghost_to_small`` (an id
 found in the ghost enters small, not main).
 """
@@ -37,6 +39,7 @@ from __future__ import annotations
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import Out
 
 from kvcxl.firmware import golden_s3fifo as gs
 from kvcxl.firmware.policies.s3fifo import MAIN_CAP
@@ -44,34 +47,42 @@ from kvcxl.firmware.policies.s3fifo import MAIN_CAP
 from . import layouts as L
 from .slot_queue import entry_cases, hand_over
 
-DEFECTS = (None, "victim_unoffered", "stuck_hand", "main_clears", "ghost_to_small")
+DEFECTS = (None, "offer_ignored", "stuck_cursor", "main_clears", "ghost_to_small")
 REF_BITS = 5  # the counter's ceiling is max(threshold, 3) <= 16
 Op, P, SMALL, MAIN = gs.Op, gs.Param, gs.SMALL, gs.MAIN
 
 
-def arg_bits(slots: int, ids: int) -> int:
+def arg_bits(slots: int, ids: int, ref_bits: int = REF_BITS) -> int:
     """``arg``'s width: a victim count (<= slots), an entry id, a SET value (small's fill at
-    most slots + 1, the ghost's length at most ids, the threshold at most 16)."""
-    return max((slots + 1).bit_length(), ids.bit_length(), 5)
+    most slots + 1, the ghost's length at most ids, the threshold at most 2**ref_bits − 1:
+    16 at the default width)."""
+    return max((slots + 1).bit_length(), ids.bit_length(), ref_bits)
 
 
 class S3FifoEngine(wiring.Component):
-    def __init__(self, slots: int, ids: int, *, defect: str | None = None):
+    def __init__(
+        self, slots: int, ids: int, *, ref_bits: int = REF_BITS, defect: str | None = None
+    ):
         if defect not in DEFECTS:
             raise ValueError(f"defect = {defect!r}: must be one of {DEFECTS}")
         if slots < 1 or ids < 1:
             raise ValueError(f"slots = {slots}, ids = {ids}: each must be >= 1")
-        self.slots, self.ids, self.defect = slots, ids, defect
-        self.index_bits = max((slots - 1).bit_length(), 1)
+        self.slots, self.ids, self.defect, self.ref_bits = slots, ids, defect, ref_bits
+        # a SET names its parameter in the slot field: at least 2 bits for the four
+        self.index_bits = max((slots - 1).bit_length(), 2)
         self.id_bits = max((ids - 1).bit_length(), 1)
-        self.arg_bits = arg_bits(slots, ids)
-        super().__init__(L.slot_engine_members(self.index_bits, self.arg_bits, REF_BITS, MAIN_CAP))
+        self.arg_bits = arg_bits(slots, ids, ref_bits)
+        members = L.slot_engine_members(self.index_bits, self.arg_bits, ref_bits, MAIN_CAP)
+        placed = wiring.Signature({"valid": Out(1), "main": Out(1)})
+        super().__init__({**members, "placed": Out(placed)})
 
     def elaborate(self, platform):
         m = Module()
         N, NONE, GNONE = self.slots, self.slots, self.ids
         pb, gb = N.bit_length(), self.ids.bit_length()
-        meta_l = data.StructLayout({"ref": unsigned(REF_BITS), "fresh": 1, "offered": 1, "q": 2})
+        meta_l = data.StructLayout(
+            {"ref": unsigned(self.ref_bits), "fresh": 1, "offered": 1, "q": 2}
+        )
         gmeta_l = data.StructLayout({"member": 1, "back": 1})
         mems = {
             "meta": Memory(shape=meta_l, depth=N, init=[]),
@@ -174,6 +185,7 @@ class S3FifoEngine(wiring.Component):
                             warm = ~evicted & (count[SMALL] >= par[P.SMALL_FULL])
                             q = Mux(back | warm, MAIN, SMALL)
                             write_meta(c.slot, 0, 1, 0, q)
+                            m.d.comb += [self.placed.valid.eq(1), self.placed.main.eq(q == MAIN)]
                             put("idm", c.slot, c.arg)
                             with m.If(q == MAIN):
                                 m.d.sync += count[MAIN].eq(count[MAIN] + 1)
@@ -213,7 +225,7 @@ class S3FifoEngine(wiring.Component):
                 with m.If(walking):
                     m.next = "WALK"
             with m.State("WALK"):
-                offered = rec.offered if self.defect != "victim_unoffered" else rec.q != 0
+                offered = rec.offered if self.defect != "offer_ignored" else rec.q != 0
                 main_turn = ((count[MAIN] > par[P.MAIN_MAX]) | (s_cur == NONE)) & (m_cur != NONE)
                 from_small = (in_small & (s_cur != NONE)) | ~main_turn
                 with m.If(~s_ok):  # step small's cursor to an offered slot (or past the head)
@@ -293,7 +305,7 @@ class S3FifoEngine(wiring.Component):
             m.d.sync += ok.eq(1)
         with m.Else():
             tap(L.VISIT_SKIP, cur)
-            if self.defect != "stuck_hand":
+            if self.defect != "stuck_cursor":
                 m.d.sync += cur.eq(n_of)
 
     @staticmethod

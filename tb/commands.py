@@ -145,7 +145,8 @@ SIM_OPTIONS = (
         help="plant a defect (--check must stop): ema, the eviction engine's tie-break; "
         "--records dram, the DRAM model answering each read burst's first word with the "
         "word before (stale_read); "
-        "clock and sieve, a walk that ignores the offered bit (victim_unoffered)",
+        "clock and sieve, a walk that ignores the offered bit (victim_unoffered; s3fifo: "
+        "offer_ignored)",
     ),
     opt(
         "--eviction-passes",
@@ -208,7 +209,8 @@ def _sim(args: argparse.Namespace) -> int:
         raise ValueError(f"--entries {args.entries} must be a multiple of --lanes {args.lanes}")
     toolchain.require("verilator")
     stream = from_trace(Trace.load(args.trace))
-    defect = ("victim_unoffered" if slots else "tie_off_by_one") if args.defect else None
+    planted = {"ema": "tie_off_by_one", "s3fifo": "offer_ignored"}
+    defect = planted.get(args.policy, "victim_unoffered") if args.defect else None
     if args.clock_bits is not None and args.policy != "clock":
         raise ValueError(f"--clock-bits {args.clock_bits} applies to --policy clock only")
     if args.boundary and slots:

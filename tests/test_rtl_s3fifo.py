@@ -31,8 +31,8 @@ def test_engine_equals_the_golden_step(seed):
 @pytest.mark.parametrize(
     ("defect", "seed"),
     [
-        ("victim_unoffered", 1),
-        ("stuck_hand", 1),
+        ("offer_ignored", 1),
+        ("stuck_cursor", 1),
         ("main_clears", 2),  # main's counters above 1 are rarer: 2 of seeds 1-11 tell
         ("ghost_to_small", 2),  # seed 1 keeps no ghost (its length drawn 0)
     ],

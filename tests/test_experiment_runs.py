@@ -82,6 +82,29 @@ def test_steps_runs_every_case_shorter_with_its_share_of_warm_up():
         runner.with_steps({"steps": 24, "warmup": 4}, 3)
 
 
+def test_arms_keeps_the_named_arms_with_the_required_ones_and_refuses_the_rest(tmp_path):
+    whole = runner.cases_of("policies", "tiny")
+    some = runner.cases_of("policies", "tiny", arms=["lru", "ema (best variant)"])
+    # the baseline and the bound stay; nothing else of a case changes
+    assert [c["policies"] for c in some] == [["ema", "lru", "belady"]] * len(whole)
+    assert [[a[0] for a in c["arms"]] for c in some] == [["ema (best variant)"]] * len(whole)
+    assert [{**c, "policies": w["policies"], "arms": w["arms"]} for c, w in zip(
+        some, whole, strict=True)] == whole  # fmt: skip
+    fp = runner.fingerprint("policies")
+    assert runner.key("policies", some[0], 0, fp) != runner.key("policies", whole[0], 0, fp)
+    with pytest.raises(ValueError, match=r"'lur': not an arm of 'policies'.*lru"):
+        runner.cases_of("policies", "tiny", arms=["lur"])
+    with pytest.raises(ValueError, match="'users-timeline' has no arms to choose"):
+        runner.cases_of("users-timeline", "tiny", arms=["lru"])
+    # a report over the arms kept says which ran, and ranks only them
+    rows = runner.run(["policies"], "tiny", 2, tmp_path, backend="serial",
+                      where=runner.parse_where(["workload=uniform"]), arms=["lru"])  # fmt: skip
+    rep = EXPERIMENTS["policies"].report(rows["policies"])
+    assert "2 of the registry's" in rep["tables"][0] and "(ema, lru;" in rep["tables"][0]
+    assert {r["workload"] for r in rep["ranking"]} == {"uniform"}
+    assert rep["ranking"][0]["policies"] == 2  # ema and lru (belady is the bound)
+
+
 class _Tty(io.StringIO):
     def isatty(self):
         return True

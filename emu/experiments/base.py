@@ -23,6 +23,26 @@ class Experiment:
     name: str = ""
     question: str = ""
     claim: str = ""
+    #: Arms every report of the experiment needs, whatever ``--arms`` keeps (the baseline
+    #: its margins are taken against, its bound).
+    required_arms: tuple[str, ...] = ()
+
+    def arm_names(self, case: dict[str, Any]) -> list[str]:
+        """The arms of ``case`` that ``--arms`` chooses among: its ``policies`` and the
+        labels of its ``arms`` (none: the experiment has no arms to choose)."""
+        labels = [a[0] if isinstance(a, list) else a for a in case.get("arms") or ()]
+        return [*(case.get("policies") or ()), *labels]
+
+    def with_arms(self, case: dict[str, Any], keep: set[str]) -> dict[str, Any]:
+        """``case`` with only the arms in ``keep`` and the required ones (a case that
+        differs, so its runs are keyed apart from the whole case's)."""
+        keep = keep | set(self.required_arms)
+        out = dict(case)
+        if "policies" in case:
+            out["policies"] = [p for p in case["policies"] if p in keep]
+        if "arms" in case:
+            out["arms"] = [a for a in case["arms"] if (a[0] if isinstance(a, list) else a) in keep]
+        return out
 
     def cases(self, scale: str) -> list[dict[str, Any]]:
         """Flat JSON-able cases (each with a ``"workload"``) at ``scale`` (one of SCALES)."""

@@ -109,6 +109,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(for a scale too large for the machine: at s1 fewer than 1,000 steps leave β·idle "
         "below 1; the runs are kept apart from the scale's own)",
     )  # fmt: skip
+    p.add_argument(
+        "--arms", metavar="A[,A…]", default=None,
+        help="run only these arms of an experiment that has arms (policies: its policies and "
+        "configured arms; the baseline and the bound always run), e.g. lru,clock: for a "
+        "scale too large for the machine; the runs are kept apart from the whole case's",
+    )  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_experiment)
 
@@ -233,12 +239,13 @@ def _experiment(args: argparse.Namespace) -> int:
     backend = "dask" if args.scheduler else args.backend
     args.out = Path(args.out)
     where = runner.parse_where(args.where)
+    arms = [a.strip() for a in (args.arms or "").split(",") if a.strip()] or None
     t0 = time.monotonic()
     bar = Bar(off=args.no_progress)
     try:
         rows = runner.run(
             names, args.scale, args.seeds, args.out, jobs=args.jobs, backend=backend,
-            address=args.scheduler, progress=bar, where=where, steps=args.steps,
+            address=args.scheduler, progress=bar, where=where, steps=args.steps, arms=arms,
         )  # fmt: skip
     except KeyboardInterrupt:
         bar.close()
@@ -269,7 +276,7 @@ def _experiment(args: argparse.Namespace) -> int:
     if args.json_out:
         doc = {"evidence": "Simulated", "scale": args.scale, "seeds": args.seeds,
                "fingerprints": {n: runner.fingerprint(n) for n in names}, "wall_s": wall,
-               "backend": backend, "where": where, "steps": args.steps,
+               "backend": backend, "where": where, "steps": args.steps, "arms": arms,
                "peak_rss_bytes": bar.peak,
                "experiments": reports}  # fmt: skip
         Path(args.json_out).write_text(json.dumps(doc, indent=1))

@@ -60,6 +60,7 @@ MOVES = 1.0  # pts: a gain whose CI lies wholly beyond ±this moves the EMA
 
 class EmaVariants(Experiment):
     name = "ema-variants"
+    required_arms = (BASELINE,)  # every variant's margin is taken against it
     question = (
         "Which of the rules kvcxl adds to read the seed's EMA (the tie-break among equal "
         "priorities, the touch that zeroes idle, the priority's form) moves its hit rate, "

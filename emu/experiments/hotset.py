@@ -18,6 +18,7 @@ CLAIM_SHARE, CLAIM_HIT = 5.4, 97.0  # the retracted "5.4 % hot set → 97 % of a
 class HotSet(Experiment):
     name = "hot-set"
     question = "How does the hit rate grow with the hot-set size, from 2 % to 20 % of the KV?"
+    required_arms = POLICIES  # (its report reads both at every size)
     claim = "A 5.4 % hot set serves 97 % of accesses (v4.0; retracted, §K.3.2)"
 
     def cases(self, scale: str) -> list[dict[str, Any]]:

@@ -133,6 +133,7 @@ def _trace_stream(path: str):
 
 class Policies(Experiment):
     name = "policies"
+    required_arms = (BASELINE, BOUND)  # the margins' baseline and the bound
     question = (
         "Which policy should the device run on each workload, by how much does it beat the "
         "seed's EMA, and how far is it from Belady's optimum?"
@@ -214,10 +215,18 @@ def _arms_note(case: dict[str, Any]) -> str:
         moved = [f"{k} = {_short(v)}" for k, v in config.items() if default.get(k) != v]
         lines.append(f"- **{label}**: `{policy}`{where} with {', '.join(moved) or 'the defaults'}")
     arms = "\n".join(lines) or "- none"
+    every = ranked_policies()
+    ran = [p for p in case["policies"] if p != BOUND]
+    which = (
+        "Every online policy of the registry"
+        if case["policies"] == every
+        else f"{len(ran)} of the registry's {len(every) - 1} online policies ({', '.join(ran)}; "
+        "the rest left out with `--arms`)"
+    )
     return (
-        f"**Arms.** Every online policy of the registry at its defaults (`{BASELINE}` is the "
-        "seed's literal EMA, the baseline of every margin), `belady` as the bound, and these "
-        f"configured arms:\n\n{arms}"
+        f"**Arms.** {which} at their defaults (`{BASELINE}` is the seed's literal EMA, the "
+        f"baseline of every margin), `{BOUND}` as the bound, and these configured arms:"
+        f"\n\n{arms}"
     )
 
 

@@ -140,17 +140,40 @@ def with_steps(case: dict[str, Any], steps: int) -> dict[str, Any]:
     return {**case, "steps": steps, "warmup": min(max(1, warmup), (steps - 1) // 2)}
 
 
+def with_arms(name: str, cases: list[dict[str, Any]], arms: list[str]) -> list[dict[str, Any]]:
+    """``cases`` with only the arms named (and the experiment's required ones), refused by
+    name when the experiment has no arms to choose or an arm is none of its cases'."""
+    exp = get(name)
+    known = {a for c in cases for a in exp.arm_names(c)}
+    if not known:
+        raise ValueError(f"--arms: experiment {name!r} has no arms to choose")
+    bad = [a for a in arms if a not in known]
+    if bad:
+        raise ValueError(
+            f"--arms {', '.join(map(repr, bad))}: not an arm of {name!r} (its arms: "
+            f"{', '.join(sorted(known))})"
+        )
+    return [exp.with_arms(c, set(arms)) for c in cases]
+
+
 def cases_of(
-    name: str, scale: str, where: Where | None = None, steps: int | None = None
+    name: str,
+    scale: str,
+    where: Where | None = None,
+    steps: int | None = None,
+    arms: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Experiment ``name``'s cases at ``scale`` that ``where`` keeps (run for ``steps`` steps
-    when given: :func:`with_steps`), refused by name when it has none there."""
+    when given: :func:`with_steps`; with only the ``arms`` named when given:
+    :func:`with_arms`), refused by name when it has none there."""
     try:
         cases = get(name).cases(scale)
     except KeyError as exc:  # a per-experiment table without this scale
         raise ValueError(f"experiment {name!r} has no scale {scale!r} (no entry {exc})") from None
     if steps is not None:
         cases = [with_steps(c, steps) for c in cases]
+    if arms:
+        cases = with_arms(name, cases, arms)
     for k, items in (where or {}).items():
         if not any(k in c for c in cases):
             raise ValueError(f"--where {k}=…: no case of {name!r} at {scale!r} has a field {k!r}")
@@ -168,6 +191,7 @@ def plan(
     fps: dict[str, str],
     where: Where | None = None,
     steps: int | None = None,
+    arms: list[str] | None = None,
 ) -> tuple[list[Run], dict[str, dict[str, dict[str, Any]]], int]:
     """The runs still to do (in (workload, seed) order: the runs of one stream together),
     what is done, and the total."""
@@ -177,7 +201,7 @@ def plan(
     for name in names:
         have = load(out_file(out, name, scale))
         done[name] = {}
-        for case in cases_of(name, scale, where, steps):
+        for case in cases_of(name, scale, where, steps, arms):
             for s in range(seeds):
                 total += 1
                 k = key(name, case, s, fps[name])
@@ -281,11 +305,13 @@ def run(
     progress: Progress | None = None,
     where: Where | None = None,
     steps: int | None = None,
+    arms: list[str] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Run what is missing of ``names`` at ``scale`` on seeds 0 … seeds−1 into ``out``;
     returns every experiment's rows (done before and now), in case and seed order.
     ``where`` keeps only the cases whose fields take the values named (:func:`parse_where`);
-    ``steps`` runs every case for that many steps (:func:`with_steps`).
+    ``steps`` runs every case for that many steps (:func:`with_steps`); ``arms`` runs only
+    the arms named (:func:`with_arms`).
 
     ``progress`` is told of the start, of each finished run and of the workers' memory.
     """
@@ -295,7 +321,7 @@ def run(
         get(n)
     out.mkdir(parents=True, exist_ok=True)
     fps = {n: fingerprint(n) for n in names}
-    runs, done, total = plan(names, scale, seeds, out, fps, where, steps)
+    runs, done, total = plan(names, scale, seeds, out, fps, where, steps, arms)
     progress = progress or Progress()
     progress.start(total - len(runs), total, runs)
     files = {n: _append(out_file(out, n, scale)) for n in names}
@@ -317,7 +343,7 @@ def run(
     for name in names:
         order = [
             key(name, c, s, fps[name])
-            for c in cases_of(name, scale, where, steps)
+            for c in cases_of(name, scale, where, steps, arms)
             for s in range(seeds)
         ]
         result[name] = [done[name][k] for k in order]

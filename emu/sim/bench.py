@@ -23,7 +23,7 @@ from kvcxl.firmware.replay import replay
 
 from ..shape import PRESETS
 from ..workloads import compile_workload, make_workload
-from ..workloads.stream import from_trace
+from ..workloads.stream import CREATE, from_trace
 from .export import requests, write_oracle_general
 from .simulator import SimOptions, simulate
 
@@ -403,10 +403,113 @@ def _request_cases(lcs: Any, quick: bool) -> dict[str, Any]:
     return out
 
 
+def _rss() -> tuple[int, int]:
+    """This process's resident set and its peak since :func:`_reset_peak` (bytes; Linux's
+    /proc/self/status, VmRSS and VmHWM)."""
+    got = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        k, _, v = line.partition(":")
+        if k in ("VmRSS", "VmHWM"):
+            got[k] = int(v.split()[0]) * 1024
+    return got["VmRSS"], got["VmHWM"]
+
+
+def _reset_peak() -> None:
+    """Start the peak RSS (VmHWM) over from the current RSS (Linux's clear_refs 5)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def _available() -> int:
+    """Memory available to a new allocation (MemAvailable, bytes)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise OSError("/proc/meminfo has no MemAvailable")
+
+
+S1_USERS_GOAL_READS_PER_S = 40e6  # issue goals: LRU and the EMA on one core
+S1_USERS_GOAL_BYTES_PER_ENTRY = 64  # the tiers and the timeline included
+
+
+def _s1_users(quick: bool) -> dict[str, Any]:
+    """S1's exact shape with its 16 users (the users experiments' workload, one lane per
+    user: a 0.9 × context prompt, then decode steps), dense and top-256 reads, LRU and the
+    EMA at 10 % and 25 % budgets with the timeline on: entry reads/s over the decode steps
+    (the replay's time less a replay of the prompts' writes alone), the replay's peak
+    memory per entry (peak RSS during the replay over the RSS before it, the stream
+    already built) and the process's peak RSS.
+    A user count is run only if its memory, estimated from the per-entry bytes measured
+    at the smaller count (Analytical), fits in 80 % of the memory available; else its
+    entry says why it was not run."""
+    shape = PRESETS["s1"].with_(context_tokens=16384) if quick else PRESETS["s1"]
+    counts = (1, 2) if quick else (1, 16)
+    reads = (("dense", 3), ("topk:256", 20))  # (read mode, decode steps)
+    out: dict[str, Any] = {
+        "evidence": "Measured",
+        "workload": "retrieval, one lane per user",
+        "context_tokens": shape.context_tokens,
+        "entries_per_context": shape.entries_per_context,
+        "goal_entry_reads_per_s": S1_USERS_GOAL_READS_PER_S,
+        "goal_bytes_per_entry": S1_USERS_GOAL_BYTES_PER_ENTRY,
+    }
+    per_entry = 0.0  # the largest bytes per entry measured so far (stream and replay)
+    for users in counts:
+        tag = f"users{users}"
+        entries = users * shape.entries_per_context
+        out[f"{tag}_entries"] = entries
+        need = per_entry * entries
+        if per_entry and need > 0.8 * _available():
+            out[f"{tag}_not_run"] = (
+                f"needs about {need / 1e9:.1f} GB ({per_entry:.0f} bytes an entry at "
+                f"{counts[0]} user(s), Analytical) of {_available() / 1e9:.1f} GB available"
+            )
+            continue
+        for read, steps in reads:
+            r_tag = f"{tag}_{read.partition(':')[0]}"
+            rss0, _ = _rss()
+            t0 = time.perf_counter()
+            wl = make_workload("retrieval", shape, seed=0, lanes=users)
+            stream = compile_workload(wl, steps, read=read)
+            out[f"{r_tag}_generate_s"] = round(time.perf_counter() - t0, 2)
+            out[f"{r_tag}_entry_reads"] = stream.n_reads
+            rss1, _ = _rss()
+            out[f"{r_tag}_stream_bytes_per_entry"] = round((rss1 - rss0) / entries, 1)
+            # the prompts' writes alone, timed apart and taken off the replay's time; the
+            # stream's plan built (once per stream, as in a sweep) before any clock
+            prompt = _prefix(stream, int(np.flatnonzero(stream.ev_kind != CREATE)[0]))
+            simulate(stream, SimOptions(policy="lru", budget_bytes=stream.kv_bytes))
+            for policy in ("lru", "ema"):
+                for pct in (10, 25):
+                    key = f"{r_tag}_{policy}_budget{pct}"
+                    opts = SimOptions(
+                        policy=policy, budget_bytes=stream.kv_bytes * pct // 100,
+                        timeline=True,
+                    )  # fmt: skip
+                    simulate(prompt, opts)  # (compiles or loads the engine)
+                    t0 = time.perf_counter()
+                    simulate(prompt, opts)
+                    t_pre = time.perf_counter() - t0
+                    rss, _ = _rss()
+                    _reset_peak()
+                    t0 = time.perf_counter()
+                    r = simulate(stream, opts)
+                    dt = time.perf_counter() - t0 - t_pre
+                    _, peak = _rss()
+                    out[f"{key}_prompt_s"] = round(t_pre, 2)
+                    out[f"{key}_entry_reads_per_s"] = round(r["reads"] / max(dt, 1e-9))
+                    out[f"{key}_bytes_per_entry"] = round((peak - rss) / entries, 1)
+                    out[f"{key}_hit_rate_simulated"] = round(r["hit_rate"], 4)
+                    per_entry = max(per_entry, (peak - rss0) / entries)
+            del stream, wl, prompt
+        out[f"{tag}_peak_rss_bytes"] = _rss()[1]
+    return out
+
+
 def benches() -> dict[str, Any]:
     return {
         "sim_replay_ci": _replay_ci,
         "sim_s1_context": _s1_context,
+        "sim_s1_users": _s1_users,
         "sim_lru_vs_libcachesim": _lru_vs_libcachesim,
         "sim_request_vs_libcachesim": _request_vs_libcachesim,
     }

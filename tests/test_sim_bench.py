@@ -1,0 +1,31 @@
+"""`kvcxl bench --only sim_s1_users`: S1's shape with users, its figures and the user
+count it refuses for memory (the quick sizes: S1 at 16 K tokens, 1 and 2 users)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcxl.emu.shape import PRESETS
+from kvcxl.emu.sim import bench
+
+
+@pytest.mark.slow
+def test_s1_users_reports_rates_and_bytes_and_refuses_what_does_not_fit(monkeypatch) -> None:
+    # 2 users are refused when 80 % of what is available is less than the estimate.
+    monkeypatch.setattr(bench, "_available", lambda: 10_000_000)
+    out = bench.benches()["sim_s1_users"](True)
+    entries = PRESETS["s1"].with_(context_tokens=16384).entries_per_context
+    assert out["users1_entries"] == entries and out["users2_entries"] == 2 * entries
+    for read in ("dense", "topk"):
+        for policy in ("lru", "ema"):
+            for pct in (10, 25):
+                key = f"users1_{read}_{policy}_budget{pct}"
+                assert out[f"{key}_entry_reads_per_s"] > 0, key
+                assert 0 < out[f"{key}_bytes_per_entry"] < 10_000, key
+                assert 0 <= out[f"{key}_hit_rate_simulated"] <= 1, key
+    assert "users2_dense_lru_budget10_entry_reads_per_s" not in out
+    assert (
+        out["users2_not_run"].startswith("needs about ")
+        and "0.0 GB available" in out["users2_not_run"]
+    )
+    assert out["users1_peak_rss_bytes"] > 0

@@ -392,6 +392,24 @@ def test_every_workload_replays_identically(workload: str) -> None:
             assert_same(a, b, desc)
 
 
+def test_managed_tiers_few_victims_among_many_replay_identically() -> None:
+    # Sparse reads over many resident entries: each call evicts far fewer than a sixteenth
+    # of them, which the fast engine takes from its per-layer heaps (the dense replays above
+    # evict too many at once and scan); passes exact and batched, both placement modes.
+    shape = PRESETS["s1"].with_(layers=2, context_tokens=4096)
+    stream = compile_workload(make_workload("multi-turn", shape, seed=1), 40, read="topk:16")
+    for mode in ("float", "int"):
+        for gran in ("layer", "request"):
+            for cfg in ({}, {"eviction_passes": "batched", "eviction_batch": 8},
+                        {"placement_mode": "weighted", "anchor_zone_size": 32}):  # fmt: skip
+                a, b = _both(
+                    stream, policy="ema", mode=mode, granularity=gran, warmup_steps=4,
+                    budget_bytes=int(stream.kv_bytes * 0.3), cxl_bytes=stream.kv_bytes // 8,
+                    config=PolicyConfig.from_mapping(cfg),
+                )  # fmt: skip
+                assert_same(a, b, f"ema/{mode} {gran} {cfg}")
+
+
 @pytest.mark.parametrize("source", ["trace-v1", "trace-v2"])
 def test_traces_replay_identically(source: str) -> None:
     stream = _streams()[source]

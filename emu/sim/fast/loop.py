@@ -409,38 +409,13 @@ def _touch(env, w, a, z):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, inline="always")
-def _heap_victims(env, w, k_pass, protect, now):  # type: ignore[no-untyped-def]
-    """Up to ``k_pass`` victims popped from the heap (rebuilt when stale, else the dirty
-    entries pushed again), the call's own stashed and pushed back when ``protect``; into
-    ``vic``, returning how many."""
-    ps, tab, c, h, cache, sc = env.ps, env.tab, w.c, w.heap, w.cache, w.scratch
-    hk, hi, hv, ver, vic, stash = h.hk, h.hi, h.hv, h.ver, sc.vic, sc.stash
-    hsize, n_dirty, n_list, call = c[HSIZE], c[N_DIRTY], c[N_LIST], c[CALL]
-    if c[STALE] or hsize + n_dirty > hk.size:
-        hsize = n_list
-        for j in range(n_list):
-            e = cache.res_list[j]
-            ver[e] += 1
-            hi[j] = e
-            hv[j] = ver[e]
-            hk[j] = key_of(priority(ps, tab, e, now))
-        _heapify(hk, hi, hv, hsize)
-        for j in range(n_dirty):
-            h.dirty[h.dirty_list[j]] = False
-        c[STALE] = False
-    else:
-        for j in range(n_dirty):
-            e = h.dirty_list[j]
-            h.dirty[e] = False
-            if cache.resident[e] and not cache.pinned[e]:
-                ver[e] += 1
-                k_ = key_of(priority(ps, tab, e, now))
-                hsize = _push(hk, hi, hv, hsize, k_, e, ver[e])
-    c[N_DIRTY] = 0
-    nv = 0
+def _pop_victims(hk, hi, hv, size, k_pass, nv, cache, ver, call, protect, vic, stash):  # type: ignore[no-untyped-def]
+    """Victims popped off a heap into ``vic[nv:]`` until there are ``k_pass`` or it is
+    empty: stale items dropped, the call's own (``protect``) stashed and pushed back;
+    returns (victims, the heap's size)."""
     n_st = 0
-    while nv < k_pass and hsize > 0:
-        key, e, v, hsize = _pop(hk, hi, hv, hsize)
+    while nv < k_pass and size > 0:
+        key, e, v, size = _pop(hk, hi, hv, size)
         if not cache.resident[e] or cache.pinned[e] or v != ver[e]:
             continue
         if protect and cache.stamp[e] == call:
@@ -452,9 +427,8 @@ def _heap_victims(env, w, k_pass, protect, now):  # type: ignore[no-untyped-def]
         nv += 1
     for j in range(n_st):
         e = stash[2 * j]
-        hsize = _push(hk, hi, hv, hsize, stash[2 * j + 1], e, ver[e])
-    c[HSIZE] = hsize
-    return nv
+        size = _push(hk, hi, hv, size, stash[2 * j + 1], e, ver[e])
+    return nv, size
 
 
 @njit(cache=True, inline="always")
@@ -462,7 +436,7 @@ def _layer_victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-unt
     """Managed tiers: up to ``k_pass`` victims layer by layer, each by the policy's order
     (the layers move only with a score or a touch: fixed for the call); into ``vic``, each
     one's pass and layer into ``vgrp``, returning how many."""
-    ps, tab, rules, c, cache, sc = env.ps, env.tab, env.rules, w.c, w.cache, w.scratch
+    ps, tab, c, cache, sc = env.ps, env.tab, w.c, w.cache, w.scratch
     lay_ids, lay_n, cand_id, cand_k, vic, vic2 = (
         sc.lay_ids, sc.lay_n, sc.cand_id, sc.cand_k, sc.vic, sc.vic2
     )  # fmt: skip
@@ -472,8 +446,7 @@ def _layer_victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-unt
         e = cache.res_list[j]
         if protect and cache.stamp[e] == call:
             continue
-        s_ = score(ps, e)
-        g = T.layer(rules, s_, T.value(rules, s_, idle_steps(ps, e), tab.e_block[e] * tab.bt))
+        g = _layer_of(env, e)
         lay_ids[g, lay_n[g]] = e
         lay_n[g] += 1
     nv = 0
@@ -501,6 +474,73 @@ def _layer_victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-unt
             if record:
                 sc.vgrp[nv + j] = n_pass * T.LAYERS + g
         nv += got
+    return nv
+
+
+@njit(cache=True, inline="always")
+def _layer_of(env, e):  # type: ignore[no-untyped-def]
+    """FirmwareSession._layer of entry ``e``: its eviction layer under managed tiers."""
+    return T.layer(env.rules, score(env.ps, e), _value(env, e))
+
+
+@njit(cache=True, inline="always")
+def _heap_victims(env, w, k_pass, n_pass, protect, now, layered):  # type: ignore[no-untyped-def]
+    """Up to ``k_pass`` victims, few among many, from a (key, id) heap: under managed tiers
+    (``layered``) one heap per eviction layer, lowest first, each victim's pass and layer
+    into ``vgrp`` (:func:`_layer_victims`' victims); else the one heap.  A STATIC policy's
+    key, and so its layer (a function of its score and idle count), moves only by the
+    entry's own events, which mark it dirty (pushed again here), or at a step's end (the
+    heaps are rebuilt, as when one is full).  The call's own are stashed and pushed back
+    when ``protect``.  Into ``vic``, returning how many."""
+    ps, tab, c, h, cache, sc = env.ps, env.tab, w.c, w.heap, w.cache, w.scratch
+    if layered:
+        lk, li, lv, lsz, n_heaps = h.lk, h.li, h.lv, h.lsz[0 : T.LAYERS], T.LAYERS
+    else:  # (the one heap as a layer of its own; its size is the counter itself)
+        n_ = h.hk.size
+        lk, li, lv = h.hk.reshape(1, n_), h.hi.reshape(1, n_), h.hv.reshape(1, n_)
+        lsz, n_heaps = c[HSIZE : HSIZE + 1], 1
+    ver, vic, stash = h.ver, sc.vic, sc.stash
+    n_dirty, n_list, call = c[N_DIRTY], c[N_LIST], c[CALL]
+    full = False
+    for g in range(n_heaps):
+        full = full or lsz[g] + n_dirty > lk.shape[1]
+    if c[STALE] or full:
+        lsz[:] = 0
+        for j in range(n_list):
+            e = cache.res_list[j]
+            ver[e] += 1
+            g = _layer_of(env, e) if layered else 0
+            s_ = lsz[g]
+            lk[g, s_] = key_of(priority(ps, tab, e, now))
+            li[g, s_] = e
+            lv[g, s_] = ver[e]
+            lsz[g] = s_ + 1
+        for g in range(n_heaps):
+            _heapify(lk[g], li[g], lv[g], lsz[g])
+        for j in range(n_dirty):
+            h.dirty[h.dirty_list[j]] = False
+        c[STALE] = False
+    else:
+        for j in range(n_dirty):
+            e = h.dirty_list[j]
+            h.dirty[e] = False
+            if cache.resident[e] and not cache.pinned[e]:
+                ver[e] += 1
+                g = _layer_of(env, e) if layered else 0
+                k_ = key_of(priority(ps, tab, e, now))
+                lsz[g] = _push(lk[g], li[g], lv[g], lsz[g], k_, e, ver[e])
+    c[N_DIRTY] = 0
+    nv = 0
+    for g in range(n_heaps):
+        if nv >= k_pass:
+            break
+        first = nv
+        nv, lsz[g] = _pop_victims(
+            lk[g], li[g], lv[g], lsz[g], k_pass, nv, cache, ver, call, protect, vic, stash
+        )
+        if env.run.record:
+            for j in range(first, nv):
+                sc.vgrp[j] = n_pass * T.LAYERS + g
     return nv
 
 
@@ -547,8 +587,10 @@ def _victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-untyped-d
             )  # fmt: skip
             c[HHEAD] = head
         else:
-            nv = _heap_victims(env, w, k_pass, protect, now)
+            nv = _heap_victims(env, w, k_pass, n_pass, protect, now, False)
     elif LAYERED and env.rules.managed:
+        if STATIC and not SELECT and k_pass * 16 <= c[N_LIST]:
+            return _heap_victims(env, w, k_pass, n_pass, protect, now, True)
         return _layer_victims(env, w, k_pass, n_pass, protect, now)
     else:
         nv = _scan_victims(env, w, k_pass, protect, now)
@@ -965,7 +1007,7 @@ def _batches(env, w):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _work(plan, run, media, tlog, pf):  # type: ignore[no-untyped-def]
+def _work(plan, run, media, tlog, pf, rules):  # type: ignore[no-untyped-def]
     """The replay's working state (work.Work), every array at its largest size up front."""
     n, npos, p_ids = run.n, run.npos, plan.ids
     books = Books(np.zeros(npos, np.int64), np.zeros(npos, np.int64),
@@ -979,9 +1021,15 @@ def _work(plan, run, media, tlog, pf):  # type: ignore[no-untyped-def]
     # the next pop) and at step ends (the heap is rebuilt).  Large evictions scan.  A QUEUE
     # policy's items join the queue at every touch instead (kernel._enqueue), with room kept
     # by compaction: at most n current items, then at most n admissions and a batch's reads.
-    hcap = 2 * n + 64 + p_ids.size if STATIC else 0
+    # Under managed tiers a STATIC policy's small evictions take each layer's heap in turn
+    # instead (each may hold every resident entry, and a call's dirty ones pushed again).
+    layered = LAYERED and STATIC and not SELECT and rules.managed
+    lcap = n + 64 if layered else 0
+    hcap = 2 * n + 64 + p_ids.size if STATIC and not layered else 0
     heap = Heap(np.empty(hcap, np.int64), np.empty(hcap, np.int64), np.empty(hcap, np.int64),
-                np.zeros(n, np.int64), np.zeros(n, np.bool_), np.empty(n, np.int64))  # fmt: skip
+                np.zeros(n, np.int64), np.zeros(n, np.bool_), np.empty(n, np.int64),
+                np.empty((T.LAYERS, lcap), np.int64), np.empty((T.LAYERS, lcap), np.int64),
+                np.empty((T.LAYERS, lcap), np.int64), np.zeros(T.LAYERS, np.int64))  # fmt: skip
     spills = media.cxl_cap < n  # else CXL DRAM has room for every entry
     ccap = 2 * n + 64 if spills else 0
     tiers = Tiers(np.zeros(n, np.uint8), np.zeros(4, np.int64),
@@ -1019,7 +1067,7 @@ def replay(plan, run, media, tab, ps, tlog, rules, pf):  # type: ignore[no-untyp
     (:class:`~kvcxl.emu.sim.fast.prefetch.Prefetch`), emitting the transfer log into
     ``tlog`` (:mod:`kvcxl.emu.sim.fast.timeline`); returns (books, tiers, stats, victim
     dump, error, prefetch counts)."""
-    w = _work(plan, run, media, tlog, pf)  # (owns the arrays the phases borrow)
+    w = _work(plan, run, media, tlog, pf, rules)  # (owns the arrays the phases borrow)
     _batches(Env(plan, run, media, tab, ps, tlog, rules, pf), w)
     log_close(tlog, w.books.moved)
     c, bk, d, ti = w.c, w.books, w.dump, w.tiers

@@ -81,7 +81,8 @@ class Cache(NamedTuple):
 class Heap(NamedTuple):
     """The (key, id) heap of a STATIC policy's small evictions, or a QUEUE policy's queue
     (kernel's items: keys, ids, versions; each entry's version); the entries whose key moved
-    since it was built."""
+    since it was built.  Under managed tiers a STATIC policy keeps one such heap per
+    eviction layer instead (row g of ``lk``/``li``/``lv``, ``lsz[g]`` items)."""
 
     hk: NDArray
     hi: NDArray
@@ -89,6 +90,10 @@ class Heap(NamedTuple):
     ver: NDArray
     dirty: NDArray
     dirty_list: NDArray
+    lk: NDArray
+    li: NDArray
+    lv: NDArray
+    lsz: NDArray
 
 
 class Tiers(NamedTuple):

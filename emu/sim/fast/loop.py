@@ -409,10 +409,11 @@ def _touch(env, w, a, z):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, inline="always")
-def _pop_victims(hk, hi, hv, size, k_pass, nv, cache, ver, call, protect, vic, stash):  # type: ignore[no-untyped-def]
+def _pop_victims(w, hk, hi, hv, size, k_pass, nv, call, protect):  # type: ignore[no-untyped-def]
     """Victims popped off a heap into ``vic[nv:]`` until there are ``k_pass`` or it is
     empty: stale items dropped, the call's own (``protect``) stashed and pushed back;
     returns (victims, the heap's size)."""
+    cache, ver, vic, stash = w.cache, w.heap.ver, w.scratch.vic, w.scratch.stash
     n_st = 0
     while nv < k_pass and size > 0:
         key, e, v, size = _pop(hk, hi, hv, size)
@@ -499,7 +500,7 @@ def _heap_victims(env, w, k_pass, n_pass, protect, now, layered):  # type: ignor
         n_ = h.hk.size
         lk, li, lv = h.hk.reshape(1, n_), h.hi.reshape(1, n_), h.hv.reshape(1, n_)
         lsz, n_heaps = c[HSIZE : HSIZE + 1], 1
-    ver, vic, stash = h.ver, sc.vic, sc.stash
+    ver = h.ver
     n_dirty, n_list, call = c[N_DIRTY], c[N_LIST], c[CALL]
     full = False
     for g in range(n_heaps):
@@ -535,9 +536,7 @@ def _heap_victims(env, w, k_pass, n_pass, protect, now, layered):  # type: ignor
         if nv >= k_pass:
             break
         first = nv
-        nv, lsz[g] = _pop_victims(
-            lk[g], li[g], lv[g], lsz[g], k_pass, nv, cache, ver, call, protect, vic, stash
-        )
+        nv, lsz[g] = _pop_victims(w, lk[g], li[g], lv[g], lsz[g], k_pass, nv, call, protect)
         if env.run.record:
             for j in range(first, nv):
                 sc.vgrp[j] = n_pass * T.LAYERS + g

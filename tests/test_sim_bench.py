@@ -21,11 +21,12 @@ def test_s1_users_reports_rates_and_bytes_and_refuses_what_does_not_fit(monkeypa
             for pct in (10, 25):
                 key = f"users1_{read}_{policy}_budget{pct}"
                 assert out[f"{key}_entry_reads_per_s"] > 0, key
-                assert 0 < out[f"{key}_bytes_per_entry"] < 10_000, key
+                # (0 is a true reading: a replay may reuse pages an earlier one freed)
+                assert 0 <= out[f"{key}_bytes_per_entry"] < 10_000, key
                 assert 0 <= out[f"{key}_hit_rate_simulated"] <= 1, key
     assert "users2_dense_lru_budget10_entry_reads_per_s" not in out
     assert (
         out["users2_not_run"].startswith("needs about ")
         and "0.0 GB available" in out["users2_not_run"]
     )
-    assert out["users1_peak_rss_bytes"] > 0
+    assert out["users1_peak_rss_bytes"] > 0 and out["users1_dense_stream_bytes_per_entry"] > 0

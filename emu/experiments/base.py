@@ -30,7 +30,7 @@ class Experiment:
     def arm_names(self, case: dict[str, Any]) -> list[str]:
         """The arms of ``case`` that ``--arms`` chooses among: its ``policies`` and the
         labels of its ``arms`` (none: the experiment has no arms to choose)."""
-        labels = [a[0] if isinstance(a, list) else a for a in case.get("arms") or ()]
+        labels = [_label(a) for a in case.get("arms") or ()]
         return [*(case.get("policies") or ()), *labels]
 
     def with_arms(self, case: dict[str, Any], keep: set[str]) -> dict[str, Any]:
@@ -41,7 +41,7 @@ class Experiment:
         if "policies" in case:
             out["policies"] = [p for p in case["policies"] if p in keep]
         if "arms" in case:
-            out["arms"] = [a for a in case["arms"] if (a[0] if isinstance(a, list) else a) in keep]
+            out["arms"] = [a for a in case["arms"] if _label(a) in keep]
         return out
 
     def cases(self, scale: str) -> list[dict[str, Any]]:
@@ -80,3 +80,9 @@ class Experiment:
 
 
 Plot = Callable[[str], None]
+
+
+def _label(arm: Any) -> str:
+    """A case's ``arms`` item's label: the item itself, or the first of a configured arm's
+    ``[label, policy, parameters]``."""
+    return arm[0] if isinstance(arm, list) else arm

@@ -457,11 +457,11 @@ def _s1_users(quick: bool) -> dict[str, Any]:
         tag = f"users{users}"
         entries = users * shape.entries_per_context
         out[f"{tag}_entries"] = entries
-        need = per_entry * entries
-        if per_entry and need > 0.8 * _available():
+        need, have = per_entry * entries, _available()
+        if per_entry and need > 0.8 * have:
             out[f"{tag}_not_run"] = (
                 f"needs about {need / 1e9:.1f} GB ({per_entry:.0f} bytes an entry at "
-                f"{counts[0]} user(s), Analytical) of {_available() / 1e9:.1f} GB available"
+                f"{counts[0]} user(s), Analytical) of {have / 1e9:.1f} GB available"
             )
             continue
         for read, steps in reads:

@@ -18,9 +18,11 @@ trace with either engine:
   ``Pass`` tap) are read back from the DRAM model after the sweep, so the next sweep
   starts from what the engine wrote.
 
-The DRAM is sized to the table (``entries / lanes`` words); latency, bytes a cycle and
-bursts in flight are the cocotb bench's ``Dram`` (``tb/record_stream_model.py``), cycle
-for cycle.
+The DRAM is sized to the table (``entries / lanes`` words); latency, bytes a cycle,
+bursts in flight and taking write data before its command (``data_first``) are the cocotb
+bench's ``Dram`` (``tb/record_stream_model.py``), cycle for cycle
+(:meth:`RecordEngine.dram_drive` and :meth:`RecordEngine.dram_sample` step the C++ model
+alone, so a test can hold the two to it).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from .verilated import (
     COMMON,
     WRAPPER,
     EngineShape,
+    HarnessError,
     Pass,
     VerilatedEngine,
     _DriverHandle,
@@ -57,7 +60,7 @@ IN = (
 OUT = (
     "step__ready", "upd__ready", "rd_cmd__valid", "rd_cmd__payload", "rd_data__ready",
     "wr_cmd__valid", "wr_cmd__payload", "wr_data__valid", "wr_data__payload",
-    "victim__valid", "victim__payload", "table_w__ready",
+    "victim__valid", "victim__payload", "table_w__ready", "busy",
 )  # fmt: skip
 LEVELS = ("rst", "alpha", "touch", "shift", "k")
 # Defects of the DRAM model (rtl/record_driver.cpp): ``stale_read`` answers the
@@ -69,13 +72,16 @@ DRAM_DEFECTS = {None: 0, "stale_read": 1}
 class DramShape:
     """The DRAM behind the memory port: ``latency`` cycles from a read command to its
     first word, ``bytes_per_cycle`` shared by reads and writes (None: two words a cycle,
-    never the bound), ``depth`` bursts in flight per direction, ``burst`` words a burst."""
+    never the bound), ``depth`` bursts in flight per direction, ``burst`` words a burst, a
+    planted DRAM ``defect``; ``data_first``: it takes a burst's write data before its
+    command (AXI allows it), taking the command only once it holds all the burst's words."""
 
     latency: int = 20
     bytes_per_cycle: float | None = None
     depth: int = 4
     burst: int = 16
     defect: str | None = None
+    data_first: bool = False
 
     def __post_init__(self) -> None:
         if self.latency < 0 or self.depth < 1 or self.burst < 1:
@@ -168,7 +174,8 @@ class RecordEngine(_DriverHandle):
         lib.kv_record_new.restype = ctypes.c_void_p
         lib.kv_record_free.argtypes = [ctypes.c_void_p]
         lib.kv_dram.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32,
-                                ctypes.c_uint32, ctypes.c_double, ctypes.c_int]  # fmt: skip
+                                ctypes.c_uint32, ctypes.c_double, ctypes.c_int,
+                                ctypes.c_int]  # fmt: skip
         lib.kv_reset.argtypes = [ctypes.c_void_p] + [ctypes.c_uint32] * 3
         lib.kv_table.argtypes = [ctypes.c_void_p, ctypes.c_int, _U32]
         lib.kv_mem_write.argtypes = [ctypes.c_void_p, ctypes.c_int, _U32, _U32, _U32, _U8, _U8]
@@ -176,14 +183,19 @@ class RecordEngine(_DriverHandle):
         lib.kv_dram_stats.argtypes = [ctypes.c_void_p, np.ctypeslib.ndpointer(np.uint64)]
         lib.kv_sweep.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, _U32, _U8, _I32,
                                  _U32, ctypes.c_int]  # fmt: skip
+        lib.kv_dram_drive.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32,
+                                      ctypes.c_int, _U32]  # fmt: skip
+        lib.kv_dram_sample.argtypes = [ctypes.c_void_p, _U32, _U32]
         self._lib = lib
         self._h = ctypes.c_void_p(lib.kv_record_new())
         n = shape.entries
         self.words = n // shape.lanes
         d = self.dram
         lib.kv_dram(self._h, self.words, d.latency, d.depth, d.bytes_per_cycle or 0.0,
-                    DRAM_DEFECTS[d.defect])  # fmt: skip
+                    DRAM_DEFECTS[d.defect], int(d.data_first))  # fmt: skip
         self.word_bytes = L._width(L.record_layout()) * shape.lanes / 8
+        self._ww = max(2, -(-L._width(L.record_layout()) * shape.lanes // 32))  # u32 a word
+        self._drive_out = np.zeros(4 + self._ww, np.uint32)
         self._weight = np.zeros(n, np.uint32)  # the step's weight buffer (host side)
         self._read = np.zeros(n, np.uint8)
         self._vidx = np.zeros(shape.batch, np.int32)
@@ -226,29 +238,55 @@ class RecordEngine(_DriverHandle):
         names = ("score", "idle", "pinned", "resident")
         return {f: x.copy() for f, x in zip(names, self._rec, strict=True)}
 
-    def traffic(self) -> tuple[int, int]:
-        """Words the DRAM has read and written so far."""
-        out = np.zeros(2, np.uint64)
+    def _stats(self) -> list[int]:
+        out = np.zeros(3, np.uint64)
         self._lib.kv_dram_stats(self._h, out)
-        return int(out[0]), int(out[1])
+        return [int(x) for x in out]
+
+    def traffic(self) -> tuple[int, int]:
+        """Words the DRAM has read and written (taken, with data_first) so far."""
+        reads, writes, _ = self._stats()
+        return reads, writes
+
+    def dram_drive(
+        self, wr_cmd_valid: int, wr_cmd_len: int, wr_data_valid: int
+    ) -> tuple[int, int, int, int, int]:
+        """The DRAM model alone (no engine cycle), ``Dram.drive`` with this offer: its
+        (rd_cmd_ready, wr_cmd_ready, rd_valid, wr_ready, read word)."""
+        out = self._drive_out
+        self._lib.kv_dram_drive(self._h, wr_cmd_valid, wr_cmd_len, wr_data_valid, out)
+        word = sum(int(w) << (32 * i) for i, w in enumerate(out[4:].tolist()))
+        return int(out[0]), int(out[1]), int(out[2]), int(out[3]), word
+
+    def dram_sample(
+        self, rd_cmd_valid: int, rd_cmd_addr: int, rd_cmd_len: int, rd_data_ready: int,
+        wr_cmd_valid: int, wr_cmd_addr: int, wr_cmd_len: int, wr_data_valid: int, wr_data: int,
+    ) -> None:  # fmt: skip
+        """The DRAM model alone, ``Dram.sample``: this cycle's transfers, then a cycle on."""
+        port = np.array([rd_cmd_valid, rd_cmd_addr, rd_cmd_len, rd_data_ready, wr_cmd_valid,
+                         wr_cmd_addr, wr_cmd_len, wr_data_valid], np.uint32)  # fmt: skip
+        data = np.array([(wr_data >> (32 * i)) & 0xFFFFFFFF for i in range(self._ww)], np.uint32)
+        if self._lib.kv_dram_sample(self._h, port, data) < 0:
+            raise ValueError(
+                f"read command ({rd_cmd_addr}, {rd_cmd_len}) or write command ({wr_cmd_addr}, "
+                f"{wr_cmd_len}): past the DRAM's {self.words} words"
+            )
 
     def sweep(self, k: int, *, hold: bool, keep: bool) -> Pass:
         if not 0 <= k <= self.shape.batch:
             raise ValueError(f"k = {k}: must be in 0 … {self.shape.batch}")
         c0 = self.cycles
-        n = self._ok(
-            self._lib.kv_sweep(
-                self._h,
-                int(hold),
-                k,
-                self._weight,
-                self._read,
-                self._vidx,
-                self._vprio,
-                self.shape.batch,
-            ),
-            "a sweep",
-        )
+        rc = self._lib.kv_sweep(self._h, int(hold), k, self._weight, self._read, self._vidx,
+                                self._vprio, self.shape.batch)  # fmt: skip
+        if rc == -2:
+            r, w = self.traffic()
+            raise HarnessError(
+                f"{'a hold' if hold else 'an update'} sweep ended (busy low, its last victim "
+                f"out) with bursts in the DRAM model not done or write words held without their "
+                f"command ({self._stats()[2]} held; {r} words read, {w} taken to write so far): "
+                "a write command never sent, or a burst cut short"
+            )
+        n = self._ok(rc, "a sweep")
         self.sweeps.append((hold, self.cycles - c0))
         if not keep:
             self._weight[:] = 0
@@ -276,6 +314,7 @@ class RecordEngine(_DriverHandle):
             "dram_depth": d.depth,
             "burst": d.burst,
             "dram_defect": d.defect,
+            "dram_data_first": d.data_first,
             "update_sweeps": len(upd),
             "hold_sweeps": len(hold),
             # one update sweep ends each step (one table): a step's sweeps, its passes' too

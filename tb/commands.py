@@ -115,6 +115,14 @@ SIM_OPTIONS = (
         help="--records dram: bursts in flight per direction (default 4)",
     ),
     opt(
+        "--dram-data-first",
+        action="store_true",
+        help="--records dram: the DRAM takes a burst's write data before its command (AXI "
+        "allows it): it holds every word the engine offers and takes a write command only "
+        "once it holds all that burst's words, so a sweep's last write command comes after "
+        "its last word (default: it takes each write command before the burst's data)",
+    ),
+    opt(
         "--burst",
         type=positive,
         default=16,
@@ -217,6 +225,8 @@ def _sim(args: argparse.Namespace) -> int:
         raise ValueError("--boundary applies to --policy ema (managed tiers need a scored policy)")
     if slots and args.eviction_passes != "exact":
         raise ValueError(f"--eviction-passes {args.eviction_passes} applies to --policy ema only")
+    if args.dram_data_first and args.records != "dram":
+        raise ValueError(f"--dram-data-first applies to --records dram (not {args.records})")
     dram = None
     if args.records == "dram":
         if slots or args.boundary:
@@ -224,7 +234,8 @@ def _sim(args: argparse.Namespace) -> int:
         from kvcxl.rtl.verilated_records import DramShape
 
         dram = DramShape(args.dram_latency, args.dram_bytes, args.dram_depth, args.burst,
-                         "stale_read" if args.defect else None)  # fmt: skip
+                         "stale_read" if args.defect else None,
+                         args.dram_data_first)  # fmt: skip
         defect = None
     shape = EngineShape(args.entries, 1 if slots else args.lanes, args.batch, defect)
     what = (
@@ -237,6 +248,7 @@ def _sim(args: argparse.Namespace) -> int:
             f"RecordStreamEngine {stream.n_entries} entries in DRAM, {shape.lanes} lanes, "
             f"batch {shape.batch}; DRAM latency {dram.latency}, bursts of {dram.burst}, "
             f"{dram.depth} in flight, {dram.bytes_per_cycle or 'two words'} B/cycle"
+            + (", write data first" if dram.data_first else "")
         )
     print(
         f"rtl sim: {args.trace}, {stream.n_entries} entries, budget {args.budget}; Verilator "

@@ -20,7 +20,7 @@ from kvcxl.firmware.config import PolicyConfig
 from ..shape import ModelShape, preset
 from ..sim.simulator import SimOptions, simulate
 from ..workloads import WORKLOADS, compile_workload, make_workload
-from ..workloads.attention import attention_source, preset_attention
+from ..workloads.attention import attention_for, attention_source
 from .stats import fmt_ci, paired_gain, summary
 
 READ = "topk:8"
@@ -61,18 +61,23 @@ def shape_of(case: dict[str, Any]) -> ModelShape:
 
 
 @functools.lru_cache(maxsize=2)
-def _stream(workload: str, seed: int, shape: ModelShape, steps: int, read: str, agg: str):
+def _stream(
+    workload: str, seed: int, shape: ModelShape, steps: int, read: str, agg: str,
+    attention: str | None,
+):  # fmt: skip
     wl = make_workload(workload, shape, seed=seed)
     return compile_workload(
-        wl, steps, attention=preset_attention(shape), aggregation=agg, read=read
+        wl, steps, attention=attention_for(shape, attention), aggregation=agg, read=read
     )
 
 
 def stream(case: dict[str, Any], seed: int, aggregation: str = "max"):
-    """The read stream of ``case`` on workload seed ``seed`` (the last two are kept)."""
+    """The read stream of ``case`` on workload seed ``seed`` (the last two are kept), with
+    the attention its ``attention`` field chooses (none: its preset's own)."""
     return _stream(
-        case["workload"], int(seed), shape_of(case), int(case["steps"]), case["read"], aggregation
-    )
+        case["workload"], int(seed), shape_of(case), int(case["steps"]), case["read"], aggregation,
+        case.get("attention"),
+    )  # fmt: skip
 
 
 def replay(
@@ -178,7 +183,9 @@ def attention_summary(rows: Sequence[dict[str, Any]]) -> str:
 
 def attention_of(case: dict[str, Any]) -> str:
     """Where a case's attention came from, as every table's caption says (a captured trace
-    is the real model's; a synthetic stream's follows its shape's preset)."""
+    is the real model's; a synthetic stream's is the case's ``attention`` choice, or its
+    shape's preset's own)."""
     if "trace" in case:
         return "captured from SmolLM2-135M (real)"
-    return f"synthetic, {attention_source(shape_of(case).name)}"
+    shape = shape_of(case)
+    return f"synthetic, {attention_source(shape.name, case.get('attention'), shape.layers)}"

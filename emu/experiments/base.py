@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..shape import preset
+from ..workloads.attention import check_choice, own_attention
 
 SCALES = ("tiny", "ci", "mid", "s1")
 VERDICTS = ("confirms", "contradicts", "cannot say")
@@ -43,6 +44,16 @@ class Experiment:
         if "arms" in case:
             out["arms"] = [a for a in case["arms"] if _label(a) in keep]
         return out
+
+    def with_attention(self, case: dict[str, Any], choice: str) -> dict[str, Any]:
+        """``case`` with the synthetic attention ``choice`` (``seed`` or ``fit``): a case
+        that differs (field ``attention``), so its runs are keyed apart, where the choice
+        is not its preset's own (a case naming no preset — the users experiments' scaled
+        S1 — runs the seed's defaults); a captured trace's case unchanged (its attention
+        is the real model's)."""
+        if check_choice(choice) == own_attention(str(case.get("preset", ""))) or "trace" in case:
+            return case
+        return {**case, "attention": choice}
 
     def cases(self, scale: str) -> list[dict[str, Any]]:
         """Flat JSON-able cases (each with a ``"workload"``) at ``scale`` (one of SCALES)."""

@@ -13,6 +13,7 @@ from typing import Any
 from kvcxl.common.argtypes import positive
 from kvcxl.common.progress import progress
 
+from ..workloads.attention import ATTENTION_CHOICES
 from .base import SCALES
 
 DESCRIPTION = """\
@@ -44,7 +45,9 @@ ETA, and narrow it with --where.  S1's attention is the seed's
 defaults, not the SmolLM2-135M fit stretched over 80 layers by relative depth: that fit
 is a 135 M model's at 2 K tokens, nothing measured says a 70 B model at 128 K attends so,
 and the seed's defaults are what the design assumed for S1 (docs/validation.md,
-"Scales").
+"Scales").  --attention fit runs that stretched fit instead (--attention seed: the
+seed's defaults at ci and tiny), so a verdict that turns on the choice can be run both
+ways; those runs are kept apart from the default ones.
 
 Output: each finished run is appended to OUT/NAME-SCALE.jsonl as it completes, and the
 same command run again resumes: what is there is skipped (after Ctrl-C, a killed
@@ -60,6 +63,7 @@ examples:
   kvcxl experiment all --scale mid --plot docs/img --json out/validation.json
   kvcxl experiment all --scheduler tcp://10.0.0.5:8786
   kvcxl experiment users-timeline --scale s1 --seeds 1 --where users=14-18
+  kvcxl experiment policies --scale s1 --attention fit --where workload=multi-turn
 """
 
 
@@ -114,6 +118,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run only these arms of an experiment that has arms (policies: its policies and "
         "configured arms; the baseline and the bound always run), e.g. lru,clock: for a "
         "scale too large for the machine; the runs are kept apart from the whole case's",
+    )  # fmt: skip
+    p.add_argument(
+        "--attention", choices=ATTENTION_CHOICES, default=None,
+        help="the synthetic attention: seed = the generator's seed-derived defaults "
+        "(AttentionParams()), fit = the fit to SmolLM2-135M, its 30 layers' sink and recent "
+        "profiles stretched over the shape's layers by relative depth (averaged onto fewer). "
+        "Default: each scale's own, the fit at tiny and ci (SmolLM2's size) and seed at mid, "
+        "s1 and in the users experiments (the fit is a 135 M model's at 2 K tokens, nothing "
+        "measured says a 70 B model at 128 K attends so, and seed is what the design assumed "
+        "for S1); a choice other than a case's own is kept in the case, so its runs are "
+        "keyed apart from the default ones",
     )  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_experiment)
@@ -246,6 +261,7 @@ def _experiment(args: argparse.Namespace) -> int:
         rows = runner.run(
             names, args.scale, args.seeds, args.out, jobs=args.jobs, backend=backend,
             address=args.scheduler, progress=bar, where=where, steps=args.steps, arms=arms,
+            attention=args.attention,
         )  # fmt: skip
     except KeyboardInterrupt:
         bar.close()
@@ -277,6 +293,7 @@ def _experiment(args: argparse.Namespace) -> int:
         doc = {"evidence": "Simulated", "scale": args.scale, "seeds": args.seeds,
                "fingerprints": {n: runner.fingerprint(n) for n in names}, "wall_s": wall,
                "backend": backend, "where": where, "steps": args.steps, "arms": arms,
+               "attention": args.attention or "each scale's own",
                "peak_rss_bytes": bar.peak,
                "experiments": reports}  # fmt: skip
         Path(args.json_out).write_text(json.dumps(doc, indent=1))

@@ -162,10 +162,12 @@ def cases_of(
     where: Where | None = None,
     steps: int | None = None,
     arms: list[str] | None = None,
+    attention: str | None = None,
 ) -> list[dict[str, Any]]:
     """Experiment ``name``'s cases at ``scale`` that ``where`` keeps (run for ``steps`` steps
     when given: :func:`with_steps`; with only the ``arms`` named when given:
-    :func:`with_arms`), refused by name when it has none there."""
+    :func:`with_arms`; with the synthetic ``attention`` chosen when given:
+    ``Experiment.with_attention``), refused by name when it has none there."""
     try:
         cases = get(name).cases(scale)
     except KeyError as exc:  # a per-experiment table without this scale
@@ -174,6 +176,8 @@ def cases_of(
         cases = [with_steps(c, steps) for c in cases]
     if arms:
         cases = with_arms(name, cases, arms)
+    if attention is not None:
+        cases = [get(name).with_attention(c, attention) for c in cases]
     for k, items in (where or {}).items():
         if not any(k in c for c in cases):
             raise ValueError(f"--where {k}=…: no case of {name!r} at {scale!r} has a field {k!r}")
@@ -192,6 +196,7 @@ def plan(
     where: Where | None = None,
     steps: int | None = None,
     arms: list[str] | None = None,
+    attention: str | None = None,
 ) -> tuple[list[Run], dict[str, dict[str, dict[str, Any]]], int]:
     """The runs still to do (in (workload, seed) order: the runs of one stream together),
     what is done, and the total."""
@@ -201,7 +206,7 @@ def plan(
     for name in names:
         have = load(out_file(out, name, scale))
         done[name] = {}
-        for case in cases_of(name, scale, where, steps, arms):
+        for case in cases_of(name, scale, where, steps, arms, attention):
             for s in range(seeds):
                 total += 1
                 k = key(name, case, s, fps[name])
@@ -306,12 +311,14 @@ def run(
     where: Where | None = None,
     steps: int | None = None,
     arms: list[str] | None = None,
+    attention: str | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Run what is missing of ``names`` at ``scale`` on seeds 0 … seeds−1 into ``out``;
     returns every experiment's rows (done before and now), in case and seed order.
     ``where`` keeps only the cases whose fields take the values named (:func:`parse_where`);
     ``steps`` runs every case for that many steps (:func:`with_steps`); ``arms`` runs only
-    the arms named (:func:`with_arms`).
+    the arms named (:func:`with_arms`); ``attention`` (``seed`` or ``fit``) runs the
+    synthetic attention chosen (``Experiment.with_attention``; None: each case's own).
 
     ``progress`` is told of the start, of each finished run and of the workers' memory.
     """
@@ -321,7 +328,7 @@ def run(
         get(n)
     out.mkdir(parents=True, exist_ok=True)
     fps = {n: fingerprint(n) for n in names}
-    runs, done, total = plan(names, scale, seeds, out, fps, where, steps, arms)
+    runs, done, total = plan(names, scale, seeds, out, fps, where, steps, arms, attention)
     progress = progress or Progress()
     progress.start(total - len(runs), total, runs)
     files = {n: _append(out_file(out, n, scale)) for n in names}
@@ -343,7 +350,7 @@ def run(
     for name in names:
         order = [
             key(name, c, s, fps[name])
-            for c in cases_of(name, scale, where, steps, arms)
+            for c in cases_of(name, scale, where, steps, arms, attention)
             for s in range(seeds)
         ]
         result[name] = [done[name][k] for k in order]

@@ -38,7 +38,7 @@ from ..sim.simulator import SimOptions, simulate
 from ..timeline.resources import PRESETS as TIMING_PRESETS
 from ..timing import TierTiming
 from ..workloads import compile_workload, make_workload
-from ..workloads.attention import attention_source
+from ..workloads.attention import attention_for, attention_source
 from .base import Experiment
 
 TARGET_TOKENS_PER_S = 10.0  # per user (docs/design.md, Scenario S1)
@@ -164,7 +164,8 @@ class Users(Experiment):
         opts = replace(opts, warmup_steps=case["warmup"], placement=case["placement"],
                        timeline=bool(case.get("timeline", False)))  # fmt: skip
         wl = make_workload(case["workload"], shape, seed=seed, lanes=case["users"])
-        stream = compile_workload(wl, case["steps"], read=case["read"])
+        attention = attention_for(shape, case.get("attention"))
+        stream = compile_workload(wl, case["steps"], attention=attention, read=case["read"])
         r = simulate(stream, opts)
         turns = workload_turns(
             make_workload(case["workload"], shape, seed=seed, lanes=case["users"]),
@@ -203,7 +204,8 @@ class Users(Experiment):
 
 def caption(rows: list[dict[str, Any]]) -> str:
     """The line above a users table: its class, the scaled shape, the runs and where the
-    attention came from (the scaled S1 is no fitted preset: the seed's defaults)."""
+    attention came from (the scaled S1 is no fitted preset: the seed's defaults unless the
+    case chose the fit)."""
     c = rows[0]
     dims = [c.get(k) for k in ("layers", "kv_heads", "context_tokens")]
     shape = "scaled S1"
@@ -214,7 +216,8 @@ def caption(rows: list[dict[str, Any]]) -> str:
     seeds = sorted({r["seed"] for r in rows})
     return (
         f"Simulated (S1's weights and prefill: Analytical model), {shape}, {len(seeds)} seeds "
-        f"({seeds[0]}–{seeds[-1]}); attention: synthetic, {attention_source(SCALED_NAME)}."
+        f"({seeds[0]}–{seeds[-1]}); attention: synthetic, "
+        f"{attention_source(SCALED_NAME, c.get('attention'), c.get('layers'))}."
     )
 
 

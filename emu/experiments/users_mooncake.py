@@ -85,6 +85,7 @@ from ..sim.simulator import simulate
 from ..timeline.resources import PRESETS as TIMING_PRESETS
 from ..timing import TierTiming
 from ..workloads import compile_workload, make_workload
+from ..workloads.attention import attention_for
 from ..workloads.mooncake import HASH_BLOCK_TOKENS
 from .base import Experiment
 from .users import (
@@ -169,12 +170,16 @@ def check_utilisation(util: dict[str, float], where: str) -> None:
 
 
 @functools.lru_cache(maxsize=2)
-def _stream(wl: str, seed: int, dims: tuple[int, int, int], rate: float, steps: int, read: str):
-    """The read stream of one (trace, seed, rate); the series of a rate share it."""
+def _stream(
+    wl: str, seed: int, dims: tuple[int, int, int], rate: float, steps: int, read: str,
+    attention: str | None,
+):  # fmt: skip
+    """The read stream of one (trace, seed, rate, attention); the series of a rate share it."""
     shape = scaled_shape(*dims)
     return compile_workload(
-        make_workload(wl, shape, seed=seed, itl_ms=ITL_MS, rate=rate), steps, read=read
-    )
+        make_workload(wl, shape, seed=seed, itl_ms=ITL_MS, rate=rate), steps, read=read,
+        attention=attention_for(shape, attention),
+    )  # fmt: skip
 
 
 class UsersMooncake(Experiment):
@@ -223,7 +228,8 @@ class UsersMooncake(Experiment):
         opts = replace(opts, timing=timing, warmup_steps=case["warmup"],
                        placement=case["placement"], timeline=True)  # fmt: skip
         steps = case["steps"]
-        st = _stream(case["workload"], seed, dims, case["rate"], steps, case["read"])
+        st = _stream(case["workload"], seed, dims, case["rate"], steps, case["read"],
+                     case.get("attention"))  # fmt: skip
         r = simulate(st, opts)
         check_utilisation(r["timeline"]["utilisation"], f"{case['series']} rate {case['rate']}")
         wl = make_workload(case["workload"], shape, seed=seed, itl_ms=ITL_MS, rate=case["rate"])

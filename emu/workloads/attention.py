@@ -151,7 +151,13 @@ _PROFILES = ("sink_profile", "recent_profile")
 
 
 def _depths(n: int) -> NDArray:
-    """Relative depth 0 … 1 of ``n`` evenly spaced layers (a single layer is depth 0)."""
+    """Relative depth 0 … 1 of ``n`` evenly spaced layers (a single layer is depth 0).
+
+    Layer ``i`` of ``n`` sits at ``i / (n − 1)``: the first layer at 0, the last at 1,
+    whatever the model's layer count, so a profile fitted on 30 layers lands on 80 by
+    where each layer sits in the stack, not by its index (layer 40 of 80, at 40/79, reads
+    the fit two thirds of the way from its layer 14 to its layer 15, not its last layer).
+    """
     return np.linspace(0.0, 1.0, n) if n > 1 else np.zeros(n)
 
 
@@ -265,9 +271,53 @@ def preset_attention(shape: ModelShape) -> AttentionParams:
 FITTED_PRESETS = ("ci", "smollm2")
 
 
-def attention_source(preset_name: str) -> str:
-    """Where a preset's default attention comes from, for reports."""
-    return "fitted to SmolLM2-135M" if preset_name in FITTED_PRESETS else "the seed's defaults"
+#: ``kvcxl experiment --attention``'s choices: the generator's seed-derived defaults, or the
+#: fit to SmolLM2-135M (:func:`fitted_params`) on any shape's layers by relative depth.
+ATTENTION_CHOICES = ("seed", "fit")
+
+
+def own_attention(preset_name: str) -> str:
+    """The choice a preset runs by default: ``fit`` for the fitted presets, else ``seed``."""
+    return "fit" if preset_name in FITTED_PRESETS else "seed"
+
+
+def attention_for(shape: ModelShape, choice: str | None = None) -> AttentionParams:
+    """A shape's generator parameters: ``None`` its preset's own (:func:`preset_attention`),
+    ``"seed"`` the seed's defaults, ``"fit"`` the SmolLM2-135M fit on the shape's layers.
+
+    The fit's per-layer sink and recent profiles (SmolLM2's 30 layers) are read by
+    relative depth (:func:`_depths`): interpolated linearly onto a deeper shape (S1's 80
+    layers: the fit stretched), averaged onto a shallower one (:func:`_resample`).
+    """
+    if choice is None:
+        return preset_attention(shape)
+    return fitted_params() if check_choice(choice) == "fit" else AttentionParams()
+
+
+def check_choice(choice: str) -> str:
+    """``choice`` when it is one of :data:`ATTENTION_CHOICES`, else a ValueError naming it."""
+    if choice not in ATTENTION_CHOICES:
+        raise ValueError(
+            f"attention {choice!r}: must be one of {', '.join(map(repr, ATTENTION_CHOICES))}"
+        )
+    return choice
+
+
+def attention_source(preset_name: str, choice: str | None = None, layers: int | None = None) -> str:
+    """Where a shape's attention comes from, for reports: its preset's own (``choice``
+    None), or the one chosen, named with the choice and, for the fit on ``layers`` other
+    than its own, how its profiles were carried there."""
+    if choice is None:
+        fit = preset_name in FITTED_PRESETS
+        return "fitted to SmolLM2-135M" if fit else "the seed's defaults"
+    if check_choice(choice) == "seed":
+        return "the seed's defaults (--attention seed)"
+    own = len(fitted_params().sink_profile)
+    how = ""
+    if layers and own and layers != own:
+        verb = "stretched over" if layers > own else "averaged onto"
+        how = f" {verb} {layers} layers by relative depth"
+    return f"fitted to SmolLM2-135M{how} (--attention fit)"
 
 
 class ContextAttention:

@@ -260,3 +260,34 @@ def test_a_dask_cluster_that_loses_a_worker_gives_the_serial_rows(tmp_path):
     # the bar's memory per worker: what the scheduler says each one holds
     assert {"worker 0", "worker 1"} <= {k for m in KillOne.mem for k in m}
     assert all(v > 10 * 2**20 for m in KillOne.mem for v in m.values())
+
+
+@pytest.mark.slow
+def test_a_local_worker_that_dies_is_reported_and_the_finished_runs_resume(tmp_path):
+    """Two local worker processes; at the first look at their memory one is killed
+    (SIGKILL, as the out-of-memory killer does): the run stops with the user's error
+    (WorkerLost: exit status 1, naming the run and what to do, not an internal error),
+    every finished run is kept, and the same run again completes with the serial rows."""
+    serial = runner.run(["ladder"], "tiny", 3, tmp_path / "serial", backend="serial")
+
+    class KillOne(runner.Progress):
+        killed: list = []
+
+        def memory(self, mem):
+            if not self.killed and mem:
+                pid = int(sorted(mem)[0].split()[1])
+                os.kill(pid, signal.SIGKILL)
+                self.killed.append(pid)
+
+    out = tmp_path / "process"
+    with pytest.raises(runner.WorkerLost) as lost:
+        runner.run(["ladder"], "tiny", 3, out, backend="process", jobs=2, progress=KillOne())
+    assert KillOne.killed
+    msg = str(lost.value)
+    assert "died while running ladder" in msg and "the same command resumes" in msg, msg
+    assert "--jobs 1" in msg, msg
+    assert runner.WorkerLost.exit_code == 1  # (kvcxl.emu.cli.explain: a user's error)
+    f = runner.out_file(out, "ladder", "tiny")
+    kept = f.read_text().splitlines() if f.exists() else []
+    assert len(kept) < 6  # stopped mid-way
+    assert runner.run(["ladder"], "tiny", 3, out, backend="process", jobs=2) == serial

@@ -25,6 +25,7 @@ import os
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor
 from concurrent.futures import wait as wait_local
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +235,25 @@ def _memory(pids: list[int]) -> Memory:
 Event = tuple[Run, dict[str, Any]] | Memory  # a finished run with its row, or a memory look
 
 
+class WorkerLost(RuntimeError):
+    """A local worker process died mid-run (the kernel's out-of-memory killer, most
+    likely): the user's to act on (fewer jobs or a smaller run), not a bug."""
+
+    exit_code = 1
+
+
+def _lost(run: Run, jobs: int, mem: Memory) -> WorkerLost:
+    name, case, seed = run
+    peak = max(mem.values(), default=0)
+    seen = f"; a worker held {peak / 1e9:.1f} GB at the last look" if peak else ""
+    return WorkerLost(
+        f"a worker process died while running {name} {case.get('workload', '')} seed "
+        f"{seed} (killed by the system: most likely out of memory{seen}); every run "
+        "that finished is kept, and the same command resumes from them: run it again "
+        f"with fewer workers (--jobs {max(1, jobs - 1)}) or fewer steps (--steps)"
+    )
+
+
 def _completed(runs: list[Run], jobs: int, backend: str, address: str | None) -> Iterator[Event]:
     """Each run with its row as runs finish, and between them (every ``SAMPLE_S`` seconds
     while runs are out) the workers' memory."""
@@ -247,12 +267,18 @@ def _completed(runs: list[Run], jobs: int, backend: str, address: str | None) ->
         with ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=ctx) as ex:
             futs = {ex.submit(run_one, r): r for r in runs}
             pending = set(futs)
+            mem: Memory = {}
             while pending:
                 finished, pending = wait_local(pending, SAMPLE_S, FIRST_COMPLETED)
                 for f in finished:
-                    yield futs[f], f.result()
+                    try:
+                        row = f.result()
+                    except BrokenProcessPool:
+                        raise _lost(futs[f], jobs, mem) from None
+                    yield futs[f], row
                 # the pool's worker processes (a private map; empty if that ever changes)
-                yield _memory(list(getattr(ex, "_processes", None) or {}))
+                mem = _memory(list(getattr(ex, "_processes", None) or {}))
+                yield mem
     elif backend == "dask":
         try:
             from dask.distributed import wait as wait_dask

@@ -206,7 +206,10 @@ def test_lru_queue_takes_the_smallest_key_then_id(seed: int) -> None:
     knows only versions: pinned entries are never queued, and only takes evict).  Touches join
     the tail one by one, never below the queued keys (equal batch times included, an entry
     touched again in its own batch), not in id order; takes of every size, protected
-    entries staying queued, the boundary run split by id; compactions when full."""
+    entries staying queued, the boundary run split by id; compactions when full.  A split
+    run stays sorted by id with its span kept (``run``), and the takes that reach it again
+    read only what they take: prompts written at one batch time make such runs here, and
+    the takes that used a kept span are counted (the case must happen)."""
     rng = np.random.default_rng(seed)
     n = 400
     cap = 2 * n + 64
@@ -218,10 +221,13 @@ def test_lru_queue_takes_the_smallest_key_then_id(seed: int) -> None:
     key_now = np.full(n, -1, np.int64)  # each queued entry's newest key
     head, size, t = 0, 0, 0
     out = np.empty(n, np.int64)
-    compactions = splits = 0
+    run = np.zeros(2, np.int64)  # the sorted boundary run's span (kernel._take's)
+    compactions = splits = spans = 0
     for call in range(1, 300):
         t += int(rng.integers(0, 2))  # equal batch times happen (a write after its read)
-        batch = rng.choice(n, int(rng.integers(1, 60)))  # repeats: touched twice in a batch
+        # repeats: touched twice in a batch; now and then a prompt (a long run of one key)
+        size_b = int(rng.integers(150, 300)) if call % 40 == 1 else int(rng.integers(1, 60))
+        batch = rng.choice(n, size_b)
         for e in batch.tolist():
             resident[e] = True
             if pinned[e]:
@@ -229,6 +235,7 @@ def test_lru_queue_takes_the_smallest_key_then_id(seed: int) -> None:
             if size == cap:
                 size = K._compact(hk, hi, hv, head, size, ver)
                 head = 0
+                run[:] = 0
                 compactions += 1
             size = K._enqueue(hk, hi, hv, size, t, e, ver)
             key_now[e] = t
@@ -243,11 +250,17 @@ def test_lru_queue_takes_the_smallest_key_then_id(seed: int) -> None:
         want = eligible[:k]
         if k < len(eligible) and key_now[eligible[k - 1]] == key_now[eligible[k]]:
             splits += 1  # (the take ends inside a run of equal keys)
-        nv, head = K._take((hk, hi, hv, ver), head, size, k, stamp, call, protect, out)
+        nv, head = K._take((hk, hi, hv, ver), head, size, k, stamp, call, protect, out, run)
         assert sorted(out[:nv].tolist()) == sorted(want), (seed, call)
+        if run[1] > run[0]:  # the kept span is one whole run of one key, sorted by id
+            a, z = int(run[0]), int(run[1])
+            assert head <= a and z < size and (hk[a:z] == hk[a]).all(), (seed, call)
+            assert (a == head or hk[a - 1] < hk[a]) and hk[z] > hk[a], (seed, call)
+            assert (np.diff(hi[a:z]) > 0).all(), (seed, call)
+            spans += 1
         resident[out[:nv]] = False  # the victims leave
         assert all(hk[j] <= hk[j + 1] for j in range(head, size - 1))  # key order kept
-    assert compactions and splits  # (the cases the test is for happened)
+    assert compactions and splits and spans  # (the cases the test is for happened)
 
 
 # --- the plan ---------------------------------------------------------------------------

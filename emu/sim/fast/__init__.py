@@ -165,7 +165,10 @@ def run(rep: _Replay) -> None:
     if (fw.placement == "policy" and fw.policy.scored and cfg.placement_mode == "thresholds"
             and not fw.managed):  # (managed tiers: every victim lands in CXL DRAM)  # fmt: skip
         nvme_below = float(cfg.evict_threshold)
-    setup = Setup(fw.policy, cfg, mode, plan, n, per_request, bool(fw.offline))
+    # The cache's pinned and stamp columns: the loop writes them, a policy's select_all
+    # reads them (Setup hands them to its state).
+    pinned, stamp = np.zeros(n, np.bool_), np.zeros(n, np.int64)
+    setup = Setup(fw.policy, cfg, mode, plan, n, per_request, bool(fw.offline), pinned, stamp)
     state = module.build(setup)
     t, tiers = opts.timing, rep.tiers
     ctx_tokens = np.zeros(plan["n_ctx"] if trait(module, "BY_AGE") else 0, np.int64)
@@ -178,7 +181,8 @@ def run(rep: _Replay) -> None:
             capacity=int(fw.cache.capacity), pinned_capacity=int(fw.cache.pinned_capacity),
             persistent=bool(cfg.persistent_metadata), eviction_batch=int(cfg.eviction_batch),
             nvme_below=nvme_below, record=bool(opts.record_victims), per_request=per_request,
-            offline=bool(fw.offline), bypass=bool(fw.policy.may_bypass), warm=int(books.warm)),
+            offline=bool(fw.offline), bypass=bool(fw.policy.may_bypass), warm=int(books.warm),
+            pinned=pinned, stamp=stamp),
         Media(cxl_cap=int(tiers.cap[2]), nvme_cap=int(tiers.cap[3]), entry_bytes=int(rep.eb),
               cxl_lat=float(t.cxl_latency_ns), cxl_gbps=float(t.cxl_gbps),
               nvme_lat=float(t.nvme_latency_ns), nvme_gbps=float(t.nvme_gbps)),

@@ -58,6 +58,13 @@ must not return one of them (or a view) out of the loop.
     eligible entries ``cand[:m]`` (resident, unpinned, unprotected; unordered) into
     ``out``, in eviction order, returning how many.  For policies whose victim is not the
     top of a per-entry priority (queues, ghost lists, a clock hand).
+``select_all(ps, tab, m, call, protect, k, now, out) -> int``
+    ``select`` over every eligible entry without their list (where the policy can tell
+    them itself, a walk that meets only a few of them costs only those): the ``m``
+    resident entries that are not pinned nor, when ``protect``, stamped by ``call`` —
+    the cache's own ``pinned`` and ``stamp`` columns, which ``Setup`` shares with the
+    state.  A module that defines it defines ``select`` too (a pass over a subset, as the
+    managed tiers' layers are, still hands a list).
 
 Traits (module-level constants, default False): ``STATIC`` — a key changes only through
 the entry's own ``on_insert``/``on_access`` (True returned) or ``end_step``, so small
@@ -86,7 +93,7 @@ from kvcxl.firmware.policies.base import Policy
 TRAITS = ("STATIC", "QUEUE", "TOUCH", "BY_AGE", "ONCE")
 HOOKS = (
     "on_insert", "on_admit", "forget", "on_evict", "end_step", "score", "score_q16",
-    "idle_steps", "now", "select",
+    "idle_steps", "now", "select", "select_all",
 )  # fmt: skip
 REQUIRED = ("COVERS", "build", "priority", "on_access")
 
@@ -125,6 +132,8 @@ class Run(NamedTuple):
     offline: bool  # the policy sees −1 before any read (Belady)
     bypass: bool  # the policy may evict the entries of the batch just read
     warm: int  # the warm-up's read steps (_StepBooks.warm)
+    pinned: NDArray  # the cache's columns (Setup's: shared with the policy's state)
+    stamp: NDArray
 
 
 class Media(NamedTuple):
@@ -153,7 +162,9 @@ class Table(NamedTuple):
 class Setup:
     """What ``build`` reads: the firmware policy (its parameters: ``policy.params``), its
     configuration, the mode, the flattened plan (:func:`kvcxl.emu.sim.fast.flat_plan` with
-    ``e_ctx``/``e_block``), the number of entries and the replay's granularity."""
+    ``e_ctx``/``e_block``), the number of entries and the replay's granularity; the cache's
+    ``pinned`` and ``stamp`` columns (the call that last marked each entry), which the
+    loop writes and a ``select_all`` reads."""
 
     policy: Policy
     config: PolicyConfig
@@ -162,6 +173,8 @@ class Setup:
     n: int
     per_request: bool
     offline: bool
+    pinned: NDArray
+    stamp: NDArray
 
     def column(self, fill: Any, dtype: Any) -> NDArray:
         """A column over every entry, filled as the firmware's ``columns`` declare."""
@@ -223,6 +236,11 @@ def select(ps, tab, cand, m, k, now, out):  # type: ignore[no-untyped-def]
     return 0
 
 
+@njit
+def select_all(ps, tab, m, call, protect, k, now, out):  # type: ignore[no-untyped-def]
+    return 0
+
+
 def hook(module: ModuleType, name: str) -> Any:
     """The module's own hook ``name``, else the default above."""
     return getattr(module, name, globals()[name])
@@ -266,8 +284,13 @@ def check(module: ModuleType) -> None:
             f"fast-engine policy module {module.__name__} is TOUCH but not a QUEUE: TOUCH "
             "defers a queued entry's key to its read"
         )
+    if has(module, "select_all") and not has(module, "select"):
+        raise TypeError(
+            f"fast-engine policy module {module.__name__} has select_all but no select: "
+            "a managed tiers' layer is a list of candidates"
+        )
     if trait(module, "QUEUE"):  # (its victims come from its touches alone)
-        extra = [n for n in ("end_step", "select", "score") if has(module, n)]
+        extra = [n for n in ("end_step", "select", "select_all", "score") if has(module, n)]
         if extra:
             raise TypeError(
                 f"fast-engine policy module {module.__name__} is a QUEUE but has "

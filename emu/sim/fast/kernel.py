@@ -131,8 +131,25 @@ def _enqueue(hk, hi, hv, size, key, e, ver):  # type: ignore[no-untyped-def]
     return size + 1
 
 
+@njit(cache=True, inline="always")
+def _sort_item(queue, r, w, c, stamp, call, protect, out):  # type: ignore[no-untyped-def]
+    """:func:`_take`'s look at item ``r``: a stale one is dropped, the call's own kept at
+    ``w`` (``protect``), any other gathered at ``out[c]``; returns (w, c)."""
+    hk, hi, hv, ver = queue
+    e = hi[r]
+    v = hv[r]
+    if v == ver[e]:
+        if protect and stamp[e] == call:
+            hk[w], hi[w], hv[w] = hk[r], e, v
+            w += 1
+        else:
+            out[c] = e
+            c += 1
+    return w, c
+
+
 @njit(cache=True)
-def _take(queue, head, size, k, stamp, call, protect, out):  # type: ignore[no-untyped-def]
+def _take(queue, head, size, k, stamp, call, protect, out, run):  # type: ignore[no-untyped-def]
     """Up to ``k`` victims from the queue's head into ``out``: the ``k`` smallest (key, id)
     of its current items (``queue``: the items' keys, ids and versions and each entry's
     version, ``(hk, hi, hv, ver)``), skipping the call's own
@@ -143,38 +160,53 @@ def _take(queue, head, size, k, stamp, call, protect, out):  # type: ignore[no-u
     One pass over each run of equal keys: its current items are kept at once (the call's
     own) or gathered in ``out``; all of them leave when the run fits, else its lowest ids
     (a run's order is free: its keys are equal).  ``out`` has room for every current
-    item."""
+    item.  A boundary run that stays, once a later key follows it (no item can join it
+    then), is left sorted by id with its span in ``run`` (``[run[0], run[1])``, kept by
+    the caller; :func:`_compact` ends it): the next take that reaches it takes its first
+    eligible items and stops, where a run of millions (a prompt written at one batch
+    time) would otherwise be read whole at every take."""
     hk, hi, hv, ver = queue
     nv = 0
     w = head  # kept items so far: [head, w) (w never passes the read position)
     r = head
+    s0 = s1 = 0  # the sorted boundary run this take leaves, if any (kept positions)
     while nv < k and r < size:
         key = hk[r]
+        w0 = w
+        if r == run[0] and r < run[1]:  # a sorted run: its lowest ids first
+            while r < run[1] and nv < k:
+                w, nv = _sort_item(queue, r, w, nv, stamp, call, protect, out)
+                r += 1
+            if r < run[1]:  # (it stays: the kept of it, then its unread rest, in id order)
+                s0, s1 = w0, -1
+            continue
         c = nv  # the run's eligible items: out[nv:c]
         while r < size and hk[r] == key:
-            e = hi[r]
-            v = hv[r]
-            if v == ver[e]:
-                if protect and stamp[e] == call:
-                    hk[w], hi[w], hv[w] = key, e, v
-                    w += 1
-                else:
-                    out[c] = e
-                    c += 1
+            w, c = _sort_item(queue, r, w, c, stamp, call, protect, out)
             r += 1
         if c <= k:
             nv = c
-        else:  # the run's lowest ids leave, the rest stay (current: their versions)
+        else:  # the run's lowest ids leave, the rest stay (current)
             _kth(out, nv, c, k - 1)
             for j in range(k, c):
-                e = out[j]
-                hk[w], hi[w], hv[w] = key, e, ver[e]
+                hi[w] = out[j]
                 w += 1
+            if r < size:  # a later key follows, so nothing joins the run: sorted by id
+                hi[w0:w].sort()
+                s0, s1 = w0, w
+            for j in range(w0, w):
+                hk[j], hv[j] = key, ver[hi[j]]
             nv = k
     kept = w - head
     for j in range(kept - 1, -1, -1):  # the kept items move up against the unread ones
         d = r - kept + j
         hk[d], hi[d], hv[d] = hk[head + j], hi[head + j], hv[head + j]
+    if s1 == -1:  # a sorted run read in part: its kept part and its unread rest
+        run[0], run[1] = s0 - head + r - kept, run[1]
+    elif s1:
+        run[0], run[1] = s0 - head + r - kept, s1 - head + r - kept
+    elif r > run[0]:  # (a take that stops short of the run leaves it where it is)
+        run[0] = run[1] = 0
     return nv, r - kept
 
 

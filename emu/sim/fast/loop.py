@@ -66,9 +66,12 @@ from kvcxl.emu.sim.fast.work import (
     N_DUMP,
     N_LIST,
     N_PINNED,
+    N_PROT,
     N_RES,
     PASSES,
     POS,
+    QRUN,
+    QRUN_END,
     STALE,
     TIME,
     Books,
@@ -93,6 +96,7 @@ ONCE = hooks.trait(P, "ONCE")
 STEPS = hooks.has(P, "end_step")
 SCORED = hooks.has(P, "score")
 SELECT = hooks.has(P, "select")
+SELECT_ALL = hooks.has(P, "select_all")  # (a select over every eligible entry, listless)
 LAYERED = SCORED  # managed tiers' eviction layers (FirmwareSession.managed: scored policies)
 ADMIT = hooks.has(P, "on_admit")
 # The per-read and per-entry hooks are inlined into the loop (numba IR), where the state's
@@ -108,6 +112,7 @@ now_of = hooks.inlined(hooks.hook(P, "now"))
 idle_steps = hooks.inlined(hooks.hook(P, "idle_steps"))
 end_step = hooks.hook(P, "end_step")  # (once per step and pass: calls)
 select = hooks.hook(P, "select")
+select_all = hooks.hook(P, "select_all")
 on_admit = hooks.hook(P, "on_admit")  # (once per call that admits)
 
 
@@ -180,6 +185,7 @@ def _hits(env, w, a, z0, step, tok):  # type: ignore[no-untyped-def]
         if QUEUE and hsize == h.hk.size:
             hsize = _compact(h.hk, h.hi, h.hv, hhead, hsize, h.ver)
             hhead = 0
+            c[QRUN] = c[QRUN_END] = 0  # (the run's span moved)
         hsize, n_dirty = _touched(env, w, e, time, changed, hsize, n_dirty, stale)
         time += 1
         if STATIC and not QUEUE and n_dirty * 2 > n_list:
@@ -356,6 +362,7 @@ def _admit(env, w, a, z, na, n_prot, is_write):  # type: ignore[no-untyped-def]
     if QUEUE and hsize + na + (z - a) > h.hk.size:  # (room for every touch below)
         hsize = _compact(h.hk, h.hi, h.hv, hhead, hsize, h.ver)
         hhead = 0
+        c[QRUN] = c[QRUN_END] = 0  # (the run's span moved)
     c[N_RES] += na
     c[INSERTS] += na
     free = run.pinned_capacity - n_pinned
@@ -550,6 +557,9 @@ def _scan_victims(env, w, k_pass, protect, now):  # type: ignore[no-untyped-def]
     ps, tab, c, cache, sc = env.ps, env.tab, w.c, w.cache, w.scratch
     cand_id, cand_k = sc.cand_id, sc.cand_k
     call = c[CALL]
+    if SELECT_ALL:  # (the eligible are the unprotected ones of the listed: no list needed)
+        m = c[N_LIST] - c[N_PROT] if protect else c[N_LIST]
+        return select_all(ps, tab, m, call, protect, k_pass, now, sc.vic)
     mc = 0
     for j in range(c[N_LIST]):
         e = cache.res_list[j]
@@ -582,7 +592,7 @@ def _victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-untyped-d
         if QUEUE:  # (every touch is queued already, in key order)
             nv, head = _take(
                 (h.hk, h.hi, h.hv, h.ver), c[HHEAD], c[HSIZE], k_pass, w.cache.stamp,
-                c[CALL], protect, sc.vic,
+                c[CALL], protect, sc.vic, c[QRUN : QRUN_END + 1],
             )  # fmt: skip
             c[HHEAD] = head
         else:
@@ -766,6 +776,7 @@ def _make_room(env, w, b, n_prot):  # type: ignore[no-untyped-def]
         return
     # else the call's entries compete too (the bypassing optimum: always)
     protect = c[N_LIST] - n_prot >= over and not run.bypass
+    c[N_PROT] = n_prot
     batched, t = env.rules.batched, c[T_NOW]
     left = over
     n_pass = 0
@@ -1012,9 +1023,9 @@ def _work(plan, run, media, tlog, pf, rules):  # type: ignore[no-untyped-def]
     books = Books(np.zeros(npos, np.int64), np.zeros(npos, np.int64),
                   np.zeros((npos, 4), np.int64), np.zeros(npos, np.float64),
                   np.zeros(npos, np.int64), np.zeros((npos, 5, 4), np.int64))  # fmt: skip
-    cache = Cache(np.zeros(n, np.bool_), np.zeros(n, np.bool_), np.zeros(n, np.bool_),
-                  np.empty(n, np.int64), np.full(n, -1, np.int64),
-                  np.zeros(n, np.int64))  # fmt: skip
+    # (pinned and stamp: the run's, shared with the policy's state for its select_all)
+    cache = Cache(np.zeros(n, np.bool_), run.pinned, np.zeros(n, np.bool_),
+                  np.empty(n, np.int64), np.full(n, -1, np.int64), run.stamp)  # fmt: skip
     # A heap of the resident unpinned entries by (key, id) serves small evictions of a STATIC
     # policy: keys change only by an entry's own events (marked dirty, pushed again before
     # the next pop) and at step ends (the heap is rebuilt).  Large evictions scan.  A QUEUE

@@ -37,8 +37,11 @@ from numpy.typing import NDArray
     CALL,  # PolicyCache calls so far
     POS,  # the books' position of the current step
     T,  # the current call's time
+    N_PROT,  # the current call's own entries, resident and unpinned (_make_room's)
+    QRUN,  # the queue's sorted boundary run: [c[QRUN], c[QRUN + 1]) (kernel._take's)
+    QRUN_END,
     COUNTERS,  # (how many)
-) = range(21)
+) = range(24)
 
 
 class Env(NamedTuple):

@@ -42,6 +42,7 @@ FIELDS = (
     "older", "newer", "seq", "queue", "fresh",  # the linked queues over entry ids
     "head", "tail", "count",  # per queue (index 0 unused)
     "ok", "arr", "isarr", "arrv", "vic", "rank", "sc",  # walk, arrivals, plan, scalars
+    "pinned", "stamp",  # the cache's columns (hooks.Setup): what a select_all offers
 )  # fmt: skip
 # Slots of ``sc`` (int64 scalars the hooks update).
 COUNTER = 0  # the next head stamp
@@ -50,6 +51,8 @@ NV = 2  # victims of the pass held in ``vic``
 PENDING = 3  # 1: the held pass is not committed yet
 RANKED = 4  # 1: ``rank`` holds the held victims' walk ranks
 PASS = 5  # walks so far (stamps of per-walk marks)
+ALL = 6  # 0: the walk offers ``ok``'s; 1: every unpinned entry; 2: and not stamped by CALLED
+CALLED = 7  # the call whose entries a select_all protects
 OWN = 8  # the first slot a module may use for its own scalars
 N_SLOTS = 16
 
@@ -73,7 +76,7 @@ def base(setup: Setup, n_queues: int) -> dict[str, Any]:
         "ok": setup.column(False, np.bool_), "arr": np.zeros(n, np.int64),
         "isarr": setup.column(False, np.bool_), "arrv": np.zeros(n, np.int64),
         "vic": np.zeros(n, np.int64), "rank": np.zeros(n, np.int64),
-        "sc": np.zeros(N_SLOTS, np.int64),
+        "sc": np.zeros(N_SLOTS, np.int64), "pinned": setup.pinned, "stamp": setup.stamp,
     }  # fmt: skip
 
 
@@ -127,10 +130,20 @@ def unlink(ps, i):  # type: ignore[no-untyped-def]
     lunlink(ps.older, ps.newer, ps.head, ps.tail, ps.count, ps.queue, i)
 
 
+@njit(cache=True, inline="always")
+def offered(ps, i):  # type: ignore[no-untyped-def]
+    """Whether queued entry ``i`` is offered to the walk: marked in ``ok`` (:func:`offer`),
+    or (:func:`offer_all`) eligible — not arriving, not pinned, not the call's own."""
+    mode = ps.sc[ALL]
+    if mode == 0:
+        return ps.ok[i]
+    return not (ps.isarr[i] or ps.pinned[i] or (mode == 2 and ps.stamp[i] == ps.sc[CALLED]))
+
+
 @njit(cache=True)
 def next_offered(ps, i):  # type: ignore[no-untyped-def]
     """The first offered entry at or after ``i`` toward the head (QueuePolicy.cursor)."""
-    while i != NONE and not ps.ok[i]:
+    while i != NONE and not offered(ps, i):
         i = ps.newer[i]
     return i
 
@@ -205,7 +218,27 @@ def offer(ps, cand, m, arrv):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
+def offer_all(ps, call, protect, arrv):  # type: ignore[no-untyped-def]
+    """:func:`offer` of every eligible entry (hooks' ``select_all``), with no marks: the
+    walk asks :func:`offered`; the eligible arriving ones go (ascending) to ``arrv``;
+    returns how many."""
+    ps.sc[CALLED] = call
+    na = 0
+    for j in range(ps.sc[NARR]):
+        e = ps.arr[j]
+        if not (ps.pinned[e] or (protect and ps.stamp[e] == call)):
+            arrv[na] = e
+            na += 1
+    ps.sc[ALL] = 2 if protect else 1
+    return na
+
+
+@njit(cache=True)
 def withdraw(ps, cand, m):  # type: ignore[no-untyped-def]
+    """The offer withdrawn: ``cand[:m]``'s marks, or :func:`offer_all`'s mode."""
+    if ps.sc[ALL]:
+        ps.sc[ALL] = 0
+        return
     for j in range(m):
         ps.ok[cand[j]] = False
 
@@ -241,6 +274,25 @@ def close_walk(ps, cand, m, na, out, nv, k):  # type: ignore[no-untyped-def]
     nv = take_arriving(ps.arrv, na, out, nv, k)
     hold(ps, out, nv)
     return nv
+
+
+def selects(choose: Any) -> tuple[Any, Any]:
+    """A queue policy's ``select`` and ``select_all`` hooks around its walk ``choose(ps,
+    m, na, k, out)``: up to ``min(k, m − na)`` victims of an offer of ``m`` entries,
+    ``na`` of them arriving, its plan kept in the state.  (Not cached on disk, as the
+    hooks' defaults: the loops that call them are.)"""
+
+    @njit
+    def select(ps, tab, cand, m, k, now, out):  # type: ignore[no-untyped-def]
+        na = offer(ps, cand, m, ps.arrv)
+        return close_walk(ps, cand, m, na, out, choose(ps, m, na, k, out), min(k, m))
+
+    @njit
+    def select_all(ps, tab, m, call, protect, k, now, out):  # type: ignore[no-untyped-def]
+        na = offer_all(ps, call, protect, ps.arrv)
+        return close_walk(ps, ps.arrv, 0, na, out, choose(ps, m, na, k, out), min(k, m))
+
+    return select, select_all
 
 
 @njit(cache=True)

@@ -153,12 +153,14 @@ def _walk(ps, k, out, nb1, nb2, drop):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def select(ps, tab, cand, m, k, now, out):  # type: ignore[no-untyped-def]
-    na = Q.offer(ps, cand, m, ps.arrv)
-    k = min(k, m)
+def _choose(ps, m, na, k, out):  # type: ignore[no-untyped-def]
+    """The walk of an offer of ``m`` (``na`` of them arriving): its victims, its plan kept."""
     nv, a1, a2, nd = _walk(ps, min(k, m - na), out, ps.nb1, ps.nb2, ps.drop)
     ps.sc[_N1], ps.sc[_N2], ps.sc[_ND] = a1, a2, nd
-    return Q.close_walk(ps, cand, m, na, out, nv, k)
+    return nv
+
+
+select, select_all = Q.selects(_choose)
 
 
 @njit(cache=True)

@@ -95,10 +95,11 @@ def _walk(ps, k, out):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def select(ps, tab, cand, m, k, now, out):  # type: ignore[no-untyped-def]
-    na = Q.offer(ps, cand, m, ps.arrv)
-    k = min(k, m)
-    return Q.close_walk(ps, cand, m, na, out, _walk(ps, min(k, m - na), out), k)
+def _choose(ps, m, na, k, out):  # type: ignore[no-untyped-def]
+    return _walk(ps, min(k, m - na), out)
+
+
+select, select_all = Q.selects(_choose)
 
 
 @njit(cache=True)

@@ -133,12 +133,14 @@ def _walk(ps, k, out, ext, wval, wst, ghl):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def select(ps, tab, cand, m, k, now, out):  # type: ignore[no-untyped-def]
-    na = Q.offer(ps, cand, m, ps.arrv)
-    k = min(k, m)
+def _choose(ps, m, na, k, out):  # type: ignore[no-untyped-def]
+    """The walk of an offer of ``m`` (``na`` of them arriving): its victims, its plan kept."""
     nv, lo, hi, ng = _walk(ps, min(k, m - na), out, ps.ext, ps.wval, ps.wst, ps.ghl)
     ps.sc[_LO], ps.sc[_HI], ps.sc[_NG] = lo, hi, ng
-    return Q.close_walk(ps, cand, m, na, out, nv, k)
+    return nv
+
+
+select, select_all = Q.selects(_choose)
 
 
 @njit(cache=True)

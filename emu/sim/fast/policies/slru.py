@@ -64,18 +64,21 @@ def on_admit(ps, adm, na, t):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def select(ps, tab, cand, m, k, now, out):  # type: ignore[no-untyped-def]
-    na = Q.offer(ps, cand, m, ps.arrv)
-    k = min(k, m)
+def _choose(ps, m, na, k, out):  # type: ignore[no-untyped-def]
+    """SlruPolicy.walk of an offer of ``m`` (``na`` of them arriving): the offered tails,
+    lowest segment first."""
     kw = min(k, m - na)
-    nv = 0  # SlruPolicy.walk: the offered tails, lowest segment first
+    nv = 0
     for q in range(1, ps.nseg + 1):
         i = Q.next_offered(ps, ps.tail[q])
         while i != Q.NONE and nv < kw:
             out[nv] = i
             nv += 1
             i = Q.next_offered(ps, ps.newer[i])
-    return Q.close_walk(ps, cand, m, na, out, nv, k)
+    return nv
+
+
+select, select_all = Q.selects(_choose)
 
 
 @njit(cache=True)

@@ -431,13 +431,26 @@ S1_USERS_GOAL_READS_PER_S = 40e6  # issue goals: LRU and the EMA on one core
 S1_USERS_GOAL_BYTES_PER_ENTRY = 64  # the tiers and the timeline included
 
 
+def _stream_bytes(stream: Any) -> int:
+    """The bytes a read stream's arrays hold (its fields and its grids)."""
+    total = 0
+    for f in dataclasses.fields(stream):
+        v = getattr(stream, f.name)
+        if isinstance(v, np.ndarray):
+            total += v.nbytes
+        elif isinstance(v, dict):
+            total += sum(a.nbytes for a in v.values() if isinstance(a, np.ndarray))
+    return total
+
+
 def _s1_users(quick: bool) -> dict[str, Any]:
     """S1's exact shape with its 16 users (the users experiments' workload, one lane per
     user: a 0.9 × context prompt, then decode steps), dense and top-256 reads, LRU and the
     EMA at 10 % and 25 % budgets with the timeline on: entry reads/s over the decode steps
     (the replay's time less a replay of the prompts' writes alone), the replay's peak
     memory per entry (peak RSS during the replay over the RSS before it, the stream
-    already built) and the process's peak RSS.
+    already built), the stream's own bytes per entry (its arrays) and the process's peak
+    RSS.
     A user count is run only if its memory, estimated from the per-entry bytes measured
     at the smaller count (Analytical), fits in 80 % of the memory available; else its
     entry says why it was not run."""
@@ -472,8 +485,10 @@ def _s1_users(quick: bool) -> dict[str, Any]:
             stream = compile_workload(wl, steps, read=read)
             out[f"{r_tag}_generate_s"] = round(time.perf_counter() - t0, 2)
             out[f"{r_tag}_entry_reads"] = stream.n_reads
-            rss1, _ = _rss()
-            out[f"{r_tag}_stream_bytes_per_entry"] = round((rss1 - rss0) / entries, 1)
+            # the stream's own arrays (exact; an RSS difference reads 0 where the arrays
+            # reuse pages an earlier allocation freed)
+            stream_b = _stream_bytes(stream)
+            out[f"{r_tag}_stream_bytes_per_entry"] = round(stream_b / entries, 1)
             # the prompts' writes alone, timed apart and taken off the replay's time; the
             # stream's plan built (once per stream, as in a sweep) before any clock
             prompt = _prefix(stream, int(np.flatnonzero(stream.ev_kind != CREATE)[0]))
@@ -499,7 +514,7 @@ def _s1_users(quick: bool) -> dict[str, Any]:
                     out[f"{key}_entry_reads_per_s"] = round(r["reads"] / max(dt, 1e-9))
                     out[f"{key}_bytes_per_entry"] = round((peak - rss) / entries, 1)
                     out[f"{key}_hit_rate_simulated"] = round(r["hit_rate"], 4)
-                    per_entry = max(per_entry, (peak - rss0) / entries)
+                    per_entry = max(per_entry, (peak - rss0) / entries, stream_b / entries)
             del stream, wl, prompt
         out[f"{tag}_peak_rss_bytes"] = _rss()[1]
     return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -42,12 +43,23 @@ def _start(tmp: Path, tiered: bool = True) -> tuple[subprocess.Popen, Path]:
         cmd += ["--dram-pages", "16", "--nvme-file", str(tmp / "nvme.img")]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
-    while not sock.exists():
+    # The socket's file appears at bind, before listen: a connect in between is refused
+    # (seen once under load), so wait for one that is accepted.
+    while not _accepts(sock):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             raise RuntimeError(proc.stderr.read().decode())
         time.sleep(0.02)
     return proc, sock
+
+
+def _accepts(sock: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(sock))
+        except (FileNotFoundError, ConnectionRefusedError):
+            return False
+    return True
 
 
 def _report(c: svc.Client, step: int, pages: np.ndarray) -> None:

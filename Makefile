@@ -25,7 +25,7 @@ test-fast: $(ALL)
 
 lint: $(ALL)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check firmware emu rtl tb qemu tests setup.py
+	$(BIN)/ruff format --check common cxl firmware emu model experiments rtl tb qemu cli tests setup.py
 
 setup: $(ALL) system-deps
 	$(BIN)/kvcxl setup
@@ -36,12 +36,12 @@ $(VENV)/bin/python:
 
 # Installing includes compiling the fast engine's loops (numba, cached): the demo's first
 # run then replays at once.
-$(CORE): pyproject.toml | $(VENV)/bin/python
+$(CORE): pyproject.toml setup.py | $(VENV)/bin/python
 	$(BIN)/python -m pip install --quiet -e .
 	$(BIN)/kvcxl setup --only engine
 	touch $@
 
-$(ALL): pyproject.toml | $(VENV)/bin/python
+$(ALL): pyproject.toml setup.py | $(VENV)/bin/python
 	$(BIN)/python -m pip install --quiet -e '.[all]'
 	touch $(CORE) $@
 

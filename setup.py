@@ -8,7 +8,7 @@ from pathlib import Path
 
 from setuptools import setup
 
-FOLDERS = ("common", "firmware", "emu", "rtl", "tb", "qemu")
+FOLDERS = ("common", "cxl", "firmware", "emu", "model", "experiments", "rtl", "tb", "qemu", "cli")
 root = Path(__file__).parent
 package_dir = {f"kvcxl.{f}": f for f in FOLDERS}
 packages = [

@@ -4,7 +4,7 @@ prints them as one line and exits with their ``exit_code``.
 
 Library modules raise :class:`UserError` (exit 2: the input was wrong) or :class:`Failure`
 (exit 1: the input was fine but the run failed: a tool or package missing, not root, a
-check that found a fault).  Only the command line (``kvcxl.emu.cli``) catches them, so no
+check that found a fault).  Only the command line (``kvcxl.cli.main``) catches them, so no
 library module needs to import the CLI.  A part that may not import the emulator (the RTL,
 the testbench) gives its own error class an integer class attribute ``exit_code``: the
 command line treats any exception whose class has one the same way.

@@ -5,7 +5,7 @@ What the design's validation programme asks for (docs/design.md, "Validation pro
 The confidence interval of a mean over n samples is ``mean ± t(0.975, n−1) · s / √n``
 with the sample standard deviation s and Student's t quantile :func:`t975`
 (tabulated below, so no SciPy is needed).  This is the one t table of the project:
-the simulator's seeds and the calibration's prompts (:mod:`kvcxl.emu.model.calibrate`)
+the simulator's seeds and the calibration's prompts (:mod:`kvcxl.model.calibrate`)
 both use it.
 """
 

@@ -21,7 +21,7 @@ A small model on top of the simulator's per-step output (docs/serving.md):
   :data:`INPUTS` (Analytical model: none of them is measured by this project).
 
 A scaled-down run stands for a larger deployment (the user-count experiment,
-:mod:`kvcxl.emu.experiments.users`) through :class:`ServingModel`'s scales: bytes and
+:mod:`kvcxl.experiments.users`) through :class:`ServingModel`'s scales: bytes and
 entries are multiplied back, prompt tokens too; its tier bandwidths are scaled down by
 the caller so that every transfer takes the time it would take at full size.
 """

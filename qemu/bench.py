@@ -32,9 +32,9 @@ import threading
 import time
 from typing import Any
 
+from kvcxl.cxl import ring as L
 from kvcxl.emu.device.service import Client, serving
 
-from . import layout as L
 from .accel import accel_unusable
 from .boot import BootOptions, boot, why_no_result
 from .ring_client import RingClient, mem_doorbell, replay

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvcxl.cxl import mailbox as mb
+from kvcxl.cxl import ring as L
 from kvcxl.emu.device.service import Client
-from kvcxl.firmware.cxl import mailbox as mb
 
 from . import guest_fuzz, ring_fuzz
-from . import layout as L
 from .accel import KVM_INTERNAL_ERROR, accel_unusable
 from .qmp import Qmp
 from .setup import SetupError, load_host

@@ -19,7 +19,8 @@ from collections import Counter
 
 import numpy as np
 
-from . import layout as L
+from kvcxl.cxl import ring as L
+
 from .ring_fuzz import FIRMWARES, CaseMaker
 
 CASES_MAX = 2000  # what the fuzz area holds (payloads average about 750 B; checked in image)

@@ -2,7 +2,7 @@
 
 QEMU (``kvcxl-ring=FILE``) writes each trapped access as one record of the file this
 module creates and publishes ``req_tail``; :class:`MemRingServer` answers in the same
-record and publishes ``req_head`` (layout: :mod:`kvcxl.qemu.layout`, ``MR_*``;
+record and publishes ``req_head`` (layout: :mod:`kvcxl.cxl.ring`, ``MR_*``;
 docs/qemu.md, "The CXL.mem request ring").  The socket stays for the mailbox and as the other
 way to send CXL.mem requests (QEMU uses the socket when ``kvcxl-ring`` is not given).
 
@@ -31,10 +31,9 @@ import threading
 import time
 from pathlib import Path
 
+from kvcxl.cxl import mem
+from kvcxl.cxl import ring as L
 from kvcxl.emu.device.service import Engine, LineRefused
-from kvcxl.firmware.cxl import mem
-
-from . import layout as L
 
 _SYS_FUTEX = 202  # x86-64
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1

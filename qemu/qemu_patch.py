@@ -6,9 +6,9 @@
 device (docs/qemu.md, "The patched QEMU").  The C side's message layouts and
 constants are not written by hand: :func:`render_header` generates
 ``hw/mem/cxl_type3_kvcxl.h`` from the tables that define them —
-:mod:`kvcxl.firmware.cxl.mem` (CXL.mem messages), :mod:`kvcxl.emu.device.service`
+:mod:`kvcxl.cxl.mem` (CXL.mem messages), :mod:`kvcxl.emu.device.service`
 (the socket framing), :mod:`kvcxl.emu.device.pagestate` (the shared page table) and
-:mod:`kvcxl.qemu.layout` (the CXL.mem request ring).
+:mod:`kvcxl.cxl.ring` (the CXL.mem request ring).
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ import tarfile
 import time
 from pathlib import Path
 
+from kvcxl.cxl import mailbox as mb
+from kvcxl.cxl import mem
+from kvcxl.cxl import ring as L
 from kvcxl.emu.device import pagestate as ps
 from kvcxl.emu.device import service
-from kvcxl.firmware.cxl import mailbox as mb
-from kvcxl.firmware.cxl import mem
-
-from . import layout as L
 
 PATCH = Path(__file__).parent / "patch" / "kvcxl-type3.patch"
 HEADER_PATH = "hw/mem/cxl_type3_kvcxl.h"
@@ -59,7 +58,7 @@ def render_header() -> str:
         f"#define KVCXL_FRAME_ERROR 0x{service.ERROR:02x}",
         f"#define KVCXL_FRAME_MAX {service.MAX_FRAME}",
         "",
-        "/* CXL.mem messages (kvcxl/firmware/cxl/mem.py): class byte, then the packed",
+        "/* CXL.mem messages (kvcxl/cxl/mem.py): class byte, then the packed",
         " * fields, least significant bit first */",
     ]
     for cls in mem.MESSAGE_CLASSES:
@@ -73,7 +72,7 @@ def render_header() -> str:
         f"#define KVCXL_MEM_WR_PTL {int(mem.M2SRwDOpcode.MEM_WR_PTL)}",
         f"#define KVCXL_META_NO_OP {int(mem.MetaField.NO_OP)}",
         "",
-        "/* mailbox commands answered by the kvcxl device (kvcxl/firmware/cxl/mailbox.py):",
+        "/* mailbox commands answered by the kvcxl device (kvcxl/cxl/mailbox.py):",
         " * opcode set and command, input length (~0: variable), command effects */",
         f"#define KVCXL_CCI_HEADER_BYTES {mb.HEADER_BYTES}",
         *(
@@ -97,7 +96,7 @@ def render_header() -> str:
         f"#define KVCXL_PS_DIRECT {ps.DIRECT}",
         f"#define KVCXL_PS_TRAP {ps.TRAP}",
         "",
-        "/* the CXL.mem request ring in shared memory (kvcxl/qemu/layout.py, MR_*) */",
+        "/* the CXL.mem request ring in shared memory (kvcxl/cxl/ring.py, MR_*) */",
         f"#define KVCXL_MR_MAGIC 0x{L.MR_MAGIC:08x}",
         f"#define KVCXL_MR_VERSION {L.MR_VERSION}",
         f"#define KVCXL_MR_DEPTH {L.MR_DEPTH}",

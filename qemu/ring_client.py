@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from kvcxl.cxl import mem
+from kvcxl.cxl import ring as L
 from kvcxl.emu.device.service import Client
-from kvcxl.firmware.cxl import mem
 
-from . import layout as L
 from .trace_image import events
 
 

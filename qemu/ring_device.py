@@ -34,11 +34,11 @@ import time
 from pathlib import Path
 
 from kvcxl.common.sizes import dpa_range
+from kvcxl.cxl import ring as L
 from kvcxl.emu.device.device import Type3Device
 from kvcxl.emu.device.service import Churn, Engine, Server
 from kvcxl.firmware.config import PolicyConfig
 
-from . import layout as L
 from . import memring
 from .service import HEARTBEAT_S, FirmwareService, _jsonable
 
@@ -124,7 +124,7 @@ class Heartbeat(threading.Thread):
 
 
 def area_traffic(dev: Type3Device) -> dict[str, dict]:
-    """Per area of the device's memory (:func:`kvcxl.qemu.layout.areas`): the CXL.mem
+    """Per area of the device's memory (:func:`kvcxl.cxl.ring.areas`): the CXL.mem
     requests the device served there (trapped accesses), the accesses QEMU completed
     directly against the DRAM file (its per-page counts), and the pages QEMU maps as guest
     RAM (``--alias``; accesses through such a mapping reach neither count)."""

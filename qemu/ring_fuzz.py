@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
+from kvcxl.cxl import mem as cxlmem
+from kvcxl.cxl import ring as L
 from kvcxl.emu.device.front import MAX_CONTEXTS, MAX_INDEX_CELLS, index_extents
 from kvcxl.emu.device.service import MEM as MEM_FRAME
-from kvcxl.firmware.cxl import mem as cxlmem
 
-from . import layout as L
 from . import ring_device
 from .ring_client import RingClient, mem_doorbell
 from .service import FirmwareService

@@ -40,16 +40,15 @@ from pathlib import Path
 
 import numpy as np
 
+from kvcxl.cxl import mailbox
+from kvcxl.cxl import ring as L
 from kvcxl.emu.device.device import Type3Device
 from kvcxl.emu.device.errors import RequestError
 from kvcxl.emu.device.front import MAX_CONTEXTS, MAX_INDEX_CELLS, index_extents
 from kvcxl.firmware import fixedpoint as fx
 from kvcxl.firmware.config import PolicyConfig
-from kvcxl.firmware.cxl import mailbox
 from kvcxl.firmware.session import FirmwareSession
 from kvcxl.firmware.table import EntryTable
-
-from . import layout as L
 
 HEARTBEAT_S = 0.005
 HINTS_MAX = 64  # prefetch hints per ATTN response (touches used as sources, candidates sent)

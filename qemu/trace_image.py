@@ -14,14 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
+from kvcxl.cxl import ring as L
 from kvcxl.emu.shape import PRESETS
 from kvcxl.emu.sim.simulator import SimOptions, simulate
 from kvcxl.emu.trace import Trace
 from kvcxl.emu.workloads import make_workload
 from kvcxl.emu.workloads.stream import compile_workload, from_trace
 from kvcxl.firmware.config import PolicyConfig
-
-from . import layout as L
 
 DEFAULT_WORKLOAD = "zipf-sessions"
 DEFAULT_PARAMS = {"sessions": 12, "lanes": 2}

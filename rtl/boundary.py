@@ -1,5 +1,5 @@
 """The CXL IP boundary: which Verilog ports of the front end a CXL controller IP drives
-and reads, mapped to the CXL.mem message table (:mod:`kvcxl.firmware.cxl.mem`).
+and reads, mapped to the CXL.mem message table (:mod:`kvcxl.cxl.mem`).
 
 :func:`markdown_table` generates the table in docs/rtl.md ("The CXL IP boundary") from
 the front end's own signature and payload layouts, so the document cannot drift from
@@ -11,7 +11,7 @@ from __future__ import annotations
 from amaranth.hdl import Shape
 from amaranth.lib import data, wiring
 
-from kvcxl.firmware.cxl import mem as cxl
+from kvcxl.cxl import mem as cxl
 
 from .frontend import CxlMemFrontEnd
 

@@ -38,6 +38,10 @@ def to_verilog(component, name: str) -> str:
     return verilog.convert(component, name=name, emit_src=False)
 
 
+# The FuseSoC core description that ships beside the core design's Verilog.
+CORE_FILE = Path(__file__).with_name("kvcxl_rtl.core")
+
+
 def write_if_changed(path: Path, text: str) -> bool:
     """Write ``text`` unless the file already holds it (keeps simulator builds incremental)."""
     path.parent.mkdir(parents=True, exist_ok=True)

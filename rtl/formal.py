@@ -49,7 +49,7 @@ the defect each must catch are the designs' entries in :mod:`kvcxl.rtl.designs`)
 ``hdm``
     the RTL's HPA → DPA decode (:class:`kvcxl.rtl.hdm.HdmDecode`) against a reference
     written with ``//`` and ``%`` from the decoder parameters of
-    :mod:`kvcxl.firmware.cxl.hdm`, for every 52-bit address and every programming
+    :mod:`kvcxl.cxl.hdm`, for every 52-bit address and every programming
     ``HdmDecoderSet.program`` accepts: hit equal, and DPA equal where it hits.
 
 The widths are reduced (3-bit priorities, a handful of entries, two lines) so that
@@ -83,8 +83,8 @@ from amaranth.hdl import (
     Value,
 )
 
-from kvcxl.firmware.cxl import hdm
-from kvcxl.firmware.cxl import mem as cxl
+from kvcxl.cxl import hdm
+from kvcxl.cxl import mem as cxl
 
 from . import toolchain
 from .designs import CHECKS, DEFECTS
@@ -393,7 +393,7 @@ class FrontEndHarness(Elaboratable):
 
 class HdmHarness(Elaboratable):
     """The RTL decoder equals a reference written here with ``//`` and ``%`` from the
-    decoder parameters of :mod:`kvcxl.firmware.cxl.hdm` (the ones the emulator's
+    decoder parameters of :mod:`kvcxl.cxl.hdm` (the ones the emulator's
     ``HdmDecoderSet.translate`` uses), over every address and every legal programming."""
 
     def __init__(self, defect: str | None = None):

@@ -2,7 +2,7 @@
 
 M2S Req and M2S RwD arrive on valid/ready streams, S2M NDR and S2M DRS leave on
 valid/ready streams; every payload layout is built from the one message table in
-:mod:`kvcxl.firmware.cxl.mem` (``field_widths``), so the RTL, the emulator and the
+:mod:`kvcxl.cxl.mem` (``field_widths``), so the RTL, the emulator and the
 testbench share the field names, order and widths.
 
 One HDM decoder (:class:`kvcxl.rtl.hdm.HdmDecode`, the emulator's rule) translates
@@ -35,8 +35,8 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from kvcxl.firmware.cxl import hdm
-from kvcxl.firmware.cxl import mem as cxl
+from kvcxl.cxl import hdm
+from kvcxl.cxl import mem as cxl
 
 from .hdm import UNIT_BITS, HdmDecode
 

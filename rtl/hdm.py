@@ -1,6 +1,6 @@
 """HdmDecode: one HDM decoder (CXL 2.0 §8.2.5.12), HPA → DPA, combinational or staged.
 
-The emulator's rule (:mod:`kvcxl.emu.cxl.hdm`) with ``g = 8 + ig`` (log2 of the
+The emulator's rule (:mod:`kvcxl.cxl.hdm`) with ``g = 8 + ig`` (log2 of the
 granularity) and ``o = hpa − base``::
 
     way = (o >> g) mod 2^iw
@@ -8,7 +8,7 @@ granularity) and ``o = hpa − base``::
 
 ``hit`` is set when the decoder is committed, ``base ≤ hpa < base + size`` and
 ``way == position``.  Base and size are programmed in 256 MiB units, as the
-registers hold them; the encodings come from :mod:`kvcxl.firmware.cxl.hdm`.
+registers hold them; the encodings come from :mod:`kvcxl.cxl.hdm`.
 
 ``staged=True`` registers the offset ``o`` and the range compare (taken when ``en`` is
 high) and forms ``way``, ``dpa`` and ``hit`` from those registers: the decode a cycle
@@ -26,8 +26,8 @@ from amaranth.hdl import Const, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from kvcxl.firmware.cxl import hdm
-from kvcxl.firmware.cxl import mem as cxl
+from kvcxl.cxl import hdm
+from kvcxl.cxl import mem as cxl
 
 HPA_BITS = cxl.ADDR_BITS + cxl.LINE_SHIFT
 UNIT_BITS = HPA_BITS - hdm.GRANULE_SHIFT  # base and size register widths

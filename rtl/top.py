@@ -24,7 +24,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from kvcxl.firmware.cxl import mem as cxl
+from kvcxl.cxl import mem as cxl
 
 from . import layouts as L
 from .core import PolicyCore

@@ -14,7 +14,7 @@ import os
 
 import cocotb
 
-from kvcxl.firmware.cxl import mem as cxl
+from kvcxl.cxl import mem as cxl
 from kvcxl.tb.frontend_model import (
     ENTRY_SHIFT,
     LINES,

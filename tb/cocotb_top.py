@@ -19,9 +19,9 @@ import random
 import cocotb
 import numpy as np
 
+from kvcxl.cxl import mem as cxl
 from kvcxl.firmware import fixedpoint as fx
 from kvcxl.firmware import golden_step, prefetch
-from kvcxl.firmware.cxl import mem as cxl
 from kvcxl.tb.streams import Clock, Sink, Source
 from kvcxl.tb.top_model import BASE, BATCH, BLOCK_TOKENS, BLOCKS, HEADS, LANES, LAYERS, N, config
 

@@ -1,8 +1,8 @@
 """What the CXL.mem front end must answer: random M2S messages and their expected responses.
 
 Expected responses come from the emulator's HDM decoder
-(:class:`kvcxl.emu.cxl.hdm.HdmDecoderSet`) and a dictionary line store, not from the
-RTL; messages are :mod:`kvcxl.firmware.cxl.mem` objects (packed with its ``pack``).
+(:class:`kvcxl.cxl.hdm.HdmDecoderSet`) and a dictionary line store, not from the
+RTL; messages are :mod:`kvcxl.cxl.mem` objects (packed with its ``pack``).
 Used by the Amaranth-simulator test and by the cocotb test on Verilator and Icarus.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import random
 
-from kvcxl.emu.cxl import hdm
-from kvcxl.firmware.cxl import mem as cxl
+from kvcxl.cxl import hdm
+from kvcxl.cxl import mem as cxl
 
 BASE = 4 << 30
 COUNTS = ("reads", "nxm", "writes", "touches", "stalls", "spec", "inv")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from kvcxl.cli import main as cli
 from kvcxl.common.sizes import BYTES, FRACTION, TOKENS, Budget, BudgetArg, budget_arg
-from kvcxl.emu import cli
 
 PACKAGE = Path(__file__).resolve().parents[1]
 

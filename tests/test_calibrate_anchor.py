@@ -1,11 +1,11 @@
-"""anchor_zone_size by where the sink stops (emu/model/calibrate_anchor.py)."""
+"""anchor_zone_size by where the sink stops (model/calibrate_anchor.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from kvcxl.emu.model.calibrate_anchor import anchor_size, sink_profile
+from kvcxl.model.calibrate_anchor import anchor_size, sink_profile
 
 BT = 4
 

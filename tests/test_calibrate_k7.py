@@ -1,4 +1,4 @@
-"""`kvcxl calibrate` over every trace-fittable §K.7 parameter (emu/model/calibrate_k7.py).
+"""`kvcxl calibrate` over every trace-fittable §K.7 parameter (model/calibrate_k7.py).
 
 The α × β choice is checked on hit-rate grids whose answer is known; the command runs end
 to end on a synthetic capture-format trace (no model: --no-quality), writes a TOML that
@@ -12,8 +12,8 @@ import json
 import numpy as np
 import pytest
 
-from kvcxl.emu.model.calibrate_k7 import choose_alpha_beta, write_toml
 from kvcxl.firmware.config import PolicyConfig
+from kvcxl.model.calibrate_k7 import choose_alpha_beta, write_toml
 
 A, B = [0.05, 0.2, 0.4], [0.001, 0.1]
 
@@ -43,7 +43,7 @@ def test_a_flat_grid_keeps_the_base() -> None:
 def _capture_file(tmp_path, steps: int = 64, bt: int = 4, seed: int = 0):
     """A capture-format trace of synthetic attention (sink, recent block, sparse far reads)
     on the SmolLM2 shape, with the metadata `kvcxl calibrate` checks."""
-    from kvcxl.emu.model.capture import Capture, to_trace
+    from kvcxl.model.capture import Capture, to_trace
 
     rng = np.random.default_rng(seed)
     nb = -(-steps // bt)
@@ -62,7 +62,7 @@ def _capture_file(tmp_path, steps: int = 64, bt: int = 4, seed: int = 0):
 
 
 def test_calibrate_writes_a_config_that_simulate_replays(tmp_path, capsys) -> None:
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     path = _capture_file(tmp_path)
     out = tmp_path / "cal"
@@ -113,7 +113,7 @@ def test_write_toml_refuses_nothing_it_cannot_read_back(tmp_path) -> None:
 
 @pytest.mark.parametrize(("flag", "value"), [("--slo", "0"), ("--breakeven", "0")])
 def test_bad_options_are_refused_by_name(tmp_path, capsys, flag: str, value: str) -> None:
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     path = _capture_file(tmp_path, steps=16)
     rc = main(["calibrate", "--trace", str(path), "--no-quality", flag, value,
@@ -126,8 +126,8 @@ def test_bad_options_are_refused_by_name(tmp_path, capsys, flag: str, value: str
 @pytest.mark.model
 def test_a_real_capture_calibrates_and_replays(tmp_path, capsys) -> None:
     """The smallest real case: the chat prompt's first 160 positions of SmolLM2-135M."""
-    from kvcxl.emu.cli import main
-    from kvcxl.emu.model.capture import capture, load_prompt, shared_model, to_trace
+    from kvcxl.cli.main import main
+    from kvcxl.model.capture import capture, load_prompt, shared_model, to_trace
 
     m, tok = shared_model(1)
     cap = capture(m, load_prompt("chat", tok)[:160], 0)

@@ -1,4 +1,4 @@
-"""keep by the SLO (emu/model/calibrate_keep.py): the largest keep whose hot set serves the SLO.
+"""keep by the SLO (model/calibrate_keep.py): the largest keep whose hot set serves the SLO.
 
 The rule is checked on scores whose answer is known by construction, and against a
 brute-force search over every candidate keep (a second, plain implementation).
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvcxl.emu.model.calibrate_keep import hot_set_curve, slo_keep
+from kvcxl.model.calibrate_keep import hot_set_curve, slo_keep
 
 
 def _brute(scores, reads, present, slo, weights=None):

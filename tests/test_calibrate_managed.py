@@ -1,4 +1,4 @@
-"""The keep/evict replay under managed tiers (emu/model/managed.py).
+"""The keep/evict replay under managed tiers (model/managed.py).
 
 Where each read was served from is checked against a second book kept here from the
 decisions the session hands back (victims and their tiers, the step boundary's moves,
@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvcxl.emu.model.managed import managed_sweep, replay_tiers
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.formulas import TIER_CXL, TIER_HBM, TIER_NVME
 from kvcxl.firmware.session import FirmwareSession
+from kvcxl.model.managed import managed_sweep, replay_tiers
 
 BT, BUDGET, THR, EB = 4, 8, 0.01, 4096
 

@@ -1,4 +1,4 @@
-"""The prefetch parameters by precision and recall (emu/model/calibrate_prefetch.py).
+"""The prefetch parameters by precision and recall (model/calibrate_prefetch.py).
 
 The distance curve is checked against a brute-force pair count, the hyperbola fit on a
 curve of known scale, the ring rule on known shares, and the blend on two traces built
@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvcxl.emu.model import calibrate_prefetch as cp
-from kvcxl.emu.model.trajectory import Trajectory, trajectory
 from kvcxl.firmware.config import PolicyConfig
+from kvcxl.model import calibrate_prefetch as cp
+from kvcxl.model.trajectory import Trajectory, trajectory
 
 
 def _random_traj(seed: int, steps: int = 14, layers: int = 3, heads: int = 2, bt: int = 2):

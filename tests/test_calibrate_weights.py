@@ -1,4 +1,4 @@
-"""The (R, E, N) weights and P cuts fitted to reuse (emu/model/calibrate_weights.py).
+"""The (R, E, N) weights and P cuts fitted to reuse (model/calibrate_weights.py).
 
 Synthetic traces whose true answer is known by construction: reuse that depends only on
 recency must give wR ≈ 1, reuse that depends only on the anchor wN ≈ 1, and independent
@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvcxl.emu.model import calibrate_weights as cw
-from kvcxl.emu.model.trajectory import trajectory
+from kvcxl.model import calibrate_weights as cw
+from kvcxl.model.trajectory import trajectory
 
 BT = 4
 

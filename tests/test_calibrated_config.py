@@ -34,7 +34,7 @@ def test_it_loads_and_every_key_is_a_real_parameter() -> None:
 def test_it_is_what_calibrate_writes(tmp_path) -> None:
     """The same command on a small synthetic capture writes the same keys under the same
     header, and every value calibrate does not fit (the base configuration's) equal."""
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     path = _capture_file(tmp_path, steps=48)
     out = tmp_path / "cal"
@@ -82,7 +82,7 @@ def test_its_fitted_values_are_the_documented_ones() -> None:
 
 
 def test_the_experiment_arm_replays_the_file() -> None:
-    from kvcxl.emu.experiments.policies import CALIBRATED, CONFIGURED, EXPERIMENT, arms_of
+    from kvcxl.experiments.policies import CALIBRATED, CONFIGURED, EXPERIMENT, arms_of
 
     assert ROOT / CALIBRATED == FILE
     policy, config = arms_of(EXPERIMENT.cases("ci")[0])["ema (calibrated)"]

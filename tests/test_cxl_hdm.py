@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvcxl.emu.cxl.hdm import GRANULARITIES, GRANULE, WAYS, HdmDecoderSet, HdmError
+from kvcxl.cxl.hdm import GRANULARITIES, GRANULE, WAYS, HdmDecoderSet, HdmError
 
 
 def _set(ways: int, gran: int, position: int, base: int = 1 << 36) -> HdmDecoderSet:
@@ -96,7 +96,7 @@ def test_commit_order_capacity_and_lock():
 
 
 def test_register_encodings():
-    from kvcxl.emu.cxl.hdm import encode_granularity, encode_ways
+    from kvcxl.cxl.hdm import encode_granularity, encode_ways
 
     assert [encode_ways(w) for w in WAYS] == [0, 1, 2, 3, 4]
     assert [encode_granularity(g) for g in GRANULARITIES] == list(range(7))

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcxl.firmware.cxl import mem
+from kvcxl.cxl import mem
 
 
 def test_header_widths_are_whole_bytes_and_match_the_spec_subset():
@@ -143,7 +143,7 @@ def test_table_imports_without_numpy_or_amaranth():
     import sys
 
     code = (
-        "import sys; import kvcxl.firmware.cxl.mem; "
+        "import sys; import kvcxl.cxl.mem; "
         "assert 'numpy' not in sys.modules and 'amaranth' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

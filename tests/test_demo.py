@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from kvcxl.emu.cli import main
-from kvcxl.emu.sim.commands import DEMO_AUDIT_BUDGET, _engines_disagree
+from kvcxl.cli.main import main
+from kvcxl.cli.sim import DEMO_AUDIT_BUDGET, _engines_disagree
 from kvcxl.firmware.policies import POLICIES, ranked
 
 

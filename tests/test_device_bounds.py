@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvcxl.cxl import mem
+from kvcxl.cxl import ring as L
 from kvcxl.emu.device import service as svc
 from kvcxl.emu.device.device import MAX_CONTEXTS, MAX_INDEX_CELLS, Type3Device
-from kvcxl.firmware.cxl import mem
-from kvcxl.qemu import layout as L
 from kvcxl.qemu.ring_client import RingClient
 from kvcxl.qemu.service import FirmwareService
 

@@ -7,11 +7,11 @@ import random
 import numpy as np
 import pytest
 
-from kvcxl.emu.cxl.hdm import GRANULE
+from kvcxl.cxl import mem
+from kvcxl.cxl.hdm import GRANULE
 from kvcxl.emu.device.device import Type3Device
 from kvcxl.emu.device.timing import TierQueue
 from kvcxl.emu.timing import TierParams
-from kvcxl.firmware.cxl import mem
 
 BASE = 1 << 36
 

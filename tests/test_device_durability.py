@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvcxl.cxl import mailbox as mb
+from kvcxl.cxl import mem
 from kvcxl.emu.device import service as svc
 from kvcxl.emu.device.cci import Mailbox
 from kvcxl.emu.device.device import Type3Device
-from kvcxl.firmware.cxl import mailbox as mb
-from kvcxl.firmware.cxl import mem
 
 BASE = 1 << 32
 SPAN = 64 * 4096  # 64 pages, 16 of them in DRAM: the policy migrates constantly
@@ -37,7 +37,7 @@ SPAN = 64 * 4096  # 64 pages, 16 of them in DRAM: the policy migrates constantly
 def _start(tmp: Path, tiered: bool = True) -> tuple[subprocess.Popen, Path]:
     sock = tmp / "dev.sock"
     sock.unlink(missing_ok=True)  # the killed service's socket is left behind
-    cmd = [sys.executable, "-m", "kvcxl.emu.cli", "device", "serve", "--socket", str(sock)]
+    cmd = [sys.executable, "-m", "kvcxl.cli.main", "device", "serve", "--socket", str(sock)]
     cmd += ["--capacity", "256MiB", "--decoder", hex(BASE), "--dram-file", str(tmp / "dram.img")]
     if tiered:
         cmd += ["--dram-pages", "16", "--nvme-file", str(tmp / "nvme.img")]
@@ -170,7 +170,7 @@ def test_a_full_disk_is_a_media_error(tmp_path) -> None:
 
 
 def test_an_unwritable_nvme_file_is_refused_at_start(tmp_path, capsys) -> None:
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     rc = main(["device", "serve", "--socket", str(tmp_path / "s"), "--nvme-file", "/sys/x.img"])
     err = capsys.readouterr().err.strip().splitlines()

@@ -8,11 +8,11 @@ import struct
 import numpy as np
 import pytest
 
-from kvcxl.emu.cxl.hdm import GRANULE
+from kvcxl.cxl import mailbox as mb
+from kvcxl.cxl import mem
+from kvcxl.cxl.hdm import GRANULE
 from kvcxl.emu.device.cci import VICTIM_RECORD, Mailbox
 from kvcxl.emu.device.device import Type3Device
-from kvcxl.firmware.cxl import mailbox as mb
-from kvcxl.firmware.cxl import mem
 from kvcxl.firmware.replay import replay
 
 BASE = 1 << 36

@@ -8,12 +8,12 @@ import struct
 import numpy as np
 import pytest
 
-from kvcxl.emu.cxl.hdm import GRANULE
+from kvcxl.cxl import mailbox as mb
+from kvcxl.cxl.hdm import GRANULE
+from kvcxl.cxl.mailbox import Opcode
+from kvcxl.cxl.mailbox import ReturnCode as RC
 from kvcxl.emu.device.cci import Mailbox
 from kvcxl.emu.device.device import Type3Device
-from kvcxl.firmware.cxl import mailbox as mb
-from kvcxl.firmware.cxl.mailbox import Opcode
-from kvcxl.firmware.cxl.mailbox import ReturnCode as RC
 
 
 @pytest.fixture

@@ -7,12 +7,12 @@ from __future__ import annotations
 import random
 import struct
 
-from kvcxl.emu.cxl.hdm import GRANULE
+from kvcxl.cxl import mailbox as mb
+from kvcxl.cxl.hdm import GRANULE
+from kvcxl.cxl.mailbox import Opcode
+from kvcxl.cxl.mailbox import ReturnCode as RC
 from kvcxl.emu.device.cci import Mailbox
 from kvcxl.emu.device.device import Type3Device
-from kvcxl.firmware.cxl import mailbox as mb
-from kvcxl.firmware.cxl.mailbox import Opcode
-from kvcxl.firmware.cxl.mailbox import ReturnCode as RC
 
 BASE = 1 << 36
 LINES = 64  # the lines the test uses: DPA 0 … 4 KiB

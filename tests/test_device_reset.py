@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvcxl.cxl import mailbox as mb
 from kvcxl.emu.device import service as svc
 from kvcxl.emu.device.cci import Mailbox
 from kvcxl.emu.device.device import Type3Device
 from kvcxl.emu.device.migration import Migrations
-from kvcxl.firmware.cxl import mailbox as mb
 
 PAGE = 4096
 CAPACITY = 256 << 20

@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvcxl.cxl import mem
 from kvcxl.emu.device.device import Type3Device
 from kvcxl.emu.device.pagestate import DIRECT, TRAP, PageState
 from kvcxl.emu.device.sampling import PageSampler
-from kvcxl.firmware.cxl import mem
 
 MIB = 1 << 20
 

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
+from kvcxl.cxl import mailbox as mb
+from kvcxl.cxl import mem
 from kvcxl.emu.device import service as svc
-from kvcxl.firmware.cxl import mailbox as mb
-from kvcxl.firmware.cxl import mem
 
 BASE = 1 << 32
 
@@ -25,7 +25,7 @@ def server(tmp_path):
         [
             sys.executable,
             "-m",
-            "kvcxl.emu.cli",
+            "kvcxl.cli.main",
             "device",
             "serve",
             "--socket",
@@ -108,12 +108,12 @@ def test_dram_file_is_the_device_media(server, tmp_path):
 
 def test_stats_and_describe_commands(server):
     out = subprocess.run(
-        [sys.executable, "-m", "kvcxl.emu.cli", "device", "stats", "--socket", str(server)],
+        [sys.executable, "-m", "kvcxl.cli.main", "device", "stats", "--socket", str(server)],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert '"dram_pages": 16' in out and '"tiering": true' in out
     out = subprocess.run(
-        [sys.executable, "-m", "kvcxl.emu.cli", "device", "describe"],
+        [sys.executable, "-m", "kvcxl.cli.main", "device", "describe"],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "M2S_RWD" in out and "4300h  Get Poison List" in out

@@ -10,7 +10,9 @@ import struct
 import numpy as np
 import pytest
 
-from kvcxl.emu.cxl.hdm import GRANULE
+from kvcxl.cxl import mailbox as mb
+from kvcxl.cxl import mem
+from kvcxl.cxl.hdm import GRANULE
 from kvcxl.emu.device.cci import (
     ATTENTION_RECORD,
     DESCRIBE_RECORD,
@@ -23,8 +25,6 @@ from kvcxl.emu.shape import PRESETS
 from kvcxl.emu.sim.simulator import SimOptions, simulate
 from kvcxl.emu.workloads import compile_workload, make_workload
 from kvcxl.emu.workloads.stream import CREATE
-from kvcxl.firmware.cxl import mailbox as mb
-from kvcxl.firmware.cxl import mem
 from kvcxl.firmware.policies import POLICIES
 
 BASE = 1 << 36

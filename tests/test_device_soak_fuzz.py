@@ -63,7 +63,7 @@ def test_fuzz_counts_a_handler_bug_as_a_crash(monkeypatch):
     def broken(_payload: bytes) -> bytes:
         raise KeyError("bug")
 
-    from kvcxl.firmware.cxl import mailbox as mb
+    from kvcxl.cxl import mailbox as mb
 
     f.engine.mailbox.handlers[mb.Opcode.GET_HEALTH_INFO] = broken
     f.run_case(0x02, mb.request(mb.Opcode.GET_HEALTH_INFO, b"", 1), 1)
@@ -75,8 +75,8 @@ def test_a_device_bug_behind_a_return_code_is_counted(monkeypatch):
     and failing the fuzzer; only the device's named refusal (RequestError) is Invalid Input."""
     import numpy as np
 
+    from kvcxl.cxl import mailbox as mb
     from kvcxl.emu.device.device import Type3Device
-    from kvcxl.firmware.cxl import mailbox as mb
 
     f = fuzz.Fuzzer(0)
     report = mb.COMMANDS[mb.Opcode.VENDOR_ATTENTION_REPORT].request
@@ -98,7 +98,7 @@ def test_a_device_bug_behind_a_return_code_is_counted(monkeypatch):
 
 
 def test_an_hdm_frame_is_refused_by_name_and_a_decoder_bug_is_counted(monkeypatch):
-    from kvcxl.emu.cxl.hdm import HdmDecoderSet
+    from kvcxl.cxl.hdm import HdmDecoderSet
     from kvcxl.emu.device.service import HDM
 
     engine = fuzz.make_engine(0)
@@ -117,7 +117,7 @@ def test_an_hdm_frame_is_refused_by_name_and_a_decoder_bug_is_counted(monkeypatc
 
 
 def _cli(*args: str) -> int:
-    return subprocess.run([sys.executable, "-m", "kvcxl.emu.cli", *args], check=False).returncode
+    return subprocess.run([sys.executable, "-m", "kvcxl.cli.main", *args], check=False).returncode
 
 
 @pytest.mark.slow

@@ -39,7 +39,7 @@ def test_bad_inputs_are_refused():
 
 
 def test_sizing_command_prints_them(capsys):
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     assert main(["sizing", "--preset", "s1"]) == 0
     out = capsys.readouterr().out

@@ -8,9 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from kvcxl.emu import cli
-from kvcxl.emu.experiments import _common, runner, users, users_mooncake, workloads
-from kvcxl.emu.experiments.users import caption
+from kvcxl.cli import main as cli
 from kvcxl.emu.shape import PRESETS
 from kvcxl.emu.workloads.attention import (
     FITTED,
@@ -19,6 +17,8 @@ from kvcxl.emu.workloads.attention import (
     attention_for,
     fitted_params,
 )
+from kvcxl.experiments import _common, runner, users, users_mooncake, workloads
+from kvcxl.experiments.users import caption
 
 S1 = PRESETS["s1"]
 FIT_LAYERS = len(FITTED["sink_profile"])  # SmolLM2-135M's 30 layers

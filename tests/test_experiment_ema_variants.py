@@ -1,4 +1,4 @@
-"""ema-variants (emu/experiments/ema_variants.py): the EMA's own rules against its literal
+"""ema-variants (experiments/ema_variants.py): the EMA's own rules against its literal
 form, at the tiny scale, and how the best variant is chosen."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from kvcxl.common.sizes import parse_size
-from kvcxl.emu.experiments import _common, runner
-from kvcxl.emu.experiments.base import VERDICTS
-from kvcxl.emu.experiments.ema_variants import ARMS, EXPERIMENT, RUNS, best_variant
 from kvcxl.emu.sim.simulator import SimOptions, simulate
+from kvcxl.experiments import _common, runner
+from kvcxl.experiments.base import VERDICTS
+from kvcxl.experiments.ema_variants import ARMS, EXPERIMENT, RUNS, best_variant
 from kvcxl.firmware.config import PolicyConfig
 
 

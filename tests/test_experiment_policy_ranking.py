@@ -8,11 +8,11 @@ import statistics
 
 import pytest
 
-from kvcxl.emu import cli
-from kvcxl.emu.experiments import policies as pol
-from kvcxl.emu.experiments import runner
-from kvcxl.emu.experiments.policies import EXPERIMENT, ranked_policies
+from kvcxl.cli import main as cli
 from kvcxl.emu.workloads import ARRIVALS
+from kvcxl.experiments import policies as pol
+from kvcxl.experiments import runner
+from kvcxl.experiments.policies import EXPERIMENT, ranked_policies
 from kvcxl.firmware.policies import POLICIES
 from kvcxl.firmware.policies.lru import LruPolicy
 
@@ -56,7 +56,7 @@ def test_a_configured_arm_is_one_row(monkeypatch):
 
 def test_the_configured_arm_replays_its_configuration(rows):
     """The calibrated arm's hit rate is the simulator's with the file's configuration."""
-    from kvcxl.emu.experiments._common import replay, stream
+    from kvcxl.experiments._common import replay, stream
 
     r = next(r for r in rows if r["workload"] == "uniform" and r["seed"] == 1)
     policy, config = pol.arms_of(r)["ema (calibrated)"]
@@ -68,7 +68,7 @@ def test_the_configured_arm_replays_its_configuration(rows):
 
 def test_every_scale_has_its_cases():
     """Each scale of the shared table (s1 too) gives every workload and both arrivals."""
-    from kvcxl.emu.experiments._common import SCALES
+    from kvcxl.experiments._common import SCALES
 
     for scale, fixed in SCALES.items():
         got = [c["workload"] for c in EXPERIMENT.cases(scale)]

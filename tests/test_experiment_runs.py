@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from kvcxl.emu.experiments import EXPERIMENTS, _common, runner
-from kvcxl.emu.experiments.commands import Bar
-from kvcxl.emu.experiments.users import scaled_shape
+from kvcxl.cli.experiment import Bar
 from kvcxl.emu.shape import PRESETS
 from kvcxl.emu.workloads import ARRIVALS
+from kvcxl.experiments import EXPERIMENTS, _common, runner
+from kvcxl.experiments.users import scaled_shape
 
 S1 = PRESETS["s1"]
 USERS = ("users", "users-timeline")
@@ -159,7 +159,7 @@ def test_process_workers_report_their_memory(tmp_path):
 
 
 def _cli(*args):
-    return [sys.executable, "-m", "kvcxl.emu.cli", "experiment", *args]
+    return [sys.executable, "-m", "kvcxl.cli.main", "experiment", *args]
 
 
 # The same command, in a process whose third run waits (the first two are written by
@@ -169,7 +169,7 @@ import signal, sys, time
 # A shell's background job starts with SIGINT ignored, and Python then keeps it ignored:
 # the user's Ctrl-C, which this test stands for, reaches a process that has the default.
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from kvcxl.emu.experiments import runner
+from kvcxl.experiments import runner
 real, calls = runner.run_one, []
 def held(r):
     calls.append(r)
@@ -177,7 +177,7 @@ def held(r):
         time.sleep(3600)
     return real(r)
 runner.run_one = held
-from kvcxl.emu.cli import main
+from kvcxl.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -193,7 +193,7 @@ def test_the_same_command_resumes_after_an_interrupt(tmp_path, sig):
     argv = _cli("ladder", "--scale", "tiny", "--seeds", str(seeds), "--backend", "serial",
                 "--out", str(out), "--json", str(js), "--no-progress")  # fmt: skip
     f = runner.out_file(out, "ladder", "tiny")
-    held = [sys.executable, "-c", _HOLD_THIRD, *argv[3:]]  # (argv less "-m kvcxl.emu.cli")
+    held = [sys.executable, "-c", _HOLD_THIRD, *argv[3:]]  # (argv less "-m kvcxl.cli.main")
     p = subprocess.Popen(held, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 900
     while (not f.exists() or len(f.read_text().splitlines()) < 2) and p.poll() is None:
@@ -286,7 +286,7 @@ def test_a_local_worker_that_dies_is_reported_and_the_finished_runs_resume(tmp_p
     msg = str(lost.value)
     assert "died while running ladder" in msg and "the same command resumes" in msg, msg
     assert "--jobs 1" in msg, msg
-    assert runner.WorkerLost.exit_code == 1  # (kvcxl.emu.cli.explain: a user's error)
+    assert runner.WorkerLost.exit_code == 1  # (kvcxl.cli.main.explain: a user's error)
     f = runner.out_file(out, "ladder", "tiny")
     kept = f.read_text().splitlines() if f.exists() else []
     assert len(kept) < 6  # stopped mid-way

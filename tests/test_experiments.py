@@ -1,4 +1,4 @@
-"""The validation programme's experiments (emu/experiments/) at the tiny scale: structure,
+"""The validation programme's experiments (experiments/) at the tiny scale: structure,
 statistics, invariants across experiments, and resumable output."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import statistics
 
 import pytest
 
+from kvcxl.cli import main as cli
 from kvcxl.common.sizes import parse_size
-from kvcxl.emu import cli
-from kvcxl.emu.experiments import EXPERIMENTS, _common, runner
-from kvcxl.emu.experiments.base import VERDICTS, Experiment
-from kvcxl.emu.experiments.ladder import Ladder
-from kvcxl.emu.experiments.stats import paired_gain, summary
 from kvcxl.emu.metrics import t975
 from kvcxl.emu.sim.simulator import SimOptions, simulate
+from kvcxl.experiments import EXPERIMENTS, _common, runner
+from kvcxl.experiments.base import VERDICTS, Experiment
+from kvcxl.experiments.ladder import Ladder
+from kvcxl.experiments.stats import paired_gain, summary
 
 SEEDS = 2
 NAMES = ["aggregation", "hot-set", "ladder", "workloads"]
@@ -203,7 +203,7 @@ def test_a_dask_cluster_gives_the_same_rows(tmp_path):
 
 def test_every_table_says_its_class_and_attention(rows):
     """Each rendered table sits under a caption naming its class and attention source."""
-    from kvcxl.emu.experiments.commands import render
+    from kvcxl.cli.experiment import render
 
     for name, rs in rows.items():
         rep = EXPERIMENTS[name].report(rs)

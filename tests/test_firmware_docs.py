@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvcxl.emu.cli import main
-from kvcxl.firmware.commands import params_markdown
+from kvcxl.cli.main import main
+from kvcxl.cli.policy import params_markdown
 from kvcxl.firmware.policies import POLICIES
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "policy.md"

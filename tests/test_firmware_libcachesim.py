@@ -22,7 +22,7 @@ import json
 import numpy as np
 import pytest
 
-from kvcxl.emu.cli import main
+from kvcxl.cli.main import main
 from kvcxl.emu.shape import PRESETS
 from kvcxl.emu.sim.export import ORACLE_DTYPE, next_access
 from kvcxl.firmware.config import PolicyConfig

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kvcxl.emu.cli import main
+from kvcxl.cli.main import main
 from kvcxl.firmware.config import PARAMS, ConfigError, PolicyConfig
 from kvcxl.firmware.policies import POLICIES, make_policy
 from kvcxl.firmware.policy_params import POLICY_PARAMS

@@ -7,13 +7,13 @@ import re
 import numpy as np
 import pytest
 
-from kvcxl.emu.model.calibrate import ci95, threshold_sweep
-from kvcxl.emu.model.fit import FITTED, MEASURED, fit, fitted_params
+from kvcxl.model.calibrate import ci95, threshold_sweep
+from kvcxl.model.fit import FITTED, MEASURED, fit, fitted_params
 
 
 def _synthetic(params, layers=8, kv_heads=2, tokens=320, seed=0, aggregation="mean", q_heads=None):
-    from kvcxl.emu.model.fit import generate_dense
     from kvcxl.emu.shape import ModelShape
+    from kvcxl.model.fit import generate_dense
 
     shape = ModelShape("t", layers, q_heads or 2 * kv_heads, kv_heads, 64, 2, 16, tokens)
     return generate_dense(params, shape, tokens, seed, aggregation)
@@ -51,8 +51,8 @@ def test_fit_recovers_a_step_profile_and_per_layer_recent_mass() -> None:
 def test_committed_fit_reproduces_the_measured_statistics() -> None:
     """The generator run with FITTED on SmolLM2's shape, fitted again as the captures were,
     gives MEASURED back (the refinement's claim, re-checked from the committed values)."""
-    from kvcxl.emu.model.fit import check
     from kvcxl.emu.shape import preset
+    from kvcxl.model.fit import check
 
     lengths = (262, 738, 431)  # the committed prompts' captured lengths (docs/model.md)
     r = check(FITTED, MEASURED, preset("smollm2"), lengths, "mean", "max")
@@ -120,9 +120,9 @@ def _per_position_trace(params, n, seed, aggregation, tmp_path, block_tokens=16)
     """A generator run stored as a per-position trace (labelled Simulated)."""
     import dataclasses
 
-    from kvcxl.emu.model.capture import Capture, to_trace
-    from kvcxl.emu.model.fit import generate_dense
     from kvcxl.emu.shape import preset
+    from kvcxl.model.capture import Capture, to_trace
+    from kvcxl.model.fit import generate_dense
 
     shape = preset("smollm2").with_(block_tokens=block_tokens)
     w = generate_dense(params, shape, n, seed, aggregation)
@@ -134,7 +134,7 @@ def _per_position_trace(params, n, seed, aggregation, tmp_path, block_tokens=16)
 def test_trace_fit_cli_fits_checks_and_plots(tmp_path, capsys) -> None:
     import json
 
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
     from kvcxl.emu.workloads.attention import AttentionParams
 
     p = fitted_params()
@@ -161,7 +161,7 @@ def test_the_committed_fit_is_a_data_file_that_trace_fit_writes(tmp_path, capsys
     writes that form and load_fit reads back exactly the values fitted."""
     import json
 
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
     from kvcxl.emu.workloads.attention import FIT_FILE, format_fit, load_fit
 
     assert load_fit(FIT_FILE) == (MEASURED, FITTED)

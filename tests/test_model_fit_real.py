@@ -11,8 +11,8 @@ STEPS = 32  # as docs/model.md: the committed prompts + 32 greedy tokens, 16-tok
 
 
 def test_a_fresh_capture_refits_to_the_committed_values(tmp_path) -> None:
-    from kvcxl.emu.model.capture import capture, load_prompt, shared_model, to_trace
-    from kvcxl.emu.model.fit import FITTED, MEASURED, main
+    from kvcxl.model.capture import capture, load_prompt, shared_model, to_trace
+    from kvcxl.model.fit import FITTED, MEASURED, main
 
     m, tok = shared_model(1)
     paths = []

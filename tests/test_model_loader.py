@@ -7,8 +7,8 @@ import struct
 import numpy as np
 import pytest
 
-from kvcxl.emu.model.gguf_file import GGUFError, GGUFFile, dequantize
-from kvcxl.emu.model.llama import permute_qk, unpermute_qk
+from kvcxl.model.gguf_file import GGUFError, GGUFFile, dequantize
+from kvcxl.model.llama import permute_qk, unpermute_qk
 
 
 def _rope_pairs(x: np.ndarray, pos: int, base: float) -> np.ndarray:
@@ -99,7 +99,7 @@ def test_not_a_gguf_file(tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def model():
-    from kvcxl.emu.model.capture import shared_model
+    from kvcxl.model.capture import shared_model
 
     return shared_model(1)
 
@@ -120,7 +120,7 @@ def test_dequantization_matches_gguf_package(model) -> None:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize as ref
 
-    from kvcxl.emu.model.weights import gguf_path
+    from kvcxl.model.weights import gguf_path
 
     g = GGUFFile(gguf_path(verify=False))
     for name in ("token_embd.weight", "blk.3.attn_q.weight", "blk.29.ffn_down.weight"):
@@ -135,7 +135,7 @@ def test_dequantization_matches_gguf_package(model) -> None:
 @pytest.mark.slow
 @pytest.mark.model
 def test_tokenizer_round_trip_and_specials(model) -> None:
-    from kvcxl.emu.model.tokenizer import Message, Tokenizer
+    from kvcxl.model.tokenizer import Message, Tokenizer
 
     _, tok = model
     text = Tokenizer.chat([Message("user", "Count: 12345, naïve café — 'quoted' text!")])
@@ -150,8 +150,8 @@ def test_tokenizer_round_trip_and_specials(model) -> None:
 @pytest.mark.model
 def test_fixed_prompt_gives_expected_first_tokens(model) -> None:
     """Greedy decoding of a factual question: the trained model's known answer."""
-    from kvcxl.emu.model.capture import capture
-    from kvcxl.emu.model.tokenizer import Message, Tokenizer
+    from kvcxl.model.capture import capture
+    from kvcxl.model.tokenizer import Message, Tokenizer
 
     m, tok = model
     ids = tok.encode(Tokenizer.chat([Message("user", "What is the capital of France?")]))

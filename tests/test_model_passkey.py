@@ -1,4 +1,4 @@
-"""The passkey task (emu/model/passkey.py): generator, scorer, and the full-cache invariant.
+"""The passkey task (model/passkey.py): generator, scorer, and the full-cache invariant.
 
 Short prompts (~300 tokens) on the real model; the documented run is in docs/model.md.
 """
@@ -11,14 +11,14 @@ import pytest
 
 from kvcxl.common.sizes import FRACTION, Budget
 from kvcxl.emu.metrics import wilson_ci
-from kvcxl.emu.model import passkey as pk
-from kvcxl.emu.model.quality import PolicySpec
 from kvcxl.firmware.config import PolicyConfig
+from kvcxl.model import passkey as pk
+from kvcxl.model.quality import PolicySpec
 
 
 @pytest.fixture(scope="module")
 def model():
-    from kvcxl.emu.model.capture import shared_model
+    from kvcxl.model.capture import shared_model
 
     return shared_model(1)
 
@@ -123,7 +123,7 @@ def test_full_budget_bounded_path_equals_the_unbounded_answer(model, short) -> N
 @pytest.mark.slow
 @pytest.mark.model
 def test_cli_writes_json_and_resumes(model, tmp_path, capsys) -> None:
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     js, png = tmp_path / "p.json", tmp_path / "p.png"
     argv = ["trace", "passkey", "--prompts", "1", "--min-tokens", "200", "--depths", "0.9",
@@ -157,7 +157,7 @@ def test_cli_writes_json_and_resumes(model, tmp_path, capsys) -> None:
     ],
 )
 def test_cli_refuses_bad_lists(flag, value, named, capsys) -> None:
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     try:
         code = main(["trace", "passkey", flag, value])

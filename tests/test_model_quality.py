@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvcxl.common.sizes import TOKENS, Budget
-from kvcxl.emu.model.quality import PolicySpec
+from kvcxl.model.quality import PolicySpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 
@@ -18,14 +18,14 @@ STEPS = 8
 
 @pytest.fixture(scope="module")
 def model():
-    from kvcxl.emu.model.capture import shared_model
+    from kvcxl.model.capture import shared_model
 
     return shared_model(1)
 
 
 @pytest.fixture(scope="module")
 def captures(model):
-    from kvcxl.emu.model.capture import capture, load_prompt, prompt_files
+    from kvcxl.model.capture import capture, load_prompt, prompt_files
 
     m, tok = model
     out = {}
@@ -37,22 +37,22 @@ def captures(model):
 
 @pytest.fixture(scope="module")
 def references(model, captures):
-    from kvcxl.emu.model.quality import run
+    from kvcxl.model.quality import run
 
     m, _ = model
     return {n: run(m, c.tokens, policy=None, budget_tokens=None)[0] for n, c in captures.items()}
 
 
 def test_committed_prompts_present() -> None:
-    from kvcxl.emu.model.capture import prompt_files
+    from kvcxl.model.capture import prompt_files
 
     assert {"chat", "long-doc", "code"} <= set(prompt_files())
 
 
 def test_captured_trace_passes_validation(captures, tmp_path) -> None:
-    from kvcxl.emu.model.capture import to_trace
-    from kvcxl.emu.model.weights import GGUF_SHA256
     from kvcxl.emu.trace import Trace
+    from kvcxl.model.capture import to_trace
+    from kvcxl.model.weights import GGUF_SHA256
 
     cap = captures["chat"]
     path = to_trace(cap, source="test").save(tmp_path / "t.npz")
@@ -73,7 +73,7 @@ def test_captured_trace_passes_validation(captures, tmp_path) -> None:
 
 
 def test_capture_cli_writes_a_valid_trace(tmp_path, model) -> None:
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
     from kvcxl.emu.trace import Trace
 
     toks = tmp_path / "ids.txt"
@@ -88,7 +88,7 @@ def test_capture_cli_writes_a_valid_trace(tmp_path, model) -> None:
 
 
 def test_capture_cli_errors(tmp_path, capsys) -> None:
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     bad = tmp_path / "bad.txt"
     bad.write_text("1 2 99999999")
@@ -100,7 +100,7 @@ def test_capture_cli_errors(tmp_path, capsys) -> None:
 
 
 def test_unbounded_budget_is_exact(model, captures, references) -> None:
-    from kvcxl.emu.model.quality import run
+    from kvcxl.model.quality import run
 
     m, _ = model
     cap = captures["long-doc"]
@@ -113,7 +113,7 @@ def test_unbounded_budget_is_exact(model, captures, references) -> None:
 
 def test_sink_window_monotone_in_budget_and_sink_effect(model, captures, references) -> None:
     """Smaller budget never gives better top-1 (sink-window); dropping the sink hurts."""
-    from kvcxl.emu.model.quality import evaluate
+    from kvcxl.model.quality import evaluate
 
     m, _ = model
     for name, cap in captures.items():
@@ -151,8 +151,8 @@ def test_policy_spec_and_budget_parsing() -> None:
 
 
 def test_quality_cli(tmp_path, captures, capsys) -> None:
-    from kvcxl.emu.cli import main
-    from kvcxl.emu.model.capture import to_trace
+    from kvcxl.cli.main import main
+    from kvcxl.model.capture import to_trace
 
     path = to_trace(captures["code"], source="test").save(tmp_path / "code.npz")
     js = tmp_path / "q.json"
@@ -176,8 +176,8 @@ def test_quality_cli(tmp_path, captures, capsys) -> None:
 
 
 def test_tiny_calibration_grid(tmp_path, captures) -> None:
-    from kvcxl.emu.cli import main
-    from kvcxl.emu.model.capture import to_trace
+    from kvcxl.cli.main import main
+    from kvcxl.model.capture import to_trace
 
     path = to_trace(captures["chat"], source="test").save(tmp_path / "chat.npz")
     out = tmp_path / "cal"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvcxl.emu.model import weights
+from kvcxl.model import weights
 
 
 def test_missing_file_is_a_clear_error(monkeypatch) -> None:
@@ -23,8 +23,8 @@ def test_altered_file_is_refused(monkeypatch, tmp_path) -> None:
 
 
 def test_cli_reports_missing_model_in_one_line(monkeypatch, tmp_path, capsys) -> None:
-    from kvcxl.emu.cli import main
-    from kvcxl.emu.model import capture
+    from kvcxl.cli.main import main
+    from kvcxl.model import capture
 
     monkeypatch.setattr(capture, "_SHARED", {})  # no model loaded earlier in this process
     monkeypatch.setattr(weights, "locate", lambda: None)
@@ -42,7 +42,7 @@ class _Tok:
 
 
 def test_prompt_files_text_json_and_errors(tmp_path) -> None:
-    from kvcxl.emu.model.capture import load_prompt, load_token_file
+    from kvcxl.model.capture import load_prompt, load_token_file
 
     txt = tmp_path / "p.txt"
     txt.write_text("hi")

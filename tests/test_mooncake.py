@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvcxl.emu import cli
+from kvcxl.cli import main as cli
 from kvcxl.emu.serving import workload_turns
 from kvcxl.emu.shape import PRESETS
 from kvcxl.emu.workloads import compile_workload, make_workload

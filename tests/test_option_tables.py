@@ -9,8 +9,8 @@ import importlib
 
 import pytest
 
+from kvcxl.cli import main as cli
 from kvcxl.common.options import Group, add_options, add_parser, opt
-from kvcxl.emu import cli
 
 MOST_LINES = 80
 

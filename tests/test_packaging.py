@@ -60,7 +60,7 @@ def test_wheel_contents(tmp_path):
         "qemu/guest/init.sh",
         "qemu/guest/kvcxl_ring.h",
         "qemu/plugin/kvcxl_plugin.c",
-        "emu/model/prompts/long-doc.json",
+        "model/prompts/long-doc.json",
         "emu/workloads/data/mooncake/conversation_trace.jsonl.xz",
         "emu/workloads/data/mooncake/LICENSE-APACHE",
     ):

@@ -28,7 +28,7 @@ import pytest
 import reference_engine as ref
 from test_sim_differential import WL_SHAPE, _stream, compare
 
-from kvcxl.emu.cli import main
+from kvcxl.cli.main import main
 from kvcxl.emu.shape import PRESETS
 from kvcxl.emu.sim.export import ORACLE_DTYPE, next_access
 from kvcxl.emu.sim.simulator import SimOptions, pick_engine, simulate

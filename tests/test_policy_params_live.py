@@ -262,7 +262,7 @@ def test_batched_passes_evict_whole_batches_ranked_as_each_begins(
 def test_the_device_carries_out_managed_tiers_moves() -> None:
     """A device with a host KV cache (open_kv) and managed tiers: every entry's page is in
     the tier the firmware session's map names, step-boundary sinks included."""
-    from kvcxl.emu.cxl.hdm import GRANULE
+    from kvcxl.cxl.hdm import GRANULE
     from kvcxl.emu.device.device import Type3Device
 
     n, eb = 48, 4096

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcxl.qemu import layout as L
+from kvcxl.cxl import ring as L
 from kvcxl.qemu.boot import NoGuestResult, guest_result
 
 pytestmark = [pytest.mark.slow, pytest.mark.qemu]
@@ -123,7 +123,7 @@ def test_replay_matches_simulator_api_and_cli(main_boot, trace_file, tmp_path) -
     assert r["firmware"]["sessions"][0]["audit"]["wrong_victims"] == 0
     # The simulator's CLI on the same file and budget names the same victims.
     csv_path = tmp_path / "victims.csv"
-    cmd = [sys.executable, "-m", "kvcxl.emu.cli", "simulate", "--trace", str(trace_file)]
+    cmd = [sys.executable, "-m", "kvcxl.cli.main", "simulate", "--trace", str(trace_file)]
     cmd += ["--policy", "ema", "--budget", str(gt.budget_bytes()), "--dump-victims", str(csv_path)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=300, cwd="/")
     with open(csv_path) as f:
@@ -177,7 +177,7 @@ def test_cli_inject_then_service_killed_mid_run(host) -> None:
 
     def hook(ev: dict, b) -> None:
         if ev.get("event") == "waiting":  # the guest idles: inject through the CLI
-            cmd = [sys.executable, "-m", "kvcxl.emu.cli", "qemu", "inject", "poison"]
+            cmd = [sys.executable, "-m", "kvcxl.cli.main", "qemu", "inject", "poison"]
             cmd += ["--qmp", str(b.qmp_socket), "--dpa", hex(dpa)]
             injected.append(subprocess.run(cmd, capture_output=True, text=True, timeout=60))
         if ev.get("event") == "agent_start" and ev.get("job") == "replay":
@@ -235,8 +235,8 @@ def test_a_silent_guest_is_stopped_retried_and_reported(host) -> None:
     """The stall watchdog: a guest silent for stall_s is stopped; a stall before the agent
     starts is retried (here it stalls again, since 1 s is shorter than the kernel's quiet
     boot) and the final report fails, saying where."""
+    from kvcxl.cli.qemu import boot_ok
     from kvcxl.qemu.boot import BootOptions, boot
-    from kvcxl.qemu.commands import boot_ok
 
     r, b = boot(
         BootOptions(

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvcxl.cxl import ring as L
 from kvcxl.qemu import guest_fuzz
-from kvcxl.qemu import layout as L
 from kvcxl.qemu.boot import guest_result
 from kvcxl.qemu.ring_client import RingClient
 from kvcxl.qemu.ring_fuzz import FIRMWARES, RingFuzzer
@@ -106,8 +106,8 @@ def test_the_area_has_room_for_its_limit_and_refuses_more() -> None:
 @pytest.mark.slow
 @pytest.mark.qemu
 def test_the_guest_agent_fuzzes_the_ring_from_inside_the_guest() -> None:
+    from kvcxl.cli.qemu import boot_ok
     from kvcxl.qemu.boot import BootOptions, boot
-    from kvcxl.qemu.commands import boot_ok
 
     opts = BootOptions(jobs=("fuzz",), fuzz_cases=300, device_emulator=False, qemu="stock")
     report, _ = boot(opts)
@@ -124,8 +124,8 @@ def test_the_guest_agent_fuzzes_the_ring_from_inside_the_guest() -> None:
 def test_the_guest_agent_fuzzes_the_one_devices_ring() -> None:
     """The boot users run by default: the patched QEMU, whose memory-path device answers
     the ring on its doorbell; the model predicts that device's answers."""
+    from kvcxl.cli.qemu import boot_ok
     from kvcxl.qemu.boot import BootOptions, boot
-    from kvcxl.qemu.commands import boot_ok
 
     report, _ = boot(BootOptions(jobs=("fuzz",), fuzz_cases=300, qemu="kvcxl"))
     assert boot_ok(report), report.get("console_tail")

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from kvcxl.firmware.cxl import mem
-from kvcxl.qemu import layout as L
+from kvcxl.cxl import mem
+from kvcxl.cxl import ring as L
 from kvcxl.qemu.boot import guest_result
 from kvcxl.qemu.qemu_patch import PATCH, render_header
 
@@ -34,7 +34,7 @@ def _patch_function(name: str) -> str:
 
 def test_the_patch_packs_cxl_mem_messages_as_the_table(tmp_path) -> None:
     """MemRd and MemWrPtl built by the patch's kvcxl_put with the generated header are
-    byte for byte what kvcxl.firmware.cxl.mem.encode makes of the same messages."""
+    byte for byte what kvcxl.cxl.mem.encode makes of the same messages."""
     (tmp_path / "cxl_type3_kvcxl.h").write_text(render_header())
     prog = tmp_path / "pack.c"
     prog.write_text(
@@ -92,8 +92,8 @@ def kvcxl_boot(patched_host):
     the device's clock read when the region is ready."""
     import sys
 
+    from kvcxl.cxl import mailbox as mb
     from kvcxl.emu.device.service import Client
-    from kvcxl.firmware.cxl import mailbox as mb
     from kvcxl.qemu.boot import BootOptions, boot
     from kvcxl.qemu.trace_image import default_trace
 
@@ -109,7 +109,7 @@ def kvcxl_boot(patched_host):
                 rsp = c.cci(mb.Opcode.GET_TIMESTAMP)
             seen["timestamp"] = (rsp.rc, int.from_bytes(rsp.payload, "little"), time.time_ns())
         if ev.get("event") == "waiting" and "inject" not in seen:
-            cmd = [sys.executable, "-m", "kvcxl.emu.cli", "qemu", "inject", "poison"]
+            cmd = [sys.executable, "-m", "kvcxl.cli.main", "qemu", "inject", "poison"]
             cmd += ["--qmp", str(b.qmp_socket), "--dpa", hex(L.KV_BASE + QMP_POISON_ENTRY * eb)]
             seen["inject"] = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
 
@@ -367,7 +367,7 @@ def test_a_real_smollm2_capture_replays_through_the_device(patched_host, tmp_pat
     from kvcxl.qemu.trace_image import load_trace, simulate_victims
 
     cap = tmp_path / "chat.npz"
-    cmd = [sys.executable, "-m", "kvcxl.emu.cli", "trace", "capture", "--prompt", "chat"]
+    cmd = [sys.executable, "-m", "kvcxl.cli.main", "trace", "capture", "--prompt", "chat"]
     subprocess.run([*cmd, "--steps", "8", "-o", str(cap)], check=True, timeout=600)
     gt = load_trace(cap, 0.25)
     r, b = boot(BootOptions(jobs=("replay",), trace=gt, plugin=False, timeout=900))

@@ -65,8 +65,8 @@ def test_a_kvm_internal_error_ends_the_boot_with_the_reason(tmp_path: Path) -> N
     """QEMU stops the VM on a KVM internal error and would wait for ever: the console
     reader notes it, the wait ends the boot within a few seconds, the report and
     ``boot_ok`` say it failed and why."""
+    from kvcxl.cli.qemu import boot_ok
     from kvcxl.qemu.boot import Boot, BootOptions, failure_summary
-    from kvcxl.qemu.commands import boot_ok
 
     lines = [
         b'@kvcxl {"event":"init","uptime":1.0}\n',

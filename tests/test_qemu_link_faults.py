@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from kvcxl.cxl import ring as L
 from kvcxl.emu.device import service as svc
-from kvcxl.qemu import layout as L
 from kvcxl.qemu.boot import guest_result
 
 TRAP = ((L.XFER_H2G, L.XFER_BYTES), (L.XFER_G2H, L.XFER_BYTES))

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from kvcxl.cxl import mem
+from kvcxl.cxl import ring as L
 from kvcxl.emu.device.service import MEM, Engine
-from kvcxl.firmware.cxl import mem
-from kvcxl.qemu import layout as L
 from kvcxl.qemu import memring
 from kvcxl.qemu.ring_device import build
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvcxl.qemu import layout as L
+from kvcxl.cxl import ring as L
 from kvcxl.qemu.ring_client import DeviceError, RingClient, decisions, replay
 from kvcxl.qemu.service import FirmwareService
 from kvcxl.qemu.trace_image import default_trace, encode, simulate_victims
@@ -288,7 +288,7 @@ def test_c_header_matches_the_command_tables(tmp_path: Path) -> None:
 
 
 def test_ring_reuses_mailbox_opcodes_only_with_their_meaning() -> None:
-    from kvcxl.firmware.cxl import mailbox as mb
+    from kvcxl.cxl import mailbox as mb
 
     for c in L.RING_COMMANDS:
         if c.mailbox is None:  # ring-only: a command set the mailbox does not use

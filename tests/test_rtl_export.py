@@ -63,7 +63,7 @@ def test_unknown_defect_is_refused():
 
 
 def test_cli_verilog_writes_lint_clean_verilog_and_core_file(tmp_path):
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
     from kvcxl.rtl import toolchain
 
     assert (
@@ -107,14 +107,14 @@ def test_cli_verilog_writes_lint_clean_verilog_and_core_file(tmp_path):
 
 
 def test_cli_refuses_entries_not_multiple_of_lanes(tmp_path, capsys):
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     assert main(["rtl", "verilog", "-o", str(tmp_path), "--entries", "10", "--lanes", "4"]) == 2
     assert "multiple" in capsys.readouterr().err
 
 
 def test_cli_verilog_top(tmp_path):
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     argv = ["rtl", "verilog", "--design", "top", "-o", str(tmp_path), "--lanes", "2"]
     assert main(argv) == 0

@@ -40,7 +40,7 @@ def test_a_defect_runs_only_against_its_own_check():
 def test_cli_formal_writes_json(tmp_path):
     import json
 
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     out = tmp_path / "formal.json"
     assert main(["rtl", "formal", "--check", "hdm", "--json", str(out)]) == 0
@@ -52,7 +52,7 @@ def test_cli_formal_writes_json(tmp_path):
 
 
 def test_cli_refuses_a_defect_for_another_check(capsys):
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     assert main(["rtl", "formal", "--check", "scoring", "--defect", "drop_on_stall"]) == 2
     assert "frontend" in capsys.readouterr().err

@@ -1,9 +1,9 @@
 """CXL.mem front end RTL against the emulator's message table and HDM decoder.
 
-Random M2S Req / RwD messages (packed with kvcxl.firmware.cxl.mem.pack, so the RTL's
+Random M2S Req / RwD messages (packed with kvcxl.cxl.mem.pack, so the RTL's
 layouts are checked against the shared table) through Amaranth's simulator, with
 random back-pressure on every response stream; expected responses come from
-kvcxl.emu.cxl.hdm.HdmDecoderSet translation and a dictionary line store
+kvcxl.cxl.hdm.HdmDecoderSet translation and a dictionary line store
 (kvcxl.tb.frontend_model, which the cocotb test on Verilator and Icarus shares).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvcxl.firmware.cxl import mem as cxl
+from kvcxl.cxl import mem as cxl
 
 pytestmark = pytest.mark.hdl
 
@@ -88,7 +88,7 @@ def test_front_end_matches_hdm_and_line_store(ways, granularity, position):
 
 
 def test_layouts_come_from_the_shared_message_table():
-    from kvcxl.firmware.cxl import mem as cxl
+    from kvcxl.cxl import mem as cxl
     from kvcxl.rtl.frontend import message_layout
 
     for cls in cxl.MESSAGE_CLASSES:

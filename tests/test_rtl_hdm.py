@@ -2,7 +2,7 @@
 
 Every legal (granularity, ways, position) programming, addresses at the decoder's
 edges, at granule edges and at random, in Amaranth's simulator; the expected hit and
-DPA are ``kvcxl.emu.cxl.hdm.HdmDecoderSet.translate`` of a decoder programmed alike.
+DPA are ``kvcxl.cxl.hdm.HdmDecoderSet.translate`` of a decoder programmed alike.
 (The ``hdm`` formal check proves the same equality for every address against a
 reference written from the same parameters; this compares with the code itself.)"""
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.hdl
 
 
 def _cases(seed: int) -> list[tuple[dict, list[int]]]:
-    from kvcxl.firmware.cxl.hdm import GRANULARITIES, GRANULE, WAYS
+    from kvcxl.cxl.hdm import GRANULARITIES, GRANULE, WAYS
     from kvcxl.rtl.hdm import HPA_BITS
 
     rng = random.Random(seed)
@@ -47,8 +47,7 @@ def _compare(defect: str | None, seed: int = 1) -> tuple[int, int]:
     """(addresses compared, mismatches) of the RTL decode against HdmDecoderSet."""
     from amaranth.sim import Simulator
 
-    from kvcxl.emu.cxl.hdm import HdmDecoderSet, encode_granularity, encode_ways
-    from kvcxl.firmware.cxl.hdm import GRANULE_SHIFT
+    from kvcxl.cxl.hdm import GRANULE_SHIFT, HdmDecoderSet, encode_granularity, encode_ways
     from kvcxl.rtl.hdm import HdmDecode
 
     dut = HdmDecode(defect=defect)

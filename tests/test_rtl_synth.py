@@ -10,7 +10,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.hdl]
 
 
 def test_synth_ecp5_reports_resources_and_fmax(tmp_path):
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     out = tmp_path / "ecp5.json"
     argv = [

@@ -273,7 +273,7 @@ def test_rtl_sim_plans_every_boundary_of_a_replay_with_the_engine(tmp_path):
     engine, equal to the firmware's moves."""
     import json
 
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     trace = tmp_path / "u.npz"
     assert main(["trace", "export", "--workload", "uniform", "--steps", "8", "--read",

@@ -22,10 +22,10 @@ BASE = 4 << 30
 def test_policy_engine_steps_match_the_firmware():
     from amaranth.sim import Simulator
 
+    from kvcxl.cxl import mem as cxl
     from kvcxl.firmware import fixedpoint as fx
     from kvcxl.firmware import golden_step, prefetch
     from kvcxl.firmware.config import PolicyConfig
-    from kvcxl.firmware.cxl import mem as cxl
     from kvcxl.rtl.export import default_decay
     from kvcxl.rtl.top import PolicyEngine
 

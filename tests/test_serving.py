@@ -1,4 +1,4 @@
-"""The serving metrics (emu/serving.py) and the user-count experiment (emu/experiments/users.py).
+"""The serving metrics (emu/serving.py) and the user-count experiment (experiments/users.py).
 
 The metrics are checked against a second, plain implementation written from docs/serving.md
 (loops over a hand-made run), the TTFT queue and turn detection against worked examples,
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from kvcxl.emu import serving
-from kvcxl.emu.experiments import users
 from kvcxl.emu.serving import INPUTS, ServingModel, serving_metrics, turn_starts
 from kvcxl.emu.shape import PRESETS, Deployment
+from kvcxl.experiments import users
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -244,7 +244,7 @@ def test_docs_quote_the_inputs_table():
 
 
 def test_simulate_serving_cli(tmp_path, capsys):
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     out = tmp_path / "s.json"
     argv = ["simulate", "--workload", "multi-turn", "--steps", "30", "--warmup", "5",
@@ -320,7 +320,7 @@ def test_untimed_demand_above_one_is_named_with_its_link_bound(tmp_path, capsys)
     """Without the timeline a thrashing LRU run's link demand exceeds 1: the table says the
     link cannot carry it and gives the throughput the link bounds it to (each step waits
     for the bytes it moved), which is below the untimed figure."""
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     out = tmp_path / "d.json"
     argv = ["simulate", "--workload", "multi-turn", "--steps", "30", "--warmup", "5",

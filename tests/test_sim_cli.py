@@ -9,8 +9,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from kvcxl.emu.cli import main
-from kvcxl.emu.sim import commands
+from kvcxl.cli import sim as commands
+from kvcxl.cli.main import main
 from kvcxl.firmware.config import PARAMS
 from kvcxl.firmware.policy_params import POLICY_PARAMS
 
@@ -170,7 +170,7 @@ def test_no_help_text_prints_a_doubled_percent():
 
     # argparse %-formats `help` strings but prints `description` and `epilog` verbatim,
     # so an escaped "%%" there reaches the user as a literal "%%".
-    from kvcxl.emu.cli import build_parser
+    from kvcxl.cli.main import build_parser
     from kvcxl.emu.sim.sweep import main as sweep_main
 
     parsers = [build_parser(), *_subparsers(build_parser())]

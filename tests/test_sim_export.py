@@ -35,7 +35,7 @@ def _first_appearances(obj: np.ndarray) -> np.ndarray:
 
 
 def test_exported_ids_are_dense_in_first_request_order(tmp_path):
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     # topk reads leave entries created but never read, and a workload's ids are in creation
     # order: its own ids have holes and are not in first-read order.

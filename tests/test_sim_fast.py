@@ -454,7 +454,7 @@ def test_a_full_nvme_fills_alike() -> None:
 @pytest.mark.slow
 @pytest.mark.model
 def test_the_real_model_capture_replays_identically() -> None:
-    from kvcxl.emu.model.capture import capture, load_prompt, shared_model, to_trace
+    from kvcxl.model.capture import capture, load_prompt, shared_model, to_trace
 
     m, tok = shared_model(1)
     cap = capture(m, load_prompt("chat", tok), 16, aggregation="max")

@@ -247,7 +247,7 @@ def _replays(stream, trace_stream, options) -> None:
      ("multi-turn", "threshold:0.2"), ("uniform", "dense")],
 )  # fmt: skip
 def test_exported_workload_replays_identically(tmp_path, workload, read):
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
     from kvcxl.emu.sim.simulator import SimOptions
     from kvcxl.emu.workloads import compile_workload, make_workload
     from kvcxl.emu.workloads.stream import from_trace

@@ -7,12 +7,12 @@ import math
 import numpy as np
 import pytest
 
+from kvcxl.cli.main import build_parser
 from kvcxl.common.sizes import parse_size
-from kvcxl.emu.cli import build_parser
 from kvcxl.emu.device import timing as device_timing
 from kvcxl.emu.metrics import linear_percentiles, mean_ci, t975
-from kvcxl.emu.model.calibrate import ci95
 from kvcxl.emu.timing import CXL_DRAM, HBM, NVME, TierParams, TierTiming
+from kvcxl.model.calibrate import ci95
 
 # Student's t 0.975 quantiles (scipy.stats.t.ppf(0.975, df)).
 T975_EXACT = {

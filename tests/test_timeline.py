@@ -289,7 +289,7 @@ def test_offload_preset_reads_pcie_contention():
 def test_cli_timeline_presets_and_versus_offload(tmp_path, capsys):
     import json
 
-    from kvcxl.emu.cli import main
+    from kvcxl.cli.main import main
 
     out = tmp_path / "r.json"
     args = ["simulate", "--workload", "multi-turn", "--steps", "20", "--policy", "lru",
@@ -368,8 +368,8 @@ def test_boundary_moves_are_background_beside_the_next_compute():
 
 
 def test_users_timeline_experiment_at_tiny_scale():
-    from kvcxl.emu.experiments import users, users_timeline
-    from kvcxl.emu.experiments.base import VERDICTS
+    from kvcxl.experiments import users, users_timeline
+    from kvcxl.experiments.base import VERDICTS
 
     e = users_timeline.EXPERIMENT
     cases = e.cases("tiny")

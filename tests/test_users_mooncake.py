@@ -10,10 +10,10 @@ import math
 
 import pytest
 
-from kvcxl.emu.experiments import users_mooncake as um
-from kvcxl.emu.experiments.base import VERDICTS
 from kvcxl.emu.timing import TierTiming
 from kvcxl.emu.workloads.mooncake import DATA_DIR, TRACES
+from kvcxl.experiments import users_mooncake as um
+from kvcxl.experiments.base import VERDICTS
 
 SEEDS = (0, 1)
 
@@ -211,7 +211,7 @@ def test_bounds_that_bracket_16_cannot_say():
 
 
 def test_every_table_says_its_attention(rows):
-    from kvcxl.emu.experiments.commands import render
+    from kvcxl.cli.experiment import render
 
     rep = um.EXPERIMENT.report(rows)
     md = render(um.EXPERIMENT, rep, "tiny", len(SEEDS))

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kvcxl.emu.cxl.hdm import GRANULE
-from kvcxl.firmware.cxl import mailbox as mb
-from kvcxl.firmware.cxl import mem
+from kvcxl.cxl import mailbox as mb
+from kvcxl.cxl import mem
+from kvcxl.cxl.hdm import GRANULE
 
 from ..timing import NVME
 from .device import Type3Device
@@ -176,7 +176,7 @@ def bench_socket_load(quick: bool) -> dict:
     clients, ops, seconds = 16, (100 if quick else 1000), (30.0 if quick else 120.0)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "load.sock"
-        with serve_process(path, "--capacity", "256MiB", "--decoder", hex(BASE)):
+        with serve_process(path, 256 << 20, BASE):
             res = run_load(path, BASE, clients=clients, ops=ops, seconds=seconds)
     res["server"] = "kvcxl device serve (its own process), Unix socket"
     return res

@@ -1,6 +1,6 @@
 """The device's mailbox: command handlers behind the CCI message framing.
 
-:meth:`Mailbox.execute` takes one encoded request (see :mod:`kvcxl.firmware.cxl.mailbox`
+:meth:`Mailbox.execute` takes one encoded request (see :mod:`kvcxl.cxl.mailbox`
 for the framing, opcodes and return codes) and always returns one encoded
 response — for malformed input the spec's return code, never an exception.
 A handler answers Invalid Input only for what the device refuses by name
@@ -20,10 +20,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kvcxl.cxl import mailbox as mb
+from kvcxl.cxl.mailbox import CciMessage, FramingError, Opcode
+from kvcxl.cxl.mailbox import ReturnCode as RC
 from kvcxl.firmware.config import ConfigError
-from kvcxl.firmware.cxl import mailbox as mb
-from kvcxl.firmware.cxl.mailbox import CciMessage, FramingError, Opcode
-from kvcxl.firmware.cxl.mailbox import ReturnCode as RC
 
 from .device import RequestError, Type3Device
 from .media import MediaError
@@ -32,7 +32,7 @@ from .poison import LIST_MAX as POISON_LIST_MAX
 CAPACITY_UNIT = 256 << 20  # Identify Memory Device reports capacities in 256 MiB units
 PCI_VENDOR_ID = 0x1B36  # Red Hat, Inc. (QEMU's emulated devices)
 PCI_DEVICE_ID = 0x0D93  # QEMU's CXL Type-3 device id
-# The payload layouts live in the command table (kvcxl.firmware.cxl.mailbox); these names are
+# The payload layouts live in the command table (kvcxl.cxl.mailbox); these names are
 # kept for the callers that import them from here.
 ATTENTION_RECORD = mb.ATTENTION_RECORD
 DESCRIBE_RECORD = mb.DESCRIBE_RECORD

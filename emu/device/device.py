@@ -41,11 +41,11 @@ from typing import NamedTuple
 
 from numpy.typing import NDArray
 
-from kvcxl.emu.cxl.hdm import HdmDecoderSet
+from kvcxl.cxl import mem
+from kvcxl.cxl.hdm import HdmDecoderSet
 from kvcxl.firmware.audit import EvictionAudit
 from kvcxl.firmware.cache import PolicyCache
 from kvcxl.firmware.config import PolicyConfig
-from kvcxl.firmware.cxl import mem
 from kvcxl.firmware.policies import POLICIES
 from kvcxl.firmware.policies.base import Policy
 from kvcxl.firmware.session import Decisions

@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcxl.cxl import mailbox
 from kvcxl.firmware.config import PolicyConfig
-from kvcxl.firmware.cxl import mailbox
 from kvcxl.firmware.formulas import TIER_CXL, TIER_NVME
 from kvcxl.firmware.session import Decisions, FirmwareSession
 

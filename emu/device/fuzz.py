@@ -33,10 +33,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvcxl.emu.cxl.hdm import GRANULE
+from kvcxl.cxl import mailbox as mb
+from kvcxl.cxl import mem
+from kvcxl.cxl.hdm import GRANULE
 from kvcxl.firmware.config import PARAMS
-from kvcxl.firmware.cxl import mailbox as mb
-from kvcxl.firmware.cxl import mem
 
 from .device import Type3Device
 from .service import CCI, ERROR, HDM, MEM, READ, READ_REQ, WRITE, WRITE_REQ, Engine
@@ -45,7 +45,7 @@ BASE = 1 << 36
 
 
 def _records(dtype: np.dtype, rows: list[tuple]) -> bytes:
-    """Records in the command table's layout (kvcxl.firmware.cxl.mailbox)."""
+    """Records in the command table's layout (kvcxl.cxl.mailbox)."""
     return np.array(rows, dtype=dtype).tobytes()
 
 

@@ -7,7 +7,7 @@ differs from the frame it came from: no unmodified case is counted.  The mutated
 over a real Unix socket to a running service.
 
 A small model of the protocol (docs/device.md, "The service"; the CXL.mem wire format is
-:mod:`kvcxl.firmware.cxl.mem`, the one table every part shares) predicts the answer: the
+:mod:`kvcxl.cxl.mem`, the one table every part shares) predicts the answer: the
 response kind or the ERROR reason, and for an answered request its flags and bytes (a
 shadow of device memory: what was written where a decoder maps, zeros elsewhere, poisoned
 lines).  Counted:
@@ -31,7 +31,7 @@ import struct
 from collections import Counter
 from pathlib import Path
 
-from kvcxl.firmware.cxl import mem
+from kvcxl.cxl import mem
 
 from .service import ERROR, MAX_FRAME, MAX_IO, MEM, READ, WRITE, recv_frame
 

@@ -12,9 +12,9 @@ Every request frame gets exactly one response frame, in order.
 kind   name         request body                                    response body
 =====  ===========  ==============================================  ===========================
 0x01   MEM          one CXL.mem M2S message                         the S2M message; empty for
-                    (kvcxl.firmware.cxl.mem)                        MemSpecRd (no completion)
+                    (kvcxl.cxl.mem)                        MemSpecRd (no completion)
 0x02   CCI          one CCI mailbox request                         the CCI response
-                    (kvcxl.firmware.cxl.mailbox)
+                    (kvcxl.cxl.mailbox)
 0x03   READ         u64 HPA, u32 length (≤ 1 MiB)                   u8 flags, 7 pad, f64
                                                                     latency ns, data
 0x04   WRITE        u64 HPA, u8 flags (bit 0 poison), 7 pad, data   u8 flags, 7 pad, f64
@@ -52,9 +52,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from kvcxl.emu.cxl.hdm import HdmError
-from kvcxl.firmware.cxl import mailbox as mb
-from kvcxl.firmware.cxl import mem
+from kvcxl.cxl import mailbox as mb
+from kvcxl.cxl import mem
+from kvcxl.cxl.hdm import HdmError
 
 from .cci import Mailbox
 from .device import Type3Device
@@ -375,22 +375,46 @@ def serving(engine: Engine, path: str | Path) -> Iterator[Server]:
 
 
 @contextlib.contextmanager
-def serve_process(path: str | Path, *options: str) -> Iterator[subprocess.Popen]:
-    """`kvcxl device serve --socket PATH OPTIONS…` in its own process, once its socket
-    exists; stopped (SIGTERM) when the ``with`` block ends."""
+def serve_process(path: str | Path, capacity: int, base: int) -> Iterator[subprocess.Popen]:
+    """A device of ``capacity`` bytes (the defaults of :class:`Type3Device` otherwise),
+    decoder 0 committed over it at HPA ``base``, served on ``path`` in its own process
+    (this module run as a script), once its socket exists; stopped (SIGTERM) when the
+    ``with`` block ends."""
     path = Path(path)
-    cmd = [sys.executable, "-m", "kvcxl.emu.cli", "device", "serve", "--socket", str(path)]
-    proc = subprocess.Popen([*cmd, *options], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    cmd = [sys.executable, "-m", __name__, str(path), str(capacity), hex(base)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         t0 = time.monotonic()
         while not path.exists():
             if proc.poll() is not None or time.monotonic() - t0 > 60:
-                raise RuntimeError(f"device serve did not start: {proc.stderr.read()!r}")
+                raise RuntimeError(f"device service did not start: {proc.stderr.read()!r}")
             time.sleep(0.05)
         yield proc
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _serve_main(path: str, capacity: int, base: int) -> None:
+    """The process :func:`serve_process` starts: serve until SIGTERM."""
+    import signal
+
+    dev = Type3Device(capacity)
+    dev.hdm.program(0, base=base, size=capacity)
+    dev.hdm.commit(0)
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)  # before the socket exists: a client may stop us
+    server = Server(path, Engine(dev))
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        dev.close()
 
 
 class Client:
@@ -453,3 +477,7 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+if __name__ == "__main__":
+    _serve_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3], 0))

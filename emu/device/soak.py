@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcxl.emu.cxl.hdm import GRANULE
-from kvcxl.firmware.cxl import mailbox as mb
-from kvcxl.firmware.cxl import mem
+from kvcxl.cxl import mailbox as mb
+from kvcxl.cxl import mem
+from kvcxl.cxl.hdm import GRANULE
 
 from .cci import Mailbox
 from .device import Type3Device

@@ -14,7 +14,7 @@ group and aggregated by ``max`` or ``mean``.  Per query head the mass is split i
   block is created (lognormal: a few heavy hitters) times per-step jitter.
 
 Every parameter lives in :class:`AttentionParams`, so that real traces can fit
-them (kvcxl.emu.model.fit, ``kvcxl trace fit``; the committed fit is the data file
+them (kvcxl.model.fit, ``kvcxl trace fit``; the committed fit is the data file
 ``attention_fit.toml`` beside this module, read here as :data:`MEASURED` and
 :data:`FITTED`); every random draw comes from a seeded generator.  The
 sink and recent shares are either a line over depth (``sink_mass_first`` …

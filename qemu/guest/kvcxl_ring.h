@@ -1,4 +1,4 @@
-/* The kvcxl device-memory protocol, guest side.  The Python side is kvcxl/qemu/layout.py;
+/* The kvcxl device-memory protocol, guest side.  The Python side is kvcxl/cxl/ring.py;
  * docs/qemu.md describes both.  All fields are little-endian; offsets are device
  * physical addresses (DPA) = offsets into /dev/dax0.0 = offsets into the media file. */
 #ifndef KVCXL_RING_H
@@ -61,9 +61,9 @@ struct kvcxl_host_hdr { /* written by the guest only */
     uint32_t reserved[14];
 };
 
-/* opcodes: the table is RING_COMMANDS in kvcxl/qemu/layout.py (tests/test_qemu_ring.py
+/* opcodes: the table is RING_COMMANDS in kvcxl/cxl/ring.py (tests/test_qemu_ring.py
  * compiles this header and compares).  Commands that mean what a mailbox vendor command
- * means share its opcode and input records (firmware/cxl/mailbox.py, docs/device.md);
+ * means share its opcode and input records (cxl/mailbox.py, docs/device.md);
  * ring-only commands use command set C1h, which the mailbox does not use. */
 #define KVCXL_OP_NOP 0xC100u
 #define KVCXL_OP_OPEN 0xC101u

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     )
 
 # The public names and the module of each.  They are loaded on first use (PEP 562) so that
-# importing a numpy-free subpackage, the CXL protocol tables of kvcxl.cxl, does
-# not load numpy through this package.
+# importing one module of the firmware (the RTL imports ``fixedpoint``) does not load the
+# configuration and the policies through this package.
 _EXPORTS = {
     "PARAMS": "config",
     "ConfigError": "config",
@@ -51,7 +51,7 @@ _EXPORTS = {
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    # lazy: kvcxl.cxl.mem imports with the standard library only (numpy-free)
+    # lazy: see _EXPORTS
     from . import config, fixedpoint, formulas
 
     module = {"config": config, "fixedpoint": fixedpoint, "formulas": formulas}[_EXPORTS[name]]

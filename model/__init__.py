@@ -9,5 +9,6 @@
 ``quality``   output quality (KL, top-1 agreement) under a cache bounded by each policy.
 ``calibrate`` the joint α × β (then keep/evict) sweep on real traces (docs/calibration.md).
 ``fit``       synthetic-attention parameters fitted to real trace statistics.
-``commands``  ``kvcxl quality`` and ``kvcxl calibrate``.
+Its commands (``kvcxl quality``, ``kvcxl calibrate``, ``kvcxl trace capture``) are
+:mod:`kvcxl.cli.model`.
 """

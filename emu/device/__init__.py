@@ -6,5 +6,6 @@ composing ``tiers`` (its media), ``migration`` (pages moving between tiers), ``p
 (the poison list) and ``front`` (the firmware front), with HDM decoders and the
 CXL.mem data path; ``errors`` — the refusal it names; ``cci`` — the mailbox
 command handlers; ``service`` — the Unix-socket service; ``soak`` and ``fuzz`` —
-integrity and robustness runs; ``bench`` — speed; ``commands`` — ``kvcxl device``.
+integrity and robustness runs; ``bench`` — speed.  ``kvcxl device`` is
+:mod:`kvcxl.cli.device`.
 """

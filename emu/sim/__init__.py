@@ -4,6 +4,6 @@
 per policy and budget; ``tiers`` — where each entry lives (HBM, CXL DRAM, NVMe) and the
 bytes moved between them; ``sweep`` — seeds × policies × budgets in parallel, the figures
 of docs/results.md; ``export`` — a stream as libCacheSim CSV / oracleGeneral;
-``bench`` — replay speed beside libCacheSim; ``commands`` — ``kvcxl simulate``,
-``sizing``, ``demo`` and ``trace``.
+``bench`` — replay speed beside libCacheSim.  Its commands (``kvcxl simulate``,
+``sizing``, ``demo`` and ``trace``) are :mod:`kvcxl.cli.sim`.
 """

@@ -436,10 +436,14 @@ def _describe(args: argparse.Namespace) -> int:
     from kvcxl.cxl import mem
 
     print(mem.describe())
-    print("\nmailbox commands (opcode, name, handler, input bytes, effects):")
+    print("\nmailbox commands (opcode, name, handler, input bytes, effects, under QEMU):")
     for c in sorted(mb.COMMANDS.values(), key=lambda c: c.opcode):
         n = "var" if c.in_len is None else str(c.in_len)
-        print(f"  {c.opcode:04X}h  {c.name:24s} {c.handler:22s} in={n:>4s}  effects={c.effects:#x}")
+        fwd = "forwarded" if c.forwarded else "QEMU's"
+        print(
+            f"  {c.opcode:04X}h  {c.name:24s} {c.handler:22s} in={n:>4s}  effects={c.effects:#x}"
+            f"  {fwd}"
+        )
         print(f"         in:  {c.request.describe()}")
         print(f"         out: {c.response.describe()}" + (f"; {c.doc}" if c.doc else ""))
     return 0

@@ -21,7 +21,8 @@ little endian)::
 
 ``COMMANDS`` is the one command table (as QEMU's ``hw/cxl/cxl-mailbox-utils.c``
 keeps one): each row holds the opcode, name, handler, request and response payload
-layouts (struct formats and numpy record dtypes) and the Command Effects Log bits.
+layouts (struct formats and numpy record dtypes), the Command Effects Log bits and
+whether the patched QEMU forwards the command to the device (``forwarded``).
 A command's input length is fixed (the request layout has no records or tail) or
 variable; a request whose payload length differs from a fixed length is answered
 with Invalid Payload Length, as the spec and QEMU do.  The guest ring
@@ -194,6 +195,9 @@ class Command:
     response: Payload
     effects: int
     doc: str = ""
+    forwarded: bool = False
+    """The patched QEMU hands this command to the kvcxl device (kvcxl.qemu.qemu_patch
+    generates the list from this column); every other command stays QEMU's."""
 
     @property
     def in_len(self) -> int | None:
@@ -201,16 +205,21 @@ class Command:
         return self.request.size
 
 
+# forwarded=True: the commands the kvcxl device answers in QEMU's place (its identity, its
+# clock, its health, its poison list); every other command stays QEMU's (docs/qemu.md says
+# why: the CEL must list QEMU's own commands, the event logs are where QEMU puts its events,
+# Linux's probe needs the rest as QEMU models them).
 COMMANDS: dict[int, Command] = {
     c.opcode: c
     for c in (
         Command(Opcode.IDENTIFY, "Identify", "_identify", NONE,
                 Payload("HHHHQBB", "18 B: PCI ids, u64 serial, max message size 2^16, "
-                        "component type 3"), 0),
+                        "component type 3"), 0, forwarded=True),
         Command(Opcode.GET_TIMESTAMP, "Get Timestamp", "_get_timestamp",
-                NONE, Payload("Q", "u64 ns"), 0, "0 until set"),
+                NONE, Payload("Q", "u64 ns"), 0, "0 until set", forwarded=True),
         Command(Opcode.SET_TIMESTAMP, "Set Timestamp", "_set_timestamp",
-                Payload("Q", "u64 ns since the epoch"), NONE, EFFECT_IMMEDIATE_POLICY_CHANGE),
+                Payload("Q", "u64 ns since the epoch"), NONE, EFFECT_IMMEDIATE_POLICY_CHANGE,
+                forwarded=True),
         Command(Opcode.GET_SUPPORTED_LOGS, "Get Supported Logs", "_get_supported_logs",
                 NONE, Payload("H6x16sI", "u16 entries = 1, CEL UUID, u32 CEL size"), 0),
         Command(Opcode.GET_LOG, "Get Log", "_get_log",
@@ -220,17 +229,18 @@ COMMANDS: dict[int, Command] = {
                 NONE, Payload("16sQQQQHHHHI3sHBBH", "0x45 B: capacities in 256 MiB units, "
                               "poison list max 256"), 0),
         Command(Opcode.GET_HEALTH_INFO, "Get Health Info", "_get_health_info",
-                NONE, Payload("BBBBHIII", "18 B health record"), 0),
+                NONE, Payload("BBBBHIII", "18 B health record"), 0, forwarded=True),
         Command(Opcode.GET_POISON_LIST, "Get Poison List", "_get_poison_list",
                 Payload("QQ", "u64 DPA, u64 length in lines"),
                 Payload("BBQH20x", "32 B header",
                         np.dtype([("dpa_source", "<u8"), ("lines", "<u4"), ("rsvd", "<u4")])),
-                0),
+                0, forwarded=True),
         Command(Opcode.INJECT_POISON, "Inject Poison", "_inject_poison",
-                Payload("Q", "u64 DPA (64 B aligned)"), NONE, EFFECT_IMMEDIATE_DATA_CHANGE),
+                Payload("Q", "u64 DPA (64 B aligned)"), NONE, EFFECT_IMMEDIATE_DATA_CHANGE,
+                forwarded=True),
         Command(Opcode.CLEAR_POISON, "Clear Poison", "_clear_poison",
                 Payload("Q64s", "u64 DPA, 64 B of replacement data"), NONE,
-                EFFECT_IMMEDIATE_DATA_CHANGE),
+                EFFECT_IMMEDIATE_DATA_CHANGE, forwarded=True),
         Command(Opcode.VENDOR_GET_PARAM, "Get Policy Parameter", "_get_param",
                 Payload(tail="UTF-8 name (empty = all)"), Payload(tail="JSON {name: value}"), 0),
         Command(Opcode.VENDOR_SET_PARAM, "Set Policy Parameter", "_set_param",
@@ -264,11 +274,16 @@ COMMANDS: dict[int, Command] = {
 
 def markdown_table() -> str:
     """The command table as docs/device.md shows it (a test keeps the two equal)."""
-    lines = ["| opcode | command | input | output | effects |", "|---|---|---|---|---|"]
+    lines = [
+        "| opcode | command | input | output | effects | under QEMU |",
+        "|---|---|---|---|---|---|",
+    ]
     for c in sorted(COMMANDS.values(), key=lambda c: c.opcode):
         out = c.response.describe() + (f"; {c.doc}" if c.doc else "")
+        fwd = "forwarded" if c.forwarded else "QEMU's"
         lines.append(
-            f"| {c.opcode:04X}h | {c.name} | {c.request.describe()} | {out} | {c.effects:#x} |"
+            f"| {c.opcode:04X}h | {c.name} | {c.request.describe()} | {out} | {c.effects:#x} "
+            f"| {fwd} |"
         )
     return "\n".join(lines)
 

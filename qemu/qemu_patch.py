@@ -30,19 +30,9 @@ from kvcxl.emu.device import service
 
 PATCH = Path(__file__).parent / "patch" / "kvcxl-type3.patch"
 HEADER_PATH = "hw/mem/cxl_type3_kvcxl.h"
-# The mailbox commands the kvcxl device answers in QEMU's place (its identity, its clock,
-# its health, its poison list); every other command stays QEMU's (docs/qemu.md says why:
-# the CEL must list QEMU's own commands, the event logs are where QEMU puts its events,
-# Linux's probe needs the rest as QEMU models them).
-FORWARDED = (
-    mb.Opcode.IDENTIFY,
-    mb.Opcode.GET_TIMESTAMP,
-    mb.Opcode.SET_TIMESTAMP,
-    mb.Opcode.GET_HEALTH_INFO,
-    mb.Opcode.GET_POISON_LIST,
-    mb.Opcode.INJECT_POISON,
-    mb.Opcode.CLEAR_POISON,
-)
+# The mailbox commands the kvcxl device answers in QEMU's place: the command table's
+# forwarded column (kvcxl.cxl.mailbox.COMMANDS says which and why), in opcode order.
+FORWARDED = tuple(op for op, c in sorted(mb.COMMANDS.items()) if c.forwarded)
 
 
 def render_header() -> str:

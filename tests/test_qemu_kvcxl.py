@@ -83,6 +83,26 @@ int main(void) {
     assert got == [mem.encode(rd).hex(), mem.encode(wr).hex()]
 
 
+def test_the_forwarded_commands_are_the_command_tables_column() -> None:
+    """The header's forwarded list is the rows of the command table marked forwarded, in
+    opcode order; the commands the patch's code names are among them, and the
+    "forwarded to the kvcxl device" cell of docs/qemu.md names exactly those rows."""
+    from pathlib import Path
+
+    from kvcxl.cxl import mailbox as mb
+
+    rows = [c.opcode.name for _, c in sorted(mb.COMMANDS.items()) if c.forwarded]
+    m = re.search(r"^#define KVCXL_CCI_FORWARDED\(X\) (.*)$", render_header(), re.M)
+    assert m and re.findall(r"X\((\w+)\)", m.group(1)) == rows
+    named = set(re.findall(r"KVCXL_CCI_(\w+?)_(?:SET|CMD|IN|EFFECT)\b", PATCH.read_text()))
+    assert named and named <= set(rows), f"the patch uses {sorted(named - set(rows))}"
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "qemu.md").read_text()
+    head = "| forwarded to the kvcxl device | stays QEMU's, and why |\n|---|---|\n"
+    cell = doc[doc.index(head) + len(head) :].split(" | ", 1)[0]
+    in_doc = [c.opcode.name for _, c in sorted(mb.COMMANDS.items()) if c.name in cell]
+    assert in_doc == rows, f"docs/qemu.md forwards {in_doc}, the command table {rows}"
+
+
 @pytest.fixture(scope="module")
 def kvcxl_boot(patched_host):
     """Datapath, poison and replay with the kvcxl device on the memory path; the transfer

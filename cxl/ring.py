@@ -2,9 +2,10 @@
 
 The ring's command table (``RING_COMMANDS``) and its records come from the mailbox's
 command table (:mod:`kvcxl.cxl.mailbox`) where a command means the same; the C
-header ``guest/kvcxl_ring.h`` that the guest agent compiles is tested against this
-module (tests/test_qemu_ring.py compiles a program printing the header's opcodes,
-sizes and offsets and compares them with these tables).
+header ``qemu/guest/kvcxl_ring.h`` that the guest agent compiles is generated from this
+module by :mod:`kvcxl.cxl.guest_header` (tests/test_qemu_ring.py checks that the committed
+file is the generator's output, and compiles a program printing the header's opcodes,
+sizes and offsets to compare them with these tables).
 docs/qemu.md explains the protocol: layout, doorbell, ordering, error codes.
 
 Addresses are device physical addresses (DPA): offsets into ``/dev/dax0.0`` in the
@@ -140,27 +141,40 @@ RC_NAMES = {
     RC_INVALID_PAYLOAD_LENGTH: "Invalid Payload Length",
 }
 
-# struct layouts (little-endian, 64 bytes each)
-# magic ver depth in out status sq_head heartbeat errors tracing
+# struct layouts (little-endian, 64 bytes each); each ``*_FIELDS`` names its format's items
+# in order (padding unnamed), for the generated C header (kvcxl.cxl.guest_header).
 DEV_HDR_FMT = struct.Struct("<IHHIIIIQII24x")
+DEV_HDR_FIELDS = (
+    "magic", "version", "depth", "slot_in", "slot_out", "status", "sq_head", "heartbeat",
+    "errors", "tracing",
+)  # fmt: skip
 DEV_TRACING_OFFSET = 36
 TRACING_NONE, TRACING_ARMING, TRACING_ON = 0, 1, 2
-HOST_HDR_FMT = struct.Struct("<II56x")  # sq_tail cq_head
-SQE_FMT = struct.Struct("<HHIIIIIQQ24x")  # op flags cid step layer count in_len arg0 arg1
-CQE_FMT = struct.Struct("<IHHIIIIIIQ20xI")  # cid status op sq_head out_len r0-r3 r4 .. seq
+HOST_HDR_FMT = struct.Struct("<II56x")
+HOST_HDR_FIELDS = ("sq_tail", "cq_head")
+SQE_FMT = struct.Struct("<HHIIIIIQQ24x")
+SQE_FIELDS = ("opcode", "flags", "cid", "step", "layer", "count", "in_len", "arg0", "arg1")
+CQE_FMT = struct.Struct("<IHHIIIIIIQ20xI")
+CQE_FIELDS = (
+    "cid", "status", "opcode", "sq_head", "out_len", "r0", "r1", "r2", "r3", "r4", "seq",
+)  # fmt: skip
 # The CQE without its last field, ``seq``: the firmware writes the fields, then ``seq``.
 CQE_BODY_FMT = struct.Struct(CQE_FMT.format[:-1])
 CQE_SEQ_OFFSET = CQE_BODY_FMT.size
 ATTN_REC = mb.ATTENTION_RECORD  # also the trace area's READ record
-OPEN_FMT = struct.Struct("<IIIIQ")  # n_entries entry_bytes capacity block_tokens window_base
+OPEN_FMT = struct.Struct("<IIIIQ")
+OPEN_FIELDS = ("n_entries", "entry_bytes", "capacity", "block_tokens", "window_base")
 CREATE_REC = mb.DESCRIBE_RECORD
 CTX_LEN_REC = mb.LENGTH_RECORD
 VICTIM_REC = np.dtype([("entry", "<u4"), ("tier", "<u2"), ("priority_q16", "<u2")])
 
 # --- trace area ------------------------------------------------------------------------
 TRACE_MAGIC = 0x5254564B
-# magic ver hdr_bytes n_entries n_batches entry_bytes capacity n_records seed block_tokens
 TRACE_HDR_FMT = struct.Struct("<IHHIIIIIII28x")
+TRACE_HDR_FIELDS = (
+    "magic", "version", "hdr_bytes", "n_entries", "n_batches", "entry_bytes", "capacity",
+    "n_records", "seed", "block_tokens",
+)  # fmt: skip
 EV_CREATE, EV_READ, EV_CTX_LEN = 0, 1, 2
 TRACE_BATCH = np.dtype(
     [("step", "<u4"), ("layer", "<u2"), ("kind", "<u2"), ("count", "<u4"), ("offset", "<u4")]
@@ -168,7 +182,8 @@ TRACE_BATCH = np.dtype(
 
 # --- guest fuzz area (qemu/guest_fuzz.py; the agent's fuzz job) -------------------------
 FUZZ_MAGIC = 0x5A46564B  # "KVFZ"
-FUZZ_HDR_FMT = struct.Struct("<IIII48x")  # magic n_cases hdr_bytes results (offsets in area)
+FUZZ_HDR_FMT = struct.Struct("<IIII48x")
+FUZZ_HDR_FIELDS = ("magic", "n_cases", "hdr_bytes", "results")  # results: offset in the area
 # One ring command as the guest submits it: its payload (``length`` bytes at ``offset``
 # in the area) goes to the input slot, ``in_len`` to the SQE (they differ when in_len
 # is past the slot).
@@ -184,7 +199,8 @@ FUZZ_RESULT = np.dtype(
 
 # --- TCG plugin access ring ----------------------------------------------------------
 ACC_MAGIC = 0x4343414B
-ACC_HDR_FMT = struct.Struct("<IIQQQQQ16x")  # magic capacity head tail dropped seen armed
+ACC_HDR_FMT = struct.Struct("<IIQQQQQ16x")
+ACC_HDR_FIELDS = ("magic", "capacity", "head", "tail", "dropped", "seen", "armed")
 ACC_ARMED_OFFSET = 40
 ACC_REC = np.dtype([("gpa", "<u8"), ("size_flags", "<u4"), ("vcpu", "<u4")])
 ACC_STORE = 1 << 16
@@ -260,7 +276,8 @@ def areas(capacity: int) -> dict[str, tuple[int, int]]:
 
 
 def pattern(seed: int, ident: int, nbytes: int) -> bytes:
-    """The byte pattern of ``kvcxl_pattern`` (kvcxl_ring.h): entry ``ident``'s bytes."""
+    """The byte pattern of ``kvcxl_pattern`` (qemu/guest/kvcxl_pattern.h): entry ``ident``'s
+    bytes."""
     k = np.arange(nbytes // 8, dtype=np.uint64)
     with np.errstate(over="ignore"):
         z = np.uint64((seed << 32 | ident) & 0xFFFFFFFFFFFFFFFF) * np.uint64(

@@ -3,6 +3,7 @@ guest agent's protocol to the service over a media file."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import struct
 import subprocess
@@ -174,10 +175,24 @@ def test_trace_image_layout() -> None:
         encode(gt, 256 << 20)
 
 
+def test_the_guest_header_is_the_generators_output() -> None:
+    """qemu/guest/kvcxl_ring.h is render_guest_header()'s output, byte for byte (the tests
+    below compile it and compare its numbers with the tables)."""
+    from kvcxl.cxl.guest_header import WRITE_COMMAND, render_guest_header
+
+    got, want = (GUEST / "kvcxl_ring.h").read_text(), render_guest_header()
+    pairs = enumerate(zip(got.split("\n"), want.split("\n"), strict=False))
+    first = next(
+        (f"line {i + 1} is {g!r}, the tables give {w!r}" for i, (g, w) in pairs if g != w),
+        "its length",
+    )
+    assert got == want, f"qemu/guest/kvcxl_ring.h differs ({first}); rewrite it: {WRITE_COMMAND}"
+
+
 _C_PROBE = r"""
 #include <stdio.h>
 #include <stddef.h>
-#include "kvcxl_ring.h"
+#include "kvcxl_pattern.h"
 int main(void) {
     printf("%llu %llu %llu %llu %llu\n", KVCXL_TRACE_BASE, KVCXL_XFER_H2G, KVCXL_XFER_G2H,
            KVCXL_XFER_BYTES, KVCXL_KV_BASE);
@@ -260,16 +275,48 @@ _C_RECORDS = {
 }
 
 
+# Each header struct of the header, the struct format it must equal and its field names.
+_C_FORMATS = {
+    "kvcxl_dev_hdr": (L.DEV_HDR_FMT, L.DEV_HDR_FIELDS),
+    "kvcxl_host_hdr": (L.HOST_HDR_FMT, L.HOST_HDR_FIELDS),
+    "kvcxl_sqe": (L.SQE_FMT, L.SQE_FIELDS),
+    "kvcxl_cqe": (L.CQE_FMT, L.CQE_FIELDS),
+    "kvcxl_open": (L.OPEN_FMT, L.OPEN_FIELDS),
+    "kvcxl_trace_hdr": (L.TRACE_HDR_FMT, L.TRACE_HDR_FIELDS),
+    "kvcxl_fuzz_hdr": (L.FUZZ_HDR_FMT, L.FUZZ_HDR_FIELDS),
+    "kvcxl_acc_hdr": (L.ACC_HDR_FMT, L.ACC_HDR_FIELDS),
+}
+
+
+def _format_layout(fmt: struct.Struct, names: tuple[str, ...]) -> list[tuple[str, int, int]]:
+    """(name, offset, bytes) of a little-endian struct format's named items, by struct."""
+    out, done, it = [], "<", iter(names)
+    for count, code in re.findall(r"(\d*)(\w)", fmt.format[1:]):
+        if code != "x":
+            out.append((next(it), struct.calcsize(done), struct.calcsize("<" + code)))
+        done += count + code
+    assert next(it, None) is None and struct.calcsize(done) == fmt.size
+    return out
+
+
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 def test_c_header_matches_the_command_tables(tmp_path: Path) -> None:
-    """kvcxl_ring.h's opcodes and record layouts are the ring table's (and so the mailbox's)."""
+    """kvcxl_ring.h's opcodes and record and header layouts are the ring table's (and so the
+    mailbox's): every field's offset and size, every struct's size."""
     lines = ["#include <stdio.h>", "#include <stddef.h>", '#include "kvcxl_ring.h"']
     lines.append("int main(void) {")
     for c in L.RING_COMMANDS:
         lines.append(f'    printf("op {c.name} %u\\n", (unsigned)KVCXL_OP_{c.name});')
-    for st, dt in _C_RECORDS.items():
+    layouts = {
+        st: [(f, dt.fields[f][1], dt[f].itemsize) for f in dt.names]
+        for st, dt in _C_RECORDS.items()
+    }
+    sizes = {st: dt.itemsize for st, dt in _C_RECORDS.items()}
+    for st, (fmt, names) in _C_FORMATS.items():
+        layouts[st], sizes[st] = _format_layout(fmt, names), fmt.size
+    for st, fields in layouts.items():
         lines.append(f'    printf("size {st} %zu\\n", sizeof(struct {st}));')
-        for f in dt.names:
+        for f, _, _ in fields:
             lines.append(
                 f'    printf("field {st} {f} %zu %zu\\n", offsetof(struct {st}, {f}),'
                 f" sizeof(((struct {st} *)0)->{f}));"
@@ -281,9 +328,9 @@ def test_c_header_matches_the_command_tables(tmp_path: Path) -> None:
     subprocess.run(["gcc", "-I", str(GUEST), "-o", str(exe), str(src)], check=True)
     got = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     want = [f"op {c.name} {c.opcode}" for c in L.RING_COMMANDS]
-    for st, dt in _C_RECORDS.items():
-        want.append(f"size {st} {dt.itemsize}")
-        want += [f"field {st} {f} {dt.fields[f][1]} {dt[f].itemsize}" for f in dt.names]
+    for st, fields in layouts.items():
+        want.append(f"size {st} {sizes[st]}")
+        want += [f"field {st} {f} {off} {n}" for f, off, n in fields]
     assert got.split("\n")[:-1] == want
 
 

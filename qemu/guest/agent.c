@@ -22,7 +22,7 @@
 #include <unistd.h>
 #include <emmintrin.h>
 
-#include "kvcxl_ring.h"
+#include "kvcxl_pattern.h" /* and the generated kvcxl_ring.h */
 
 /* How long the firmware may be silent (no heartbeat, ring not ready, plugin not armed)
  * before the agent calls it a device error: the host sets it for its machine with
@@ -275,15 +275,13 @@ static int poisoned(uint64_t dpa, uint64_t len)
 }
 
 /* --- jobs -------------------------------------------------------------------------- */
-#define SEED_H2G 0x48324755u
-#define SEED_G2H 0x47324855u
 
 static int job_datapath(void)
 {
     uint8_t *buf = malloc(KVCXL_XFER_BYTES);
     dev_read(buf, dev + KVCXL_XFER_H2G, KVCXL_XFER_BYTES);
-    uint64_t bad = check(buf, SEED_H2G, 0, KVCXL_XFER_BYTES);
-    fill(buf, SEED_G2H, 0, KVCXL_XFER_BYTES);
+    uint64_t bad = check(buf, KVCXL_SEED_H2G, 0, KVCXL_XFER_BYTES);
+    fill(buf, KVCXL_SEED_G2H, 0, KVCXL_XFER_BYTES);
     dev_write(dev + KVCXL_XFER_G2H, buf, KVCXL_XFER_BYTES);
     __sync_synchronize();
     emit("datapath", "\"host_to_guest_bytes\":%llu,\"host_to_guest_bad\":%llu,"

@@ -42,6 +42,12 @@ PAYLOAD_MAX = 1 << 16
 """Largest payload this device accepts or returns (reported by Identify as 2^16)."""
 CAT_REQUEST = 0
 CAT_RESPONSE = 1
+CAPACITY_UNIT = 256 << 20
+"""Identify Memory Device reports capacities in 256 MiB units."""
+PCI_VENDOR_ID = 0x1B36
+"""Identify's PCI vendor id (and subsystem vendor id): Red Hat, Inc., QEMU's emulated devices."""
+PCI_DEVICE_ID = 0x0D93
+"""Identify's PCI device id: QEMU's CXL Type-3 device."""
 
 
 class ReturnCode(IntEnum):

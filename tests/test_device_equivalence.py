@@ -11,7 +11,7 @@ import pytest
 from kvcxl.cxl import mailbox as mb
 from kvcxl.cxl import mem
 from kvcxl.cxl.hdm import GRANULE
-from kvcxl.emu.device.cci import VICTIM_RECORD, Mailbox
+from kvcxl.emu.device.cci import Mailbox
 from kvcxl.emu.device.device import Type3Device
 from kvcxl.firmware.replay import replay
 
@@ -67,7 +67,7 @@ def _drive(policy: str, capacity: int, batches, weights, steps, mode: str = "flo
             )
         )
         (total,) = struct.unpack_from("<I", rsp.payload)
-        victims += list(VICTIM_RECORD.iter_unpack(rsp.payload[4:]))
+        victims += np.frombuffer(rsp.payload[4:], mb.VICTIM_RECORD).tolist()
         if len(victims) >= total:
             break
     assert dev.check_placement()

@@ -13,13 +13,7 @@ import pytest
 from kvcxl.cxl import mailbox as mb
 from kvcxl.cxl import mem
 from kvcxl.cxl.hdm import GRANULE
-from kvcxl.emu.device.cci import (
-    ATTENTION_RECORD,
-    DESCRIBE_RECORD,
-    LENGTH_RECORD,
-    VICTIM_RECORD,
-    Mailbox,
-)
+from kvcxl.emu.device.cci import Mailbox
 from kvcxl.emu.device.device import Type3Device
 from kvcxl.emu.shape import PRESETS
 from kvcxl.emu.sim.simulator import SimOptions, simulate
@@ -56,13 +50,13 @@ def _drive(stream, policy: str, capacity: int):
         step = int(stream.ev_step[ev])
         a, z = int(lo[ev]), int(lo[ev + 1])
         if z > a:
-            rec = np.empty(z - a, LENGTH_RECORD)
+            rec = np.empty(z - a, mb.LENGTH_RECORD)
             rec["ctx"], rec["tokens"] = stream.len_ctx[a:z], stream.len_tokens[a:z]
             _call(box, Op.VENDOR_SET_CONTEXT_LENGTHS, struct.pack("<I", rec.size) + rec.tobytes())
         ids = stream.ids[off[ev] : off[ev + 1]]
         if stream.ev_kind[ev] == CREATE:
             if ids.size:
-                rec = np.empty(ids.size, DESCRIBE_RECORD)
+                rec = np.empty(ids.size, mb.DESCRIBE_RECORD)
                 rec["entry"], rec["ctx"] = ids, stream.e_ctx[ids]
                 rec["layer"], rec["head"] = stream.e_layer[ids], stream.e_head[ids]
                 rec["block"] = stream.e_block[ids]
@@ -73,14 +67,14 @@ def _drive(stream, policy: str, capacity: int):
         for e in ids.tolist():  # the host reads a line of every entry it attends to
             dev.handle(mem.decode(mem.encode(mem.M2SReq(1, e & 0xFFFF, (BASE >> 6) + e * 64))))
         w = stream.w[off[ev] : off[ev + 1]]
-        rec = np.empty(ids.size, ATTENTION_RECORD)
+        rec = np.empty(ids.size, mb.ATTENTION_RECORD)
         rec["entry"], rec["weight"] = ids, w
         _call(box, Op.VENDOR_ATTENTION_REPORT, struct.pack("<II", step, ids.size) + rec.tobytes())
     victims: list = []
     while True:  # the log comes in pages of at most one payload
         out = _call(box, Op.VENDOR_GET_VICTIMS, struct.pack("<II", len(victims), 1 << 20))
         (total,) = struct.unpack_from("<I", out)
-        victims += VICTIM_RECORD.iter_unpack(out[4:])
+        victims += np.frombuffer(out[4:], mb.VICTIM_RECORD).tolist()
         if len(victims) >= total:
             return dev, victims
 

@@ -29,18 +29,6 @@ from .device import RequestError, Type3Device
 from .media import MediaError
 from .poison import LIST_MAX as POISON_LIST_MAX
 
-CAPACITY_UNIT = 256 << 20  # Identify Memory Device reports capacities in 256 MiB units
-PCI_VENDOR_ID = 0x1B36  # Red Hat, Inc. (QEMU's emulated devices)
-PCI_DEVICE_ID = 0x0D93  # QEMU's CXL Type-3 device id
-# The payload layouts live in the command table (kvcxl.cxl.mailbox); these names are
-# kept for the callers that import them from here.
-ATTENTION_RECORD = mb.ATTENTION_RECORD
-DESCRIBE_RECORD = mb.DESCRIBE_RECORD
-LENGTH_RECORD = mb.LENGTH_RECORD
-VICTIM_RECORD = struct.Struct(
-    "<" + "".join(mb.VICTIM_RECORD[n].char for n in mb.VICTIM_RECORD.names)
-)
-
 
 def _req(op: Opcode) -> struct.Struct:
     return mb.COMMANDS[op].request.fixed
@@ -125,9 +113,9 @@ class Mailbox:
     # --- generic commands ---------------------------------------------------------------
     def _identify(self, _: bytes) -> bytes:
         return _rsp(Opcode.IDENTIFY).pack(
-            PCI_VENDOR_ID,
-            PCI_DEVICE_ID,
-            PCI_VENDOR_ID,
+            mb.PCI_VENDOR_ID,
+            mb.PCI_DEVICE_ID,
+            mb.PCI_VENDOR_ID,
             0,
             self.dev.serial,
             mb.PAYLOAD_MAX.bit_length() - 1,
@@ -162,7 +150,7 @@ class Mailbox:
 
     # --- memory device commands ----------------------------------------------------------
     def _identify_memdev(self, _: bytes) -> bytes:
-        units = self.dev.capacity // CAPACITY_UNIT
+        units = self.dev.capacity // mb.CAPACITY_UNIT
         return _rsp(Opcode.IDENTIFY_MEMORY_DEVICE).pack(
             b"kvcxl fw 0.1".ljust(16, b"\0"),
             units,  # total

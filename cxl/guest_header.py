@@ -18,10 +18,12 @@ from __future__ import annotations
 import argparse
 import re
 import struct
+import textwrap
 from pathlib import Path
 
 import numpy as np
 
+from kvcxl.cxl import mailbox as mb
 from kvcxl.cxl import ring as L
 
 WRITE_COMMAND = "python -m kvcxl.cxl.guest_header qemu/guest/kvcxl_ring.h"
@@ -132,7 +134,10 @@ def _needs_packed(fields: list[Field]) -> bool:
 
 def _struct(name: str, fields: list[Field], doc: str = "") -> list[str]:
     packed = "__attribute__((packed)) " if _needs_packed(fields) else ""
-    out = [f"/* {doc} */"] if doc else []
+    text = textwrap.wrap(doc, 84)
+    out = [("/* " if i == 0 else " * ") + t for i, t in enumerate(text)]
+    if out:
+        out[-1] += " */"
     out.append(f"struct {packed}{name} {{")
     for ctype, field, n, _ in fields:
         note = NOTES.get((name, field))
@@ -151,6 +156,37 @@ def _magic(name: str, value: int) -> str:
     return _define(name, value, note='"' + value.to_bytes(4, "little").decode() + '"')
 
 
+# What a C reader needs beside a ring command's input record, by the command's name.
+RECORD_NOTES = {
+    "ATTN": "f32 weights, as the trace holds them (the firmware widens them on reading)",
+    "CREATE": "a new entry (written to HBM by the host)",
+    "CTX_LEN": "a context's length in tokens",
+}
+
+
+def record_struct(c: L.RingCommand) -> str:
+    """The C struct of a ring command's input records: ``kvcxl_<name>_rec``."""
+    return f"kvcxl_{c.name.lower()}_rec"
+
+
+def _record_structs() -> dict[str, tuple[list[Field], str]]:
+    """One struct per ring command with input records, from its row."""
+    out = {}
+    for c in L.RING_COMMANDS:
+        if c.records is None:
+            continue
+        fields = _dtype_fields(c.records)
+        doc = f"{c.name} input record"
+        same = [m.name for _, m in sorted(mb.COMMANDS.items()) if m.request.records == c.records]
+        if same:
+            doc += f" = the mailbox's {same[0]} record"
+        if _needs_packed(fields):
+            doc += f" ({c.records.itemsize} bytes, packed)"
+        note = RECORD_NOTES.get(c.name)
+        out[record_struct(c)] = (fields, f"{doc}: {note}" if note else doc)
+    return out
+
+
 # The header's structs: C name → (fields, comment), in the order they are declared.
 def _structs() -> dict[str, tuple[list[Field], str]]:
     return {
@@ -164,22 +200,8 @@ def _structs() -> dict[str, tuple[list[Field], str]]:
         ),
         "kvcxl_sqe": (_struct_fields(L.SQE_FMT, L.SQE_FIELDS), "submission queue entry"),
         "kvcxl_cqe": (_struct_fields(L.CQE_FMT, L.CQE_FIELDS), "completion queue entry"),
-        "kvcxl_attn_rec": (
-            _dtype_fields(L.ATTN_REC),
-            "ATTN input record = the mailbox's Attention Report record.  Weights are f32:\n"
-            " * the trace holds them as f32 and the firmware widens them on reading.",
-        ),
         "kvcxl_open": (_struct_fields(L.OPEN_FMT, L.OPEN_FIELDS), "OPEN input"),
-        "kvcxl_create_rec": (
-            _dtype_fields(L.CREATE_REC),
-            "CREATE input record = the mailbox's Describe Entries record: a new entry\n"
-            " * (written to HBM by the host)",
-        ),
-        "kvcxl_ctx_len_rec": (
-            _dtype_fields(L.CTX_LEN_REC),
-            "CTX_LEN input record = the mailbox's Set Context Lengths record: a context's\n"
-            f" * length in tokens ({L.CTX_LEN_REC.itemsize} bytes, packed)",
-        ),
+        **_record_structs(),
         "kvcxl_victim": (
             _dtype_fields(L.VICTIM_REC),
             "ATTN and CREATE output: r1 admitted ids (u32), r2 victims, r3 prefetch hints (u32).",
@@ -201,6 +223,10 @@ def _section(title: str) -> str:
 def render_guest_header() -> str:
     """``qemu/guest/kvcxl_ring.h``: every number of :mod:`kvcxl.cxl.ring` the guest uses."""
     st = _structs()
+    fields_of = {(name, f[1]) for name, (fields, _) in st.items() for f in fields}
+    stale = sorted(set(NOTES) - fields_of) + sorted(set(RECORD_NOTES) - set(L.OPCODES.values()))
+    if stale:  # a renamed field or command would lose its note without a word
+        raise ValueError(f"notes for fields or commands the header does not have: {stale}")
 
     def decl(name: str) -> list[str]:
         fields, doc = st[name]
@@ -283,14 +309,14 @@ def render_guest_header() -> str:
         "",
         *decl("kvcxl_cqe"),
         "",
-        *decl("kvcxl_attn_rec"),
-        "",
         *decl("kvcxl_open"),
         "",
-        *decl("kvcxl_create_rec"),
-        "",
-        *decl("kvcxl_ctx_len_rec"),
-        "",
+        *(
+            line
+            for c in L.RING_COMMANDS
+            if c.records is not None
+            for line in (*decl(record_struct(c)), "")
+        ),
         *decl("kvcxl_victim"),
         "",
         _section("trace area (written by the host before boot)"),

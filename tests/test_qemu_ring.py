@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from kvcxl.cxl import ring as L
+from kvcxl.cxl.guest_header import record_struct
 from kvcxl.qemu.ring_client import DeviceError, RingClient, decisions, replay
 from kvcxl.qemu.service import FirmwareService
 from kvcxl.qemu.trace_image import default_trace, encode, simulate_victims
@@ -262,11 +263,10 @@ def test_c_header_matches_python_layout(tmp_path: Path) -> None:
     ]
 
 
-# Each ring record struct of the header and the Python dtype it must equal.
+# Each record struct of the header and the Python dtype it must equal: every ring command's
+# input records, then the others.
 _C_RECORDS = {
-    "kvcxl_attn_rec": L.ATTN_REC,
-    "kvcxl_create_rec": L.CREATE_REC,
-    "kvcxl_ctx_len_rec": L.CTX_LEN_REC,
+    **{record_struct(c): c.records for c in L.RING_COMMANDS if c.records is not None},
     "kvcxl_victim": L.VICTIM_REC,
     "kvcxl_trace_batch": L.TRACE_BATCH,
     "kvcxl_acc_rec": L.ACC_REC,

@@ -122,13 +122,6 @@ struct kvcxl_cqe {
     uint32_t seq; /* written last: completion number + 1 (free-running) */
 };
 
-/* ATTN input record = the mailbox's Attention Report record.  Weights are f32:
- * the trace holds them as f32 and the firmware widens them on reading. */
-struct kvcxl_attn_rec {
-    uint32_t entry;
-    float weight;
-};
-
 /* OPEN input */
 struct kvcxl_open {
     uint32_t n_entries; /* KV entries the host will create, at most */
@@ -138,8 +131,8 @@ struct kvcxl_open {
     uint64_t window_base; /* guest physical address of DPA 0 */
 };
 
-/* CREATE input record = the mailbox's Describe Entries record: a new entry
- * (written to HBM by the host) */
+/* CREATE input record = the mailbox's Describe Entries record: a new entry (written to
+ * HBM by the host) */
 struct kvcxl_create_rec {
     uint32_t entry; /* must be the next dense id */
     uint32_t ctx;
@@ -148,8 +141,15 @@ struct kvcxl_create_rec {
     uint32_t block;
 };
 
-/* CTX_LEN input record = the mailbox's Set Context Lengths record: a context's
- * length in tokens (12 bytes, packed) */
+/* ATTN input record = the mailbox's Attention Report record: f32 weights, as the trace
+ * holds them (the firmware widens them on reading) */
+struct kvcxl_attn_rec {
+    uint32_t entry;
+    float weight;
+};
+
+/* CTX_LEN input record = the mailbox's Set Context Lengths record (12 bytes, packed):
+ * a context's length in tokens */
 struct __attribute__((packed)) kvcxl_ctx_len_rec {
     uint32_t ctx;
     uint64_t tokens;
@@ -239,9 +239,9 @@ _Static_assert(sizeof(struct kvcxl_dev_hdr) == 64, "kvcxl_dev_hdr");
 _Static_assert(sizeof(struct kvcxl_host_hdr) == 64, "kvcxl_host_hdr");
 _Static_assert(sizeof(struct kvcxl_sqe) == 64, "kvcxl_sqe");
 _Static_assert(sizeof(struct kvcxl_cqe) == 64, "kvcxl_cqe");
-_Static_assert(sizeof(struct kvcxl_attn_rec) == 8, "kvcxl_attn_rec");
 _Static_assert(sizeof(struct kvcxl_open) == 24, "kvcxl_open");
 _Static_assert(sizeof(struct kvcxl_create_rec) == 16, "kvcxl_create_rec");
+_Static_assert(sizeof(struct kvcxl_attn_rec) == 8, "kvcxl_attn_rec");
 _Static_assert(sizeof(struct kvcxl_ctx_len_rec) == 12, "kvcxl_ctx_len_rec");
 _Static_assert(sizeof(struct kvcxl_victim) == 8, "kvcxl_victim");
 _Static_assert(sizeof(struct kvcxl_trace_hdr) == 64, "kvcxl_trace_hdr");

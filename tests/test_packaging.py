@@ -59,6 +59,7 @@ def test_wheel_contents(tmp_path):
         "qemu/guest/agent.c",
         "qemu/guest/init.sh",
         "qemu/guest/kvcxl_ring.h",
+        "qemu/guest/kvcxl_pattern.h",
         "qemu/plugin/kvcxl_plugin.c",
         "model/prompts/long-doc.json",
         "emu/workloads/data/mooncake/conversation_trace.jsonl.xz",

@@ -14,11 +14,9 @@ from pathlib import Path
 from kvcxl.common.argtypes import nonnegative, positive, positive_float
 from kvcxl.common.jsonout import emit, wrote
 from kvcxl.common.options import Group, Option, add_parser, opt
-from kvcxl.rtl.designs import CHECKS, DEFECTS, DESIGNS, SHAPE_OPTIONS
+from kvcxl.rtl.designs import CHECKS, DEFECTS, DESIGNS, ENGINE_KEYS, SHAPE_OPTIONS
 
-# The cost table's engines (kvcxl.rtl.cost.ENGINES; named here without loading Amaranth)
-# and the markers of its place in a markdown page.
-ENGINE_KEYS = ("ema-1", "ema-4", "ema-dram-4", "clock", "sieve", "frontend")
+# The markers of the cost table's place in a markdown page.
 COST_BEGIN = "<!-- kvcxl rtl cost: begin -->"
 COST_END = "<!-- kvcxl rtl cost: end -->"
 
@@ -146,8 +144,8 @@ SYNTH_OPTIONS = (
 COST_PARSER = dict(
     help="the engines' cost table: every engine placed and routed, beside its hit rate",
     description=(
-        "Every engine (EMA 1 and 4 lanes, EMA with its records in DRAM, CLOCK, SIEVE, the "
-        "CXL.mem front end) synthesised "
+        "Every engine (EMA 1 and 4 lanes, EMA with its records in DRAM, CLOCK, SIEVE, "
+        "S3-FIFO, the CXL.mem front end) synthesised "
         "and placed and routed for the ECP5-85F and the smallest iCE40 that holds it, "
         "seed 1, target 100 MHz: LUTs, FFs, block RAMs, DSPs and Fmax (Measured), the "
         "updates/s that Fmax × lanes gives (Analytical model) and the policy's hit rate "

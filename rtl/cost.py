@@ -26,11 +26,11 @@ import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 from . import toolchain
+from .designs import ENGINES, Engine
 from .synth import TARGETS, SynthConfig, netlist, run, timing
 
 BATCHED = ("core", "record_stream")  # the designs with lanes and a top-k (batch)
@@ -59,41 +59,6 @@ SYNTHETIC = (
     "zipf-sessions",
     "cyclic",
     "flood",
-)
-
-
-@dataclass(frozen=True)
-class Engine:
-    """One row of the table: a design of the registry, its lanes and its policy."""
-
-    key: str
-    label: str
-    design: str
-    shape: dict = field(default_factory=dict)  # over the registry's defaults
-    policy: str | None = None  # its column of the policies table (None: not a policy)
-    lanes: int = 1
-    cycles_per_update: int = 1
-    update: str = "entry"  # what one update is
-    ice40_entries: int = 256  # the first shape tried on an iCE40 (ICE40_ENTRIES)
-
-
-ENGINES: tuple[Engine, ...] = (
-    Engine("ema-1", "EMA, 1 lane", "core", {"lanes": 1}, "ema", 1, 1, "entries scored"),
-    Engine("ema-4", "EMA, 4 lanes", "core", {"lanes": 4}, "ema", 4, 1, "entries scored"),
-    Engine(
-        "ema-dram-4",
-        "EMA, records in DRAM, 4 lanes",
-        "record_stream",
-        {"lanes": 4},
-        "ema",
-        4,
-        1,
-        "entries scored",
-    ),
-    Engine("clock", "CLOCK", "clock", {}, "clock", 1, 1, "touches or walk visits"),
-    Engine("sieve", "SIEVE", "sieve", {}, "sieve", 1, 1, "touches or walk visits"),
-    # The front end's entries only size its touch index (its line store is 64 lines).
-    Engine("frontend", "CXL.mem front end", "frontend", {}, None, 1, 1, "messages", 1024),
 )
 
 
@@ -393,7 +358,7 @@ def point_costs(doc: dict) -> list[str]:
     if not base or not base.get("ecp5", {}).get("fits"):
         return []
     lines = []
-    for key in ("clock", "sieve"):
+    for key in (e.key for e in ENGINES if e.policy not in (None, "ema")):
         r = by.get(key)
         if not r or not r.get("ecp5", {}).get("fits"):
             continue

@@ -205,3 +205,37 @@ def check_shape(design: Design, params: dict[str, Any]) -> None:
             raise ValueError(
                 f"layers·heads·blocks = {entries} must be a multiple of --lanes {lanes}"
             )
+
+
+# --- the cost table's rows (kvcxl rtl cost, rtl/cost.py) --------------------------------
+# Here, not in rtl/cost.py, so that the command line names them without loading Amaranth.
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One row of the cost table: a design of the registry, its lanes and its policy."""
+
+    key: str
+    label: str
+    design: str
+    shape: dict = field(default_factory=dict)  # over the registry's defaults
+    policy: str | None = None  # its column of the policies table (None: not a policy)
+    lanes: int = 1
+    cycles_per_update: int = 1
+    update: str = "entry"  # what one update is
+    ice40_entries: int = 256  # the first shape tried on an iCE40 (cost.ICE40_ENTRIES)
+
+
+ENGINES: tuple[Engine, ...] = (
+    Engine("ema-1", "EMA, 1 lane", "core", {"lanes": 1}, "ema", 1, 1, "entries scored"),
+    Engine("ema-4", "EMA, 4 lanes", "core", {"lanes": 4}, "ema", 4, 1, "entries scored"),
+    Engine("ema-dram-4", "EMA, records in DRAM, 4 lanes", "record_stream", {"lanes": 4},
+           "ema", 4, 1, "entries scored"),
+    Engine("clock", "CLOCK", "clock", {}, "clock", 1, 1, "touches or walk visits"),
+    Engine("sieve", "SIEVE", "sieve", {}, "sieve", 1, 1, "touches or walk visits"),
+    # At its registry shape: 1 024 slots, a ghost over 4 096 ids.
+    Engine("s3fifo", "S3-FIFO", "s3fifo", {}, "s3fifo", 1, 1, "touches or walk steps"),
+    # The front end's entries only size its touch index (its line store is 64 lines).
+    Engine("frontend", "CXL.mem front end", "frontend", {}, None, 1, 1, "messages", 1024),
+)  # fmt: skip
+ENGINE_KEYS: tuple[str, ...] = tuple(e.key for e in ENGINES)

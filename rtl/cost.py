@@ -5,8 +5,9 @@ Each row is a design of :data:`kvcxl.rtl.designs.DESIGNS` at its registry shape 
 ``kvcxl rtl verilog --design`` builds), synthesised with YoWASP yosys and placed and routed
 with nextpnr (:mod:`kvcxl.rtl.synth`) for the ECP5-85F (out of context) and for an iCE40:
 the UP5K first (DSPs, 5 280 cells), the HX8K (7 680 cells) when the UP5K is too small;
-from 256 entries (the engines' 1 024-entry tables fit no iCE40), halved until a part
-holds it; the table says at which shape. LUTs, FFs, block RAMs, DSPs and Fmax are
+from 256 entries (the EMA's 1 024-entry tables fit no iCE40; CLOCK and SIEVE, in block
+RAM, and the front end start at 1 024), halved until a part holds it; the table says at
+which shape. LUTs, FFs, block RAMs, DSPs and Fmax are
 Measured (the tools' reports). The entry updates/s are an Analytical model from the measured Fmax:
 ``Fmax × lanes / cycles per update``. The hit rate is Simulated and not run here: it is
 read from the published ``mid`` table of docs/validation.md (section "policies"), whose
@@ -43,10 +44,10 @@ PART_NAMES = {
     "ice40-up5k": "iCE40 UP5K",
     "ice40": "iCE40 HX8K",
 }
-# The iCE40 shapes tried, largest first: the engines' 1 024-entry tables hold no iCE40 (on
-# the ECP5 they take 6 700 to 13 000 LUT4s, CLOCK's and SIEVE's links in LUT RAM, which the
-# iCE40 lacks), so the search starts at 256 entries (the iCEBreaker board's table) and
-# halves down to 64.
+# The iCE40 shapes tried, largest first: the EMA engines' 1 024-entry tables hold no iCE40
+# (10 000 to 13 000 LUT4s on the ECP5), so the search starts at 256 entries (the
+# iCEBreaker board's table) and halves down to 64; an engine may start higher
+# (Engine.ice40_entries: CLOCK, SIEVE and the front end at 1 024).
 ICE40_ENTRIES = 256
 MIN_ENTRIES = 64
 VALIDATION = Path(__file__).resolve().parents[1] / "docs" / "validation.md"

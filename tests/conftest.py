@@ -19,14 +19,20 @@ def patched_host():
 # Files whose tests boot QEMU guests: one worker runs them all, one guest at a time, as a
 # serial run did (their timeouts were set with one guest running).
 _GUEST_FILES = ("test_qemu_",)
+# Files whose tests share nothing built once and each take minutes (a bounded proof runs
+# its own solver): each test is a unit, so the proofs spread over the workers.
+_SPREAD_FILES = ("test_rtl_formal.py",)
 
 
 def _work_unit(nodeid: str) -> str:
     """The scheduling unit of a test under ``make test``'s ``-n N --dist loadfile``: its
-    file (its module fixtures, a boot, a compiled design, a replay, are built once), and
-    one unit for every guest file."""
+    file (its module fixtures, a boot, a compiled design, a replay, are built once), one
+    unit for every guest file, and each test of a file of independent proofs."""
     path = nodeid.split("::", 1)[0]
-    return "qemu guests" if path.rsplit("/", 1)[-1].startswith(_GUEST_FILES) else path
+    name = path.rsplit("/", 1)[-1]
+    if name.startswith(_GUEST_FILES):
+        return "qemu guests"
+    return nodeid if name in _SPREAD_FILES else path
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:

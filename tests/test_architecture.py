@@ -68,10 +68,10 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from parts import FOLDERS
 
 ROOT = Path(__file__).resolve().parents[1]
-# The folders setup.py maps onto kvcxl.*, bottom to top.
-PARTS = ("common", "cxl", "firmware", "emu", "model", "experiments", "rtl", "tb", "qemu", "cli")
+PARTS = FOLDERS  # the folders setup.py maps onto kvcxl.*, bottom to top
 BOTTOM = "common"  # the bottom layer: every part may import it, it imports no part
 TOP = "cli"  # the command line: it may import every part, no part imports it
 MAX_SHARE = 0.35  # (h): of all parts' lines, the most one part may hold

@@ -9,9 +9,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from parts import FOLDERS  # setup.py's folders
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("common", "firmware", "emu", "rtl", "tb", "qemu")
 
 
 @pytest.mark.slow

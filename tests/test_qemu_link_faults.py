@@ -102,6 +102,17 @@ class FaultyLink:
         return False
 
 
+# The guest says "waiting", sleeps this long, then reads the trapped buffer; the link arms
+# when the host has read the word off the console, which a loaded machine can delay by
+# seconds (a fresh-clone run beside another job armed too late at 2 s: no request faulted).
+WAIT_S = 6
+
+
+def _no_request(b) -> str:
+    """Why a boot that should have faulted the link did not: the guest's last words."""
+    return "the guest made no CXL.mem request after waiting; console: " + "\n".join(b.console[-15:])
+
+
 def _boot(fault: str, alias: bool):
     from kvcxl.qemu.boot import BootOptions, boot
 
@@ -112,7 +123,7 @@ def _boot(fault: str, alias: bool):
             link.armed.set()
 
     opts = BootOptions(
-        qemu="kvcxl", jobs=("wait", "datapath"), wait_s=2, plugin=False, trap=TRAP,
+        qemu="kvcxl", jobs=("wait", "datapath"), wait_s=WAIT_S, plugin=False, trap=TRAP,
         on_event=hook, link=link, alias=alias, mem_link="socket", timeout=900,
     )  # fmt: skip
     r, b = boot(opts)
@@ -134,7 +145,7 @@ def test_a_broken_device_end_takes_the_link_down_and_nothing_hangs(
     patched_host, fault, says, alias
 ) -> None:
     r, b, link = _boot(fault, alias)
-    assert link.faulted_at is not None, "the guest made no CXL.mem request after waiting"
+    assert link.faulted_at is not None, _no_request(b)
     assert any(f"kvcxl: device link {says}" in line for line in b.console), b.console[-20:]
     # the guest's read of the trapped buffer failed, it said so and powered off; QEMU
     # exited by itself: the link went down on the bad frame itself (or at the 5 s timeout
@@ -208,12 +219,12 @@ def _ring_boot(fault: str):
 
     rf = RingFault(fault)
     opts = BootOptions(
-        qemu="kvcxl", jobs=("wait", "datapath"), wait_s=2, plugin=False, trap=TRAP,
+        qemu="kvcxl", jobs=("wait", "datapath"), wait_s=WAIT_S, plugin=False, trap=TRAP,
         on_event=rf, mem_link="ring", timeout=900,
     )  # fmt: skip
     r, b = boot(opts)
     assert rf.error is None, rf.error
-    assert rf.faulted_at is not None, "the guest made no CXL.mem request after waiting"
+    assert rf.faulted_at is not None, _no_request(b)
     return r, b, rf
 
 

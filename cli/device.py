@@ -354,11 +354,16 @@ def _parse_decoder(text: str, capacity: int) -> dict:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import signal
 
     from kvcxl.cxl.hdm import HdmError
     from kvcxl.emu.device.device import Type3Device
-    from kvcxl.emu.device.service import Churn, Engine, Server
+    from kvcxl.emu.device.service import (
+        Churn,
+        Engine,
+        Server,
+        serve_until_stopped,
+        stop_on_sigterm,
+    )
     from kvcxl.firmware.config import PolicyConfig
 
     _check_policy(args.policy)
@@ -399,11 +404,7 @@ def _serve(args: argparse.Namespace) -> int:
         except HdmError as exc:
             raise ValueError(f"--decoder {args.decoder!r}: {exc}") from None
 
-    def stop(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    # Before the socket exists: a client that sees the socket may stop us at once.
-    signal.signal(signal.SIGTERM, stop)
+    stop_on_sigterm()
     engine = Engine(dev)
     churn = [p for dpa, n in args.churn for p in dev.pages_of(*_inside(dev, "--churn", dpa, n))]
     try:
@@ -416,18 +417,12 @@ def _serve(args: argparse.Namespace) -> int:
         ) from None
     if churn:
         Churn(engine, churn).start()
-    try:
-        print(
-            f"kvcxl device: serving {args.capacity} B ({dev.n_pages} pages, "
-            f"{'tiered' if dev.tiering else 'all DRAM'}) on {args.socket}",
-            flush=True,
-        )
-        server.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-        dev.close()
+    serve_until_stopped(
+        server,
+        dev,
+        f"kvcxl device: serving {args.capacity} B ({dev.n_pages} pages, "
+        f"{'tiered' if dev.tiering else 'all DRAM'}) on {args.socket}",
+    )
     return 0
 
 

@@ -395,26 +395,38 @@ def serve_process(path: str | Path, capacity: int, base: int) -> Iterator[subpro
         proc.wait(timeout=30)
 
 
-def _serve_main(path: str, capacity: int, base: int) -> None:
-    """The process :func:`serve_process` starts: serve until SIGTERM."""
+def stop_on_sigterm() -> None:
+    """SIGTERM ends :func:`serve_until_stopped` as Ctrl-C does; set before the socket
+    exists, since a client that sees the socket may stop the service at once."""
     import signal
-
-    dev = Type3Device(capacity)
-    dev.hdm.program(0, base=base, size=capacity)
-    dev.hdm.commit(0)
 
     def stop(*_: object) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, stop)  # before the socket exists: a client may stop us
-    server = Server(path, Engine(dev))
+    signal.signal(signal.SIGTERM, stop)
+
+
+def serve_until_stopped(server: Server, dev: Type3Device, announce: str = "") -> None:
+    """Print ``announce`` (if any), serve until SIGTERM (:func:`stop_on_sigterm`) or
+    Ctrl-C, then close both; a stop during the announcement closes them too."""
     try:
+        if announce:
+            print(announce, flush=True)
         server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
         pass
     finally:
         server.server_close()
         dev.close()
+
+
+def _serve_main(path: str, capacity: int, base: int) -> None:
+    """The process :func:`serve_process` starts: serve until SIGTERM."""
+    dev = Type3Device(capacity)
+    dev.hdm.program(0, base=base, size=capacity)
+    dev.hdm.commit(0)
+    stop_on_sigterm()
+    serve_until_stopped(Server(path, Engine(dev)), dev)
 
 
 class Client:

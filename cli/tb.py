@@ -51,6 +51,36 @@ TEST_OPTIONS = (
     *shape_options(16, 4, 4),
     opt("--json", dest="json_out", help="write the figures to this JSON file"),
 )
+# The defects `rtl sim --defect NAME` plants, by engine (policy, or ema's --records), the
+# first the default: each one a whole-trace --check stops.  stale_read is the DRAM model's
+# (rtl/verilated_records.py), early_done the RecordStreamEngine's (rtl/record_stream.py):
+# its other defects (hold_writes, lose_word) do not change a replay's victims, so only the
+# formal check (kvcxl rtl formal) catches them.
+SIM_DEFECTS: dict[str, tuple[str, ...]] = {
+    "ema": ("tie_off_by_one",),
+    "ema --records dram": ("stale_read", "early_done"),
+    "clock": ("victim_unoffered",),
+    "sieve": ("victim_unoffered",),
+    "s3fifo": ("offer_ignored",),
+}
+
+
+def sim_defect(policy: str, records: str, name: str | None, data_first: bool) -> str | None:
+    """The defect ``--defect [NAME]`` plants in this engine (None: no --defect); a name the
+    engine does not have, or early_done where no DRAM would show it, is refused."""
+    if name is None:
+        return None
+    key = "ema --records dram" if policy == "ema" and records == "dram" else policy
+    valid = SIM_DEFECTS[key]
+    if name and name not in valid:
+        raise ValueError(f"--defect {name}: {key} plants one of {', '.join(valid)}")
+    if name == "early_done" and not data_first:
+        # a DRAM taking each write command before its data has taken them all by the
+        # sweep's last word: the early end loses nothing there
+        raise ValueError("--defect early_done shows only behind --dram-data-first")
+    return name or valid[0]
+
+
 SIM_PARSER = dict(
     help="replay a whole trace with the Verilated RTL choosing every victim",
     description=(
@@ -149,12 +179,14 @@ SIM_OPTIONS = (
     ),
     opt(
         "--defect",
-        action="store_true",
-        help="plant a defect (--check must stop): ema, the eviction engine's tie-break; "
-        "--records dram, the DRAM model answering each read burst's first word with the "
-        "word before (stale_read); "
-        "clock and sieve, a walk that ignores the offered bit (victim_unoffered; s3fifo: "
-        "offer_ignored)",
+        nargs="?",
+        const="",
+        metavar="NAME",
+        help="plant a defect (--check must stop); without a name, each engine's first: "
+        + "; ".join(f"{k}: {', '.join(v)}" for k, v in SIM_DEFECTS.items())
+        + ". stale_read: the DRAM model answers each read burst's first word with the word "
+        "before; early_done (with --dram-data-first): a sweep ends before its last write "
+        "command is sent",
     ),
     opt(
         "--eviction-passes",
@@ -214,10 +246,9 @@ def _sim(args: argparse.Namespace) -> int:
     slots = args.policy != "ema"
     if args.entries % args.lanes and not slots:
         raise ValueError(f"--entries {args.entries} must be a multiple of --lanes {args.lanes}")
+    planted = defect = sim_defect(args.policy, args.records, args.defect, args.dram_data_first)
     toolchain.require("verilator")
     stream = from_trace(Trace.load(args.trace))
-    planted = {"ema": "tie_off_by_one", "s3fifo": "offer_ignored"}
-    defect = planted.get(args.policy, "victim_unoffered") if args.defect else None
     if args.clock_bits is not None and args.policy != "clock":
         raise ValueError(f"--clock-bits {args.clock_bits} applies to --policy clock only")
     if args.boundary and slots:
@@ -232,10 +263,11 @@ def _sim(args: argparse.Namespace) -> int:
             raise ValueError("--records dram applies to --policy ema, without --boundary")
         from kvcxl.rtl.verilated_records import DramShape
 
+        # stale_read is the DRAM model's; the others the engine's (rtl/record_stream.py)
         dram = DramShape(args.dram_latency, args.dram_bytes, args.dram_depth, args.burst,
-                         "stale_read" if args.defect else None,
+                         defect if defect == "stale_read" else None,
                          args.dram_data_first)  # fmt: skip
-        defect = None
+        defect = None if defect == "stale_read" else defect
     shape = EngineShape(args.entries, 1 if slots else args.lanes, args.batch, defect)
     what = (
         f"{args.policy} engine, {shape.entries} slots"
@@ -251,7 +283,7 @@ def _sim(args: argparse.Namespace) -> int:
         )
     print(
         f"rtl sim: {args.trace}, {stream.n_entries} entries, budget {args.budget}; Verilator "
-        f"{what}" + (", defect planted" if args.defect else ""),
+        f"{what}" + (f", defect {planted} planted" if planted else ""),
         file=sys.stderr,
         flush=True,
     )

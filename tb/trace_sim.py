@@ -60,7 +60,7 @@ def run_stream(
     )
     if dram is not None:
         n = -(-stream.n_entries // shape.lanes) * shape.lanes
-        shape = EngineShape(n, shape.lanes, shape.batch)
+        shape = EngineShape(n, shape.lanes, shape.batch, shape.defect)
         engine: VerilatedEngine | RecordEngine = RecordEngine(shape, dram)
     else:
         engine = VerilatedEngine(shape)

@@ -349,6 +349,14 @@ VALUE_ROWS = [
     (["rtl", "formal", "--check", "scoring", "--defect"], ["--defect", "eviction"]),
     (["rtl", "sim", "--trace", "t.npz", "--entries", "10", "--lanes", "4"], ["10", "multiple"]),
     (["rtl", "sim", "--trace", "t.npz", "--budget", "abc"], ["abc"]),
+    (
+        ["rtl", "sim", "--trace", "t.npz", "--policy", "clock", "--defect", "early_done"],
+        ["early_done", "clock", "victim_unoffered"],
+    ),
+    (
+        ["rtl", "sim", "--trace", "t.npz", "--records", "dram", "--defect", "early_done"],
+        ["early_done", "--dram-data-first"],
+    ),
     (["qemu", "boot", "--budget", "0"], ["'0'", "(0, 1]"]),
     (["qemu", "boot", "--budget", "30%", "--steps", "2000"], ["--steps 2000"]),
     (["quality", "--trace", "t.npz", "--budget", "0"], ["'0'", ">= 1"]),

@@ -9,7 +9,8 @@ command and data (`--dram-data-first`); a planted DRAM defect (a stale read buff
 stop `--check`; single sweeps behind a narrow, slow DRAM must leave in it exactly the
 golden step's records; the C++ DRAM model must answer as tb/record_stream_model.py's
 `Dram` cycle for cycle, in both write orders; and the engine's planted `early_done` (the
-sweep ends before its last write command) must fail a sweep behind the data-first DRAM.
+sweep ends before its last write command) must fail a sweep behind the data-first DRAM,
+there and through `kvcxl rtl sim --defect early_done` on a one-step trace.
 """
 
 from __future__ import annotations
@@ -76,6 +77,27 @@ def test_dram_record_engine_equals_the_firmware_over_a_whole_trace(tmp_path, cap
     assert rc == 1
     assert re.search(r"step \d+, pass \d+ of the step, victim \d+: RTL chose", err), err
     assert "firmware chose" in err
+
+
+@pytest.mark.slow
+def test_planted_early_done_through_the_command_line_stops_the_replay(tmp_path, capsys):
+    """`rtl sim --records dram --dram-data-first --defect early_done`: the RecordStreamEngine
+    built with its sweep ending before the last write command; on a one-step trace the
+    replay's update sweep leaves write words the DRAM never lands, and the run stops (exit
+    1) naming the unsent command, where the clean engine's --check passes."""
+    trace = tmp_path / "c1.npz"
+    assert main(["trace", "export", "--workload", "cyclic", "--steps", "1", "-o", str(trace)]) == 0
+    run = ["rtl", "sim", "--trace", str(trace), *SHAPE, "--records", "dram", "--dram-data-first",
+           "--check", "--no-progress"]  # fmt: skip
+    js = tmp_path / "r.json"
+    assert main([*run, "--json", str(js)]) == 0
+    r = json.loads(js.read_text())["rtl"]
+    assert r["defect"] is None and r["update_sweeps"] == 1 and r["passes"] > 0
+    capsys.readouterr()
+    assert main([*run, "--defect", "early_done"]) == 1
+    err = capsys.readouterr().err
+    assert "defect early_done planted" in err
+    assert "an update sweep ended" in err and "write command never sent" in err
 
 
 N, LANES, BATCH = 64, 4, 8  # the direct tests' engine (one build)

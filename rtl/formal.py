@@ -658,14 +658,21 @@ class S3FifoHarness(Elaboratable):
                             m.d.sync += [back[j].eq(member[j]), member[j].eq(0)]
                 with m.Case(Op.WALK):
                     m.d.sync += evicted.eq(evicted | (c.arg != 0))
+        # Each INSERT's queue, decided when the command is taken; the engine places the
+        # slot once it has read the id's ghost words, before it takes another command.
+        warm = ~evicted & (n_small >= par[P.SMALL_FULL])
+        to_main = Array(back)[c.arg] | warm
+        placing, want_main = Signal(), Signal()
+        with m.If(fire & (c.op == Op.INSERT)):
+            m.d.sync += [placing.eq(1), want_main.eq(to_main)]
+        with m.If(dut.placed.valid):
+            m.d.comb += Assert(placing & (dut.placed.main == want_main))
+            m.d.sync += placing.eq(0)
+        m.d.comb += Assert(~(fire & placing))
         for i in range(n):
             with m.If(fire & (c.slot == i)):
                 with m.Switch(c.op):
                     with m.Case(Op.INSERT):
-                        warm = ~evicted & (n_small >= par[P.SMALL_FULL])
-                        to_main = Array(back)[c.arg] | warm
-                        placed = dut.placed
-                        m.d.comb += Assert(placed.valid & (placed.main == to_main))
                         m.d.sync += [q[i].eq(Mux(to_main, MAIN, SMALL)), off[i].eq(0)]
                         m.d.sync += [ref[i].eq(0), fresh[i].eq(1), idn[i].eq(c.arg)]
                     with _copy_entry_cases(m, dut, i, q[i], q[i] != 0, off, ref, fresh):

@@ -12,16 +12,24 @@ one queue at a time; ``NONE`` = ``slots``) and ``idm`` (its entry id).  Per id, 
 (the ghost's links; ``GNONE`` = ``ids``).  Registers: each list's head and tail, the
 counts of small, main, offered slots and ghost ids, the four SET parameters, ``evicted``.
 
+The per-id memories and ``idm`` are block RAM, read synchronously: a word comes the cycle
+after its address (:func:`kvcxl.rtl.slot_queue.block_ram`, not registered again), a
+write to the same word in the address's cycle forwarded.  ``meta``, ``newer`` and
+``older`` are read combinationally (LUT RAM), as the walk decides on a slot in the cycle
+it names it.
+
 A walk keeps a cursor per queue (small's and main's oldest slot not yet looked at) and
 steps each past slots not offered before it decides (``s_ok``, ``m_ok``: the cursor is on
 an offered slot or past the head), as the firmware's cursors do.  A move links the slot
 at main's head, so main's cursor meets the moved slots after main's own, in the order
 they moved: the firmware's order.
 
-Cycles: SET / ADMIT / TOUCH / RESET / OFFER / REMOVE 1, INSERT 3 (its links, then the old
-head's); a walk 1 per slot looked at plus 1 for a cursor to settle on the slot it stands
-on, 2 more per move (its links), 1-3 more per small victim (its id into the ghost, the
-oldest id out) and 1 per victim handed over (``victim`` ready).
+Cycles: SET / TOUCH / RESET / OFFER / REMOVE 1, ADMIT 2 (the ghost's words read, then
+written; the next command taken in the second), INSERT 3 (its ghost word read as the
+command is taken; its queue and links, then the old head's); a walk 1 per slot looked at
+plus 1 for a cursor to settle on the slot it stands on, 2 more per move (its links), 2-4
+more per small victim (its id read; the id into the ghost, the oldest id out; none with
+no ghost kept) and 1 per victim handed over (``victim`` ready).
 
 ``visit`` taps every decision as golden_clock's engines do, with ``VISIT_PROMOTE`` for a
 slot small moves to main (``VISIT_DECREMENT``: main's move to its head); ``placed`` taps
@@ -45,7 +53,7 @@ from kvcxl.firmware import golden_s3fifo as gs
 from kvcxl.firmware.policies.s3fifo import MAIN_CAP
 
 from . import layouts as L
-from .slot_queue import entry_cases, hand_over
+from .slot_queue import block_ram, entry_cases, hand_over
 
 DEFECTS = (None, "offer_ignored", "stuck_cursor", "main_clears", "ghost_to_small")
 REF_BITS = 5  # the counter's ceiling is max(threshold, 3) <= 16
@@ -88,22 +96,24 @@ class S3FifoEngine(wiring.Component):
             "meta": Memory(shape=meta_l, depth=N, init=[]),
             "newer": Memory(shape=unsigned(pb), depth=N, init=[]),
             "older": Memory(shape=unsigned(pb), depth=N, init=[]),
-            "idm": Memory(shape=unsigned(self.id_bits), depth=N, init=[]),
-            "gmeta": Memory(shape=gmeta_l, depth=self.ids, init=[]),
-            "gnewer": Memory(shape=unsigned(gb), depth=self.ids, init=[]),
-            "golder": Memory(shape=unsigned(gb), depth=self.ids, init=[]),
         }
         for name, mem in mems.items():
             m.submodules[name] = mem
         rd = {k: v.read_port(domain="comb") for k, v in mems.items()}
         wr = {k: v.write_port() for k, v in mems.items()}
-        ra, ga = Signal(pb), Signal(gb)  # the slot and the id read this cycle
-        for k in ("meta", "newer", "older", "idm"):
+        ra, ga = Signal(pb), Signal(gb)  # the slot read this cycle; the id read (block RAM)
+        s_cur = Signal(pb)
+        for k in ("meta", "newer", "older"):
             m.d.comb += rd[k].addr.eq(ra)
-        for k in ("gmeta", "gnewer", "golder"):
-            m.d.comb += rd[k].addr.eq(ga)
         rec, n_of, o_of = rd["meta"].data, rd["newer"].data, rd["older"].data
-        grec, gn_of, go_of = rd["gmeta"].data, rd["gnewer"].data, rd["golder"].data
+        # The ghost and the slots' ids in block RAM (slot_queue.block_ram), each word the
+        # cycle after its address: the ghost's at ``ga``, a slot's id at small's cursor.
+        for name, shape, depth, addr in (
+            ("idm", unsigned(self.id_bits), N, s_cur), ("gmeta", gmeta_l, self.ids, ga),
+            ("gnewer", unsigned(gb), self.ids, ga), ("golder", unsigned(gb), self.ids, ga),
+        ):  # fmt: skip
+            wr[name], rd[name] = block_ram(m, name, shape, depth, addr, registered=False)
+        s_id, grec, gn_of, go_of = rd["idm"], rd["gmeta"], rd["gnewer"], rd["golder"]
 
         def put(mem, addr, value):
             m.d.comb += [wr[mem].addr.eq(addr), wr[mem].data.eq(value), wr[mem].en.eq(1)]
@@ -116,7 +126,9 @@ class S3FifoEngine(wiring.Component):
         n_off, n_ghost = Signal(range(N + 1)), Signal(range(self.ids + 1))
         par = {p: Signal(self.arg_bits, name=p.name.lower()) for p in P}
         evicted = Signal()
-        s_cur, m_cur, mover = Signal(pb), Signal(pb), Signal(pb)
+        m_cur, mover = Signal(pb), Signal(pb)
+        cr = Signal.like(self.cmd.payload)  # an ADMIT, while its id's ghost words are read
+        inserting = Signal()  # OWN places an INSERT's slot (its id's ghost words read)
         s_ok, m_ok, in_small, walking = Signal(), Signal(), Signal(), Signal()
         link_q = Signal(2)  # the queue `mover` joins
         left = Signal(range(N + 1))
@@ -165,52 +177,67 @@ class S3FifoEngine(wiring.Component):
             ]  # fmt: skip
 
         c, v = self.cmd.payload, self.victim
+
+        def take():
+            """Take the next command: its slot read now (LUT RAM), its id's ghost words
+            (block RAM) there the next cycle, when ADMIT and INSERT use them."""
+            m.d.comb += [ra.eq(c.slot), ga.eq(c.arg), self.cmd.ready.eq(1)]
+            with m.If(self.cmd.valid):
+                with m.Switch(c.op):
+                    with m.Case(Op.SET):
+                        with m.Switch(c.slot):
+                            for p in P:
+                                with m.Case(p):
+                                    m.d.sync += par[p].eq(c.arg)
+                    with m.Case(Op.ADMIT):
+                        m.d.sync += cr.eq(c)
+                        m.next = "ADMIT"
+                    with m.Case(Op.INSERT):  # placed in OWN, its id's `back` read by then
+                        put("idm", c.slot, c.arg)
+                        m.d.sync += [mover.eq(c.slot), inserting.eq(1), walking.eq(0)]
+                        m.next = "OWN"
+                    entry_cases(m, c, rec, rec.q, rec.q != 0, write_meta, n_off, self.ref_max)
+                    with m.Case(Op.REMOVE):
+                        with m.If(rec.q != 0):
+                            unlink_any()
+                            write_meta(c.slot, rec.ref, rec.fresh, 0, 0)
+                            m.d.sync += n_off.eq(n_off - rec.offered)
+                    with m.Case(Op.WALK):
+                        kk = Mux(c.arg < n_off, c.arg, n_off)
+                        m.d.sync += [
+                            left.eq(kk), s_cur.eq(tails[SMALL]), m_cur.eq(tails[MAIN]),
+                            s_ok.eq(0), m_ok.eq(0), in_small.eq(0), walking.eq(1),
+                            evicted.eq(evicted | (c.arg != 0)),
+                        ]  # fmt: skip
+                        m.next = "WALK"
+                        with m.If(kk == 0):
+                            m.next = "EMPTY"
+
         with m.FSM():
             with m.State("IDLE"):
-                m.d.comb += [ra.eq(c.slot), ga.eq(c.arg), self.cmd.ready.eq(1)]
-                with m.If(self.cmd.valid):
-                    with m.Switch(c.op):
-                        with m.Case(Op.SET):
-                            with m.Switch(c.slot):
-                                for p in P:
-                                    with m.Case(p):
-                                        m.d.sync += par[p].eq(c.arg)
-                        with m.Case(Op.ADMIT):
-                            put("gmeta", c.arg, Cat(Const(0, 1), grec.member))
-                            with m.If(grec.member):
-                                unlink(gn_of, go_of, g_head, g_tail, "gnewer", "golder", GNONE)
-                                m.d.sync += n_ghost.eq(n_ghost - 1)
-                        with m.Case(Op.INSERT):
-                            back = 0 if self.defect == "ghost_to_small" else grec.back
-                            warm = ~evicted & (count[SMALL] >= par[P.SMALL_FULL])
-                            q = Mux(back | warm, MAIN, SMALL)
-                            write_meta(c.slot, 0, 1, 0, q)
-                            m.d.comb += [self.placed.valid.eq(1), self.placed.main.eq(q == MAIN)]
-                            put("idm", c.slot, c.arg)
-                            with m.If(q == MAIN):
-                                m.d.sync += count[MAIN].eq(count[MAIN] + 1)
-                            with m.Else():
-                                m.d.sync += count[SMALL].eq(count[SMALL] + 1)
-                            m.d.sync += walking.eq(0)
-                            to_head(c.slot, q)
-                        entry_cases(m, c, rec, rec.q, rec.q != 0, write_meta, n_off, self.ref_max)
-                        with m.Case(Op.REMOVE):
-                            with m.If(rec.q != 0):
-                                unlink_any()
-                                write_meta(c.slot, rec.ref, rec.fresh, 0, 0)
-                                m.d.sync += n_off.eq(n_off - rec.offered)
-                        with m.Case(Op.WALK):
-                            kk = Mux(c.arg < n_off, c.arg, n_off)
-                            m.d.sync += [
-                                left.eq(kk), s_cur.eq(tails[SMALL]), m_cur.eq(tails[MAIN]),
-                                s_ok.eq(0), m_ok.eq(0), in_small.eq(0), walking.eq(1),
-                                evicted.eq(evicted | (c.arg != 0)),
-                            ]  # fmt: skip
-                            m.next = "WALK"
-                            with m.If(kk == 0):
-                                m.next = "EMPTY"
+                take()
+            with m.State("ADMIT"):  # the id leaves the ghost; the next command is taken
+                m.next = "IDLE"
+                put("gmeta", cr.arg, Cat(Const(0, 1), grec.member))
+                with m.If(grec.member):
+                    unlink(gn_of, go_of, g_head, g_tail, "gnewer", "golder", GNONE)
+                    m.d.sync += n_ghost.eq(n_ghost - 1)
+                take()  # its writes are the slots' memories' and idm's, ADMIT's the ghost's
             with m.State("OWN"):
-                put("older", mover, Mux(link_q == MAIN, heads[MAIN], heads[SMALL]))
+                with m.If(inserting):  # main on a ghost hit, or while warming up
+                    back = 0 if self.defect == "ghost_to_small" else grec.back
+                    warm = ~evicted & (count[SMALL] >= par[P.SMALL_FULL])
+                    q = Mux(back | warm, MAIN, SMALL)
+                    write_meta(mover, 0, 1, 0, q)
+                    m.d.comb += [self.placed.valid.eq(1), self.placed.main.eq(q == MAIN)]
+                    with m.If(q == MAIN):
+                        m.d.sync += count[MAIN].eq(count[MAIN] + 1)
+                    with m.Else():
+                        m.d.sync += count[SMALL].eq(count[SMALL] + 1)
+                    m.d.sync += [link_q.eq(q), inserting.eq(0)]
+                    put("older", mover, Mux(q == MAIN, heads[MAIN], heads[SMALL]))
+                with m.Else():
+                    put("older", mover, Mux(link_q == MAIN, heads[MAIN], heads[SMALL]))
                 put("newer", mover, NONE)
                 m.next = "LINK"
             with m.State("LINK"):  # link `mover` at its queue's head (its own links are set)
@@ -246,8 +273,10 @@ class S3FifoEngine(wiring.Component):
                     with m.Else():  # the victim; its id enters the ghost
                         self._victim(m, tap, write_meta, unlink_slot, SMALL, s_cur, rec,
                                      n_off, left, vic, vic_last)  # fmt: skip
-                        m.d.sync += [in_small.eq(0), gid.eq(rd["idm"].data)]
-                        m.next = "GHOST"
+                        m.d.sync += in_small.eq(0)
+                        m.next = "GID"
+                        with m.If(par[P.GHOST_LEN] == 0):  # no ghost kept: nothing to read
+                            m.next = "EMIT"
                 with m.Else():
                     m.d.comb += ra.eq(m_cur)
                     with m.If(rec.ref != 0):
@@ -267,8 +296,11 @@ class S3FifoEngine(wiring.Component):
                                      n_off, left, vic, vic_last)  # fmt: skip
                         m.d.sync += [m_cur.eq(n_of), m_ok.eq(0)]
                         m.next = "EMIT"
+            with m.State("GID"):  # the victim's id (read at small's cursor): its ghost words
+                m.d.comb += ga.eq(s_id)
+                m.d.sync += gid.eq(s_id)
+                m.next = "GHOST"
             with m.State("GHOST"):  # id `gid` enters the ghost unless it is there or none kept
-                m.d.comb += ga.eq(gid)
                 with m.If((par[P.GHOST_LEN] == 0) | grec.member):
                     m.next = "EMIT"
                 with m.Else():
@@ -282,12 +314,13 @@ class S3FifoEngine(wiring.Component):
                 with m.Else():
                     put("gnewer", g_head, gid)
                 m.d.sync += [g_head.eq(gid), n_ghost.eq(n_ghost + 1)]
+                # the oldest id's words are read now (gnewer's write above forwarded)
+                m.d.comb += ga.eq(Mux(g_head == GNONE, gid, g_tail))
                 with m.If(n_ghost + 1 > par[P.GHOST_LEN]):
                     m.next = "GDROP"
                 with m.Else():
                     m.next = "EMIT"
             with m.State("GDROP"):  # the oldest id leaves
-                m.d.comb += ga.eq(g_tail)
                 put("gmeta", g_tail, Cat(Const(0, 1), grec.back))
                 with m.If(gn_of == GNONE):
                     m.d.sync += g_head.eq(GNONE)

@@ -242,11 +242,12 @@ class SlotQueueEngine(wiring.Component):
         return m
 
 
-def block_ram(m: Module, name: str, shape, depth: int, ra: Signal):
+def block_ram(m: Module, name: str, shape, depth: int, ra: Signal, registered: bool = True):
     """A memory read synchronously at ``ra`` (block RAM), its word registered once more
     (so that no decision starts at the RAM's clock-to-out): the word of the slot ``ra``
     named two cycles ago, written as of the end of that cycle (a write to the same slot in
-    that cycle is forwarded). The write port and the word."""
+    that cycle is forwarded). Not ``registered``: the word of the slot named one cycle ago,
+    straight from the RAM (the forward a mux after it). The write port and the word."""
     mem = Memory(shape=shape, depth=depth, init=[])
     m.submodules[name] = mem
     rp, wp = mem.read_port(domain="sync"), mem.write_port()
@@ -255,7 +256,8 @@ def block_ram(m: Module, name: str, shape, depth: int, ra: Signal):
     wd_q, word = Signal(shape), Signal(shape)
     m.d.sync += [ra_q.eq(ra), wa_q.eq(wp.addr), we_q.eq(wp.en), wd_q.eq(wp.data)]
     fwd = we_q & (wa_q == ra_q)  # the RAM reads before it writes
-    m.d.sync += word.eq(Mux(fwd, Value.cast(wd_q), Value.cast(rp.data)))
+    d = m.d.sync if registered else m.d.comb
+    d += word.eq(Mux(fwd, Value.cast(wd_q), Value.cast(rp.data)))
     return wp, word
 
 

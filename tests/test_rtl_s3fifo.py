@@ -21,7 +21,9 @@ def _run(seed: int, n: int = 400, defect: str | None = None) -> tuple[list, list
     return drive(S3FifoEngine(SLOTS, IDS, defect=defect), ceiling, cmds, rng), want
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+# Seeds 6 and 8 keep ghosts of 8 and 2 ids, which overflow: their oldest id's words read
+# a cycle late (the block RAM then holds another id's) change 6's and 8's victims, not 1-4's.
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 6, 8])
 def test_engine_equals_the_golden_step(seed):
     got, want = _run(seed)
     assert sum(len(w) for w in want) > 30 and any(len(w) == 0 for w in want)

@@ -1099,8 +1099,8 @@ def _record_stream_harness(defect: str | None):
 
 # The harness of each check a design's registry entry names: (harness, params, default depth).
 HARNESSES = {
-    "clock": _slot_harness("clock", 16),
-    "sieve": _slot_harness("sieve", 16),
+    "clock": _slot_harness("clock", 14),
+    "sieve": _slot_harness("sieve", 15),
     "s3fifo": _s3fifo_harness,
     "tier_boundary": _tier_boundary_harness,
     "record_stream": _record_stream_harness,

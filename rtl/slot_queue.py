@@ -9,15 +9,16 @@ slots, so that a WALK of ``k`` asks for min(k, offered) victims and always ends.
 
 The memories are block RAM: read synchronously, each word registered once more
 (:func:`block_ram`), so a decision starts at a flip-flop, not at the RAM's clock-to-out
-(ECP5-85F: 110 MHz for CLOCK, 106 for SIEVE at 1 024 slots, against 48 and 46 with the
+(ECP5-85F: 108 MHz for CLOCK, 112 for SIEVE at 1 024 slots, against 48 and 46 with the
 links in LUT RAM read combinationally).  A slot's words are there two cycles after its
 address; a write to that slot in the cycle the address is taken is forwarded.
 
-Cycles: a command is taken in the cycle the one before it ends; INSERT 2, TOUCH / RESET /
-OFFER / REMOVE 2 (the slot read, then the write); a WALK 2 to start, then 2 per slot
-visited (1 for a victim: the next slot is read while it is handed over), 2 more per CLOCK
-move to the head and per wrap from the head to the tail, plus one per victim handed over
-(``victim`` ready).
+Cycles: a command is taken in the cycle the one before it ends; INSERT 2 (taken in IDLE,
+one sooner: it writes in the cycle it is taken), TOUCH / RESET / OFFER / REMOVE 2 (the
+slot read, then the write); a WALK 2 to start, then 2 per slot visited (1 for a victim:
+the next slot is read while it is handed over; 1 for CLOCK's look again at the head, its
+words held), 2 more per CLOCK move to the head and per wrap from the head to the tail,
+plus one per victim handed over (``victim`` ready).
 
 ``visit`` taps every slot the walk visits (valid exactly in the cycle it is decided,
 never back-pressured): the formal harness checks each decision against its own copy of
@@ -112,17 +113,32 @@ class SlotQueueEngine(wiring.Component):
                 mw.data.inq.eq(inq),
             ]
 
-        def take():
+        def insert(s):
+            """INSERT's first cycle: slot ``s`` fresh and in the queue, its links past the
+            head (LINK then links it at the head)."""
+            write_meta(s, 0, 1, 0, 1)
+            m.d.comb += [
+                ow.addr.eq(s), ow.data.eq(head), ow.en.eq(1),
+                nw.addr.eq(s), nw.data.eq(NONE), nw.en.eq(1),
+            ]  # fmt: skip
+            m.d.sync += mover.eq(s)
+            m.next = "LINK"
+
+        def take(idle: bool = False):
             """Take the next command: its slot is read now, decided on two cycles later
-            (INSERT reads nothing; a WALK reads its start in WSTART, once the command
-            before it has moved the ends and the hand)."""
+            (INSERT reads nothing: from IDLE, whose write ports are free, it writes at once;
+            a WALK reads its start in WSTART, once the command before it has moved the ends
+            and the hand)."""
             p = self.cmd.payload
             m.d.comb += [self.cmd.ready.eq(1), ra.eq(p.slot)]
             with m.If(self.cmd.valid):
                 m.d.sync += c.eq(p)
                 with m.Switch(p.op):
                     with m.Case(Op.INSERT):
-                        m.next = "EXEC"
+                        if idle:
+                            insert(p.slot)
+                        else:
+                            m.next = "EXEC"
                     with m.Case(Op.WALK):
                         m.next = "WSTART"
                     with m.Default():
@@ -140,19 +156,13 @@ class SlotQueueEngine(wiring.Component):
         v = self.victim
         with m.FSM():
             with m.State("IDLE"):
-                take()
+                take(idle=True)
             with m.State("LOAD"):  # the slot's words come out of the block RAM
                 m.next = "EXEC"
             with m.State("EXEC"):
                 with m.Switch(c.op):
                     with m.Case(Op.INSERT):
-                        write_meta(c.slot, 0, 1, 0, 1)
-                        m.d.comb += [
-                            ow.addr.eq(c.slot), ow.data.eq(head), ow.en.eq(1),
-                            nw.addr.eq(c.slot), nw.data.eq(NONE), nw.en.eq(1),
-                        ]  # fmt: skip
-                        m.d.sync += mover.eq(c.slot)
-                        m.next = "LINK"
+                        insert(c.slot)
                     entry_cases(m, c, rec, rec.inq, rec.inq, write_meta, n_off, self.ref_max)
                     with m.Case(Op.REMOVE):
                         with m.If(rec.inq):
@@ -205,8 +215,10 @@ class SlotQueueEngine(wiring.Component):
                             unlink(cur)
                             m.d.sync += [mover.eq(cur), nxt.eq(n_of)]
                             m.next = "MOVE"
-                        with m.Else():  # the head stays: looked at again
-                            look(cur)
+                        with m.Else():  # the head stays: looked at again next cycle,
+                            # its words held (the counter as written), not read again
+                            m.d.sync += [rec.eq(rec), n_of.eq(n_of), o_of.eq(o_of)]
+                            m.d.sync += rec.ref.eq(down)
                     else:
                         if self.defect != "keep_visited":
                             write_meta(cur, 0, rec.fresh, rec.offered, rec.inq)

@@ -61,8 +61,14 @@ def drive(dut, ceiling: int, cmds: list, rng: random.Random) -> list:
     return got
 
 
-@pytest.mark.parametrize("policy", ["clock", "sieve"])
-@pytest.mark.parametrize("seed", [1, 2, 3])
+# CLOCK's seeds 5 and 40 look at the head again (a counter above 0 there): its words held,
+# not read again. A counter not written into the held word fails 5 (a hang); words not
+# held (read again from the last address named) fail 40; seeds 1-3 never look there.
+@pytest.mark.parametrize(
+    ("policy", "seed"),
+    [("clock", 1), ("clock", 2), ("clock", 3), ("clock", 5), ("clock", 40), ("sieve", 1),
+     ("sieve", 2), ("sieve", 3)],
+)  # fmt: skip
 def test_engine_equals_the_golden_step(policy, seed):
     got, want = _run(policy, seed)
     assert sum(len(w) for w in want) > 30 and any(len(w) == 0 for w in want)

@@ -142,8 +142,13 @@ class Tiers:
         vals = m[:, _PAIR_FROM, _PAIR_TO] * self.entry_bytes
         used = np.flatnonzero(vals.any(axis=0))  # the pairs any step moved bytes between
         keys = [_PAIR_KEYS[k] for k in used.tolist()]
+        vals = vals[:, used]
+        full = vals.all(axis=1).tolist()  # rows that moved bytes between every used pair
         out = []
-        for row in vals[:, used].tolist():  # (a plain loop: no comprehension frame per step)
+        for row, every in zip(vals.tolist(), full, strict=True):  # (no comprehension frame)
+            if every:  # (dict over zip runs in C: most steps of a replay)
+                out.append(dict(zip(keys, row, strict=True)))
+                continue
             d = {}
             for k, v in zip(keys, row, strict=True):
                 if v:

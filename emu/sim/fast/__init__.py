@@ -52,7 +52,7 @@ def unsupported(opts: Any) -> str | None:
         have_numba = False
     else:
         have_numba = True
-    if have_numba and _mode_of(opts) not in __getattr__("POLICY_CODES"):
+    if have_numba and _mode_of(opts) not in _registry():
         covered = __getattr__("COVERED")
         return f"the fast engine does not cover policy {opts.policy} (it covers {covered})"
     if opts.audit:
@@ -62,6 +62,14 @@ def unsupported(opts: Any) -> str | None:
     if not have_numba:
         return "numba is not installed (pip install numba)"
     return None
+
+
+def _registry() -> dict[tuple[str, str], Any]:
+    """The fast engine's (policy, mode) → module registry, as walked (cached there; a short
+    replay asks at every run, where building ``POLICY_CODES`` cost it a dict)."""
+    from .compose import modules
+
+    return modules()
 
 
 def _mode_of(opts: Any) -> tuple[str, str]:
@@ -121,6 +129,8 @@ def _kernel_plan(stream: ReadStream, granularity: str) -> dict[str, Any]:
     plan["e_ctx"] = np.asarray(stream.e_ctx, np.int64)
     plan["e_block"] = np.asarray(stream.e_block, np.int64)
     plan["n_ctx"] = int(max(plan["e_ctx"].max(initial=0), plan["l_ctx"].max(initial=0))) + 1
+    plan["n_bounds"] = int(np.count_nonzero(np.diff(plan["step"]))) + 2  # step boundaries
+    plan["max_batch"] = int(np.diff(plan["off"]).max(initial=0))
     return plan
 
 
@@ -189,10 +199,10 @@ def run(rep: _Replay) -> None:
         Table(plan["e_ctx"], plan["e_block"], int(stream.shape.block_tokens), ctx_tokens),
         state,
         tlog,
-        rules_of(fw, int(np.count_nonzero(np.diff(plan["step"]))) + 2),
+        rules_of(fw, plan["n_bounds"]),
         prefetch_state(stream, cfg, on=bool(opts.prefetch), int_mode=fw.mode == "int",
                        limit=int(opts.prefetch_limit),
-                       max_batch=int(np.diff(plan["off"]).max(initial=0))),
+                       max_batch=plan["max_batch"]),
     )  # fmt: skip
     reads, hits, miss, stall, tokens, moved, tier, tcount, stats = out[:9]
     d_id, d_pr, d_key, d_call, d_grp, call_batch, err, pf_cnt = out[9:]

@@ -12,6 +12,9 @@ the defect each must catch are the designs' entries in :mod:`kvcxl.rtl.designs`)
     if ``w`` is eligible and not chosen, the pass chose ``k`` victims and every one
     ranks before ``w`` (maximality); the victim stream holds valid and payload while
     back-pressured.
+``eviction_1lane``
+    the same properties with one lane (the systolic top-k, batch 3): a pass that
+    emitted before its drain ended would lose a candidate on its way to the last slot.
 ``scoring``
     under arbitrary back-pressure, input gaps and host record writes, no beat is lost
     or duplicated: occupancy = accepted − emitted ≤ DEPTH, output addresses follow the
@@ -1063,6 +1066,13 @@ def _eviction_harness(defect: str | None):
     return h, {**params, "defect": defect}, 14
 
 
+def _eviction_1lane_harness(defect: str | None):
+    # One lane: the systolic top-k and its drain (batch 3: two drain cycles).
+    h = EvictionHarness(lanes=1, batch=3, defect=defect)
+    params = {"entries": h.entries, "lanes": h.lanes, "batch": h.batch, "q_bits": h.q_bits}
+    return h, {**params, "defect": defect}, 14
+
+
 def _scoring_harness(defect: str | None):
     h = ScoringHarness(defect=defect)
     return h, {"entries": h.entries, "lanes": h.lanes, "defect": defect}, 12
@@ -1105,6 +1115,7 @@ HARNESSES = {
     "tier_boundary": _tier_boundary_harness,
     "record_stream": _record_stream_harness,
     "eviction": _eviction_harness,
+    "eviction_1lane": _eviction_1lane_harness,
     "scoring": _scoring_harness,
     "frontend": _frontend_harness,
     "hdm": _hdm_harness,

@@ -74,3 +74,62 @@ def _passes(entries: int, batch: int, seed: int) -> tuple[list, list]:
 def test_one_lane_victims_follow_the_contract(entries, batch, seed):
     got, want = _passes(entries, batch, seed)
     assert got == want
+
+
+@pytest.mark.parametrize("batch", [1, 2, 9])
+def test_one_lane_drain_reaches_the_last_slot(batch):
+    """The systolic top-k's drain: a sweep without bubbles whose last entry ranks first
+    (or exactly `batch`-th) sends a wavefront down every slot after the last beat, and the
+    `batch`-th victim is right only if the pass waits for it to reach the last slot.  The
+    first victim is offered `batch + 1` cycles after the last beat is taken (slot 0 takes it
+    the cycle after, the last slot `batch − 1` cycles later)."""
+    from amaranth.sim import Simulator
+
+    from kvcxl.rtl.eviction import EvictionEngine
+
+    entries = 16
+    dut = EvictionEngine(entries, 1, batch, q_bits=16)
+    passes = [
+        [100 + i for i in range(entries)],  # the last entry ranks first
+        [7] * (entries - batch) + [9] * (batch - 1) + [8],  # the last ranks `batch`-th
+        [3] * entries,  # ties only: index order
+    ]
+    got, waits = [], []
+
+    async def bench(ctx):
+        ctx.set(dut.k, batch)
+        ctx.set(dut.victim.ready, 1)
+        for prio in passes:
+            for i in range(entries):
+                ctx.set(dut.cand.valid, 1)
+                ctx.set(dut.cand.payload.addr, i)
+                ctx.set(dut.cand.payload.last, int(i == entries - 1))
+                ctx.set(dut.cand.payload.lane[0].priority, prio[i])
+                ctx.set(dut.cand.payload.lane[0].eligible, 1)
+                await ctx.delay(1e-9)
+                while not ctx.get(dut.cand.ready):
+                    await ctx.tick()
+                    await ctx.delay(1e-9)
+                await ctx.tick()
+            ctx.set(dut.cand.valid, 0)
+            out, wait = [], 0
+            while True:
+                await ctx.delay(1e-9)
+                wait += 1
+                if ctx.get(dut.victim.valid):
+                    if not out:
+                        waits.append(wait)
+                    out.append(ctx.get(dut.victim.payload.index))
+                    if ctx.get(dut.victim.payload.last):
+                        await ctx.tick()
+                        break
+                await ctx.tick()
+            got.append(out)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    want = [sorted(range(entries), key=lambda i: (-p[i], i))[:batch] for p in passes]
+    assert got == want
+    assert waits == [batch + 1] * len(passes)

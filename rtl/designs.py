@@ -236,8 +236,9 @@ ENGINES: tuple[Engine, ...] = (
     # also holds the registry's 1 024 slots on an iCE40 (tried first there).
     Engine("clock", "CLOCK", "clock", {}, "clock", 1, 2, "touches or walk visits", 1024),
     Engine("sieve", "SIEVE", "sieve", {}, "sieve", 1, 2, "touches or walk visits", 1024),
-    # At its registry shape: 1 024 slots, a ghost over 4 096 ids.
-    Engine("s3fifo", "S3-FIFO", "s3fifo", {}, "s3fifo", 1, 1, "touches or walk steps"),
+    # At its registry shape: 1 024 slots, a ghost over 4 096 ids; two cycles a touch, its
+    # slot's words from block RAM as CLOCK's.
+    Engine("s3fifo", "S3-FIFO", "s3fifo", {}, "s3fifo", 1, 2, "touches or walk steps"),
     # The front end's entries only size its touch index (its line store is 64 lines).
     Engine("frontend", "CXL.mem front end", "frontend", {}, None, 1, 1, "messages", 1024),
 )  # fmt: skip

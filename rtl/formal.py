@@ -662,16 +662,17 @@ class S3FifoHarness(Elaboratable):
                 with m.Case(Op.WALK):
                     m.d.sync += evicted.eq(evicted | (c.arg != 0))
         # Each INSERT's queue, decided when the command is taken; the engine places the
-        # slot once it has read the id's ghost words, before it takes another command.
+        # slot once it has read the id's ghost words, at the latest in the cycle it takes
+        # another command.
         warm = ~evicted & (n_small >= par[P.SMALL_FULL])
         to_main = Array(back)[c.arg] | warm
         placing, want_main = Signal(), Signal()
-        with m.If(fire & (c.op == Op.INSERT)):
-            m.d.sync += [placing.eq(1), want_main.eq(to_main)]
         with m.If(dut.placed.valid):
             m.d.comb += Assert(placing & (dut.placed.main == want_main))
             m.d.sync += placing.eq(0)
-        m.d.comb += Assert(~(fire & placing))
+        with m.If(fire & (c.op == Op.INSERT)):
+            m.d.sync += [placing.eq(1), want_main.eq(to_main)]
+        m.d.comb += Assert(~(fire & placing & ~dut.placed.valid))
         for i in range(n):
             with m.If(fire & (c.slot == i)):
                 with m.Switch(c.op):
@@ -1096,7 +1097,7 @@ def _slot_harness(policy: str, depth: int):
 
 
 def _s3fifo_harness(defect: str | None):
-    return S3FifoHarness(defect), {**S3FifoHarness.SHAPE, "defect": defect}, 12
+    return S3FifoHarness(defect), {**S3FifoHarness.SHAPE, "defect": defect}, 15
 
 
 def _tier_boundary_harness(defect: str | None):

@@ -12,24 +12,29 @@ one queue at a time; ``NONE`` = ``slots``) and ``idm`` (its entry id).  Per id, 
 (the ghost's links; ``GNONE`` = ``ids``).  Registers: each list's head and tail, the
 counts of small, main, offered slots and ghost ids, the four SET parameters, ``evicted``.
 
-The per-id memories and ``idm`` are block RAM, read synchronously: a word comes the cycle
-after its address (:func:`kvcxl.rtl.slot_queue.block_ram`, not registered again), a
-write to the same word in the address's cycle forwarded.  ``meta``, ``newer`` and
-``older`` are read combinationally (LUT RAM), as the walk decides on a slot in the cycle
-it names it.
+All seven are block RAM, read synchronously, each word registered once more
+(:func:`kvcxl.rtl.slot_queue.block_ram`, CLOCK's form), so that no decision starts at a
+RAM's clock-to-out: a slot's words (``idm`` with them) are there two cycles after its
+address, an id's ghost words too; a write to that word in the address's cycle is
+forwarded.  The walk's test of main's share and small's threshold are registered or
+narrowed beforehand (ECP5-85F: 100.85 MHz at 1 024 slots and 4 096 ids, against 36.74
+with the slot links in LUT RAM read combinationally).
 
 A walk keeps a cursor per queue (small's and main's oldest slot not yet looked at) and
 steps each past slots not offered before it decides (``s_ok``, ``m_ok``: the cursor is on
-an offered slot or past the head), as the firmware's cursors do.  A move links the slot
-at main's head, so main's cursor meets the moved slots after main's own, in the order
-they moved: the firmware's order.
+an offered slot or past the head), as the firmware's cursors do; the look that settles a
+cursor on an offered slot decides on it at once when the turn is that queue's.  A move
+links the slot at main's head, so main's cursor meets the moved slots after main's own,
+in the order they moved: the firmware's order.
 
-Cycles: SET / TOUCH / RESET / OFFER / REMOVE 1, ADMIT 2 (the ghost's words read, then
-written; the next command taken in the second), INSERT 3 (its ghost word read as the
-command is taken; its queue and links, then the old head's); a walk 1 per slot looked at
-plus 1 for a cursor to settle on the slot it stands on, 2 more per move (its links), 2-4
-more per small victim (its id read; the id into the ghost, the oldest id out; none with
-no ghost kept) and 1 per victim handed over (``victim`` ready).
+Cycles, from a command taken to the next one taken: SET 1; TOUCH / RESET / OFFER /
+REMOVE 2 (the slot's words read, then written as the next command is taken); ADMIT 2
+(the id's ghost words read, then written); INSERT 2 (its newer link; then its ghost
+word's ``back`` places it in small or main and links it).  A walk 1 to start, then 3 per
+slot looked at (the cursor chosen, the read, the decision): 2 per slot stepped past, 2
+to look again at the slot last read, 1 for main's head decided again (its words held);
+2 more per move (its links), 2-4 more per small victim (into the ghost, the oldest id
+out; none with no ghost kept) and 1 per victim handed over (``victim`` ready).
 
 ``visit`` taps every decision as golden_clock's engines do, with ``VISIT_PROMOTE`` for a
 slot small moves to main (``VISIT_DECREMENT``: main's move to its head); ``placed`` taps
@@ -44,9 +49,8 @@ found in the ghost enters small, not main).
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, unsigned
 from amaranth.lib import data, wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import Out
 
 from kvcxl.firmware import golden_s3fifo as gs
@@ -58,6 +62,14 @@ from .slot_queue import block_ram, entry_cases, hand_over
 DEFECTS = (None, "offer_ignored", "stuck_cursor", "main_clears", "ghost_to_small")
 REF_BITS = 5  # the counter's ceiling is max(threshold, 3) <= 16
 Op, P, SMALL, MAIN = gs.Op, gs.Param, gs.SMALL, gs.MAIN
+
+
+def main_down(ref: Value) -> Value:
+    """min(``ref``, MAIN_CAP) − 1 for a counter ``ref`` above 0, without a carry chain: 2 at
+    3 or more, else ``ref``'s bit 1 (1 → 0, 2 → 1)."""
+    assert MAIN_CAP == 3, MAIN_CAP  # the bit form below is for a cap of 3
+    big = (ref[2:] != 0) | (ref[0] & ref[1]) if len(ref) > 2 else ref[0] & ref[1]
+    return Mux(big, MAIN_CAP - 1, ref[1])
 
 
 def arg_bits(slots: int, ids: int, ref_bits: int = REF_BITS) -> int:
@@ -92,27 +104,21 @@ class S3FifoEngine(wiring.Component):
             {"ref": unsigned(self.ref_bits), "fresh": 1, "offered": 1, "q": 2}
         )
         gmeta_l = data.StructLayout({"member": 1, "back": 1})
-        mems = {
-            "meta": Memory(shape=meta_l, depth=N, init=[]),
-            "newer": Memory(shape=unsigned(pb), depth=N, init=[]),
-            "older": Memory(shape=unsigned(pb), depth=N, init=[]),
-        }
-        for name, mem in mems.items():
-            m.submodules[name] = mem
-        rd = {k: v.read_port(domain="comb") for k, v in mems.items()}
-        wr = {k: v.write_port() for k, v in mems.items()}
-        ra, ga = Signal(pb), Signal(gb)  # the slot read this cycle; the id read (block RAM)
-        s_cur = Signal(pb)
-        for k in ("meta", "newer", "older"):
-            m.d.comb += rd[k].addr.eq(ra)
-        rec, n_of, o_of = rd["meta"].data, rd["newer"].data, rd["older"].data
-        # The ghost and the slots' ids in block RAM (slot_queue.block_ram), each word the
-        # cycle after its address: the ghost's at ``ga``, a slot's id at small's cursor.
-        for name, shape, depth, addr in (
-            ("idm", unsigned(self.id_bits), N, s_cur), ("gmeta", gmeta_l, self.ids, ga),
-            ("gnewer", unsigned(gb), self.ids, ga), ("golder", unsigned(gb), self.ids, ga),
+        # ra: the slot read, its words two cycles later; ga: the id read, its words the next
+        ra, ga = Signal(pb), Signal(gb)
+        cur, s_cur = Signal(pb), Signal(pb)
+        m.d.comb += ra.eq(cur)  # unless a state names another slot: the walk's, kept in view
+        wr, rd = {}, {}
+        for name, shape, depth, addr, reg in (
+            ("meta", meta_l, N, ra, True), ("newer", unsigned(pb), N, ra, True),
+            ("older", unsigned(pb), N, ra, True),
+            ("idm", unsigned(self.id_bits), N, ra, True),
+            ("gmeta", gmeta_l, self.ids, ga, True),
+            ("gnewer", unsigned(gb), self.ids, ga, True),
+            ("golder", unsigned(gb), self.ids, ga, True),
         ):  # fmt: skip
-            wr[name], rd[name] = block_ram(m, name, shape, depth, addr, registered=False)
+            wr[name], rd[name] = block_ram(m, name, shape, depth, addr, registered=reg)
+        rec, n_of, o_of = rd["meta"], rd["newer"], rd["older"]
         s_id, grec, gn_of, go_of = rd["idm"], rd["gmeta"], rd["gnewer"], rd["golder"]
 
         def put(mem, addr, value):
@@ -125,12 +131,15 @@ class S3FifoEngine(wiring.Component):
         count = {q: Signal(range(N + 1), name=f"count{q}") for q in (SMALL, MAIN)}
         n_off, n_ghost = Signal(range(N + 1)), Signal(range(self.ids + 1))
         par = {p: Signal(self.arg_bits, name=p.name.lower()) for p in P}
+        # the threshold as wide as a counter and one bit more (a counter never reaches
+        # 2**ref_bits): small's test on a slot's word is then a short compare
+        top = 2**self.ref_bits
+        thr = Signal(range(top + 1))
         evicted = Signal()
         m_cur, mover = Signal(pb), Signal(pb)
-        cr = Signal.like(self.cmd.payload)  # an ADMIT, while its id's ghost words are read
-        inserting = Signal()  # OWN places an INSERT's slot (its id's ghost words read)
-        s_ok, m_ok, in_small, walking = Signal(), Signal(), Signal(), Signal()
-        link_q = Signal(2)  # the queue `mover` joins
+        cr = Signal.like(self.cmd.payload)  # the command taken, held until it is done
+        s_ok, m_ok, in_small = Signal(), Signal(), Signal()
+        on_small = Signal()  # the walk looks at small's cursor (else main's)
         left = Signal(range(N + 1))
         vic, vic_last, gid = Signal(self.index_bits), Signal(), Signal(self.id_bits)
 
@@ -150,13 +159,6 @@ class S3FifoEngine(wiring.Component):
             if counted:
                 m.d.sync += count[q].eq(count[q] - 1)
 
-        def unlink_any():
-            """Unlink the slot read this cycle from whichever queue holds it."""
-            with m.If(rec.q == MAIN):
-                unlink_slot(MAIN)
-            with m.Else():
-                unlink_slot(SMALL)
-
         def write_meta(s, ref, fresh, offered, q):
             m.d.comb += wr["meta"].addr.eq(s), wr["meta"].en.eq(1)
             m.d.comb += [
@@ -164,11 +166,19 @@ class S3FifoEngine(wiring.Component):
                 wr["meta"].data.offered.eq(offered), wr["meta"].data.q.eq(q),
             ]  # fmt: skip
 
-        def to_head(s, q):
-            """Link slot ``s`` (in no list) at queue ``q``'s head: OWN writes its links, LINK
-            the old head's (one write port per memory: a move's unlink takes this cycle)."""
-            m.d.sync += [mover.eq(s), link_q.eq(q)]
+        def to_head(s):
+            """Move slot ``s`` (unlinked this cycle) to main's head: OWN writes its links,
+            LINK the old head's (one write port per memory: the unlink takes this cycle)."""
+            m.d.sync += mover.eq(s)
             m.next = "OWN"
+
+        def link_head(q):
+            """Slot ``mover`` (its own links written) becomes queue ``q``'s head."""
+            with m.If(heads[q] == NONE):
+                m.d.sync += tails[q].eq(mover)
+            with m.Else():
+                put("newer", heads[q], mover)
+            m.d.sync += heads[q].eq(mover)
 
         def tap(kind, s):
             m.d.comb += [
@@ -176,129 +186,185 @@ class S3FifoEngine(wiring.Component):
                 self.visit.payload.slot.eq(s),
             ]  # fmt: skip
 
+        def look(s, small):
+            """Read slot ``s`` for the walk's next look at small's (``small``) or main's
+            cursor: two cycles, WLOAD, then WDECIDE."""
+            m.d.comb += ra.eq(s)
+            m.d.sync += [cur.eq(s), on_small.eq(small)]
+            m.next = "WLOAD"
+
+        def small_decides():
+            """Small's decision on its cursor's slot ``cur``: to main's head with counter 0
+            at or above the threshold, else the victim (its id then enters the ghost)."""
+            m.d.sync += [s_cur.eq(n_of), s_ok.eq(0)]
+            with m.If(rec.ref >= thr):
+                tap(L.VISIT_PROMOTE, cur)
+                write_meta(cur, 0, rec.fresh, rec.offered, MAIN)
+                unlink_slot(SMALL)
+                m.d.sync += [count[MAIN].eq(count[MAIN] + 1), in_small.eq(1)]
+                with m.If(m_cur == NONE):  # main's cursor past its head: here now
+                    m.d.sync += m_cur.eq(cur)
+                to_head(cur)
+            with m.Else():
+                self._victim(m, tap, write_meta, unlink_slot, SMALL, cur, rec, n_off, left,
+                             vic, vic_last)  # fmt: skip
+                m.d.sync += [in_small.eq(0), gid.eq(s_id)]
+                m.next = "GID"
+                with m.If(par[P.GHOST_LEN] == 0):  # no ghost kept: nothing to read
+                    m.next = "EMIT"
+
         c, v = self.cmd.payload, self.victim
 
         def take():
-            """Take the next command: its slot read now (LUT RAM), its id's ghost words
-            (block RAM) there the next cycle, when ADMIT and INSERT use them."""
+            """Take the next command: its slot read now (its words two cycles later, in
+            EXEC), its id's ghost words the next cycle, when ADMIT and INSERT use them."""
             m.d.comb += [ra.eq(c.slot), ga.eq(c.arg), self.cmd.ready.eq(1)]
             with m.If(self.cmd.valid):
+                m.d.sync += cr.eq(c)
                 with m.Switch(c.op):
                     with m.Case(Op.SET):
                         with m.Switch(c.slot):
                             for p in P:
                                 with m.Case(p):
                                     m.d.sync += par[p].eq(c.arg)
+                        with m.If(c.slot == P.THRESHOLD):
+                            m.d.sync += thr.eq(Mux(c.arg >= top, top, c.arg))
+                        m.next = "IDLE"
                     with m.Case(Op.ADMIT):
-                        m.d.sync += cr.eq(c)
-                        m.next = "ADMIT"
+                        m.next = "AWAIT"
                     with m.Case(Op.INSERT):  # placed in OWN, its id's `back` read by then
                         put("idm", c.slot, c.arg)
-                        m.d.sync += [mover.eq(c.slot), inserting.eq(1), walking.eq(0)]
-                        m.next = "OWN"
-                    entry_cases(m, c, rec, rec.q, rec.q != 0, write_meta, n_off, self.ref_max)
-                    with m.Case(Op.REMOVE):
-                        with m.If(rec.q != 0):
-                            unlink_any()
-                            write_meta(c.slot, rec.ref, rec.fresh, 0, 0)
-                            m.d.sync += n_off.eq(n_off - rec.offered)
-                    with m.Case(Op.WALK):
-                        kk = Mux(c.arg < n_off, c.arg, n_off)
-                        m.d.sync += [
-                            left.eq(kk), s_cur.eq(tails[SMALL]), m_cur.eq(tails[MAIN]),
-                            s_ok.eq(0), m_ok.eq(0), in_small.eq(0), walking.eq(1),
-                            evicted.eq(evicted | (c.arg != 0)),
-                        ]  # fmt: skip
-                        m.next = "WALK"
-                        with m.If(kk == 0):
-                            m.next = "EMPTY"
+                        m.d.sync += mover.eq(c.slot)
+                        m.next = "IWAIT"
+                    with m.Case(Op.WALK):  # started once the command before has moved the ends
+                        m.next = "WSTART"
+                    with m.Default():
+                        m.next = "LOAD"
+            with m.Else():
+                m.next = "IDLE"
+
+        # whose turn it is, from registers alone: a cursor past its queue's head is settled
+        s_set, m_set = s_ok | (s_cur == NONE), m_ok | (m_cur == NONE)
+        # main over its share, registered: counts and parameters move at least two cycles
+        # before a look uses it (a decision's effects land while the next slot is read)
+        over = Signal()
+        m.d.sync += over.eq(count[MAIN] > par[P.MAIN_MAX])
+        main_turn = (over | (s_cur == NONE)) & (m_cur != NONE)
+        from_small = (in_small & (s_cur != NONE)) | ~main_turn
+        # ... and, the cursor looked at standing on an offered slot, whether it decides now
+        small_now = m_set & (in_small | ~(over & (m_cur != NONE)))
+        main_now = s_set & ~(in_small & (s_cur != NONE)) & (over | (s_cur == NONE))
 
         with m.FSM():
             with m.State("IDLE"):
                 take()
+            with m.State("LOAD"):  # the slot's words come out of the block RAM
+                m.next = "EXEC"
+            with m.State("EXEC"):
+                with m.Switch(cr.op):
+                    entry_cases(m, cr, rec, rec.q, rec.q != 0, write_meta, n_off, self.ref_max)
+                    with m.Case(Op.REMOVE):
+                        with m.If(rec.q != 0):
+                            with m.If(rec.q == MAIN):
+                                unlink_slot(MAIN)
+                            with m.Else():
+                                unlink_slot(SMALL)
+                            write_meta(cr.slot, rec.ref, rec.fresh, 0, 0)
+                            m.d.sync += n_off.eq(n_off - rec.offered)
+                take()
+            with m.State("AWAIT"):  # the id's ghost words come out of the block RAM
+                m.next = "ADMIT"
+            with m.State("IWAIT"):  # an INSERT's slot: none newer (as the head of its queue)
+                put("newer", mover, NONE)
+                m.next = "PLACE"
             with m.State("ADMIT"):  # the id leaves the ghost; the next command is taken
-                m.next = "IDLE"
                 put("gmeta", cr.arg, Cat(Const(0, 1), grec.member))
                 with m.If(grec.member):
                     unlink(gn_of, go_of, g_head, g_tail, "gnewer", "golder", GNONE)
                     m.d.sync += n_ghost.eq(n_ghost - 1)
                 take()  # its writes are the slots' memories' and idm's, ADMIT's the ghost's
-            with m.State("OWN"):
-                with m.If(inserting):  # main on a ghost hit, or while warming up
-                    back = 0 if self.defect == "ghost_to_small" else grec.back
-                    warm = ~evicted & (count[SMALL] >= par[P.SMALL_FULL])
-                    q = Mux(back | warm, MAIN, SMALL)
-                    write_meta(mover, 0, 1, 0, q)
-                    m.d.comb += [self.placed.valid.eq(1), self.placed.main.eq(q == MAIN)]
-                    with m.If(q == MAIN):
-                        m.d.sync += count[MAIN].eq(count[MAIN] + 1)
-                    with m.Else():
-                        m.d.sync += count[SMALL].eq(count[SMALL] + 1)
-                    m.d.sync += [link_q.eq(q), inserting.eq(0)]
-                    put("older", mover, Mux(q == MAIN, heads[MAIN], heads[SMALL]))
-                with m.Else():
-                    put("older", mover, Mux(link_q == MAIN, heads[MAIN], heads[SMALL]))
+            with m.State("PLACE"):  # its id's ghost words are here: small or main
+                back = 0 if self.defect == "ghost_to_small" else grec.back
+                warm = ~evicted & (count[SMALL] >= par[P.SMALL_FULL])
+                q = Mux(back | warm, MAIN, SMALL)  # main on a ghost hit, or while warming up
+                write_meta(mover, 0, 1, 0, q)
+                m.d.comb += [self.placed.valid.eq(1), self.placed.main.eq(q == MAIN)]
+                for qq in (SMALL, MAIN):
+                    with m.If(q == qq):
+                        m.d.sync += count[qq].eq(count[qq] + 1)
+                        put("older", mover, heads[qq])
+                        link_head(qq)
+                take()  # its writes forwarded to the slot the next command reads
+            with m.State("OWN"):  # a moved slot's own links: after main's head, none newer
+                put("older", mover, heads[MAIN])
                 put("newer", mover, NONE)
                 m.next = "LINK"
-            with m.State("LINK"):  # link `mover` at its queue's head (its own links are set)
-                for q in (SMALL, MAIN):
-                    with m.If(link_q == q):
-                        with m.If(heads[q] == NONE):
-                            m.d.sync += tails[q].eq(mover)
-                        with m.Else():
-                            put("newer", heads[q], mover)
-                        m.d.sync += heads[q].eq(mover)
-                m.next = "IDLE"
-                with m.If(walking):
-                    m.next = "WALK"
-            with m.State("WALK"):
-                offered = rec.offered if self.defect != "offer_ignored" else rec.q != 0
-                main_turn = ((count[MAIN] > par[P.MAIN_MAX]) | (s_cur == NONE)) & (m_cur != NONE)
-                from_small = (in_small & (s_cur != NONE)) | ~main_turn
-                with m.If(~s_ok):  # step small's cursor to an offered slot (or past the head)
-                    self._step(m, ra, s_cur, s_ok, offered, n_of, NONE, tap)
-                with m.Elif(~m_ok):
-                    self._step(m, ra, m_cur, m_ok, offered, n_of, NONE, tap)
-                with m.Elif(from_small):
-                    m.d.comb += ra.eq(s_cur)
-                    m.d.sync += [s_cur.eq(n_of), s_ok.eq(0)]
-                    with m.If(rec.ref >= par[P.THRESHOLD]):  # to main's head, counter 0
-                        tap(L.VISIT_PROMOTE, s_cur)
-                        write_meta(s_cur, 0, rec.fresh, rec.offered, MAIN)
-                        unlink_slot(SMALL)
-                        m.d.sync += [count[MAIN].eq(count[MAIN] + 1), in_small.eq(1)]
-                        with m.If(m_cur == NONE):
-                            m.d.sync += m_cur.eq(s_cur)
-                        to_head(s_cur, MAIN)
-                    with m.Else():  # the victim; its id enters the ghost
-                        self._victim(m, tap, write_meta, unlink_slot, SMALL, s_cur, rec,
-                                     n_off, left, vic, vic_last)  # fmt: skip
-                        m.d.sync += in_small.eq(0)
-                        m.next = "GID"
-                        with m.If(par[P.GHOST_LEN] == 0):  # no ghost kept: nothing to read
-                            m.next = "EMIT"
+            with m.State("LINK"):  # then it is main's head
+                link_head(MAIN)
+                m.next = "WALK"
+            with m.State("WSTART"):  # small's oldest slot looked at first (main's if none)
+                m.d.sync += [
+                    left.eq(Mux(cr.arg < n_off, cr.arg, n_off)), s_cur.eq(tails[SMALL]),
+                    m_cur.eq(tails[MAIN]), s_ok.eq(0), m_ok.eq(0), in_small.eq(0),
+                    evicted.eq(evicted | (cr.arg != 0)),
+                ]  # fmt: skip
+                some = tails[SMALL] != NONE
+                look(Mux(some, tails[SMALL], tails[MAIN]), some)
+                with m.If((cr.arg == 0) | (n_off == 0)):  # none to take, without the compare
+                    m.next = "EMPTY"
+            with m.State("WALK"):  # the next look: a cursor to settle, else whose turn it is
+                small = ~s_set | (m_set & from_small)
+                target = Mux(small, s_cur, m_cur)
+                m.d.sync += [s_ok.eq(s_set), m_ok.eq(m_set)]
+                # the slot looked at last: its words on their way (every state before this one
+                # names `cur`; a look at another slot goes to WLOAD), no write since forwarded
+                with m.If(target == cur):
+                    m.d.sync += on_small.eq(small)
+                    m.next = "WDECIDE"
                 with m.Else():
-                    m.d.comb += ra.eq(m_cur)
+                    look(target, small)
+            with m.State("WLOAD"):
+                m.next = "WDECIDE"
+            with m.State("WDECIDE"):  # `cur`'s words, at small's cursor or main's
+                m.d.comb += ga.eq(s_id)  # its id's ghost words, for GHOST if it is small's victim
+                offered = rec.offered if self.defect != "offer_ignored" else rec.q != 0
+                with m.If(cur == NONE):  # past the head: settled
+                    m.next = "WALK"
+                with m.Elif(~offered):  # step past it
+                    tap(L.VISIT_SKIP, cur)
+                    step = cur if self.defect == "stuck_cursor" else n_of
+                    with m.If(on_small):
+                        m.d.sync += [s_cur.eq(step), s_ok.eq(0)]
+                    with m.Else():
+                        m.d.sync += [m_cur.eq(step), m_ok.eq(0)]
+                    look(step, on_small)
+                with m.Elif(on_small & small_now):
+                    small_decides()
+                with m.Elif(~on_small & main_now):
                     with m.If(rec.ref != 0):
-                        tap(L.VISIT_DECREMENT, m_cur)
-                        down = (
-                            0
-                            if self.defect == "main_clears"
-                            else (Mux(rec.ref > MAIN_CAP, MAIN_CAP, rec.ref) - 1)
-                        )
-                        write_meta(m_cur, down, rec.fresh, rec.offered, MAIN)
-                        with m.If(m_cur != heads[MAIN]):  # the head moves to the head: stays
+                        tap(L.VISIT_DECREMENT, cur)
+                        down = 0 if self.defect == "main_clears" else main_down(rec.ref)
+                        write_meta(cur, down, rec.fresh, rec.offered, MAIN)
+                        with m.If(cur != heads[MAIN]):
                             unlink_slot(MAIN, counted=False)
                             m.d.sync += [m_cur.eq(n_of), m_ok.eq(0)]
-                            to_head(m_cur, MAIN)
+                            to_head(cur)
+                        with m.Else():  # the head stays and is decided on again next
+                            # cycle, its words held (the counter as written), not read again
+                            m.d.sync += [rec.eq(rec), n_of.eq(n_of), o_of.eq(o_of)]
+                            m.d.sync += rec.ref.eq(down)
                     with m.Else():
-                        self._victim(m, tap, write_meta, unlink_slot, MAIN, m_cur, rec,
+                        self._victim(m, tap, write_meta, unlink_slot, MAIN, cur, rec,
                                      n_off, left, vic, vic_last)  # fmt: skip
                         m.d.sync += [m_cur.eq(n_of), m_ok.eq(0)]
                         m.next = "EMIT"
-            with m.State("GID"):  # the victim's id (read at small's cursor): its ghost words
-                m.d.comb += ga.eq(s_id)
-                m.d.sync += gid.eq(s_id)
+                with m.Else():  # settled, the other cursor's turn or still to settle
+                    with m.If(on_small):
+                        m.d.sync += s_ok.eq(1)
+                    with m.Else():
+                        m.d.sync += m_ok.eq(1)
+                    m.next = "WALK"
+            with m.State("GID"):  # the victim's id's ghost words, read as it was decided on
                 m.next = "GHOST"
             with m.State("GHOST"):  # id `gid` enters the ghost unless it is there or none kept
                 with m.If((par[P.GHOST_LEN] == 0) | grec.member):
@@ -308,38 +374,29 @@ class S3FifoEngine(wiring.Component):
                     put("golder", gid, g_head)
                     put("gnewer", gid, GNONE)
                     m.next = "GLINK"
+                # the oldest id's words, read now for GDROP (the ghost is not empty when it
+                # drops: it holds more than its length, at least 1)
+                m.d.comb += ga.eq(g_tail)
             with m.State("GLINK"):
                 with m.If(g_head == GNONE):
                     m.d.sync += g_tail.eq(gid)
                 with m.Else():
                     put("gnewer", g_head, gid)
                 m.d.sync += [g_head.eq(gid), n_ghost.eq(n_ghost + 1)]
-                # the oldest id's words are read now (gnewer's write above forwarded)
-                m.d.comb += ga.eq(Mux(g_head == GNONE, gid, g_tail))
                 with m.If(n_ghost + 1 > par[P.GHOST_LEN]):
                     m.next = "GDROP"
                 with m.Else():
                     m.next = "EMIT"
             with m.State("GDROP"):  # the oldest id leaves
+                # its newer id as read in GHOST, or `gid` if it was the only one (GLINK then
+                # linked `gid` after it)
+                nxt = Mux(gn_of == GNONE, gid, gn_of)
                 put("gmeta", g_tail, Cat(Const(0, 1), grec.back))
-                with m.If(gn_of == GNONE):
-                    m.d.sync += g_head.eq(GNONE)
-                with m.Else():
-                    put("golder", gn_of, GNONE)
-                m.d.sync += [g_tail.eq(gn_of), n_ghost.eq(n_ghost - 1)]
+                put("golder", nxt, GNONE)
+                m.d.sync += [g_tail.eq(nxt), n_ghost.eq(n_ghost - 1)]
                 m.next = "EMIT"
             hand_over(m, v, vic, vic_last, [])
         return m
-
-    def _step(self, m, ra, cur, ok, offered, n_of, none, tap):
-        """A cursor on a slot not offered steps to the next newer one (tapped as a skip)."""
-        m.d.comb += ra.eq(cur)
-        with m.If((cur == none) | offered):
-            m.d.sync += ok.eq(1)
-        with m.Else():
-            tap(L.VISIT_SKIP, cur)
-            if self.defect != "stuck_cursor":
-                m.d.sync += cur.eq(n_of)
 
     @staticmethod
     def _victim(m, tap, write_meta, unlink_slot, q, cur, rec, n_off, left, vic, vic_last):

@@ -29,16 +29,18 @@ def params() -> dict:
 
 
 def script(
-    n: int, rng: random.Random, slots: int = SLOTS, ids: int = IDS
+    n: int, rng: random.Random, slots: int = SLOTS, ids: int = IDS, ghost: int | None = None
 ) -> tuple[int, list[tuple[int, int, int, int]], list[list[int]]]:
     """(ref_max, ``n`` commands or a few more, the victims of each WALK in order) for one
-    random run; every 4th WALK offers every slot in a queue first."""
+    random run; every 4th WALK offers every slot in a queue first.  ``ghost``: the ghost's
+    length (else drawn)."""
     threshold = rng.randint(1, 3)
     ceiling = gs.ref_ceiling(threshold)
     q = gs.S3Queue(slots, ids, ceiling)
     setting = {gs.Param.THRESHOLD: threshold, gs.Param.SMALL_FULL: rng.randint(1, slots // 2),
                gs.Param.MAIN_MAX: rng.randint(1, slots // 2 + 1),
-               gs.Param.GHOST_LEN: rng.choice([0, 2, ids // 2, ids])}  # fmt: skip
+               gs.Param.GHOST_LEN: rng.choice([0, 2, ids // 2, ids]) if ghost is None
+               else ghost}  # fmt: skip
     cmds = [(int(Op.SET), int(p), v, 0) for p, v in setting.items()]
     q.run(cmds)
     ops, weights = list(MIX), list(MIX.values())

@@ -154,20 +154,28 @@ class ScoringEngine(wiring.Component):
         last1b = Signal()
         prod_w, prod_s, meta1b = [], [], Signal(word)
         # α = 0 leaves the score exactly as stored: (65536·score + 32768) >> 16 = score.
-        # With one lane the choice is made a stage early and registered with the beat, so
-        # that it is not in series with the EMA products (the clock once the top-k was
-        # systolic: 10.33 ns); with more lanes the clock is the top-k's insertion.
+        # With one lane the kernel's two weights (its products at w = score = 1: α and
+        # 65536 − α) are chosen a stage early and registered with the beat, so that neither
+        # the choice nor 65536 − α is in series with the products (the clock once the
+        # top-k was systolic: 10.33 ns, then 10.52 at seed 3 with α alone registered); the
+        # products are bilinear, so each is its weight times its operand.  With more lanes
+        # the clock is the top-k's insertion.
         alpha = Signal.like(self.alpha)
         if lanes == 1:
+            weight_w, weight_s = Signal.like(self.alpha), Signal.like(self.alpha)
+            ww, ws = fx.ema_q16_products(1, 1, Mux(upd1a.hold, 0, self.alpha))
             with m.If(advance):
-                m.d.sync += alpha.eq(Mux(upd1a.hold, 0, self.alpha))
+                m.d.sync += [weight_w.eq(ww), weight_s.eq(ws)]
         else:
             m.d.comb += alpha.eq(Mux(upd1.hold, 0, self.alpha))
         for i in range(lanes):
             rec = rec1[i]
             w = upd1.weight[i]
             touched = upd1.read[i] & (w >= self.touch)
-            pw_expr, ps_expr = fx.ema_q16_products(rec.score, w, alpha)  # the firmware's
+            if lanes == 1:
+                pw_expr, ps_expr = weight_w * w, weight_s * rec.score
+            else:
+                pw_expr, ps_expr = fx.ema_q16_products(rec.score, w, alpha)  # the firmware's
             pw, ps = Signal(pw_expr.shape()), Signal(ps_expr.shape())
             prod_w.append(pw)
             prod_s.append(ps)

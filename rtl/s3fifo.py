@@ -16,8 +16,8 @@ All seven are block RAM, read synchronously, each word registered once more
 (:func:`kvcxl.rtl.slot_queue.block_ram`, CLOCK's form), so that no decision starts at a
 RAM's clock-to-out: a slot's words (``idm`` with them) are there two cycles after its
 address, an id's ghost words too; a write to that word in the address's cycle is
-forwarded.  The walk's test of main's share and small's threshold are registered or
-narrowed beforehand (ECP5-85F: 100.85 MHz at 1 024 slots and 4 096 ids, against 36.74
+forwarded.  Main's share, small's fill and small's threshold are compared beforehand,
+registered or narrowed (ECP5-85F: 105.01 MHz at 1 024 slots and 4 096 ids, against 36.74
 with the slot links in LUT RAM read combinationally).
 
 A walk keeps a cursor per queue (small's and main's oldest slot not yet looked at) and
@@ -249,6 +249,10 @@ class S3FifoEngine(wiring.Component):
         # before a look uses it (a decision's effects land while the next slot is read)
         over = Signal()
         m.d.sync += over.eq(count[MAIN] > par[P.MAIN_MAX])
+        # small at its fill, registered for PLACE: counts and parameters move at least a
+        # cycle before (an INSERT is placed two cycles after it is taken)
+        full = Signal()
+        m.d.sync += full.eq(count[SMALL] >= par[P.SMALL_FULL])
         main_turn = (over | (s_cur == NONE)) & (m_cur != NONE)
         from_small = (in_small & (s_cur != NONE)) | ~main_turn
         # ... and, the cursor looked at standing on an offered slot, whether it decides now
@@ -285,7 +289,7 @@ class S3FifoEngine(wiring.Component):
                 take()  # its writes are the slots' memories' and idm's, ADMIT's the ghost's
             with m.State("PLACE"):  # its id's ghost words are here: small or main
                 back = 0 if self.defect == "ghost_to_small" else grec.back
-                warm = ~evicted & (count[SMALL] >= par[P.SMALL_FULL])
+                warm = ~evicted & full
                 q = Mux(back | warm, MAIN, SMALL)  # main on a ghost hit, or while warming up
                 write_meta(mover, 0, 1, 0, q)
                 m.d.comb += [self.placed.valid.eq(1), self.placed.main.eq(q == MAIN)]

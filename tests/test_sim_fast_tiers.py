@@ -146,3 +146,24 @@ def test_queue_policies_run_every_tier_rule_and_keep_cxl_dram_in_arrival_order()
     assert ema_policy["misses_cxl"] != ema_fifo["misses_cxl"] or (
         ema_policy["misses_nvme"] != ema_fifo["misses_nvme"]
     )
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 17, 400])
+def test_keep_holds_the_k_smallest_pairs_whatever_the_offer_order(k: int) -> None:
+    """tiers.keep (the step boundary's bounded selection) against a sort of every offer:
+    the same set of (key, id) pairs, with many equal keys so that the id decides."""
+    import numpy as np
+
+    from kvcxl.emu.sim.fast import tiers as T
+
+    rng = np.random.default_rng(k)
+    for _ in range(3):
+        n = 300
+        key = rng.integers(-5, 5, n).astype(np.int64)  # (ties everywhere)
+        ids = rng.permutation(n).astype(np.int64)
+        hk, hi = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        m = 0
+        for j in range(n):
+            m = T.keep(hk, hi, m, k, key[j], ids[j])
+        want = sorted(zip(key.tolist(), ids.tolist(), strict=True))[:k]
+        assert sorted(zip(hk[:m].tolist(), hi[:m].tolist(), strict=True)) == want

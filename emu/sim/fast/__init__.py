@@ -47,12 +47,13 @@ def __getattr__(name: str) -> Any:
 def unsupported(opts: Any) -> str | None:
     """Why the fast engine cannot replay ``opts`` (None: it can)."""
     try:
-        import numba  # noqa: F401
+        from .compose import modules  # (imports numba)
     except ImportError:
         have_numba = False
     else:
         have_numba = True
-    if have_numba and _mode_of(opts) not in _registry():
+    # (the walked registry, cached there: a short replay asks at every run)
+    if have_numba and _mode_of(opts) not in modules():
         covered = __getattr__("COVERED")
         return f"the fast engine does not cover policy {opts.policy} (it covers {covered})"
     if opts.audit:
@@ -62,14 +63,6 @@ def unsupported(opts: Any) -> str | None:
     if not have_numba:
         return "numba is not installed (pip install numba)"
     return None
-
-
-def _registry() -> dict[tuple[str, str], Any]:
-    """The fast engine's (policy, mode) → module registry, as walked (cached there; a short
-    replay asks at every run, where building ``POLICY_CODES`` cost it a dict)."""
-    from .compose import modules
-
-    return modules()
 
 
 def _mode_of(opts: Any) -> tuple[str, str]:

@@ -927,24 +927,24 @@ def _bg_lower(env, w, t):  # type: ignore[no-untyped-def]
     keys, ids, down, up, n, pos = sc.cand_k, sc.cand_id, sc.vic, sc.vic2, c[N_DESC], c[POS]
     tier, since, tcount, moved = ti.tier, ti.since, ti.tcount, w.books.moved
     k2, i2 = sc.stash[:n], sc.stash[n : 2 * n]  # the NVMe candidates' keys and ids
+    nvme_room = max(media.nvme_cap - tcount[NVME], 0)
+    k_down = min(rules.moves, nvme_room)
     m = m2 = n_cxl = 0
-    for e in range(n):  # one pass: both sets as they stand before any move
+    # one pass: both sets as they stand before any move, each kept to the most that can
+    # move (the ups: at most background_moves)
+    for e in range(n):
         tr = tier[e]
         if tr == CXL:
             n_cxl += 1
             v = score(ps, e)
             if v < rules.evict:
-                ids[m] = e
-                keys[m] = float_key(v)
-                m += 1
+                m = T.keep(keys, ids, m, k_down, float_key(v), e)
         elif tr == NVME:
             v = score(ps, e)
             if v >= rules.evict:
-                i2[m2] = e
-                k2[m2] = float_key(-v)
-                m2 += 1
-    nvme_room, cxl_room = max(media.nvme_cap - tcount[NVME], 0), max(media.cxl_cap - n_cxl, 0)
-    nd = T.smallest(keys, ids, m, min(rules.moves, nvme_room), down)
+                m2 = T.keep(k2, i2, m2, rules.moves, float_key(-v), e)
+    cxl_room = max(media.cxl_cap - n_cxl, 0)
+    nd = T.smallest(keys, ids, m, k_down, down)
     nu = T.smallest(k2, i2, m2, min(rules.moves - nd, cxl_room + nd), up)
     T.move(down, nd, CXL, NVME, t, tier, since, tcount, moved, pos)
     if tcount[NVME] > media.nvme_cap:
@@ -1029,18 +1029,28 @@ def _work(plan, run, media, tlog, pf, rules):  # type: ignore[no-untyped-def]
                   np.zeros((npos, 4), np.int64), np.zeros(npos, np.float64),
                   np.zeros(npos, np.int64), np.zeros((npos, 5, 4), np.int64))  # fmt: skip
     # (pinned and stamp: the run's, shared with the policy's state for its select_all)
+    # (a queue policy keeps no resident list: its queue is the list; a managed boundary,
+    # which walks the list, needs a scored policy, never a queue one)
+    nl = n if not QUEUE or LAYERED else 0
     cache = Cache(np.zeros(n, np.bool_), run.pinned, np.zeros(n, np.bool_),
-                  np.empty(n, np.int64), np.full(n, -1, np.int64), run.stamp)  # fmt: skip
+                  np.empty(nl, np.int64), np.full(nl, -1, np.int64), run.stamp)  # fmt: skip
     # A heap of the resident unpinned entries by (key, id) serves small evictions of a STATIC
     # policy: keys change only by an entry's own events (marked dirty, pushed again before
     # the next pop) and at step ends (the heap is rebuilt).  Large evictions scan.  A QUEUE
     # policy's items join the queue at every touch instead (kernel._enqueue), with room kept
-    # by compaction: at most n current items, then at most n admissions and a batch's reads.
-    # Under managed tiers a STATIC policy's small evictions take each layer's heap in turn
-    # instead (each may hold every resident entry, and a call's dirty ones pushed again).
+    # by compaction to the current items.  Under managed tiers a STATIC policy's small
+    # evictions take each layer's heap in turn instead (a call's dirty ones pushed again).
+    # Sized by HBM, not by the entries or the reads: a call starts with at most `capacity`
+    # listed entries (make_room leaves no more, or none listed), admits at most a batch or
+    # a prefetch and touches at most a batch; a full heap is rebuilt and a full queue
+    # compacted (one current item per listed entry), twice that room amortising both.
+    big = 0
+    for b in range(plan.off.size - 1):
+        big = max(big, plan.off[b + 1] - plan.off[b])
+    room = 2 * (run.capacity + 2 * big + pf.limit) + 64
     layered = LAYERED and STATIC and not SELECT and rules.managed
-    lcap = n + 64 if layered else 0
-    hcap = 2 * n + 64 + p_ids.size if STATIC and not layered else 0
+    lcap = min(n + 64, room) if layered else 0
+    hcap = min(2 * n + 64 + p_ids.size, room) if STATIC and not layered else 0
     heap = Heap(np.empty(hcap, np.int64), np.empty(hcap, np.int64), np.empty(hcap, np.int64),
                 np.zeros(n, np.int64), np.zeros(n, np.bool_), np.empty(n, np.int64),
                 np.empty((T.LAYERS, lcap), np.int64), np.empty((T.LAYERS, lcap), np.int64),

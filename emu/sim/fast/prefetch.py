@@ -78,12 +78,12 @@ def build(
         return _off(int_mode, int(limit))
     bt = int(stream.shape.block_tokens)
     wb = fx.window_blocks(config.prefetch_window, bt)
-    n = stream.n_entries if on else 0
+    n = stream.n_entries
     i64 = np.int64
     e_ctx = np.asarray(stream.e_ctx, i64)[:n]
     lay, head, blk = (np.asarray(a, i64)[:n] for a in (stream.e_layer, stream.e_head,
                                                         stream.e_block))  # fmt: skip
-    prefixes = stream.prefixes if on else []
+    prefixes = stream.prefixes
     n_ctx = max([int(e_ctx.max(initial=-1)) + 1, *(max(c, p) + 1 for c, p, _ in prefixes)])
     nl, nh, nb = (np.zeros(n_ctx, i64) for _ in range(3))
     for ext, col in ((nl, lay), (nh, head), (nb, blk)):
@@ -105,13 +105,13 @@ def build(
     dists = np.arange(wb + 1, dtype=np.float64) * bt  # block distances in tokens
     bq = fx.blend_to_q16(config.prefetch_blend)
     return Prefetch(
-        on, int_mode, int(limit), int(config.prefetch_depth) if on else 0, int(wb),
+        on, int_mode, int(limit), int(config.prefetch_depth), int(wb),
         float(config.touch_threshold),
         np.asarray(rope_factor(dists, config.prefetch_distance_scale), np.float64),
         np.asarray(fx.rope_table(wb, bt, config.prefetch_distance_scale), i64),
         float(config.prefetch_blend[0]), float(config.prefetch_blend[1]), int(bq[0]), int(bq[1]),
         lay, head, g_off[:-1].copy(), nl, nh, nb, parent, p_blocks, grid,
-        np.empty(max_batch if on else 0, np.float64), np.empty(max_batch if on else 0, i64),
+        np.empty(max_batch, np.float64), np.empty(max_batch, i64),
         np.empty(n, i64), np.empty(n, i64), np.empty(n, np.float64), np.full(n, -1, i64),
         np.zeros(1, i64),
     )  # fmt: skip

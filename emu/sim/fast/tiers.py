@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from kvcxl.firmware.formulas import recency_decay
 
-from .kernel import CXL, _heapify, _push, _select
+from .kernel import CXL, _heapify, _less, _push, _select
 
 # Layers of managed tiers: 0 goes first (placement wants it out of HBM), then 1, then 2
 # (weighted placement's pinned-HBM band).
@@ -111,6 +111,40 @@ def smallest(keys, ids, m, k, out):  # type: ignore[no-untyped-def]
         kmin = min(kmin, keys[j])
         kmax = max(kmax, keys[j])
     return _select(keys, ids, m, k, kmin, kmax, out)
+
+
+@njit(cache=True, inline="always")
+def keep(keys, ids, m, k, key, e):  # type: ignore[no-untyped-def]
+    """Offer (``key``, ``e``) to the ``k`` smallest (key, id) offered so far, kept in
+    ``keys[:m]``/``ids[:m]`` as a heap whose root is the largest of them; returns the new
+    ``m``.  Once ``k`` are kept most offers cost one compare: a step boundary offers every
+    entry of a tier, where gathering them all to select ``k`` cost it a pass over millions
+    (an S1 context)."""
+    if m < k:  # (room: the offer joins, the larger ones sift up)
+        pos = m
+        while pos > 0:
+            parent = (pos - 1) >> 1
+            if not _less(keys[parent], ids[parent], key, e):
+                break
+            keys[pos], ids[pos] = keys[parent], ids[parent]
+            pos = parent
+        keys[pos], ids[pos] = key, e
+        return m + 1
+    if m == 0 or not _less(key, e, keys[0], ids[0]):
+        return m
+    pos = 0  # (it replaces the largest kept, sifting down past the larger children)
+    while True:
+        ch = 2 * pos + 1
+        if ch >= m:
+            break
+        if ch + 1 < m and _less(keys[ch], ids[ch], keys[ch + 1], ids[ch + 1]):
+            ch += 1
+        if not _less(key, e, keys[ch], ids[ch]):
+            break
+        keys[pos], ids[pos] = keys[ch], ids[ch]
+        pos = ch
+    keys[pos], ids[pos] = key, e
+    return m
 
 
 @njit(cache=True)

@@ -227,11 +227,18 @@ class Engine:
     ice40_entries: int = 256  # the first shape tried on an iCE40 (cost.ICE40_ENTRIES)
 
 
+def _ema(design: str, lanes: int) -> Engine:
+    """An EMA row, on chip (``core``) or with its records in DRAM (``record_stream``): its
+    lanes name it and set both its shape and its updates/s."""
+    dram = design == "record_stream"
+    return Engine(f"ema-{'dram-' * dram}{lanes}",
+                  f"EMA, {'records in DRAM, ' * dram}{lanes} lane{'s' * (lanes > 1)}",
+                  design, {"lanes": lanes}, "ema", lanes, 1, "entries scored")  # fmt: skip
+
+
 ENGINES: tuple[Engine, ...] = (
-    Engine("ema-1", "EMA, 1 lane", "core", {"lanes": 1}, "ema", 1, 1, "entries scored"),
-    Engine("ema-4", "EMA, 4 lanes", "core", {"lanes": 4}, "ema", 4, 1, "entries scored"),
-    Engine("ema-dram-4", "EMA, records in DRAM, 4 lanes", "record_stream", {"lanes": 4},
-           "ema", 4, 1, "entries scored"),
+    # The EMA at 1 and 4 lanes, on chip and with its records in DRAM.
+    *(_ema(design, lanes) for design in ("core", "record_stream") for lanes in (1, 4)),
     # Two cycles a touch or a slot visited: the slot's words come from block RAM, which
     # also holds the registry's 1 024 slots on an iCE40 (tried first there).
     Engine("clock", "CLOCK", "clock", {}, "clock", 1, 2, "touches or walk visits", 1024),

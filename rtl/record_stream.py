@@ -14,7 +14,8 @@ own DRAM and streams them through the engine once a sweep.  This engine does tha
   built by calling the firmware's kernels on signals
   (:func:`kvcxl.firmware.fixedpoint.ema_q16_products`, ``q16_round``,
   ``priority_q16_step``), three stages: join → EMA products and idle count → new score
-  and decay-table read → priority;
+  and decay-table read → priority (with one lane a fourth: the decay word registered
+  before the priority multiply);
 * the scored beat goes to a streaming top-k (:class:`kvcxl.rtl.eviction.EvictionEngine`,
   imported: the same selector the on-chip engine uses) and, unless the sweep is a
   ``hold`` evaluation, its new record word back to memory (``wr_cmd`` bursts at the same
@@ -155,9 +156,15 @@ class RecordStreamEngine(wiring.Component):
 
         # --- the datapath: all stages advance together when the output is free ----------
         v1, v2, v3 = Signal(), Signal(), Signal()
+        # With one lane the decay word is registered (stage 4) before the priority
+        # multiply, so that no cycle runs from the table's block RAM (5.83 ns clock-to-out
+        # on the ECP5) through the multiply into the selector (the on-chip engine's stage 3);
+        # with more lanes the clock is the top-k's insertion.
+        staged = lanes == 1
+        vo = Signal() if staged else v3  # the output stage's beat
         advance = Signal()
         out_fire = Signal()
-        m.d.comb += advance.eq(~v3 | out_fire)
+        m.d.comb += advance.eq(~vo | out_fire)
 
         # Stage 1: a record word joined with its weights.
         join = self.rd_data.valid & self.upd.valid & active
@@ -176,16 +183,30 @@ class RecordStreamEngine(wiring.Component):
             m.d.sync += waddr.eq(Mux(waddr == W - 1, 0, waddr + 1))
 
         # Stage 2: the EMA products and the new idle count (α = 0 in a hold sweep keeps the
-        # score as stored: (65536·score + 32768) >> 16 = score).
+        # score as stored: (65536·score + 32768) >> 16 = score).  With one lane the kernel's
+        # two weights (its products at w = score = 1: α and 65536 − α) are chosen and
+        # registered with the joined word, as the on-chip engine's, so that neither the
+        # choice nor 65536 − α is in series with the products (95.25 MHz at seed 1 with
+        # the decay word registered alone); the products are bilinear, so each is its
+        # weight times its operand.
         alpha = Signal.like(self.alpha)
-        m.d.comb += alpha.eq(Mux(hold, 0, self.alpha))
+        if staged:
+            weight_w, weight_s = Signal.like(self.alpha), Signal.like(self.alpha)
+            ww, ws = fx.ema_q16_products(1, 1, Mux(hold, 0, self.alpha))
+            with m.If(advance):
+                m.d.sync += [weight_w.eq(ww), weight_s.eq(ws)]
+        else:
+            m.d.comb += alpha.eq(Mux(hold, 0, self.alpha))
         meta2 = Signal(word)
         prod_w, prod_s = [], []
         addr2, last2 = Signal(self.addr_bits), Signal()
         for i in range(lanes):
             rec, w = rec1[i], upd1.weight[i]
             touched = upd1.read[i] & (w >= self.touch)
-            pw_expr, ps_expr = fx.ema_q16_products(rec.score, w, alpha)  # the firmware's
+            if staged:
+                pw_expr, ps_expr = weight_w * w, weight_s * rec.score
+            else:
+                pw_expr, ps_expr = fx.ema_q16_products(rec.score, w, alpha)  # the firmware's
             pw, ps = Signal(pw_expr.shape()), Signal(ps_expr.shape())
             prod_w.append(pw)
             prod_s.append(ps)
@@ -218,25 +239,33 @@ class RecordStreamEngine(wiring.Component):
             ]
         with m.If(advance):
             m.d.sync += [v3.eq(v2), new3.eq(new2), addr3.eq(addr2), last3.eq(last2)]
+        newo, addro, lasto, decay = new3, addr3, last3, [t.data for t in tables]
+        if staged:
+            # Stage 4: the decay word read in stage 3 held in a register with its beat.
+            newo, addro, lasto = Signal(word), Signal(self.addr_bits), Signal()
+            decay = [Signal(L.Q_BITS, name=f"decay4_{i}") for i in range(lanes)]
+            with m.If(advance):
+                m.d.sync += [vo.eq(v3), newo.eq(new3), addro.eq(addr3), lasto.eq(last3)]
+                m.d.sync += [decay[i].eq(tables[i].data) for i in range(lanes)]
 
         # Output: the scored beat to the selector and (update sweeps) the word to memory.
         cand_sent, wr_sent = Signal(), Signal()
         c_ok = cand_sent | sel.cand.ready
         w_ok = ~wb | wr_sent | self.wr_data.ready
         m.d.comb += [
-            sel.cand.valid.eq(v3 & ~cand_sent),
-            sel.cand.payload.addr.eq(addr3),
-            sel.cand.payload.last.eq(last3),
-            self.wr_data.valid.eq(v3 & wb & ~wr_sent),
-            self.wr_data.payload.eq(new3),
-            out_fire.eq(v3 & c_ok & w_ok),
+            sel.cand.valid.eq(vo & ~cand_sent),
+            sel.cand.payload.addr.eq(addro),
+            sel.cand.payload.last.eq(lasto),
+            self.wr_data.valid.eq(vo & wb & ~wr_sent),
+            self.wr_data.payload.eq(newo),
+            out_fire.eq(vo & c_ok & w_ok),
         ]
         for i in range(lanes):
-            o, r = sel.cand.payload.lane[i], new3[i]
+            o, r = sel.cand.payload.lane[i], newo[i]
             m.d.comb += [
                 o.score.eq(r.score),
                 o.idle.eq(r.idle),
-                o.priority.eq(fx.priority_q16_step(r.score, tables[i].data)),
+                o.priority.eq(fx.priority_q16_step(r.score, decay[i])),
                 o.eligible.eq(r.resident & ~r.pinned),
             ]
         with m.If(out_fire):
@@ -251,13 +280,20 @@ class RecordStreamEngine(wiring.Component):
         # command has been taken: a memory may take a burst's data before its command (AXI
         # allows it), and a command still unsent when the sweep ends would never be sent.
         drained = Signal()  # the last beat has left; a write command is still owed
-        last_out = out_fire & last3
+        last_out = out_fire & lasto
         wc = self.wr_cmd
+        # The write command being taken is the sweep's last: wr_next + len = W.  With one
+        # lane that is tested on the register alone (len = min(W − wr_next, B), so it is
+        # the last iff wr_next ≥ W − B), not through len's carry chains into ``drained``.
+        if staged:
+            last_cmd = wr_next >= W - B if W > B else 1
+        else:
+            last_cmd = wr_next + wc.payload.len == W
         cmds_done = Signal()
         m.d.comb += cmds_done.eq(
             1
             if self.defect == "early_done"
-            else ~wb | (wr_next == W) | (wc.valid & wc.ready & (wr_next + wc.payload.len == W))
+            else ~wb | (wr_next == W) | (wc.valid & wc.ready & last_cmd)
         )
         with m.If((drained | last_out) & cmds_done):
             m.d.sync += [active.eq(0), drained.eq(0)]

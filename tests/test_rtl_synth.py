@@ -72,4 +72,5 @@ def test_bench_synthesises_each_lane_count_on_the_85f():
         assert f["dsps_available"] == 156  # the 85F's MULT18X18D count: the right device
         assert 1 < f["fmax_mhz"] < 500
         assert abs(f["entry_updates_per_s"] - n * f["fmax_mhz"] * 1e6) < 1e4 * n
-    assert r["lanes"]["2"]["ffs"] > r["lanes"]["1"]["ffs"]
+    # (no FF order between 1 and 2 lanes: one lane's top-k is systolic, a register per
+    # slot, where more lanes broadcast each candidate to every slot; docs/rtl.md)

@@ -45,7 +45,7 @@ from kvcxl.firmware import fixedpoint as fx
 
 from . import layouts as L
 from .eviction import EvictionEngine
-from .scoring import decay_tables
+from .scoring import decay_tables, ema_weights
 
 # ``hold_writes``: an evaluation sweep writes its records back too (a touched entry's idle
 # counter reset within the step); ``lose_word``: a record word is taken from memory while
@@ -191,10 +191,7 @@ class RecordStreamEngine(wiring.Component):
         # weight times its operand.
         alpha = Signal.like(self.alpha)
         if staged:
-            weight_w, weight_s = Signal.like(self.alpha), Signal.like(self.alpha)
-            ww, ws = fx.ema_q16_products(1, 1, Mux(hold, 0, self.alpha))
-            with m.If(advance):
-                m.d.sync += [weight_w.eq(ww), weight_s.eq(ws)]
+            weight_w, weight_s = ema_weights(m, self.alpha, hold, advance)
         else:
             m.d.comb += alpha.eq(Mux(hold, 0, self.alpha))
         meta2 = Signal(word)

@@ -34,7 +34,7 @@ write-back) takes the stage-1b record instead, through bypasses built only then.
 
 from __future__ import annotations
 
-from amaranth.hdl import Const, Module, Mux, Signal
+from amaranth.hdl import Const, Module, Mux, Signal, Value
 from amaranth.lib import stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -45,6 +45,19 @@ from . import layouts as L
 
 DEPTH = 5  # beats in flight: stages 1a, 1, 1b, 2 and 3 (the formal harness bounds occupancy so)
 DEFECTS = (None, "ignore_pinned")
+
+
+def ema_weights(m: Module, alpha: Signal, hold: Value, advance: Value) -> tuple[Signal, Signal]:
+    """The EMA kernel's two weights, its products at w = score = 1 (α and 65536 − α:
+    :func:`kvcxl.firmware.fixedpoint.ema_q16_products`; α = 0 in a ``hold`` sweep),
+    registered when ``advance`` and reset as ``alpha``: a one-lane stage multiplies each by
+    its operand (the products are bilinear), so that neither α's choice nor 65536 − α is in
+    series with the products."""
+    weight_w, weight_s = Signal.like(alpha), Signal.like(alpha)
+    ww, ws = fx.ema_q16_products(1, 1, Mux(hold, 0, alpha))
+    with m.If(advance):
+        m.d.sync += [weight_w.eq(ww), weight_s.eq(ws)]
+    return weight_w, weight_s
 
 
 class ScoringEngine(wiring.Component):
@@ -162,10 +175,7 @@ class ScoringEngine(wiring.Component):
         # the clock is the top-k's insertion.
         alpha = Signal.like(self.alpha)
         if lanes == 1:
-            weight_w, weight_s = Signal.like(self.alpha), Signal.like(self.alpha)
-            ww, ws = fx.ema_q16_products(1, 1, Mux(upd1a.hold, 0, self.alpha))
-            with m.If(advance):
-                m.d.sync += [weight_w.eq(ww), weight_s.eq(ws)]
+            weight_w, weight_s = ema_weights(m, self.alpha, upd1a.hold, advance)
         else:
             m.d.comb += alpha.eq(Mux(upd1.hold, 0, self.alpha))
         for i in range(lanes):

@@ -169,6 +169,7 @@ class Bar:
     def __init__(self, off: bool = False) -> None:
         self.off = off
         self.peak: dict[str, int] = {}
+        self.kernel_peak = False  # whether a peak came from the kernel, not from the looks
         self.done = self.total = 0
         self.left = self.work_done = 0.0
         self.t0 = self.last_line = time.monotonic()
@@ -210,6 +211,12 @@ class Bar:
             )
         self._show()
 
+    def high_water(self, peak: dict[str, int]) -> None:
+        # (a look between runs misses what a run held and freed; the kernel's mark does not)
+        for k, v in peak.items():
+            self.peak[k] = max(v, self.peak.get(k, 0))
+        self.kernel_peak = True
+
     def eta(self) -> float | None:
         if self.work_done <= 0:
             return None
@@ -234,11 +241,13 @@ class Bar:
             self.bar.close()
 
     def peaks(self) -> str:
-        """Each worker's peak sampled RSS, for the closing line."""
+        """Each worker's peak RSS (the kernel's high-water mark where it could tell, else
+        the largest look), for the closing line."""
         if not self.peak:
             return "no memory sampled"
         vals = sorted(self.peak.values(), reverse=True)
-        return f"peak RSS per worker (sampled) {_gb(vals[0])} max over {len(vals)}"
+        how = "high-water mark" if self.kernel_peak else "sampled"
+        return f"peak RSS per worker ({how}) {_gb(vals[0])} max over {len(vals)}"
 
 
 def _experiment(args: argparse.Namespace) -> int:

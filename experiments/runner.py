@@ -8,7 +8,8 @@ that makes the numbers (:func:`fingerprint`) runs everything again.  Every (case
 one task, written the moment it finishes; tasks are submitted in (workload, seed) order, so
 a worker that takes the next run of a stream finds it compiled (``_common.stream`` keeps
 the last two per process).  While runs are out, the progress callback is told every few
-seconds what each worker holds in memory (its RSS).
+seconds what each worker holds in memory (its RSS) and the most it has held (the kernel's
+high-water mark, where it can tell): a look between runs alone would miss a run's peak.
 
 Seed policy: seed s (0 … N−1) of every case is workload seed s (numpy's PCG64, the same
 on every machine); every arm of a case and every case of a scale replays the same N
@@ -27,12 +28,23 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor
 from concurrent.futures import wait as wait_local
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import EXPERIMENTS, get
 
 Run = tuple[str, dict[str, Any], int]  # (experiment, case, seed)
-Memory = dict[str, int]  # worker -> resident set size, bytes
+Memory = dict[str, int]  # worker -> bytes
+
+
+class Look(NamedTuple):
+    """One look at the workers' memory: each one's resident set now, and the most it has
+    held since it started (the kernel's high-water mark, VmHWM; empty where the workers'
+    kernel cannot be asked, as on a Dask cluster)."""
+
+    rss: Memory
+    peak: Memory
+
+
 #: Seconds between two looks at the workers' memory while runs are out.
 SAMPLE_S = 2.0
 
@@ -228,11 +240,26 @@ def rss(pid: int | None = None) -> int | None:
         return None
 
 
-def _memory(pids: list[int]) -> Memory:
-    return {f"pid {p}": m for p in pids if (m := rss(p)) is not None}
+def peak_rss(pid: int | None = None) -> int | None:
+    """The most process ``pid`` (default: this one) has held resident since it started, in
+    bytes (Linux's VmHWM), or None where ``/proc`` cannot tell."""
+    try:
+        with open(f"/proc/{pid or 'self'}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
-Event = tuple[Run, dict[str, Any]] | Memory  # a finished run with its row, or a memory look
+def _memory(pids: list[int]) -> Look:
+    now = {f"pid {p}": m for p in pids if (m := rss(p)) is not None}
+    most = {f"pid {p}": m for p in pids if (m := peak_rss(p)) is not None}
+    return Look(now, most)
+
+
+Event = tuple[Run, dict[str, Any]] | Look  # a finished run with its row, or a memory look
 
 
 class WorkerLost(RuntimeError):
@@ -242,10 +269,10 @@ class WorkerLost(RuntimeError):
     exit_code = 1
 
 
-def _lost(run: Run, jobs: int, mem: Memory) -> WorkerLost:
+def _lost(run: Run, jobs: int, look: Look) -> WorkerLost:
     name, case, seed = run
-    peak = max(mem.values(), default=0)
-    seen = f"; a worker held {peak / 1e9:.1f} GB at the last look" if peak else ""
+    peak = max([*look.rss.values(), *look.peak.values()], default=0)
+    seen = f"; a worker had held {peak / 1e9:.1f} GB by the last look" if peak else ""
     return WorkerLost(
         f"a worker process died while running {name} {case.get('workload', '')} seed "
         f"{seed} (killed by the system: most likely out of memory{seen}); every run "
@@ -267,18 +294,18 @@ def _completed(runs: list[Run], jobs: int, backend: str, address: str | None) ->
         with ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=ctx) as ex:
             futs = {ex.submit(run_one, r): r for r in runs}
             pending = set(futs)
-            mem: Memory = {}
+            look = Look({}, {})
             while pending:
                 finished, pending = wait_local(pending, SAMPLE_S, FIRST_COMPLETED)
                 for f in finished:
                     try:
                         row = f.result()
                     except BrokenProcessPool:
-                        raise _lost(futs[f], jobs, mem) from None
+                        raise _lost(futs[f], jobs, look) from None
                     yield futs[f], row
                 # the pool's worker processes (a private map; empty if that ever changes)
-                mem = _memory(list(getattr(ex, "_processes", None) or {}))
-                yield mem
+                look = _memory(list(getattr(ex, "_processes", None) or {}))
+                yield look
     elif backend == "dask":
         try:
             from dask.distributed import wait as wait_dask
@@ -299,7 +326,9 @@ def _completed(runs: list[Run], jobs: int, backend: str, address: str | None) ->
                 for f in finished:
                     yield futs[f], f.result()
                 workers = client.scheduler_info(n_workers=-1)["workers"].values()
-                yield {f"worker {w['name']}": int(w["metrics"]["memory"]) for w in workers}
+                yield Look(
+                    {f"worker {w['name']}": int(w["metrics"]["memory"]) for w in workers}, {}
+                )
     else:
         raise ValueError(f"backend {backend!r}: must be 'process', 'serial' or 'dask'")
 
@@ -307,7 +336,8 @@ def _completed(runs: list[Run], jobs: int, backend: str, address: str | None) ->
 class Progress:
     """What a progress display is told: ``start(done, total, runs)`` once (``runs``: the
     runs still to do, for :func:`work` weights), then ``ran(run)`` per finished run and
-    ``memory({worker: rss})`` every few seconds.  This base class displays nothing."""
+    ``memory({worker: rss})`` every few seconds, with ``high_water({worker: peak})`` where
+    the workers' high-water marks are known.  This base class displays nothing."""
 
     def start(self, done: int, total: int, runs: list[Run]) -> None:
         pass
@@ -316,6 +346,9 @@ class Progress:
         pass
 
     def memory(self, mem: Memory) -> None:
+        pass
+
+    def high_water(self, peak: Memory) -> None:
         pass
 
 
@@ -360,8 +393,10 @@ def run(
     files = {n: _append(out_file(out, n, scale)) for n in names}
     try:
         for event in _completed(runs, jobs or os.cpu_count() or 1, backend, address):
-            if isinstance(event, dict):
-                progress.memory(event)
+            if isinstance(event, Look):
+                progress.memory(event.rss)
+                if event.peak:
+                    progress.high_water(event.peak)
                 continue
             (name, case, s), row = event
             k = key(name, case, s, fps[name])

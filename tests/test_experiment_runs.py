@@ -10,7 +10,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kvcxl.cli.experiment import Bar
@@ -132,6 +134,12 @@ def test_the_bar_shows_runs_eta_weighted_by_work_and_memory(monkeypatch):
     assert "0:2.50 GB" in line and "1:1.00 GB" in line, line
     bar.memory({"worker 0": 3_000_000_000})
     assert bar.peak == {"worker 0": 3_000_000_000, "worker 1": 1_000_000_000}
+    assert "(sampled) 3.00 GB" in bar.peaks()
+    # a high-water mark above every look is the peak (a run held it between two looks)
+    bar.memory({"worker 1": 500_000_000})
+    bar.high_water({"worker 1": 4_000_000_000})
+    assert bar.peak["worker 1"] == 4_000_000_000
+    assert "(high-water mark) 4.00 GB" in bar.peaks()
     bar.memory({f"worker {i}": (i + 1) * 10**9 for i in range(8)})  # many: a summary
     assert "RSS max 8.00 GB, mean 4.50 GB over 8 workers" in bar.status()
     bar.close()
@@ -139,13 +147,41 @@ def test_the_bar_shows_runs_eta_weighted_by_work_and_memory(monkeypatch):
 
 class _Seen(runner.Progress):
     def __init__(self):
-        self.mem, self.runs = [], 0
+        self.mem, self.peak, self.runs = [], [], 0
 
     def ran(self, run):
         self.runs += 1
 
     def memory(self, mem):
         self.mem.append(mem)
+
+    def high_water(self, peak):
+        self.peak.append(peak)
+
+
+def test_a_runs_peak_is_told_though_it_was_freed_before_the_look(tmp_path, monkeypatch):
+    """In this process (one job) memory is looked at between runs only: a run that held
+    300 MB and freed it must still be told at 300 MB above what was held before it, as
+    the kernel's high-water mark (Linux's VmHWM, started over here first); the look
+    itself, after the run, sees less."""
+    real = runner.run_one
+
+    def heavy(r):
+        a = np.ones(300 * 2**20 // 8)  # every page written: resident
+        del a  # (an allocation this large is its own mapping: freed, the RSS drops)
+        return real(r)
+
+    monkeypatch.setattr(runner, "run_one", heavy)
+    Path("/proc/self/clear_refs").write_text("5")  # the high-water mark from the RSS now
+    before = runner.rss()
+    seen = _Seen()
+    runner.run(["hot-set"], "tiny", 1, tmp_path, backend="serial", progress=seen,
+               where=runner.parse_where(["workload=uniform"]))  # fmt: skip
+    assert seen.runs == 1 and len(seen.mem) == 1
+    ((name, now),) = seen.mem[0].items()
+    assert name == f"pid {os.getpid()}"
+    assert seen.peak[0][name] >= before + 280 * 2**20, (seen.peak[0][name], before)
+    assert now < before + 280 * 2**20  # (so a look alone would not have seen it)
 
 
 @pytest.mark.slow
@@ -156,6 +192,12 @@ def test_process_workers_report_their_memory(tmp_path):
     pids = {k for m in seen.mem for k in m}
     assert pids and f"pid {os.getpid()}" not in pids  # the workers', not this process's
     assert all(v > 10 * 2**20 for m in seen.mem for v in m.values())  # a Python process
+    # each look's high-water marks: the workers', none below what it saw them hold (read
+    # after it; a worker gone between the two reads has no mark)
+    assert len(seen.peak) == len(seen.mem)
+    both = [(p, m, p.keys() & m.keys()) for p, m in zip(seen.peak, seen.mem, strict=True)]
+    assert any(ks for _, _, ks in both)
+    assert all(p[k] >= m[k] for p, m, ks in both for k in ks)
 
 
 def _cli(*args):

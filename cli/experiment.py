@@ -37,16 +37,16 @@ preset, 200 steps, top-8 reads, every workload), mid (S1's heads — 8 KV heads,
 groups of 8 — at 8 layers × 16 K tokens, 300 steps, top-32 reads, every workload; an
 hour or more on two cores) and s1 (S1 exactly: 80 layers × 64 Q / 8 KV heads × 128 K
 tokens; 1,000 steps, so that β·idle reaches 1 at β = 0.001, of which the first 100 are
-warm-up; top-256 reads, 4,096 tokens per head; the users experiments sweep 1–24 users
-around the claimed 16).  S1 is huge — one users-timeline run at 16 users replays 5.2 G
-entry reads (Analytical model) — so size it first with one seed and the progress bar's
-ETA, and narrow it with --where.  S1's attention is the seed's
-defaults, not the SmolLM2-135M fit stretched over 80 layers by relative depth: that fit
-is a 135 M model's at 2 K tokens, nothing measured says a 70 B model at 128 K attends so,
-and the seed's defaults are what the design assumed for S1 (docs/validation.md,
-"Scales").  --attention fit runs that stretched fit instead (--attention seed: the
-seed's defaults at ci and tiny), so a verdict that turns on the choice can be run both
-ways; those runs are kept apart from the default ones.
+warm-up; top-256 reads, 4,096 tokens per head, Mooncake's 16 K-token contexts top-32;
+the users experiments sweep 1–24 users around the claimed 16).  S1 is huge — one
+users-timeline run at 16 users replays 5.2 G entry reads (Analytical model) — so size it
+first with one seed and the progress bar's ETA, and narrow it with --where.  S1's
+attention is the seed's defaults, not the SmolLM2-135M fit stretched over 80 layers by
+relative depth: that fit is a 135 M model's at 2 K tokens, nothing measured says a 70 B
+model at 128 K attends so, and the seed's defaults are what the design assumed for S1
+(docs/validation.md, "Scales").  --attention fit runs that stretched fit instead
+(--attention seed: the seed's defaults at ci and tiny), so a verdict that turns on the
+choice can be run both ways; those runs are kept apart from the default ones.
 
 Output: each finished run is appended to OUT/NAME-SCALE.jsonl as it completes, and the
 same command run again resumes: what is there is skipped (after Ctrl-C, a killed

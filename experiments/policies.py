@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from kvcxl.common.figures import figure
+from kvcxl.emu.shape import preset
 from kvcxl.emu.trace import Trace
 from kvcxl.emu.workloads import ARRIVALS, from_trace
 from kvcxl.firmware.config import PolicyConfig
@@ -55,6 +56,11 @@ CAPTURE = "capture:"  # a captured trace's workload name: CAPTURE + its file's s
 # Mooncake's longest request at the default token scale (block_tokens / 512) is 5,981 + 1
 # tokens (the synthetic trace; the conversation trace's 3,944 + 11): 8 K holds both.
 ARRIVAL_CONTEXT_TOKENS = {"tiny": 8192, "ci": 8192, "mid": 16384, "s1": 16384}
+#: An arrival case reads at most this share of its context's blocks per head, the share
+#: mid's and s1's top-k read of theirs (1/32: top-32 of 1,024 blocks, top-256 of 8,192).
+#: s1's top-256 would read a Mooncake context whole: at 16 K tokens it has 1,024 blocks,
+#: and the longest request fills 374 of them.
+ARRIVAL_READ_SHARE = 1 / 32
 _ROOT = Path(__file__).resolve().parents[1]
 #: The configuration ``kvcxl calibrate`` writes (docs/calibration.md, section 5), committed.
 CALIBRATED = "firmware/calibrated.toml"
@@ -131,6 +137,17 @@ def _trace_stream(path: str):
     return from_trace(Trace.load(path))
 
 
+def _arrival_read(read: str, scale: str) -> str:
+    """The scale's read for an arrival case, its top-k cut to ARRIVAL_READ_SHARE of the
+    arrival context's blocks (only s1's is cut: top-256 → top-32)."""
+    mode, _, k = read.partition(":")
+    if mode != "topk":
+        return read
+    tokens = ARRIVAL_CONTEXT_TOKENS[scale]
+    blocks = -(-tokens // preset(SCALES[scale]["preset"]).block_tokens)
+    return f"topk:{min(int(k), max(1, round(blocks * ARRIVAL_READ_SHARE)))}"
+
+
 class Policies(Experiment):
     name = "policies"
     required_arms = (BASELINE, BOUND)  # the margins' baseline and the bound
@@ -147,8 +164,9 @@ class Policies(Experiment):
         extra = {"budget": BUDGET, "policies": ranked_policies(), "arms": configured_arms()}
         out = base_cases(scale, **extra)
         fixed = {k: v for k, v in SCALES[scale].items() if k != "workloads"}
+        read = _arrival_read(out[0]["read"], scale)
         for wl in ARRIVALS:
-            out.append({"workload": wl, "scale": scale, "read": out[0]["read"], **fixed,
+            out.append({"workload": wl, "scale": scale, **fixed, "read": read,
                         "context_tokens": ARRIVAL_CONTEXT_TOKENS[scale], **extra})  # fmt: skip
         for f in capture_files():
             out.append({"workload": f"{CAPTURE}{f.stem}", "trace": str(f.resolve()),

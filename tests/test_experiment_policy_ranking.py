@@ -75,6 +75,30 @@ def test_every_scale_has_its_cases():
         assert got == [*fixed["workloads"], *ARRIVALS], scale
 
 
+def test_an_arrival_case_reads_no_larger_share_of_its_context_than_the_others():
+    """Top-k is a share of a context: an arrival (Mooncake) case's k over its context's
+    blocks is at most a synthetic case's k over its context's at the same scale.  At s1,
+    top-256 would read every Mooncake context whole (1,024 blocks at 16 K tokens, the
+    longest request 374): its arrivals read top-32, mid's share of mid's context."""
+    from kvcxl.experiments._common import SCALES, shape_of
+
+    def share(case):
+        k = int(case["read"].split(":")[1])
+        sh = shape_of(case)
+        return k / -(-sh.context_tokens // sh.block_tokens)
+
+    for scale in SCALES:
+        cases = EXPERIMENT.cases(scale)
+        synthetic = [c for c in cases if c["workload"] not in ARRIVALS]
+        arrivals = [c for c in cases if c["workload"] in ARRIVALS]
+        assert arrivals and synthetic
+        for c in arrivals:
+            assert share(c) <= share(synthetic[0]), (scale, c["read"])
+    by_scale = {s: {c["read"] for c in EXPERIMENT.cases(s) if c["workload"] in ARRIVALS}
+                for s in ("ci", "mid", "s1")}  # fmt: skip
+    assert by_scale == {"ci": {"topk:8"}, "mid": {"topk:32"}, "s1": {"topk:32"}}
+
+
 def test_every_workload_is_there(rows):
     got = {r["workload"] for r in rows}
     assert {"multi-turn", "uniform", *ARRIVALS} <= got

@@ -59,7 +59,7 @@ ARRIVAL_CONTEXT_TOKENS = {"tiny": 8192, "ci": 8192, "mid": 16384, "s1": 16384}
 #: An arrival case reads at most this share of its context's blocks per head, the share
 #: mid's and s1's top-k read of theirs (1/32: top-32 of 1,024 blocks, top-256 of 8,192).
 #: s1's top-256 would read a Mooncake context whole: at 16 K tokens it has 1,024 blocks,
-#: and the longest request fills 374 of them.
+#: and the longest request fills 374 of them (the synthetic trace's; the conversation's 248).
 ARRIVAL_READ_SHARE = 1 / 32
 _ROOT = Path(__file__).resolve().parents[1]
 #: The configuration ``kvcxl calibrate`` writes (docs/calibration.md, section 5), committed.

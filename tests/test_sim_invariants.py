@@ -157,6 +157,26 @@ def test_oversized_workload_refused(monkeypatch):
         compile_workload(make_workload("cyclic", SHAPE, seed=0), steps=5)
 
 
+def test_the_entry_cap_follows_the_memory_available(monkeypatch):
+    """Without a fixed cap a workload may create as many entries as half the memory
+    available holds at the builder's bytes an entry: S1's 16 users (84 M entries) are
+    not refused on a machine that holds them, and are where it does not."""
+    from kvcxl.emu.workloads import stream as stream_mod
+
+    monkeypatch.setattr(stream_mod, "MIN_ENTRIES", 10)
+    wl = make_workload("cyclic", SHAPE, seed=0)
+    n = compile_workload(wl, steps=5).n_entries
+    per = stream_mod.BUILD_BYTES_PER_ENTRY
+    monkeypatch.setattr(stream_mod, "available_bytes", lambda: 2 * per * (n - 1))
+    with pytest.raises(ValueError, match=f"more than {n - 1:,} entries.*memory"):
+        compile_workload(make_workload("cyclic", SHAPE, seed=0), steps=5)
+    monkeypatch.setattr(stream_mod, "available_bytes", lambda: 2 * per * n)
+    assert compile_workload(make_workload("cyclic", SHAPE, seed=0), steps=5).n_entries == n
+    s1_users = 16 * PRESETS["s1"].entries_per_context
+    monkeypatch.setattr(stream_mod, "available_bytes", lambda: 24 * 2**30)  # this machine
+    assert stream_mod.max_entries() > s1_users > stream_mod.MIN_ENTRIES
+
+
 def test_shared_blocks_read_once_per_batch():
     # A shared-prefix block read by several sequences of a batch is one read (max weight):
     # with duplicate reads, farthest-next-use would no longer bound LFU (seen before merging).

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcxl.common.meminfo import available_bytes
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.policies import queue_policies
 from kvcxl.firmware.replay import replay
@@ -421,10 +422,10 @@ def _reset_peak() -> None:
 
 def _available() -> int:
     """Memory available to a new allocation (MemAvailable, bytes)."""
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    raise OSError("/proc/meminfo has no MemAvailable")
+    have = available_bytes()
+    if have is None:
+        raise OSError("/proc/meminfo has no MemAvailable")
+    return have
 
 
 S1_USERS_GOAL_READS_PER_S = 40e6  # issue goals: LRU and the EMA on one core

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcxl.common.meminfo import available_bytes
 from kvcxl.firmware.cache import unique_ids
 
 from ..shape import ModelShape
@@ -44,7 +45,24 @@ from .attention import (
 )
 
 CREATE, READ = 0, 1
-MAX_ENTRIES = 60_000_000  # ~2.5 GB of per-entry arrays: beyond this, refuse rather than swap
+#: What building a stream holds per entry at its peak (its id, context, layer, head and
+#: block, its place in its context's grid, and their joined copies): 74.1–76.8 bytes
+#: (Measured with tracemalloc: S1, retrieval, 2 lanes, 1 and 4 steps of top-256; 36.6–37.7
+#: kept after).
+BUILD_BYTES_PER_ENTRY = 77
+#: A workload may create entries while their arrays take at most this share of the memory
+#: available when it starts (refused rather than swapped), and at least MIN_ENTRIES.
+MEMORY_SHARE = 0.5
+MIN_ENTRIES = 60_000_000
+MAX_ENTRIES: int | None = None  # a fixed cap instead (tests)
+
+
+def max_entries() -> int:
+    """How many entries a workload may create on this machine now (MAX_ENTRIES if set)."""
+    if MAX_ENTRIES is not None:
+        return MAX_ENTRIES
+    have = available_bytes() or 0
+    return max(MIN_ENTRIES, int(have * MEMORY_SHARE) // BUILD_BYTES_PER_ENTRY)
 
 
 @dataclass
@@ -249,6 +267,7 @@ class _Builder:
     def __init__(self, shape: ModelShape) -> None:
         self.shape = shape
         self.n = 0
+        self.max_n = max_entries()
         self.grids: dict[int, NDArray] = {}
         self.tokens: dict[int, int] = {}
         self.first_own_block: dict[int, int] = {}
@@ -326,11 +345,13 @@ class _Builder:
             )
             self.e.append((np.full(ids.size, ctx, np.int32), ll.ravel(), hh.ravel(), bb.ravel()))
             self.n += ids.size
-            if self.n > MAX_ENTRIES:
+            if self.n > self.max_n:
                 raise ValueError(
-                    f"the workload creates more than {MAX_ENTRIES:,} entries "
-                    f"({MAX_ENTRIES * s.entry_bytes / 2**30:,.0f} GiB of modelled KV) by step "
-                    f"{step}: shrink --context-tokens, the sessions or --steps"
+                    f"the workload creates more than {self.max_n:,} entries "
+                    f"({self.max_n * s.entry_bytes / 2**30:,.0f} GiB of modelled KV) by step "
+                    f"{step}, more than this machine's memory holds ({BUILD_BYTES_PER_ENTRY} "
+                    f"bytes an entry in {MEMORY_SHARE:.0%} of the memory available): shrink "
+                    "--context-tokens, the sessions or --steps"
                 )
             self.pending_ids.append(ids)
 

@@ -1,8 +1,11 @@
-"""The memory this machine has free for a new allocation (Linux's MemAvailable): what a
-workload that would not fit is refused against, before it swaps."""
+"""What this machine and its processes hold in memory (Linux's /proc): the memory free for
+a new allocation, which a workload that would not fit is refused against before it
+swaps, and a process's resident set now and at its peak, which the experiments' progress
+and the benches report."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -15,3 +18,33 @@ def available_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def rss(pid: int | None = None) -> int | None:
+    """Resident set size of process ``pid`` (default: this one) in bytes, or None where
+    ``/proc`` cannot tell (not Linux, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid or 'self'}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def peak_rss(pid: int | None = None) -> int | None:
+    """The most process ``pid`` (default: this one) has held resident since it started or
+    since :func:`reset_peak`, in bytes (Linux's VmHWM), or None where ``/proc`` cannot
+    tell."""
+    try:
+        with open(f"/proc/{pid or 'self'}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def reset_peak() -> None:
+    """Start this process's peak (VmHWM) over from its resident set now (Linux's
+    clear_refs 5)."""
+    Path("/proc/self/clear_refs").write_text("5")

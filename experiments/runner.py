@@ -30,6 +30,8 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from kvcxl.common.meminfo import peak_rss, rss
+
 from . import EXPERIMENTS, get
 
 Run = tuple[str, dict[str, Any], int]  # (experiment, case, seed)
@@ -228,29 +230,6 @@ def plan(
                 else:
                     groups.setdefault((case["workload"], s), []).append((name, case, s))
     return [r for g in groups.values() for r in g], done, total
-
-
-def rss(pid: int | None = None) -> int | None:
-    """Resident set size of process ``pid`` (default: this one) in bytes, or None where
-    ``/proc`` cannot tell (not Linux, or the process is gone)."""
-    try:
-        with open(f"/proc/{pid or 'self'}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def peak_rss(pid: int | None = None) -> int | None:
-    """The most process ``pid`` (default: this one) has held resident since it started, in
-    bytes (Linux's VmHWM), or None where ``/proc`` cannot tell."""
-    try:
-        with open(f"/proc/{pid or 'self'}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def _memory(pids: list[int]) -> Look:

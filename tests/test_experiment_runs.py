@@ -10,12 +10,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from kvcxl.cli.experiment import Bar
+from kvcxl.common import meminfo
 from kvcxl.emu.shape import PRESETS
 from kvcxl.emu.workloads import ARRIVALS
 from kvcxl.experiments import EXPERIMENTS, _common, runner
@@ -172,8 +172,8 @@ def test_a_runs_peak_is_told_though_it_was_freed_before_the_look(tmp_path, monke
         return real(r)
 
     monkeypatch.setattr(runner, "run_one", heavy)
-    Path("/proc/self/clear_refs").write_text("5")  # the high-water mark from the RSS now
-    before = runner.rss()
+    meminfo.reset_peak()  # the high-water mark from the RSS now
+    before = meminfo.rss()
     seen = _Seen()
     runner.run(["hot-set"], "tiny", 1, tmp_path, backend="serial", progress=seen,
                where=runner.parse_where(["workload=uniform"]))  # fmt: skip

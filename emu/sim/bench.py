@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcxl.common.meminfo import available_bytes
+from kvcxl.common.meminfo import available_bytes, peak_rss, reset_peak, rss
 from kvcxl.firmware.config import PolicyConfig
 from kvcxl.firmware.policies import queue_policies
 from kvcxl.firmware.replay import replay
@@ -405,19 +405,11 @@ def _request_cases(lcs: Any, quick: bool) -> dict[str, Any]:
 
 
 def _rss() -> tuple[int, int]:
-    """This process's resident set and its peak since :func:`_reset_peak` (bytes; Linux's
-    /proc/self/status, VmRSS and VmHWM)."""
-    got = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        k, _, v = line.partition(":")
-        if k in ("VmRSS", "VmHWM"):
-            got[k] = int(v.split()[0]) * 1024
-    return got["VmRSS"], got["VmHWM"]
-
-
-def _reset_peak() -> None:
-    """Start the peak RSS (VmHWM) over from the current RSS (Linux's clear_refs 5)."""
-    Path("/proc/self/clear_refs").write_text("5")
+    """This process's resident set and its peak since :func:`reset_peak` (bytes)."""
+    now, most = rss(), peak_rss()
+    if now is None or most is None:
+        raise OSError("/proc/self cannot tell this process's resident set")
+    return now, most
 
 
 def _available() -> int:
@@ -506,7 +498,7 @@ def _s1_users(quick: bool) -> dict[str, Any]:
                     simulate(prompt, opts)
                     t_pre = time.perf_counter() - t0
                     rss, _ = _rss()
-                    _reset_peak()
+                    reset_peak()
                     t0 = time.perf_counter()
                     r = simulate(stream, opts)
                     dt = time.perf_counter() - t0 - t_pre

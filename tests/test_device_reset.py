@@ -278,13 +278,30 @@ def test_the_soak_sees_a_reset_that_rolls_back_the_wrong_copy(tmp_path, monkeypa
 
 def test_the_soak_sees_a_write_that_misses_the_copy(tmp_path, monkeypatch) -> None:
     acted = _Acted()
+    missed: set[int] = set()  # pages whose copy missed a write, their new tier unrecorded
+    real_step, real_roll_back = Migrations.step, Migrations._roll_back
 
     def no_mirror(self: Migrations, p: int, off: int, data: bytes) -> None:
         m = self.inflight.get(p)
         if m is not None and not m.recorded:  # a write the copy misses
+            missed.add(p)
+
+    # The defect has acted once the map names the stale copy: a migration rolled back
+    # keeps the old copy, which took the write, and shows nothing.
+    def step(self: Migrations, p: int) -> bool:
+        done = real_step(self, p)
+        if p in missed and not done:
+            missed.discard(p)
             acted.append(p)
+        return done
+
+    def roll_back(self: Migrations, p: int) -> None:
+        missed.discard(p)
+        real_roll_back(self, p)
 
     monkeypatch.setattr(Migrations, "mirror", no_mirror)
+    monkeypatch.setattr(Migrations, "step", step)
+    monkeypatch.setattr(Migrations, "_roll_back", roll_back)
     r = _soak(tmp_path, seconds=0.0, files=False, acted=acted)
     assert _caught(r), r
 

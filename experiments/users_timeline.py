@@ -64,8 +64,8 @@ class UsersTimeline(Users):
                 "timing": SERIES[name][0], "timeline": True,
                 **({"cxl_gbps": SERIES[name][1]} if SERIES[name][1] else {}),
             }
-            for name in sc["series"]
             for u in sc["users"]
+            for name in sc["series"]  # series inner: consecutive runs share one stream
         ]  # fmt: skip
 
     def report(self, rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -107,6 +107,37 @@ def test_arms_keeps_the_named_arms_with_the_required_ones_and_refuses_the_rest(t
     assert rep["ranking"][0]["policies"] == 2  # ema and lru (belady is the bound)
 
 
+def test_a_users_stream_is_built_once_for_the_runs_that_share_it(monkeypatch):
+    from kvcxl.experiments import users as users_mod
+
+    # the cases put what only times and places the device innermost, so the runner's
+    # consecutive runs (one seed's, in case order) share a stream
+    for name in USERS:
+        cases = runner.cases_of(name, "s1")
+        keys = [tuple(c.get(k) for k in users_mod.STREAM_FIELDS) for c in cases]
+        runs = [k for i, k in enumerate(keys) if i == 0 or k != keys[i - 1]]
+        assert len(runs) == len(set(keys)), name
+    built = []
+    real = users_mod.compile_workload
+    monkeypatch.setattr(users_mod, "compile_workload",
+                        lambda *a, **k: built.append(1) or real(*a, **k))  # fmt: skip
+    case = runner.cases_of("users", "tiny", runner.parse_where(["users=2"]))[0]
+    fill = {**case, "placement": "fill"}
+    monkeypatch.setattr(users_mod, "_last", None)
+    rows = [users_mod.EXPERIMENT.run(c, 0) for c in (case, fill, case)]
+    assert len(built) == 1
+    fresh = []
+    for c in (case, fill):  # each from a stream of its own: the replay left the shared one be
+        monkeypatch.setattr(users_mod, "_last", None)
+        fresh.append(users_mod.EXPERIMENT.run(c, 0))
+    assert len(built) == 3
+    same = [json.dumps(r, sort_keys=True) for r in rows]
+    assert same[:2] == [json.dumps(r, sort_keys=True) for r in fresh] and same[2] == same[0]
+    assert same[1] != same[0]  # the placement reached the run
+    users_mod.EXPERIMENT.run(case, 1)  # another seed: another stream
+    assert len(built) == 4
+
+
 class _Tty(io.StringIO):
     def isatty(self):
         return True

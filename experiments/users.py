@@ -277,6 +277,15 @@ def bound_of(rows: list[dict[str, Any]], meets: str = "meets") -> tuple[int, boo
     return best, False  # every count met it: the bound lies beyond the sweep
 
 
+def bound_words(b: int, rows: list[dict[str, Any]]) -> str:
+    """A decided bound in words: the counts below a sweep that starts above 1 (``--where
+    users=14-18``) were not run, so a first count that fails puts the bound below it."""
+    lo = min(r["users"] for r in rows)
+    if b == 0 and lo > 1:
+        return f"the bound is below {lo} users (the sweep's smallest count fails)"
+    return f"the bound is {b} users"
+
+
 #: The two timings a bound is read under: the simulator's, and the link carrying every move.
 TIMINGS = {"meets": "simulated timing", "meets_link_bound": "link-bound"}
 
@@ -292,7 +301,7 @@ def _verdict(summary: list[dict[str, Any]]) -> tuple[str, str]:
             label = f"{_label(placement, hot)}, {timing}"
             if decided:
                 bounds.append(b)
-                parts.append(f"{label}: the bound is {b} users")
+                parts.append(f"{label}: {bound_words(b, rows)}")
             elif b == top:
                 undecided += 1
                 parts.append(f"{label}: every count up to {top} meets the target")

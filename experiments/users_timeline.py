@@ -17,7 +17,17 @@ from kvcxl.emu.metrics import mean_ci
 from kvcxl.emu.serving import combine_serving
 from kvcxl.emu.shape import PRESETS
 
-from .users import CLAIMED_BOUND, POLICY, WORKLOAD, Users, _fmt, _meets, bound_of, caption
+from .users import (
+    CLAIMED_BOUND,
+    POLICY,
+    WORKLOAD,
+    Users,
+    _fmt,
+    _meets,
+    bound_of,
+    bound_words,
+    caption,
+)
 from .users import SCALES as USERS_SCALES
 
 #: Series: (timing preset, full-size CXL GB/s or None for the preset's own, placement:
@@ -86,7 +96,7 @@ class UsersTimeline(Users):
             b, decided = bound_of(rs)
             if decided:
                 bounds.append(b)
-                parts.append(f"{name}: the bound is {b} users")
+                parts.append(f"{name}: {bound_words(b, rs)}")
             else:
                 undecided += 1
                 parts.append(f"{name}: {b} users meet it, the next count is undecided or beyond")

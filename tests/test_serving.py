@@ -231,6 +231,15 @@ def test_verdict_follows_the_bound(fail_from, verdict):
     assert users._verdict(rows)[0] == verdict
 
 
+def test_a_sweep_that_starts_above_one_puts_a_failing_first_count_above_the_bound():
+    rows = [_row(u, 5.0, 1.0) for u in range(14, 19)]  # --where users=14-18, all fail
+    verdict, why = users._verdict(rows)
+    assert verdict == "contradicts"
+    assert "the bound is below 14 users" in why and "the bound is 0" not in why
+    whole = [_row(u, 5.0, 1.0) for u in range(1, 25)]  # from 1: no user count meets it
+    assert "the bound is 0 users" in users._verdict(whole)[1]
+
+
 def test_verdict_cannot_say_when_the_ci_straddles_the_target():
     rows = [_row(u, 20.0 if u < 17 else 5.0, 1.0) for u in range(1, 25)]
     rows[16] = _row(17, 10.5, 2.0)  # 8.5 .. 12.5 tok/s: undecided

@@ -37,6 +37,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..shape import ModelShape
+from .attention_kernel import fused_weights
 
 
 @dataclass(frozen=True)
@@ -393,10 +394,7 @@ class AttentionModel:
         nb = -(-n_tokens // s.block_tokens)
         ctx.grow(nb)
         L, H, G = s.layers, s.kv_heads, s.group_size
-        rel = ctx.rel[:, :, :nb]
-        jitter = rng.lognormal(0.0, p.jitter_sigma, size=(1, H, nb)).astype(np.float32)
-        bg = rel * jitter
-        bg /= bg.sum(axis=2, keepdims=True)
+        jitter = rng.lognormal(0.0, p.jitter_sigma, size=(H, nb)).astype(np.float32)
         # Recent window: exponential in the distance (tokens) of the block's last token.
         last_tok = np.minimum((np.arange(nb) + 1) * s.block_tokens, n_tokens) - 1
         dist = (n_tokens - 1 - last_tok).astype(np.float32)
@@ -406,35 +404,30 @@ class AttentionModel:
         needles = ctx.needle_blocks
         if needles is None or needles.size == 0:
             ret_mass[:] = 0.0
+            needles = np.zeros(0, np.int64)
         sink = self.sink[:, None] * (1.0 - ret_mass)  # a retrieval head's mass goes to needles
         bg_mass = np.clip(1.0 - sink - self.recent[:, None] - ret_mass, 0.0, None)
-        out = None
+        # Per query head: the background's weight (its mass times a gain drawn per head),
+        # the recent window's and the sink's; split_sigma > 0 renormalises the three shares
+        # (the normalisation of each row composes them).
+        coef = np.empty((G, L, H), np.float32)
+        recent = np.empty((G, L, H), np.float32)
+        sinks = np.empty((G, L, H), np.float32)
         for g in range(G):
-            gain = rng.lognormal(0.0, p.group_sigma, size=(L, H, 1)).astype(np.float32)
+            gain = rng.lognormal(0.0, p.group_sigma, size=(L, H)).astype(np.float32)
             if self.split is None:
-                w = bg * (bg_mass[:, :, None] * gain)
-                w += (self.recent[:, None] * rec[None, :])[:, None, :]
-                w[:, :, 0] += sink
+                coef[g] = bg_mass * gain
+                recent[g] = self.recent[:, None]
+                sinks[g] = sink
             else:
-                # The normalisation below renormalises the three shares: a composition.
-                sink_g = sink * self.split[0, g]
-                recent_g = self.recent[:, None] * self.split[1, g]  # (L, H)
-                bg_g = bg_mass * self.split[2, g]
-                w = bg * (bg_g[:, :, None] * gain)
-                w += recent_g[:, :, None] * rec[None, None, :]
-                w[:, :, 0] += sink_g
-            if needles is not None and needles.size:
-                w[:, :, needles[needles < nb]] += (ret_mass / max(needles.size, 1))[:, :, None]
-            w /= w.sum(axis=2, keepdims=True)
-            if out is None:
-                out = w
-            elif self.aggregation == "max":
-                np.maximum(out, w, out=out)
-            else:
-                out += w
-        assert out is not None
-        if self.aggregation == "mean" and G > 1:
-            out /= G
+                coef[g] = (bg_mass * self.split[2, g]) * gain
+                recent[g] = self.recent[:, None] * self.split[1, g]
+                sinks[g] = sink * self.split[0, g]
+        needle_add = ret_mass / max(needles.size, 1)
+        out = np.empty((L, H, nb), np.float32)
+        fused_weights(ctx.rel, jitter, coef, recent, sinks, rec.astype(np.float32),
+                      needles[needles < nb].astype(np.int64), needle_add,
+                      self.aggregation == "mean", out)  # fmt: skip
         return out
 
 

@@ -398,7 +398,10 @@ class _Builder:
         sizes = np.array([a.size for a in self.payload_ids], dtype=np.int64)
         lsizes = np.array([len(x) for x in self.lens], dtype=np.int64)
         flat_lens = [x for group in self.lens for x in group]
-        cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)  # noqa: E731
+
+        def cat(parts: list[NDArray], dt: Any) -> NDArray:  # (no second copy of each column)
+            return np.concatenate(parts).astype(dt, copy=False) if parts else np.zeros(0, dt)
+
         return ReadStream(
             shape=s,
             e_ctx=cat([e[0] for e in self.e], np.int32),
@@ -523,7 +526,7 @@ def compile_workload(
         decoded = len(plan.decode)  # counted on the step's first read event
         for layer in range(shape.layers):
             ids = np.concatenate(per_layer_ids[layer])
-            w = np.concatenate(per_layer_w[layer]).astype(np.float32)
+            w = np.concatenate(per_layer_w[layer]).astype(np.float32, copy=False)
             if shared:
                 ids, w = merge_duplicates(ids, w)
             if b.read(plan.step, layer, ids, w, decoded):

@@ -113,6 +113,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "below 1; the runs are kept apart from the scale's own)",
     )  # fmt: skip
     p.add_argument(
+        "--warmup", type=positive, default=None, metavar="W",
+        help="the first W steps of every run are warm-up, excluded from every metric "
+        "(default: the scale's share of the steps); with --steps, to exclude a cold start "
+        "that lasts longer than that share, e.g. --steps 30 --warmup 10",
+    )  # fmt: skip
+    p.add_argument(
         "--arms", metavar="A[,A…]", default=None,
         help="run only these arms of an experiment that has arms (policies: its policies and "
         "configured arms; the baseline and the bound always run), e.g. lru,clock: for a "
@@ -269,7 +275,7 @@ def _experiment(args: argparse.Namespace) -> int:
         rows = runner.run(
             names, args.scale, args.seeds, args.out, jobs=args.jobs, backend=backend,
             address=args.scheduler, progress=bar, where=where, steps=args.steps, arms=arms,
-            attention=args.attention,
+            attention=args.attention, warmup=args.warmup,
         )  # fmt: skip
     except KeyboardInterrupt:
         bar.close()
@@ -300,7 +306,8 @@ def _experiment(args: argparse.Namespace) -> int:
     if args.json_out:
         doc = {"evidence": "Simulated", "scale": args.scale, "seeds": args.seeds,
                "fingerprints": {n: runner.fingerprint(n) for n in names}, "wall_s": wall,
-               "backend": backend, "where": where, "steps": args.steps, "arms": arms,
+               "backend": backend, "where": where, "steps": args.steps, "warmup": args.warmup,
+               "arms": arms,
                "attention": args.attention or "each scale's own",
                "peak_rss_bytes": bar.peak,
                "experiments": reports}  # fmt: skip

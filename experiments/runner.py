@@ -144,15 +144,23 @@ def _matches(value: Any, item: str) -> bool:
         return False
 
 
-def with_steps(case: dict[str, Any], steps: int) -> dict[str, Any]:
-    """``case`` run for ``steps`` steps, its warm-up the same share of them (at least one
-    step, and fewer than half)."""
-    if steps < 4:
+def with_steps(
+    case: dict[str, Any], steps: int | None, warmup: int | None = None
+) -> dict[str, Any]:
+    """``case`` run for ``steps`` steps (None: its own), its warm-up ``warmup`` steps or
+    else the same share of them (at least one step, and fewer than half)."""
+    if steps is not None and steps < 4:
         raise ValueError(f"--steps {steps}: at least 4 (a warm-up and steps after it)")
     if "steps" not in case or "warmup" not in case:
         return case
-    warmup = round(int(case["warmup"]) * steps / int(case["steps"]))
-    return {**case, "steps": steps, "warmup": min(max(1, warmup), (steps - 1) // 2)}
+    n = int(case["steps"]) if steps is None else steps
+    if warmup is not None:
+        if not 1 <= warmup <= (n - 1) // 2:
+            raise ValueError(f"--warmup {warmup}: must be 1 … {(n - 1) // 2} at {n} steps "
+                             "(fewer warm-up steps than steps measured)")  # fmt: skip
+        return {**case, "steps": n, "warmup": warmup}
+    w = round(int(case["warmup"]) * n / int(case["steps"]))
+    return {**case, "steps": n, "warmup": min(max(1, w), (n - 1) // 2)}
 
 
 def with_arms(name: str, cases: list[dict[str, Any]], arms: list[str]) -> list[dict[str, Any]]:
@@ -178,17 +186,18 @@ def cases_of(
     steps: int | None = None,
     arms: list[str] | None = None,
     attention: str | None = None,
+    warmup: int | None = None,
 ) -> list[dict[str, Any]]:
     """Experiment ``name``'s cases at ``scale`` that ``where`` keeps (run for ``steps`` steps
-    when given: :func:`with_steps`; with only the ``arms`` named when given:
-    :func:`with_arms`; with the synthetic ``attention`` chosen when given:
+    and ``warmup`` of them warm-up when given: :func:`with_steps`; with only the ``arms``
+    named when given: :func:`with_arms`; with the synthetic ``attention`` chosen when given:
     ``Experiment.with_attention``), refused by name when it has none there."""
     try:
         cases = get(name).cases(scale)
     except KeyError as exc:  # a per-experiment table without this scale
         raise ValueError(f"experiment {name!r} has no scale {scale!r} (no entry {exc})") from None
-    if steps is not None:
-        cases = [with_steps(c, steps) for c in cases]
+    if steps is not None or warmup is not None:
+        cases = [with_steps(c, steps, warmup) for c in cases]
     if arms:
         cases = with_arms(name, cases, arms)
     if attention is not None:
@@ -212,6 +221,7 @@ def plan(
     steps: int | None = None,
     arms: list[str] | None = None,
     attention: str | None = None,
+    warmup: int | None = None,
 ) -> tuple[list[Run], dict[str, dict[str, dict[str, Any]]], int]:
     """The runs still to do (in (workload, seed) order: the runs of one stream together),
     what is done, and the total."""
@@ -221,7 +231,7 @@ def plan(
     for name in names:
         have = load(out_file(out, name, scale))
         done[name] = {}
-        for case in cases_of(name, scale, where, steps, arms, attention):
+        for case in cases_of(name, scale, where, steps, arms, attention, warmup):
             for s in range(seeds):
                 total += 1
                 k = key(name, case, s, fps[name])
@@ -350,11 +360,13 @@ def run(
     steps: int | None = None,
     arms: list[str] | None = None,
     attention: str | None = None,
+    warmup: int | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Run what is missing of ``names`` at ``scale`` on seeds 0 … seeds−1 into ``out``;
     returns every experiment's rows (done before and now), in case and seed order.
     ``where`` keeps only the cases whose fields take the values named (:func:`parse_where`);
-    ``steps`` runs every case for that many steps (:func:`with_steps`); ``arms`` runs only
+    ``steps`` runs every case for that many steps, ``warmup`` of them warm-up
+    (:func:`with_steps`); ``arms`` runs only
     the arms named (:func:`with_arms`); ``attention`` (``seed`` or ``fit``) runs the
     synthetic attention chosen (``Experiment.with_attention``; None: each case's own).
 
@@ -366,7 +378,8 @@ def run(
         get(n)
     out.mkdir(parents=True, exist_ok=True)
     fps = {n: fingerprint(n) for n in names}
-    runs, done, total = plan(names, scale, seeds, out, fps, where, steps, arms, attention)
+    runs, done, total = plan(names, scale, seeds, out, fps, where, steps, arms, attention,
+                             warmup)  # fmt: skip
     progress = progress or Progress()
     progress.start(total - len(runs), total, runs)
     files = {n: _append(out_file(out, n, scale)) for n in names}
@@ -390,7 +403,7 @@ def run(
     for name in names:
         order = [
             key(name, c, s, fps[name])
-            for c in cases_of(name, scale, where, steps, arms, attention)
+            for c in cases_of(name, scale, where, steps, arms, attention, warmup)
             for s in range(seeds)
         ]
         result[name] = [done[name][k] for k in order]

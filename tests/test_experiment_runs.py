@@ -84,6 +84,17 @@ def test_steps_runs_every_case_shorter_with_its_share_of_warm_up():
         runner.with_steps({"steps": 24, "warmup": 4}, 3)
 
 
+def test_warmup_names_the_warm_up_and_refuses_one_as_long_as_the_measured_steps():
+    where = runner.parse_where(["users=16"])
+    cut = runner.cases_of("users-timeline", "s1", where, 30, warmup=10)
+    assert {(c["steps"], c["warmup"]) for c in cut} == {(30, 10)}
+    own = runner.cases_of("users-timeline", "s1", where, warmup=200)  # the scale's steps
+    assert {(c["steps"], c["warmup"]) for c in own} == {(1000, 200)}
+    with pytest.raises(ValueError, match=r"--warmup 15: must be 1 … 14 at 30 steps"):
+        runner.cases_of("users-timeline", "s1", where, 30, warmup=15)
+    assert runner.with_steps({"steps": 24}, 8, 2) == {"steps": 24}  # a case without steps
+
+
 def test_arms_keeps_the_named_arms_with_the_required_ones_and_refuses_the_rest(tmp_path):
     whole = runner.cases_of("policies", "tiny")
     some = runner.cases_of("policies", "tiny", arms=["lru", "ema (best variant)"])

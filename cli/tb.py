@@ -52,16 +52,12 @@ TEST_OPTIONS = (
     opt("--json", dest="json_out", help="write the figures to this JSON file"),
 )
 # The defects `rtl sim --defect NAME` plants, by engine (policy, or ema's --records), the
-# first the default: each one a whole-trace --check stops.  stale_read is the DRAM model's
-# (rtl/verilated_records.py), early_done the RecordStreamEngine's (rtl/record_stream.py):
-# its other defects (hold_writes, lose_word) do not change a replay's victims, so only the
-# formal check (kvcxl rtl formal) catches them.
+# first the default: each design's replay defects (rtl/designs.py), and before the
+# RecordStreamEngine's the DRAM model's stale_read (rtl/verilated_records.py).
 SIM_DEFECTS: dict[str, tuple[str, ...]] = {
-    "ema": ("tie_off_by_one",),
-    "ema --records dram": ("stale_read", "early_done"),
-    "clock": ("victim_unoffered",),
-    "sieve": ("victim_unoffered",),
-    "s3fifo": ("offer_ignored",),
+    d.sim_policy: (("stale_read",) if d.sim_policy == "ema --records dram" else ()) + d.replay
+    for d in DESIGNS.values()
+    if d.sim_policy
 }
 
 

@@ -36,6 +36,10 @@ class Design:
     defaults: dict[str, int] = field(default_factory=dict)  # kvcxl rtl verilog's parameters
     decay: bool = False  # loaded with the firmware's decay table (decay_init)
     formal: dict[str, tuple[str, ...]] = field(default_factory=dict)  # check -> its defects
+    # the defects a whole-trace replay (`kvcxl rtl sim --check`) stops, the first planted by
+    # a bare --defect; the others change no replay's victims, and only `formal` sees them
+    replay: tuple[str, ...] = ()
+    sim_policy: str | None = None  # the `kvcxl rtl sim --policy` this design replays
     bench: str | None = None  # the cocotb module in tb/ (kvcxl.tb.<bench>)
     model: str | None = None  # its model in tb/ (kvcxl.tb.<model>: params() builds the DUT)
     bench_count: tuple[str, int] = ("steps", 0)  # what `kvcxl rtl test --steps` sets; default
@@ -149,22 +153,26 @@ _ALL = (
     Design("top", "policy_engine",
            "CXL.mem front end + weight buffer + core + prefetch (--layers/--heads/--blocks)",
            _top, {"layers": 4, "heads": 2, "blocks": 8, "lanes": 1, "batch": 64}, decay=True,
+           replay=("tie_off_by_one",), sim_policy="ema",
            bench="cocotb_top", model="top_model", bench_count=("steps", 12)),
     Design("clock", "clock_engine",
            "CLOCK: a pointer walk over linked slots (--entries slots; firmware/golden_clock.py)",
            _slot_queue("clock"), {"entries": 1024},
            formal={"clock": ("victim_unoffered", "stuck_hand", "clock_clears")},
+           replay=("victim_unoffered",), sim_policy="clock",
            bench="cocotb_slot_queue", model="slot_queue_model", bench_count=("commands", 400)),
     Design("sieve", "sieve_engine",
            "SIEVE: a hand over linked slots (--entries slots; firmware/golden_clock.py)",
            _slot_queue("sieve"), {"entries": 1024},
-           formal={"sieve": ("keep_visited", "clear_stays")},
+           formal={"sieve": ("keep_visited", "clear_stays")}, replay=("victim_unoffered",),
+           sim_policy="sieve",
            bench="cocotb_slot_queue", model="slot_queue_model", bench_count=("commands", 400)),
     Design("s3fifo", "s3fifo_engine",
            "S3-FIFO: small and main queues over linked slots, an exact ghost of ids "
            "(--entries slots; firmware/golden_s3fifo.py)",
            _s3fifo, {"entries": 1024, "ids": 4096},
            formal={"s3fifo": ("offer_ignored", "stuck_cursor", "main_clears")},
+           replay=("offer_ignored",), sim_policy="s3fifo",
            bench="cocotb_slot_queue", model="s3fifo_model", bench_count=("commands", 400)),
     Design("tier_boundary", "tier_boundary",
            "managed tiers' step boundary: CXL DRAM ↔ NVMe moves (firmware/tiering.py)",
@@ -175,6 +183,7 @@ _ALL = (
            "EMA scoring + top-k with the records in device DRAM (burst memory port)",
            _record_stream, {"entries": 1024, "lanes": 4, "batch": 64}, decay=True,
            formal={"record_stream": ("hold_writes", "lose_word", "early_done")},
+           replay=("early_done",), sim_policy="ema --records dram",
            bench="cocotb_record_stream", model="record_stream_model", bench_count=("sweeps", 24)),
 )  # fmt: skip
 

@@ -37,6 +37,19 @@ def test_every_defect_belongs_to_one_check_of_one_design() -> None:
     assert set(designs.DEFECTS.values()) == set(designs.CHECKS)
 
 
+def test_every_rtl_sim_policy_plants_its_designs_replay_defects() -> None:
+    from kvcxl.cli.tb import SIM_DEFECTS, SIM_OPTIONS
+    from kvcxl.rtl.verilated_records import DRAM_DEFECTS
+
+    rows = [o for o in SIM_OPTIONS if isinstance(o, tuple)]
+    policies = next(kw for flags, kw in rows if "--policy" in flags)["choices"]
+    assert set(SIM_DEFECTS) == {*policies, "ema --records dram"}
+    for d in designs.DESIGNS.values():
+        if d.sim_policy:
+            assert d.replay and SIM_DEFECTS[d.sim_policy][-len(d.replay) :] == d.replay
+    assert SIM_DEFECTS["ema --records dram"][0] in DRAM_DEFECTS  # the DRAM model's own
+
+
 def test_an_unknown_design_is_refused_with_the_list() -> None:
     with pytest.raises(ValueError, match=r"'nope'.*core, eviction"):
         designs.get("nope")
@@ -58,7 +71,7 @@ def test_every_design_builds_from_its_entry(name: str) -> None:
 
     d = designs.get(name)
     dut = d.factory(**verilog_params(name))
-    for defect in (x for xs in d.formal.values() for x in xs):
+    for defect in (*(x for xs in d.formal.values() for x in xs), *d.replay):
         d.factory(**verilog_params(name), defect=defect)  # refused if the engine lacks it
     if name in ("core", "scoring", "eviction", "hdm"):  # small at their defaults
         assert f"module {d.module}(" in to_verilog(dut, d.module)

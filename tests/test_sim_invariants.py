@@ -153,8 +153,15 @@ def test_oversized_workload_refused(monkeypatch):
     from kvcxl.emu.workloads import stream as stream_mod
 
     monkeypatch.setattr(stream_mod, "MAX_ENTRIES", 100)
-    with pytest.raises(ValueError, match="creates more than 100 entries"):
+    with pytest.raises(ValueError, match=r"creates more than 100 entries.*fixed cap"):
         compile_workload(make_workload("cyclic", SHAPE, seed=0), steps=5)
+    # the floor, not the memory, refuses when the memory would allow fewer
+    monkeypatch.setattr(stream_mod, "MAX_ENTRIES", None)
+    monkeypatch.setattr(stream_mod, "MIN_ENTRIES", 100)
+    monkeypatch.setattr(stream_mod, "available_bytes", lambda: 0)
+    with pytest.raises(ValueError, match=r"more than 100 entries.*floor of 100 entries") as e:
+        compile_workload(make_workload("cyclic", SHAPE, seed=0), steps=5)
+    assert "memory" not in str(e.value)
 
 
 def test_the_entry_cap_follows_the_memory_available(monkeypatch):

@@ -46,10 +46,10 @@ from .attention import (
 
 CREATE, READ = 0, 1
 #: What building a stream holds per entry at its peak (its id, context, layer, head and
-#: block, its place in its context's grid, and their joined copies): 74.1–76.8 bytes
-#: (Measured with tracemalloc: S1, retrieval, 2 lanes, 1 and 4 steps of top-256; 36.6–37.7
-#: kept after).
-BUILD_BYTES_PER_ENTRY = 77
+#: block, its place in its context's grid, and their joined copies): 69.8–72.3 bytes
+#: (Measured with tracemalloc: S1, retrieval, 2 lanes, 1 and 4 steps of top-256; 36.4–37.7
+#: kept after; 73.9–76.8 before the columns were joined without a second copy).
+BUILD_BYTES_PER_ENTRY = 73
 #: A workload may create entries while their arrays take at most this share of the memory
 #: available when it starts (refused rather than swapped), and at least MIN_ENTRIES.
 MEMORY_SHARE = 0.5
@@ -59,10 +59,21 @@ MAX_ENTRIES: int | None = None  # a fixed cap instead (tests)
 
 def max_entries() -> int:
     """How many entries a workload may create on this machine now (MAX_ENTRIES if set)."""
+    return entry_cap()[0]
+
+
+def entry_cap() -> tuple[int, str]:
+    """:func:`max_entries`, with what set it, in words for the refusal."""
     if MAX_ENTRIES is not None:
-        return MAX_ENTRIES
+        return MAX_ENTRIES, "the builder's fixed cap (MAX_ENTRIES)"
     have = available_bytes() or 0
-    return max(MIN_ENTRIES, int(have * MEMORY_SHARE) // BUILD_BYTES_PER_ENTRY)
+    by_memory = int(have * MEMORY_SHARE) // BUILD_BYTES_PER_ENTRY
+    if by_memory < MIN_ENTRIES:
+        return MIN_ENTRIES, f"the builder's floor of {MIN_ENTRIES:,} entries"
+    return by_memory, (
+        f"more than this machine's memory holds ({BUILD_BYTES_PER_ENTRY} bytes an entry in "
+        f"{MEMORY_SHARE:.0%} of the {have / 1e9:.1f} GB available)"
+    )
 
 
 @dataclass
@@ -267,7 +278,7 @@ class _Builder:
     def __init__(self, shape: ModelShape) -> None:
         self.shape = shape
         self.n = 0
-        self.max_n = max_entries()
+        self.max_n, self.cap_why = entry_cap()
         self.grids: dict[int, NDArray] = {}
         self.tokens: dict[int, int] = {}
         self.first_own_block: dict[int, int] = {}
@@ -349,9 +360,7 @@ class _Builder:
                 raise ValueError(
                     f"the workload creates more than {self.max_n:,} entries "
                     f"({self.max_n * s.entry_bytes / 2**30:,.0f} GiB of modelled KV) by step "
-                    f"{step}, more than this machine's memory holds ({BUILD_BYTES_PER_ENTRY} "
-                    f"bytes an entry in {MEMORY_SHARE:.0%} of the memory available): shrink "
-                    "--context-tokens, the sessions or --steps"
+                    f"{step}, {self.cap_why}: shrink --context-tokens, the sessions or --steps"
                 )
             self.pending_ids.append(ids)
 

@@ -286,6 +286,19 @@ def bound_words(b: int, rows: list[dict[str, Any]]) -> str:
     return f"the bound is {b} users"
 
 
+def open_words(b: int, rows: list[dict[str, Any]]) -> str:
+    """A bound :func:`bound_of` left open, in words: every count swept met the target, or
+    the count after the ones that met it (the next one swept, not b + 1) is undecided."""
+    counts = sorted(r["users"] for r in rows)
+    nxt = next((u for u in counts if u > b), None)
+    if nxt is None:
+        return f"every count up to {counts[-1]} meets the target"
+    why = "its 95 % CI straddles 10 tok/s"
+    if b == 0:
+        return f"{nxt} users, the sweep's smallest count, is undecided ({why})"
+    return f"{b} users meet it, {nxt} is undecided ({why})"
+
+
 #: The two timings a bound is read under: the simulator's, and the link carrying every move.
 TIMINGS = {"meets": "simulated timing", "meets_link_bound": "link-bound"}
 
@@ -297,20 +310,13 @@ def _verdict(summary: list[dict[str, Any]]) -> tuple[str, str]:
     for (placement, hot), rows in _series(summary).items():
         for meets, timing in TIMINGS.items():
             b, decided = bound_of(rows, meets)
-            top = rows[-1]["users"]
             label = f"{_label(placement, hot)}, {timing}"
             if decided:
                 bounds.append(b)
                 parts.append(f"{label}: {bound_words(b, rows)}")
-            elif b == top:
-                undecided += 1
-                parts.append(f"{label}: every count up to {top} meets the target")
             else:
                 undecided += 1
-                parts.append(
-                    f"{label}: {b} users meet it, {b + 1} is undecided "
-                    "(its 95 % CI straddles 10 tok/s)"
-                )
+                parts.append(f"{label}: {open_words(b, rows)}")
     why = "; ".join(parts)
     if not undecided and bounds and all(b == CLAIMED_BOUND for b in bounds):
         return "confirms", why

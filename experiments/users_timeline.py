@@ -27,6 +27,7 @@ from .users import (
     bound_of,
     bound_words,
     caption,
+    open_words,
 )
 from .users import SCALES as USERS_SCALES
 
@@ -99,7 +100,7 @@ class UsersTimeline(Users):
                 parts.append(f"{name}: {bound_words(b, rs)}")
             else:
                 undecided += 1
-                parts.append(f"{name}: {b} users meet it, the next count is undecided or beyond")
+                parts.append(f"{name}: {open_words(b, rs)}")
         why = "; ".join(parts) + " (Simulated, with the transfer timeline)"
         if not undecided and bounds and all(b == CLAIMED_BOUND for b in bounds):
             verdict = "confirms"

@@ -238,6 +238,14 @@ def test_a_sweep_that_starts_above_one_puts_a_failing_first_count_above_the_boun
     assert "the bound is below 14 users" in why and "the bound is 0" not in why
     whole = [_row(u, 5.0, 1.0) for u in range(1, 25)]  # from 1: no user count meets it
     assert "the bound is 0 users" in users._verdict(whole)[1]
+    # open: the first count swept undecided, or the next count swept (not b + 1)
+    first = [_row(14, 10.2, 1.0), _row(16, 5.0, 1.0)]
+    assert "14 users, the sweep's smallest count, is undecided" in users._verdict(first)[1]
+    gap = [_row(14, 20.0, 1.0), _row(16, 10.2, 1.0)]
+    verdict, why = users._verdict(gap)
+    assert verdict == "cannot say" and "14 users meet it, 16 is undecided" in why, why
+    assert "every count up to 16 meets" in users._verdict([_row(14, 20.0, 1.0),
+                                                           _row(16, 20.0, 1.0)])[1]  # fmt: skip
 
 
 def test_verdict_cannot_say_when_the_ci_straddles_the_target():

@@ -277,6 +277,23 @@ def bound_of(rows: list[dict[str, Any]], meets: str = "meets") -> tuple[int, boo
     return best, False  # every count met it: the bound lies beyond the sweep
 
 
+def read_bound(rows: list[dict[str, Any]], meets: str = "meets") -> tuple[int | None, str]:
+    """A series' bound (:func:`bound_of`; None where it is left open) and it in words."""
+    b, decided = bound_of(rows, meets)
+    return (b, bound_words(b, rows)) if decided else (None, open_words(b, rows))
+
+
+def verdict_of(bounds: list[int | None]) -> str:
+    """Confirms when every series' bound is decided and 16; contradicts when every one is
+    decided and none is 16; otherwise cannot say."""
+    if bounds and all(b is not None for b in bounds):
+        if all(b == CLAIMED_BOUND for b in bounds):
+            return "confirms"
+        if all(b != CLAIMED_BOUND for b in bounds):
+            return "contradicts"
+    return "cannot say"
+
+
 def bound_words(b: int, rows: list[dict[str, Any]]) -> str:
     """A decided bound in words: the counts below a sweep that starts above 1 (``--where
     users=14-18``) were not run, so a first count that fails puts the bound below it."""
@@ -304,25 +321,16 @@ TIMINGS = {"meets": "simulated timing", "meets_link_bound": "link-bound"}
 
 
 def _verdict(summary: list[dict[str, Any]]) -> tuple[str, str]:
-    """Confirms when every series' bound is 16 under both timings; contradicts when every
-    one is decided and none is 16; otherwise cannot say."""
-    parts, bounds, undecided = [], [], 0
+    """:func:`verdict_of` every series' bound under both timings."""
+    parts, bounds = [], []
     for (placement, hot), rows in _series(summary).items():
         for meets, timing in TIMINGS.items():
-            b, decided = bound_of(rows, meets)
-            label = f"{_label(placement, hot)}, {timing}"
-            if decided:
-                bounds.append(b)
-                parts.append(f"{label}: {bound_words(b, rows)}")
-            else:
-                undecided += 1
-                parts.append(f"{label}: {open_words(b, rows)}")
-    why = "; ".join(parts)
-    if not undecided and bounds and all(b == CLAIMED_BOUND for b in bounds):
-        return "confirms", why
-    if not undecided and bounds and all(b != CLAIMED_BOUND for b in bounds):
-        return "contradicts", why + f"; none is {CLAIMED_BOUND}"
-    return "cannot say", why
+            bound, words = read_bound(rows, meets)
+            bounds.append(bound)
+            parts.append(f"{_label(placement, hot)}, {timing}: {words}")
+    verdict = verdict_of(bounds)
+    why = "; ".join(parts) + (f"; none is {CLAIMED_BOUND}" if verdict == "contradicts" else "")
+    return verdict, why
 
 
 def _fmt(v: Any, spec: str, ci: Any = None) -> str:

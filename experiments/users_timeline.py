@@ -17,18 +17,7 @@ from kvcxl.emu.metrics import mean_ci
 from kvcxl.emu.serving import combine_serving
 from kvcxl.emu.shape import PRESETS
 
-from .users import (
-    CLAIMED_BOUND,
-    POLICY,
-    WORKLOAD,
-    Users,
-    _fmt,
-    _meets,
-    bound_of,
-    bound_words,
-    caption,
-    open_words,
-)
+from .users import POLICY, WORKLOAD, Users, _fmt, _meets, caption, read_bound, verdict_of
 from .users import SCALES as USERS_SCALES
 
 #: Series: (timing preset, full-size CXL GB/s or None for the preset's own, placement:
@@ -92,22 +81,13 @@ class UsersTimeline(Users):
                 row[k] = mean_ci([r.get(k) for r in runs])["mean"]
             row["meets"] = _meets(row)
             series.setdefault(name, []).append(row)
-        parts, bounds, undecided = [], [], 0
+        parts, bounds = [], []
         for name, rs in series.items():
-            b, decided = bound_of(rs)
-            if decided:
-                bounds.append(b)
-                parts.append(f"{name}: {bound_words(b, rs)}")
-            else:
-                undecided += 1
-                parts.append(f"{name}: {open_words(b, rs)}")
+            bound, words = read_bound(rs)
+            bounds.append(bound)
+            parts.append(f"{name}: {words}")
         why = "; ".join(parts) + " (Simulated, with the transfer timeline)"
-        if not undecided and bounds and all(b == CLAIMED_BOUND for b in bounds):
-            verdict = "confirms"
-        elif not undecided and bounds and all(b != CLAIMED_BOUND for b in bounds):
-            verdict = "contradicts"
-        else:
-            verdict = "cannot say"
+        verdict = verdict_of(bounds)
         return {"tables": [_table(series)], "caption": caption(rows), "verdict": verdict,
                 "why": why, "plots": {}}  # fmt: skip
 

@@ -366,9 +366,9 @@ def run(
     returns every experiment's rows (done before and now), in case and seed order.
     ``where`` keeps only the cases whose fields take the values named (:func:`parse_where`);
     ``steps`` runs every case for that many steps, ``warmup`` of them warm-up
-    (:func:`with_steps`); ``arms`` runs only
-    the arms named (:func:`with_arms`); ``attention`` (``seed`` or ``fit``) runs the
-    synthetic attention chosen (``Experiment.with_attention``; None: each case's own).
+    (:func:`with_steps`); ``arms`` runs only the arms named (:func:`with_arms`);
+    ``attention`` (``seed`` or ``fit``) runs the synthetic attention chosen
+    (``Experiment.with_attention``; None: each case's own).
 
     ``progress`` is told of the start, of each finished run and of the workers' memory.
     """

@@ -181,7 +181,7 @@ def test_the_entry_cap_follows_the_memory_available(monkeypatch):
     assert compile_workload(make_workload("cyclic", SHAPE, seed=0), steps=5).n_entries == n
     s1_users = 16 * PRESETS["s1"].entries_per_context
     monkeypatch.setattr(stream_mod, "available_bytes", lambda: 24 * 2**30)  # this machine
-    assert stream_mod.max_entries() > s1_users > stream_mod.MIN_ENTRIES
+    assert stream_mod.entry_cap()[0] > s1_users > stream_mod.MIN_ENTRIES
 
 
 def test_shared_blocks_read_once_per_batch():

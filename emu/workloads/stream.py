@@ -57,13 +57,9 @@ MIN_ENTRIES = 60_000_000
 MAX_ENTRIES: int | None = None  # a fixed cap instead (tests)
 
 
-def max_entries() -> int:
-    """How many entries a workload may create on this machine now (MAX_ENTRIES if set)."""
-    return entry_cap()[0]
-
-
 def entry_cap() -> tuple[int, str]:
-    """:func:`max_entries`, with what set it, in words for the refusal."""
+    """How many entries a workload may create on this machine now (MAX_ENTRIES if set), and
+    what set it, in words for the refusal."""
     if MAX_ENTRIES is not None:
         return MAX_ENTRIES, "the builder's fixed cap (MAX_ENTRIES)"
     have = available_bytes() or 0

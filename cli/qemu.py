@@ -136,8 +136,9 @@ BOOT_OPTIONS = (
         "--retries",
         type=nonnegative,
         default=1,
-        help="boots retried when the guest stalls before the kvcxl agent starts (Linux boot, "
-        "driver probing, region set-up under TCG); reported as boot_retries (default 1)",
+        help="boots retried when the guest stalls, or QEMU ends on a signal, before the kvcxl "
+        "agent starts (Linux boot, driver probing, region set-up under TCG); reported as "
+        "boot_retries (default 1)",
     ),
     opt(
         "--qemu",
@@ -389,9 +390,14 @@ def _progress(ev: dict, b: object) -> None:
 
 def _summary(r: dict) -> None:
     for x in r.get("boot_retries", []):
+        what = (
+            f"the guest stalled (silent {x['silent_s']} s"
+            if x["why"] == "stall"
+            else f"QEMU ended on {x['signal']} ("
+        )
         print(
-            f"retried: the guest stalled before the kvcxl agent started (silent {x['silent_s']} s"
-            f" at {x['t']} s); its last console line: {(x['console_tail'] or ['(none)'])[-1]!r}"
+            f"retried: {what} at {x['t']} s) before the kvcxl agent started; its last console "
+            f"line: {(x['console_tail'] or ['(none)'])[-1]!r}"
         )
     for e in r["events"]:
         if e["event"] in ("host_timeout", "host_stall"):

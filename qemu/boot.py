@@ -109,9 +109,10 @@ class BootOptions:
     # The longest heartbeat gap the agent saw is in its results (heartbeat_gap_max_ms).
     heartbeat_s: float = 30.0
     probe_s: int = 60
-    # Boots retried when the guest stalls before the kvcxl agent starts, i.e. in Linux's
-    # boot, driver probing or region set-up under TCG (QEMU's and Linux's code, not ours);
-    # each retry is reported in "boot_retries".  A stall after the agent started is a result.
+    # Boots retried when the guest stalls, or QEMU ends on a signal, before the kvcxl agent
+    # starts, i.e. in Linux's boot, driver probing or region set-up under TCG (QEMU's and
+    # Linux's code, not ours); each retry is reported in "boot_retries".  A stall or a
+    # crash after the agent started is a result.
     retries: int = 1
     # (tests) Called with the device's socket and a path for QEMU's end of the link before
     # QEMU starts: it serves that path (a proxy that can misbehave as a broken device end
@@ -135,6 +136,7 @@ class Boot:
     workdir: Path | None = None
     last_line_t: float = 0.0  # monotonic time of the last console line
     kvm_error_t: float | None = None  # monotonic time QEMU printed a KVM internal error
+    ended_t: float = 0.0  # seconds from QEMU's start to its exit
 
     # --- paths --------------------------------------------------------------------------
     @property
@@ -530,13 +532,28 @@ class Boot:
                     continue
                 self._quit_qemu()
                 rc = self.qemu.wait(timeout=30)
+        self.ended_t = time.monotonic() - self.t0
         self._reader.join(timeout=10)
         return rc
 
-    @property
-    def stalled_before_agent(self) -> bool:
+    def failed_before_agent(self, report: dict) -> dict | None:
+        """Why this boot failed before the kvcxl agent started, in QEMU's or Linux's code (the
+        guest stalled, or QEMU ended on a signal, e.g. an assertion in its TCG memory map),
+        as :func:`boot` records a retry; None when it did not, or failed after the agent."""
         names = {e["event"] for e in self.events}
-        return "host_stall" in names and "agent_start" not in names
+        if "agent_start" in names:
+            return None
+        stall = next((e for e in self.events if e["event"] == "host_stall"), None)
+        if stall is not None:
+            why = {"why": "stall", "silent_s": stall["silent_s"], "t": stall["t"]}
+        elif report.get("qemu_crash"):
+            crash = report["qemu_crash"]
+            why = {"why": "qemu_crash", "signal": crash["signal"],
+                   "t": round(self.ended_t, 3),
+                   "backtrace": (crash.get("backtrace") or [])[:12]}  # fmt: skip
+        else:
+            return None
+        return {**why, "console_tail": self.console[-20:]}
 
     def _quit_qemu(self) -> None:
         """Ask QEMU to quit over QMP; kill its process group if it does not."""
@@ -893,16 +910,15 @@ def _shm_dir() -> str:
 
 
 def boot(opts: BootOptions) -> tuple[dict, Boot]:
-    """Run one boot (retried per ``opts.retries`` when it stalls before the agent starts)."""
+    """Run one boot, retried per ``opts.retries`` when it fails before the agent starts
+    (:meth:`Boot.failed_before_agent`: a stall, or QEMU ending on a signal)."""
     retried: list[dict] = []
     while True:
         b = Boot(opts)
         report = b.run()
-        if not (b.stalled_before_agent and len(retried) < opts.retries):
+        why = b.failed_before_agent(report)
+        if why is None or len(retried) >= opts.retries:
             break
-        stall = next(e for e in b.events if e["event"] == "host_stall")
-        retried.append(
-            {"silent_s": stall["silent_s"], "t": stall["t"], "console_tail": b.console[-20:]}
-        )
+        retried.append(why)
     report["boot_retries"] = retried
     return report, b

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -29,9 +31,7 @@ def _boot(opts):
 
     report, b = boot(opts)
     for x in report["boot_retries"]:
-        warnings.warn(
-            f"boot retried: the guest stalled before the kvcxl agent started ({x})", stacklevel=2
-        )
+        warnings.warn(f"boot retried: it failed before the kvcxl agent started ({x})", stacklevel=2)
     return report, b
 
 
@@ -231,21 +231,34 @@ def test_plugin_streams_cxl_accesses(host) -> None:
     assert guest_result(r, "replay")["bad_bytes"] == 0
 
 
-def test_a_silent_guest_is_stopped_retried_and_reported(host) -> None:
-    """The stall watchdog: a guest silent for stall_s is stopped; a stall before the agent
-    starts is retried (here it stalls again, since 1 s is shorter than the kernel's quiet
-    boot) and the final report fails, saying where."""
+def test_a_crashed_or_silent_guest_is_stopped_retried_and_reported(host, monkeypatch) -> None:
+    """Before the agent starts, a QEMU that ends on a signal (planted: SIGABRT as it starts,
+    as QEMU's own assertions end it) and a guest silent for stall_s (1 s is shorter than the
+    kernel's quiet boot) are both retried; the final boot stalls again and its report fails,
+    saying where."""
+    import kvcxl.qemu.boot as qb
     from kvcxl.cli.qemu import boot_ok
-    from kvcxl.qemu.boot import BootOptions, boot
 
-    r, b = boot(
-        BootOptions(
+    aborted: list[int] = []
+
+    class AbortFirst(qb.Boot):
+        def _wait(self) -> int:
+            if not aborted:
+                aborted.append(self.qemu.pid)
+                os.kill(self.qemu.pid, signal.SIGABRT)
+            return super()._wait()
+
+    monkeypatch.setattr(qb, "Boot", AbortFirst)
+    r, b = qb.boot(
+        qb.BootOptions(
             qemu="stock", jobs=("datapath",), plugin=False, device_emulator=False, stall_s=1.0,
-            retries=1, timeout=600,
+            retries=2, timeout=600,
         )
     )  # fmt: skip
-    assert len(r["boot_retries"]) == 1 and r["boot_retries"][0]["silent_s"] >= 1.0
-    # the watchdog stopped it, not the boot's timeout
+    crash, stall = r["boot_retries"]
+    assert crash["why"] == "qemu_crash" and crash["signal"] == "SIGABRT", crash
+    assert stall["why"] == "stall" and stall["silent_s"] >= 1.0, stall
+    # the watchdog stopped the last one, not the boot's timeout
     names = {e["event"] for e in r["events"]}
     assert "host_stall" in names and "host_timeout" not in names, names
     assert not boot_ok(r) and "console_tail" in r

@@ -198,6 +198,34 @@ def test_select_is_the_firmwares(m: int, distinct: int) -> None:
         assert np.array_equal(np.sort(out[:n]), np.sort(want)), (m, distinct, k)
 
 
+@pytest.mark.parametrize("kind", ["full", "clumps", "priorities"])
+@pytest.mark.parametrize("m", [K.RADIX_MIN, 30000])
+def test_radix_select_is_the_firmwares(m: int, kind: str) -> None:
+    """kernel._select's radix rounds (wide keys, ``m >= RADIX_MIN``) against a sort of the
+    pairs, key ascending then the lower id (the victim order; as int64 keys, which float
+    priorities would round): keys over the whole int64 range (offsets from kmin past
+    2^63), a wide span whose keys crowd into a few values (a bucket that is one key after
+    every round: ties by id), and the keys of float priorities in [0, 1] (what the EMA's
+    scans select)."""
+    from kvcxl.emu.sim.fast.kernel import float_key
+
+    rng = np.random.default_rng(m + len(kind))
+    ids = rng.permutation(3 * m)[:m].astype(np.int64)
+    if kind == "full":
+        keys = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, m, dtype=np.int64)
+        keys[:2] = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    elif kind == "clumps":
+        keys = rng.choice(np.array([-(1 << 50), 7, 8, 1 << 40], np.int64), m)
+    else:
+        pr = np.round(rng.random(m), 3)  # (ties among equal priorities)
+        keys = np.array([float_key(-p) for p in pr], np.int64)
+    for k in sorted({1, 2, 255, m // 3, m // 2, m - 1}):
+        out = np.empty(m, np.int64)
+        n = K._select(keys.copy(), ids.copy(), m, k, keys.min(), keys.max(), out)
+        want = ids[np.lexsort((ids, keys))[:k]]  # key ascending, then the lower id
+        assert np.array_equal(np.sort(out[:n]), np.sort(want)), (m, kind, k)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_lru_queue_takes_the_smallest_key_then_id(seed: int) -> None:
     """The LRU/FIFO queue (kernel._enqueue, _take, _compact) against a plain reference:

@@ -292,6 +292,8 @@ def _select(keys, ids, m, k, kmin, kmax, out_ids):  # type: ignore[no-untyped-de
             out_ids[j] = ids[j]
         return m
     if float(kmax) - float(kmin) >= max(m, 1024):  # wide keys (floats): select in place
+        if m >= RADIX_MIN:
+            return _radix_select(keys, ids, m, k, kmin, kmax, out_ids)
         _nth_pair(keys, ids, m, k)
         for j in range(k):
             out_ids[j] = ids[j]
@@ -324,6 +326,63 @@ def _select(keys, ids, m, k, kmin, kmax, out_ids):  # type: ignore[no-untyped-de
     need = k - n
     if need < tied and not ascending:  # among equal priorities the lower id goes first
         _nth_pair(keys, ids, tied, need)
+    for j in range(need):
+        out_ids[n + j] = ids[j]
+    return k
+
+
+RADIX_BITS = 11  # a radix round's digit: a 2,048-bucket histogram (16 KB, in L1/L2)
+RADIX_MIN = 4096  # below this many candidates quickselect is as fast
+
+
+@njit(cache=True)
+def _radix_select(keys, ids, m, k, kmin, kmax, out_ids):  # type: ignore[no-untyped-def]
+    """:func:`_select` of wide keys, ``0 < k < m``: a histogram of the keys' top
+    ``RADIX_BITS`` (above ``kmin``) finds the bucket holding the ``k``-th key; the buckets
+    below it are victims and the rest is dropped, and the bucket's own keys go round again
+    on their next bits, until what is left is small or one key (then quickselect by
+    (key, id)).  Two passes over the candidates where quickselect makes about three, each a
+    compare and a swap of pairs.  Keys are offsets from ``kmin`` in uint64 (a span of
+    any int64 keys fits)."""
+    n = 0  # victims decided
+    mm = m  # the candidates still in question, at the front of keys/ids
+    need = k
+    base = np.uint64(kmin)
+    span = np.uint64(kmax) - base
+    bits = 0
+    while bits < 64 and (span >> np.uint64(bits)) != 0:
+        bits += 1
+    shift = max(bits - RADIX_BITS, 0)
+    hist = np.zeros(1 << RADIX_BITS, np.int64)
+    while mm > RADIX_MIN // 16:
+        sh = np.uint64(shift)
+        hist[:] = 0
+        for j in range(mm):
+            hist[(np.uint64(keys[j]) - base) >> sh] += 1
+        below = 0
+        b = 0
+        while below + hist[b] < need:
+            below += hist[b]
+            b += 1
+        ub = np.uint64(b)
+        t = 0
+        for j in range(mm):
+            d = (np.uint64(keys[j]) - base) >> sh
+            if d < ub:
+                out_ids[n] = ids[j]
+                n += 1
+            elif d == ub:  # (t <= j: compacted in place)
+                keys[t] = keys[j]
+                ids[t] = ids[j]
+                t += 1
+        mm = t
+        need -= below
+        if need == mm or shift == 0:  # the whole bucket, or one key (ties: by id below)
+            break
+        base += ub << sh
+        shift = max(shift - RADIX_BITS, 0)
+    if need < mm:
+        _nth_pair(keys, ids, mm, need)
     for j in range(need):
         out_ids[n + j] = ids[j]
     return k

@@ -43,6 +43,9 @@ from .base import Experiment
 
 TARGET_TOKENS_PER_S = 10.0  # per user (docs/design.md, Scenario S1)
 CLAIMED_BOUND = 16
+# A run's hit rate moving more than this (points) between the halves of its measured steps
+# says the warm-up did not suffice (measured_halves).
+SETTLED_PTS = 1.0
 SCALED_NAME = "s1-scaled"  # not a fitted preset: the attention is the seed's defaults
 WORKLOAD = "retrieval"
 POLICY = "ema"
@@ -171,8 +174,11 @@ class Users(Experiment):
         )
         s = serving_metrics(r, model, turns)
         s.pop("evidence")
+        first, second = measured_halves(r["per_step"], case["warmup"])
         return {
             "hit_rate": r["hit_rate"],
+            "hit_rate_first_half": first,
+            "hit_rate_second_half": second,
             "misses_nvme": r["misses_nvme"],
             **s,
         }  # (with the timeline, s holds its per-resource utilisation too)
@@ -222,6 +228,45 @@ def _stream(case: dict[str, Any], seed: int, shape: ModelShape) -> Any:
     return _last[1]
 
 
+def measured_halves(per_step: dict[str, Any], warmup: int) -> tuple[float | None, float | None]:
+    """The hit rate of the first and of the second half of a run's measured steps (those
+    after the warm-up; the second half takes an odd one): a warm-up that sufficed leaves
+    them about equal.  None where a half has no steps or no reads."""
+    reads = np.asarray(per_step["reads"][warmup:], np.int64)
+    hits = np.asarray(per_step["hits"][warmup:], np.int64)
+    half = reads.size // 2
+
+    def rate(a: int, b: int) -> float | None:
+        n = int(reads[a:b].sum())
+        return float(hits[a:b].sum()) / n if n else None
+
+    return (rate(0, half), rate(half, reads.size)) if half else (None, None)
+
+
+def settling(rows: list[dict[str, Any]]) -> str:
+    """What the caption says of the warm-up: the largest move of a run's hit rate from the
+    first half of its measured steps to the second, settled within ``SETTLED_PTS`` points;
+    "" for runs stored before the halves were kept."""
+    moves = [
+        abs(r["hit_rate_second_half"] - r["hit_rate_first_half"]) * 100
+        for r in rows
+        if r.get("hit_rate_first_half") is not None and r.get("hit_rate_second_half") is not None
+    ]
+    if not moves:
+        return ""
+    worst = max(moves)
+    if worst <= SETTLED_PTS:
+        return (
+            f" The warm-up sufficed: no run's hit rate moves more than {worst:.2f} pts from "
+            "the first half of its measured steps to the second."
+        )
+    return (
+        f" The warm-up did not suffice: a run's hit rate moves by up to {worst:.2f} pts from "
+        f"the first half of its measured steps to the second (settled: ≤ {SETTLED_PTS:g}); "
+        "a longer --warmup would measure the settled steps."
+    )
+
+
 def caption(rows: list[dict[str, Any]]) -> str:
     """The line above a users table: its class, the scaled shape, the runs and where the
     attention came from (the scaled S1 is no fitted preset: the seed's defaults unless the
@@ -237,7 +282,7 @@ def caption(rows: list[dict[str, Any]]) -> str:
     return (
         f"Simulated (S1's weights and prefill: Analytical model), {shape}, {len(seeds)} seeds "
         f"({seeds[0]}–{seeds[-1]}); attention: synthetic, "
-        f"{attention_source(SCALED_NAME, c.get('attention'), c.get('layers'))}."
+        f"{attention_source(SCALED_NAME, c.get('attention'), c.get('layers'))}." + settling(rows)
     )
 
 

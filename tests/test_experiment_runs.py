@@ -149,6 +149,34 @@ def test_a_users_stream_is_built_once_for_the_runs_that_share_it(monkeypatch):
     assert len(built) == 4
 
 
+def test_a_users_run_says_whether_its_warm_up_sufficed():
+    """measured_halves against the run's per-step reads and hits summed by hand over the
+    steps after the warm-up, split in two; the caption says whether the halves agree within
+    SETTLED_PTS (a run whose halves differ, planted, is called unsettled) and says nothing
+    for rows stored without the halves."""
+    from kvcxl.experiments import users as users_mod
+
+    case = runner.cases_of("users", "tiny", runner.parse_where(["users=2"]))[0]
+    steps, warm = case["steps"], case["warmup"]
+    per_step = {"reads": [10 * (i + 1) for i in range(steps)],
+                "hits": [i for i in range(steps)]}  # fmt: skip
+    first, second = users_mod.measured_halves(per_step, warm)
+    mid = warm + (steps - warm) // 2
+    assert first == sum(range(warm, mid)) / sum(10 * (i + 1) for i in range(warm, mid))
+    assert second == sum(range(mid, steps)) / sum(10 * (i + 1) for i in range(mid, steps))
+    assert users_mod.measured_halves({"reads": [5] * warm, "hits": [5] * warm}, warm) == (
+        None, None)  # fmt: skip
+    row = {**users_mod.EXPERIMENT.run(case, 0), **case, "seed": 0}
+    assert row["hit_rate_first_half"] is not None and row["hit_rate_second_half"] is not None
+    moved = abs(row["hit_rate_second_half"] - row["hit_rate_first_half"]) * 100
+    said = users_mod.caption([row])
+    assert ("warm-up sufficed" in said) == (moved <= users_mod.SETTLED_PTS), (moved, said)
+    late = {**row, "hit_rate_second_half": row["hit_rate_first_half"] + 0.05}
+    assert "did not suffice" in users_mod.caption([row, late])
+    old = {k: v for k, v in row.items() if not k.startswith("hit_rate_") or k == "hit_rate"}
+    assert users_mod.caption([old]).endswith(".") and "warm-up suf" not in users_mod.caption([old])
+
+
 class _Tty(io.StringIO):
     def isatty(self):
         return True

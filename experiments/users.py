@@ -39,6 +39,7 @@ from kvcxl.emu.workloads import compile_workload, make_workload
 from kvcxl.emu.workloads.attention import attention_for, attention_source
 from kvcxl.firmware.config import PolicyConfig
 
+from ._common import LastStream
 from .base import Experiment
 
 TARGET_TOKENS_PER_S = 10.0  # per user (docs/design.md, Scenario S1)
@@ -210,22 +211,19 @@ class Users(Experiment):
 #: differ only in how the device is timed and placed, and replay one stream.
 STREAM_FIELDS = ("workload", "users", "layers", "kv_heads", "context_tokens", "steps", "read",
                  "attention")  # fmt: skip
-_last: tuple[tuple, Any] | None = None  # the last stream built, with its key
+STREAMS = LastStream()
 
 
 def _stream(case: dict[str, Any], seed: int, shape: ModelShape) -> Any:
     """The read stream of ``case`` on ``seed``, built once for the consecutive runs that
-    share it (the cases put placement and series innermost).  One is kept, and dropped
-    before the next is built: 16 S1 users' stream is gigabytes, and its build took as long
-    as a replay (Measured: 44.8 s of an 83 s run, 10 steps)."""
-    global _last
-    key = (seed, *(case.get(k) for k in STREAM_FIELDS))
-    if _last is None or _last[0] != key:
-        _last = None
+    share it (:class:`~._common.LastStream`)."""
+
+    def build() -> Any:
         wl = make_workload(case["workload"], shape, seed=seed, lanes=case["users"])
         attention = attention_for(shape, case.get("attention"))
-        _last = (key, compile_workload(wl, case["steps"], attention=attention, read=case["read"]))
-    return _last[1]
+        return compile_workload(wl, case["steps"], attention=attention, read=case["read"])
+
+    return STREAMS.get((seed, *(case.get(k) for k in STREAM_FIELDS)), build)
 
 
 def measured_halves(per_step: dict[str, Any], warmup: int) -> tuple[float | None, float | None]:

@@ -69,7 +69,6 @@ reuse, with the synthetic attention on top.  The sweep:
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import replace
 from typing import Any
@@ -87,6 +86,7 @@ from kvcxl.emu.workloads import compile_workload, make_workload
 from kvcxl.emu.workloads.attention import attention_for
 from kvcxl.emu.workloads.mooncake import HASH_BLOCK_TOKENS
 
+from ._common import LastStream
 from .base import Experiment
 from .users import (
     CLAIMED_BOUND,
@@ -169,17 +169,24 @@ def check_utilisation(util: dict[str, float], where: str) -> None:
             raise ValueError(f"{where}: {k} utilisation {util[k]!r} is outside [0, 1]")
 
 
-@functools.lru_cache(maxsize=2)
+STREAMS = LastStream()
+
+
 def _stream(
     wl: str, seed: int, dims: tuple[int, int, int], rate: float, steps: int, read: str,
     attention: str | None,
 ):  # fmt: skip
-    """The read stream of one (trace, seed, rate, attention); the series of a rate share it."""
-    shape = scaled_shape(*dims)
-    return compile_workload(
-        make_workload(wl, shape, seed=seed, itl_ms=ITL_MS, rate=rate), steps, read=read,
-        attention=attention_for(shape, attention),
-    )  # fmt: skip
+    """The read stream of one (trace, seed, rate, attention); the series of a rate share it
+    (:class:`~._common.LastStream`: its runs are consecutive)."""
+
+    def build() -> Any:
+        shape = scaled_shape(*dims)
+        return compile_workload(
+            make_workload(wl, shape, seed=seed, itl_ms=ITL_MS, rate=rate), steps, read=read,
+            attention=attention_for(shape, attention),
+        )  # fmt: skip
+
+    return STREAMS.get((wl, seed, dims, rate, steps, read, attention), build)
 
 
 class UsersMooncake(Experiment):

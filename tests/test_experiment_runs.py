@@ -128,18 +128,23 @@ def test_a_users_stream_is_built_once_for_the_runs_that_share_it(monkeypatch):
         keys = [tuple(c.get(k) for k in users_mod.STREAM_FIELDS) for c in cases]
         runs = [k for i, k in enumerate(keys) if i == 0 or k != keys[i - 1]]
         assert len(runs) == len(set(keys)), name
+    # users-mooncake's stream: one (trace, rate) and its steps, reads and attention
+    fields = ("workload", "rate", "steps", "read", "attention")
+    keys = [tuple(c.get(k) for k in fields) for c in runner.cases_of("users-mooncake", "s1")]
+    runs = [k for i, k in enumerate(keys) if i == 0 or k != keys[i - 1]]
+    assert len(runs) == len(set(keys)) > 1
     built = []
     real = users_mod.compile_workload
     monkeypatch.setattr(users_mod, "compile_workload",
                         lambda *a, **k: built.append(1) or real(*a, **k))  # fmt: skip
     case = runner.cases_of("users", "tiny", runner.parse_where(["users=2"]))[0]
     fill = {**case, "placement": "fill"}
-    monkeypatch.setattr(users_mod, "_last", None)
+    users_mod.STREAMS.clear()
     rows = [users_mod.EXPERIMENT.run(c, 0) for c in (case, fill, case)]
     assert len(built) == 1
     fresh = []
     for c in (case, fill):  # each from a stream of its own: the replay left the shared one be
-        monkeypatch.setattr(users_mod, "_last", None)
+        users_mod.STREAMS.clear()
         fresh.append(users_mod.EXPERIMENT.run(c, 0))
     assert len(built) == 3
     same = [json.dumps(r, sort_keys=True) for r in rows]

@@ -391,13 +391,13 @@ def _progress(ev: dict, b: object) -> None:
 def _summary(r: dict) -> None:
     for x in r.get("boot_retries", []):
         what = (
-            f"the guest stalled (silent {x['silent_s']} s"
+            f"the guest stalled (silent {x['silent_s']} s at {x['t']} s)"
             if x["why"] == "stall"
-            else f"QEMU ended on {x['signal']} ("
+            else f"QEMU ended on {x['signal']} (at {x['t']} s)"
         )
         print(
-            f"retried: {what} at {x['t']} s) before the kvcxl agent started; its last console "
-            f"line: {(x['console_tail'] or ['(none)'])[-1]!r}"
+            f"retried: {what} before the kvcxl agent started; its last console line: "
+            f"{(x['console_tail'] or ['(none)'])[-1]!r}"
         )
     for e in r["events"]:
         if e["event"] in ("host_timeout", "host_stall"):

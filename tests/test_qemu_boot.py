@@ -231,13 +231,15 @@ def test_plugin_streams_cxl_accesses(host) -> None:
     assert guest_result(r, "replay")["bad_bytes"] == 0
 
 
-def test_a_crashed_or_silent_guest_is_stopped_retried_and_reported(host, monkeypatch) -> None:
+def test_a_crashed_or_silent_guest_is_stopped_retried_and_reported(
+    host, monkeypatch, capsys
+) -> None:
     """Before the agent starts, a QEMU that ends on a signal (planted: SIGABRT as it starts,
     as QEMU's own assertions end it) and a guest silent for stall_s (1 s is shorter than the
     kernel's quiet boot) are both retried; the final boot stalls again and its report fails,
     saying where."""
     import kvcxl.qemu.boot as qb
-    from kvcxl.cli.qemu import boot_ok
+    from kvcxl.cli.qemu import _summary, boot_ok
 
     aborted: list[int] = []
 
@@ -258,6 +260,10 @@ def test_a_crashed_or_silent_guest_is_stopped_retried_and_reported(host, monkeyp
     crash, stall = r["boot_retries"]
     assert crash["why"] == "qemu_crash" and crash["signal"] == "SIGABRT", crash
     assert stall["why"] == "stall" and stall["silent_s"] >= 1.0, stall
+    _summary(r)  # what `kvcxl qemu boot` prints of them
+    said = capsys.readouterr().out
+    assert "retried: QEMU ended on SIGABRT (at " in said, said
+    assert "retried: the guest stalled (silent " in said, said
     # the watchdog stopped the last one, not the boot's timeout
     names = {e["event"] for e in r["events"]}
     assert "host_stall" in names and "host_timeout" not in names, names

@@ -323,7 +323,11 @@ def bound_of(rows: list[dict[str, Any]], meets: str = "meets") -> tuple[int, boo
 def read_bound(rows: list[dict[str, Any]], meets: str = "meets") -> tuple[int | None, str]:
     """A series' bound (:func:`bound_of`; None where it is left open) and it in words."""
     b, decided = bound_of(rows, meets)
-    return (b, bound_words(b, rows)) if decided else (None, open_words(b, rows))
+    if not decided:
+        return None, open_words(b, rows)
+    hi = min(r["users"] for r in rows if r["users"] > b) - 1  # below the first that fails
+    # a range of counts not swept that holds the claimed bound: the claim is not decided
+    return (None if b <= CLAIMED_BOUND <= hi and hi > b else b), bound_words(b, rows)
 
 
 def verdict_of(bounds: list[int | None]) -> str:
@@ -339,10 +343,18 @@ def verdict_of(bounds: list[int | None]) -> str:
 
 def bound_words(b: int, rows: list[dict[str, Any]]) -> str:
     """A decided bound in words: the counts below a sweep that starts above 1 (``--where
-    users=14-18``) were not run, so a first count that fails puts the bound below it."""
+    users=14-18``) were not run, so a first count that fails puts the bound below it; a
+    gap between the last count that meets the target and the first that fails leaves the
+    bound a range."""
     lo = min(r["users"] for r in rows)
     if b == 0 and lo > 1:
         return f"the bound is below {lo} users (the sweep's smallest count fails)"
+    nxt = min(r["users"] for r in rows if r["users"] > b)
+    if nxt > b + 1:  # (--where users=4,8)
+        return (
+            f"the bound is {b}–{nxt - 1} users ({b} meets the target, {nxt} fails; the "
+            "counts between were not swept)"
+        )
     return f"the bound is {b} users"
 
 

@@ -246,6 +246,16 @@ def test_a_sweep_that_starts_above_one_puts_a_failing_first_count_above_the_boun
     assert verdict == "cannot say" and "14 users meet it, 16 is undecided" in why, why
     assert "every count up to 16 meets" in users._verdict([_row(14, 20.0, 1.0),
                                                            _row(16, 20.0, 1.0)])[1]  # fmt: skip
+    # a gap between the last count that meets it and the first that fails: a range, and
+    # the claim undecided when the range holds 16
+    apart = [_row(4, 20.0, 1.0), _row(8, 5.0, 1.0)]
+    verdict, why = users._verdict(apart)
+    assert verdict == "contradicts" and "the bound is 4–7 users (4 meets" in why, why
+    around = [_row(14, 20.0, 1.0), _row(18, 5.0, 1.0)]
+    verdict, why = users._verdict(around)
+    assert verdict == "cannot say" and "the bound is 14–17 users" in why, why
+    assert users._verdict([_row(16, 20.0, 1.0), _row(18, 5.0, 1.0)])[0] == "cannot say"
+    assert users._verdict([_row(16, 20.0, 1.0), _row(17, 5.0, 1.0)])[0] == "confirms"
 
 
 def test_verdict_cannot_say_when_the_ci_straddles_the_target():

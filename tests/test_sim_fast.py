@@ -451,6 +451,28 @@ def test_managed_tiers_few_victims_among_many_replay_identically() -> None:
                 assert_same(a, b, f"ema/{mode} {gran} {cfg}")
 
 
+def test_entry_ids_kept_in_int64_replay_as_in_int32(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The loop keeps ids and versions in int32 below 2**31 entries (hooks.id_dtype); a run
+    # above it takes int64.  Both against the numpy engine, for a queue (LRU: its items), a
+    # managed policy's layers and heaps (the EMA) and the spill's arrival heap (CXL DRAM
+    # smaller than the entries).
+    from kvcxl.emu.sim.fast import hooks
+
+    stream = compile_workload(make_workload("multi-turn", SHAPE, seed=3), 12, read="topk:8")
+    kv = stream.kv_bytes
+    runs = [("lru", "float", "layer"), ("ema", "float", "layer"), ("ema", "float", "request")]
+    for dtype in (np.int32, np.int64):
+        seen: list[type] = []
+        monkeypatch.setattr(hooks, "id_dtype", lambda n, d=dtype, s=seen: s.append(d) or d)
+        for policy, mode, gran in runs:
+            a, b = _both(
+                stream, policy=policy, mode=mode, granularity=gran, budget_bytes=kv // 5,
+                cxl_bytes=kv // 10,
+            )  # fmt: skip
+            assert_same(a, b, f"{policy}/{mode} {gran} ids in {np.dtype(dtype).name}")
+        assert seen == [dtype] * len(runs)  # (the fast engine took the dtype each run)
+
+
 @pytest.mark.parametrize("source", ["trace-v1", "trace-v2"])
 def test_traces_replay_identically(source: str) -> None:
     stream = _streams()[source]

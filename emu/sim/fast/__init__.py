@@ -131,7 +131,7 @@ def run(rep: _Replay) -> None:
     """Replay ``rep``'s stream with the loop compiled for its policy; fill its books, tiers,
     stats and dump."""
     from .compose import modules, replay_for
-    from .hooks import Media, Plan, Run, Setup, Table, trait
+    from .hooks import Media, Plan, Run, Setup, Table, id_dtype, trait
     from .prefetch import TOTAL, USEFUL, USEFUL_WARM, WASTED
     from .prefetch import build as prefetch_state
     from .tiers import rules_of
@@ -185,7 +185,7 @@ def run(rep: _Replay) -> None:
             persistent=bool(cfg.persistent_metadata), eviction_batch=int(cfg.eviction_batch),
             nvme_below=nvme_below, record=bool(opts.record_victims), per_request=per_request,
             offline=bool(fw.offline), bypass=bool(fw.policy.may_bypass), warm=int(books.warm),
-            pinned=pinned, stamp=stamp),
+            pinned=pinned, stamp=stamp, ids=np.zeros(0, id_dtype(n))),
         Media(cxl_cap=int(tiers.cap[2]), nvme_cap=int(tiers.cap[3]), entry_bytes=int(rep.eb),
               cxl_lat=float(t.cxl_latency_ns), cxl_gbps=float(t.cxl_gbps),
               nvme_lat=float(t.nvme_latency_ns), nvme_gbps=float(t.nvme_gbps)),

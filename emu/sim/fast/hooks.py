@@ -134,6 +134,15 @@ class Run(NamedTuple):
     warm: int  # the warm-up's read steps (_StepBooks.warm)
     pinned: NDArray  # the cache's columns (Setup's: shared with the policy's state)
     stamp: NDArray
+    ids: NDArray  # empty, of the dtype the loop keeps entry ids and versions in (id_dtype)
+
+
+def id_dtype(n: int) -> type:
+    """The dtype the loop keeps entry ids and versions in: int32 while ``n`` entries fit
+    (S1's 16 users are 84 M; 4 bytes an id, not 8, in every id column and queue item),
+    else int64.  A version wraps in int32 harmlessly: an item is compared with its
+    entry's version only while it is queued, never 2**32 touches old."""
+    return np.int32 if n < 2**31 else np.int64
 
 
 class Media(NamedTuple):

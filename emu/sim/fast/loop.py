@@ -448,44 +448,96 @@ def _pop_victims(w, hk, hi, hv, size, k_pass, nv, call, protect):  # type: ignor
 def _layer_victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-untyped-def]
     """Managed tiers: up to ``k_pass`` victims layer by layer, each by the policy's order
     (the layers move only with a score or a touch: fixed for the call); into ``vic``, each
-    one's pass and layer into ``vgrp``, returning how many."""
+    one's pass and layer into ``vgrp``, returning how many.
+
+    The victims are the ``k_pass`` smallest (layer, key, id): one pass over the eligible
+    reads each entry's layer and key together (its state read once), the layers below the
+    one that holds the ``k_pass``-th leave whole, and that layer's are selected by key."""
     ps, tab, c, cache, sc = env.ps, env.tab, w.c, w.cache, w.scratch
-    lay_ids, lay_n, cand_id, cand_k, vic, vic2 = (
-        sc.lay_ids, sc.lay_n, sc.cand_id, sc.cand_k, sc.vic, sc.vic2
-    )  # fmt: skip
+    cand_id, cand_k, vic, lay_of, lay_n = sc.cand_id, sc.cand_k, sc.vic, sc.lay_of, sc.lay_n
     call, record = c[CALL], env.run.record
+    if k_pass <= 0:
+        return 0
     lay_n[:] = 0
+    m = 0
     for j in range(c[N_LIST]):
         e = cache.res_list[j]
         if protect and cache.stamp[e] == call:
             continue
         g = _layer_of(env, e)
-        lay_ids[g, lay_n[g]] = e
+        cand_id[m] = e
+        lay_of[m] = g
+        if not SELECT:
+            cand_k[m] = key_of(priority(ps, tab, e, now))
         lay_n[g] += 1
+        m += 1
+    if SELECT:  # (the policy's select sees each layer's candidates in the list's order)
+        return _select_layers(env, w, m, k_pass, n_pass, now)
+    gb, below = T.LAYERS, 0  # the layer that holds the k_pass-th victim; how many below it
+    for g in range(T.LAYERS):
+        if below + lay_n[g] >= k_pass:
+            gb = g
+            break
+        below += lay_n[g]
+    at = np.empty(T.LAYERS, np.int64)  # where each whole layer's victims go, layer order
+    acc = 0
+    for g in range(T.LAYERS):
+        at[g] = acc
+        acc += lay_n[g] if g < gb else 0
+    need = k_pass - below if gb < T.LAYERS else 0
+    whole = gb < T.LAYERS and lay_n[gb] == need  # (the last layer leaves whole too)
+    t = 0  # the boundary layer's candidates, compacted in place
+    kmin = kmax = 0
+    for j in range(m):
+        g = lay_of[j]
+        if g < gb or (whole and g == gb):
+            vic[at[g] if g < gb else below + t] = cand_id[j]
+            if g < gb:
+                at[g] += 1
+            else:
+                t += 1
+        elif g == gb:
+            k = cand_k[j]
+            if t == 0 or k < kmin:
+                kmin = k
+            if t == 0 or k > kmax:
+                kmax = k
+            cand_k[t] = k
+            cand_id[t] = cand_id[j]
+            t += 1
+    got = 0
+    if gb < T.LAYERS:
+        got = need if whole else _select(cand_k, cand_id, t, need, kmin, kmax, vic[below:])
+    if record:
+        for g in range(min(gb + 1, T.LAYERS)):
+            lo = at[g] - lay_n[g] if g < gb else below
+            hi = at[g] if g < gb else below + got
+            for j in range(lo, hi):
+                sc.vgrp[j] = n_pass * T.LAYERS + g
+    return below + got
+
+
+@njit(cache=True, inline="always")
+def _select_layers(env, w, m, k_pass, n_pass, now):  # type: ignore[no-untyped-def]
+    """:func:`_layer_victims` of a policy with its own select: each layer's candidates
+    (``cand_id[:m]`` of layer ``lay_of``) gathered in the list's order and handed to it,
+    lowest layer first, until ``k_pass`` are chosen."""
+    sc = w.scratch
     nv = 0
     for g in range(T.LAYERS):
         if nv >= k_pass:
             break
-        mc = lay_n[g]
+        mc = 0
+        for j in range(m):
+            if sc.lay_of[j] == g:
+                sc.vic2[mc] = sc.cand_id[j]
+                mc += 1
         if mc == 0:
             continue
-        if SELECT:
-            for j in range(mc):
-                cand_id[j] = lay_ids[g, j]
-            got = select(ps, tab, cand_id, mc, k_pass - nv, now, vic2)
-        elif mc <= k_pass - nv:  # the whole layer leaves: no ranking
-            for j in range(mc):
-                vic2[j] = lay_ids[g, j]
-            got = mc
-        else:
-            for j in range(mc):
-                cand_id[j] = lay_ids[g, j]
-                cand_k[j] = key_of(priority(ps, tab, cand_id[j], now))
-            got = T.smallest(cand_k, cand_id, mc, k_pass - nv, vic2)
-        for j in range(got):
-            vic[nv + j] = vic2[j]
-            if record:
-                sc.vgrp[nv + j] = n_pass * T.LAYERS + g
+        got = select(env.ps, env.tab, sc.vic2, mc, k_pass - nv, now, sc.vic[nv:])
+        if env.run.record:
+            for j in range(nv, nv + got):
+                sc.vgrp[j] = n_pass * T.LAYERS + g
         nv += got
     return nv
 
@@ -1032,8 +1084,9 @@ def _work(plan, run, media, tlog, pf, rules):  # type: ignore[no-untyped-def]
     # (a queue policy keeps no resident list: its queue is the list; a managed boundary,
     # which walks the list, needs a scored policy, never a queue one)
     nl = n if not QUEUE or LAYERED else 0
+    idt = run.ids.dtype  # (entry ids and versions: hooks.id_dtype)
     cache = Cache(np.zeros(n, np.bool_), run.pinned, np.zeros(n, np.bool_),
-                  np.empty(nl, np.int64), np.full(nl, -1, np.int64), run.stamp)  # fmt: skip
+                  np.empty(nl, idt), np.full(nl, -1, idt), run.stamp)  # fmt: skip
     # A heap of the resident unpinned entries by (key, id) serves small evictions of a STATIC
     # policy: keys change only by an entry's own events (marked dirty, pushed again before
     # the next pop) and at step ends (the heap is rebuilt).  Large evictions scan.  A QUEUE
@@ -1042,30 +1095,33 @@ def _work(plan, run, media, tlog, pf, rules):  # type: ignore[no-untyped-def]
     # evictions take each layer's heap in turn instead (a call's dirty ones pushed again).
     # Sized by HBM, not by the entries or the reads: a call starts with at most `capacity`
     # listed entries (make_room leaves no more, or none listed), admits at most a batch or
-    # a prefetch and touches at most a batch; a full heap is rebuilt and a full queue
-    # compacted (one current item per listed entry), twice that room amortising both.
+    # a prefetch and touches at most a batch; a full heap is rebuilt (it holds the listed
+    # entries: at most capacity and a batch or a prefetch) and a full queue compacted (one
+    # current item per listed entry, then the call's admissions and touches).  The room
+    # beyond that, at least capacity + 64, amortises both; the pages are touched as items
+    # are written, so a prompt written at one batch costs room for it, not twice.
     big = 0
     for b in range(plan.off.size - 1):
         big = max(big, plan.off[b + 1] - plan.off[b])
-    room = 2 * (run.capacity + 2 * big + pf.limit) + 64
+    room = 2 * (run.capacity + pf.limit + big) + 64
     layered = LAYERED and STATIC and not SELECT and rules.managed
     lcap = min(n + 64, room) if layered else 0
     hcap = min(2 * n + 64 + p_ids.size, room) if STATIC and not layered else 0
-    heap = Heap(np.empty(hcap, np.int64), np.empty(hcap, np.int64), np.empty(hcap, np.int64),
-                np.zeros(n, np.int64), np.zeros(n, np.bool_), np.empty(n, np.int64),
-                np.empty((T.LAYERS, lcap), np.int64), np.empty((T.LAYERS, lcap), np.int64),
-                np.empty((T.LAYERS, lcap), np.int64), np.zeros(T.LAYERS, np.int64))  # fmt: skip
+    heap = Heap(np.empty(hcap, np.int64), np.empty(hcap, idt), np.empty(hcap, idt),
+                np.zeros(n, idt), np.zeros(n, np.bool_), np.empty(n, idt),
+                np.empty((T.LAYERS, lcap), np.int64), np.empty((T.LAYERS, lcap), idt),
+                np.empty((T.LAYERS, lcap), idt), np.zeros(T.LAYERS, np.int64))  # fmt: skip
     spills = media.cxl_cap < n  # else CXL DRAM has room for every entry
     ccap = 2 * n + 64 if spills else 0
     tiers = Tiers(np.zeros(n, np.uint8), np.zeros(4, np.int64),
                   np.zeros(n if spills else 0, np.int64), np.empty(ccap, np.int64),
-                  np.empty(ccap, np.int64), np.empty(ccap, np.int64),
-                  np.zeros(n if spills else 0, np.int64),
+                  np.empty(ccap, idt), np.empty(ccap, idt),
+                  np.zeros(n if spills else 0, idt),
                   np.zeros(n if run.nvme_below > -np.inf else 0, np.bool_))  # fmt: skip
-    scratch = Scratch(np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64),
-                      np.empty(n, np.int64), np.empty(n, np.int64), np.empty(2 * n, np.int64),
+    scratch = Scratch(np.empty(n, idt), np.empty(n, idt), np.empty(n, np.int64),
+                      np.empty(n, idt), np.empty(n, idt), np.empty(2 * n, np.int64),
                       np.empty(n if run.record else 0, np.int64),
-                      np.empty((T.LAYERS, n if LAYERED else 0), np.int64),
+                      np.empty(n if LAYERED else 0, np.uint8),
                       np.zeros(T.LAYERS, np.int64))  # fmt: skip
     # dump: victims <= admissions (writes, misses, prefetches: at most limit per read call)
     n_calls = plan.step.size + (p_ids.size if run.per_request else 0)

@@ -117,7 +117,8 @@ class Scratch(NamedTuple):
     """Every scratch array at its largest size up front (an array variable reassigned in
     the loop costs reference counting on every iteration): a call's admissions, the
     candidates' ids and keys, the victims, the heap's stash, each victim's pass and layer,
-    a managed pass's eligible entries layer by layer (row g: ``lay_n[g]`` of them)."""
+    a managed pass's eligible entries' layers (``lay_of``, beside ``cand_id``) and how
+    many in each (``lay_n``)."""
 
     adm: NDArray
     cand_id: NDArray
@@ -126,7 +127,7 @@ class Scratch(NamedTuple):
     vic2: NDArray
     stash: NDArray
     vgrp: NDArray
-    lay_ids: NDArray
+    lay_of: NDArray
     lay_n: NDArray
 
 

@@ -366,7 +366,11 @@ def _admit(env, w, a, z, na, n_prot, is_write):  # type: ignore[no-untyped-def]
     adm, t = w.scratch.adm, c[T_NOW]
     hsize, hhead, n_dirty, stale = c[HSIZE], c[HHEAD], c[N_DIRTY], c[STALE] != 0
     n_list, n_pinned = c[N_LIST], c[N_PINNED]
-    if QUEUE and hsize + na + (z - a) > h.hk.size:  # (room for every touch below)
+    # Room for every touch below; and compacted once its tail passes twice what it would
+    # hold after (half of it stale): an item's page is touched when it is written, so the
+    # queue's pages then cover about twice its current items, not the whole room.
+    grow = na + (z - a)
+    if QUEUE and (hsize + grow > h.hk.size or hsize > 2 * (n_list + grow) + 64):
         hsize, hhead = _compact_queue(h, c, hhead, hsize), 0
     c[N_RES] += na
     c[INSERTS] += na

@@ -25,8 +25,8 @@ STATIC = True  # a key moves by a touch or at a step's end (the heap is rebuilt)
 
 class State(NamedTuple):
     score: NDArray  # float64, fill 0
-    w_step: NDArray  # the step's largest weight
-    idle: NDArray  # steps since the last touch
+    w_step: NDArray  # the step's largest weight (the stream's float32, or float64)
+    idle: NDArray  # steps since the last touch (int32)
     touched: NDArray
     decay: NDArray  # recency_decay of every reachable idle count
     alpha: float
@@ -37,9 +37,12 @@ def build(setup: Setup) -> State:
     cfg = setup.config
     n_steps = int(np.count_nonzero(np.diff(setup.plan["step"]))) + 2  # one per step boundary
     decay = np.asarray(recency_decay(np.arange(n_steps, dtype=np.int64), cfg.beta), np.float64)
+    # The step's largest weight in the stream's own dtype (float32 weights widen exactly
+    # where the EMA step reads them); idle counts stay below the steps (int32).
+    w_dtype = np.float32 if setup.plan["w"].dtype == np.float32 else np.float64
     return State(
-        setup.column(0.0, np.float64), setup.column(0.0, np.float64),
-        setup.column(0, np.int64), setup.column(False, np.bool_), decay,
+        setup.column(0.0, np.float64), setup.column(0.0, w_dtype),
+        setup.column(0, np.int32), setup.column(False, np.bool_), decay,
         float(cfg.alpha), float(cfg.touch_threshold),
     )  # fmt: skip
 

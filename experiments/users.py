@@ -325,9 +325,14 @@ def read_bound(rows: list[dict[str, Any]], meets: str = "meets") -> tuple[int | 
     b, decided = bound_of(rows, meets)
     if not decided:
         return None, open_words(b, rows)
-    hi = min(r["users"] for r in rows if r["users"] > b) - 1  # below the first that fails
+    hi = first_fail(b, rows) - 1
     # a range of counts not swept that holds the claimed bound: the claim is not decided
     return (None if b <= CLAIMED_BOUND <= hi and hi > b else b), bound_words(b, rows)
+
+
+def first_fail(b: int, rows: list[dict[str, Any]]) -> int:
+    """The first count that fails past a decided bound ``b``: the sweep's next count."""
+    return min(r["users"] for r in rows if r["users"] > b)
 
 
 def verdict_of(bounds: list[int | None]) -> str:
@@ -349,7 +354,7 @@ def bound_words(b: int, rows: list[dict[str, Any]]) -> str:
     lo = min(r["users"] for r in rows)
     if b == 0 and lo > 1:
         return f"the bound is below {lo} users (the sweep's smallest count fails)"
-    nxt = min(r["users"] for r in rows if r["users"] > b)
+    nxt = first_fail(b, rows)
     if nxt > b + 1:  # (--where users=4,8)
         return (
             f"the bound is {b}–{nxt - 1} users ({b} meets the target, {nxt} fails; the "

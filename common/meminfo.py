@@ -1,7 +1,7 @@
 """What this machine and its processes hold in memory (Linux's /proc): the memory free for
 a new allocation, which a workload that would not fit is refused against before it
 swaps, and a process's resident set now and at its peak, which the experiments' progress
-and the benches report."""
+and the benches report; and numpy's huge-page advice, which the emulator turns off."""
 
 from __future__ import annotations
 
@@ -48,3 +48,21 @@ def reset_peak() -> None:
     """Start this process's peak (VmHWM) over from its resident set now (Linux's
     clear_refs 5)."""
     Path("/proc/self/clear_refs").write_text("5")
+
+
+def no_huge_page_stalls() -> None:
+    """Stop numpy asking the kernel to back its large arrays with transparent huge pages
+    (``madvise(MADV_HUGEPAGE)``), unless ``NUMPY_MADVISE_HUGEPAGE`` says otherwise.
+
+    Where the kernel's THP defrag is ``madvise`` (a common default) each such fault may
+    compact memory first: on the 2-core reference machine a fresh 1.5 GB array took
+    17.6–18.1 s with the advice and 0.59–0.68 s without it, and generating a 2-user S1
+    stream 3.3–12.0 s against 1.3 s (Measured, docs/simulator.md, "Huge pages"); the
+    replay's rates did not move."""
+    if "NUMPY_MADVISE_HUGEPAGE" in os.environ:  # (the user's choice stands)
+        return
+    import numpy as np
+
+    advise = getattr(np._core.multiarray, "_set_madvise_hugepage", None)
+    if advise is not None:  # (private in numpy 2; absent: nothing to turn off)
+        advise(False)

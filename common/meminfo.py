@@ -57,8 +57,8 @@ def no_huge_page_stalls() -> None:
     Where the kernel's THP defrag is ``madvise`` (a common default) each such fault may
     compact memory first: on the 2-core reference machine a fresh 1.5 GB array took
     17.6–18.1 s with the advice and 0.59–0.68 s without it, and generating a 2-user S1
-    stream 3.3–12.0 s against 1.3 s (Measured, docs/simulator.md, "Huge pages"); the
-    replay's rates did not move."""
+    stream 3.3–12.0 s against 1.3 s; the replay's rates did not move (Measured;
+    docs/simulator.md, "Huge pages and first-touched memory")."""
     if "NUMPY_MADVISE_HUGEPAGE" in os.environ:  # (the user's choice stands)
         return
     import numpy as np

@@ -1,5 +1,6 @@
 """The process-memory helpers: numpy's huge-page advice is off once the emulator is
-imported, unless the user set NUMPY_MADVISE_HUGEPAGE (docs/simulator.md, "Huge pages")."""
+imported, unless the user set NUMPY_MADVISE_HUGEPAGE (docs/simulator.md,
+"Huge pages and first-touched memory")."""
 
 from __future__ import annotations
 

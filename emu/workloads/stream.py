@@ -45,11 +45,13 @@ from .attention import (
 )
 
 CREATE, READ = 0, 1
+_RELEASED = np.zeros(0, np.int64)  # what a builder's part becomes once joined
 #: What building a stream holds per entry at its peak (its id, context, layer, head and
-#: block, its place in its context's grid, and their joined copies): 69.8–72.3 bytes
-#: (Measured with tracemalloc: S1, retrieval, 2 lanes, 1 and 4 steps of top-256; 36.4–37.7
-#: kept after; 73.9–76.8 before the columns were joined without a second copy).
-BUILD_BYTES_PER_ENTRY = 73
+#: block, its place in its context's grid, and the parts its columns are joined from):
+#: 51.2–51.7 bytes (Measured with tracemalloc: S1, retrieval, 2 lanes, 1 and 4 steps of
+#: top-256; 37.7–38.0 kept after; 71.4–72.3 while every part was held until its column was
+#: joined, 73.9–76.8 before the columns were joined without a second copy).
+BUILD_BYTES_PER_ENTRY = 52
 #: A workload may create entries while their arrays take at most this share of the memory
 #: available when it starts (refused rather than swapped), and at least MIN_ENTRIES.
 MEMORY_SHARE = 0.5
@@ -279,7 +281,8 @@ class _Builder:
         self.tokens: dict[int, int] = {}
         self.first_own_block: dict[int, int] = {}
         self.children: set[int] = set()  # contexts that share entries of a parent context
-        self.e: list[tuple[NDArray, NDArray, NDArray, NDArray]] = []
+        # each entry's (context, layer, head, block), a part per growth, a list per column
+        self.e: tuple[list[NDArray], ...] = ([], [], [], [])
         self.kind: list[int] = []
         self.step: list[int] = []
         self.layer: list[int] = []
@@ -350,7 +353,10 @@ class _Builder:
                 np.arange(ob, nb, dtype=np.int32),
                 indexing="ij",
             )
-            self.e.append((np.full(ids.size, ctx, np.int32), ll.ravel(), hh.ravel(), bb.ravel()))
+            for col, part in zip(
+                self.e, (np.full(ids.size, ctx, np.int32), ll, hh, bb), strict=True
+            ):
+                col.append(part.ravel())
             self.n += ids.size
             if self.n > self.max_n:
                 raise ValueError(
@@ -404,15 +410,27 @@ class _Builder:
         lsizes = np.array([len(x) for x in self.lens], dtype=np.int64)
         flat_lens = [x for group in self.lens for x in group]
 
-        def cat(parts: list[NDArray], dt: Any) -> NDArray:  # (no second copy of each column)
-            return np.concatenate(parts).astype(dt, copy=False) if parts else np.zeros(0, dt)
+        def cat(parts: list[NDArray], dt: Any) -> NDArray:
+            # Each part released once copied: a column is never held twice, which keeps a
+            # large stream's build further below where this machine's first-touched pages
+            # turn slow (docs/simulator.md, "Huge pages and first-touched memory").
+            out = np.empty(sum(a.size for a in parts), dt)
+            at = 0
+            for i in range(len(parts)):
+                part = parts[i]
+                parts[i] = _RELEASED
+                out[at : at + part.size] = part
+                at += part.size
+                del part
+            parts.clear()
+            return out
 
         return ReadStream(
             shape=s,
-            e_ctx=cat([e[0] for e in self.e], np.int32),
-            e_layer=cat([e[1] for e in self.e], np.int32),
-            e_head=cat([e[2] for e in self.e], np.int32),
-            e_block=cat([e[3] for e in self.e], np.int32),
+            e_ctx=cat(self.e[0], np.int32),
+            e_layer=cat(self.e[1], np.int32),
+            e_head=cat(self.e[2], np.int32),
+            e_block=cat(self.e[3], np.int32),
             ev_kind=np.array(self.kind, dtype=np.int8),
             ev_step=np.array(self.step, dtype=np.int64),
             ev_layer=np.array(self.layer, dtype=np.int32),

@@ -162,8 +162,10 @@ def run(rep: _Replay) -> None:
         if fw.offline:
             kwargs["future"] = fw.policy.future  # type: ignore[attr-defined]
         want_pin = np.asarray(make_policy(policy, cfg, table, **kwargs).wants_pin(np.arange(n)))
-    # Weights as the stream holds them (float32, widened exactly in the loop).
+    # Weights as the stream holds them (float32, widened exactly where they are read), else
+    # float64: the loop's and every policy's (Setup.plan), decided here once.
     w = plan["w"] if plan["w"].dtype == np.float32 else np.asarray(plan["w"], np.float64)
+    plan = {**plan, "w": w}
     nvme_below = -np.inf
     if (fw.placement == "policy" and fw.policy.scored and cfg.placement_mode == "thresholds"
             and not fw.managed):  # (managed tiers: every victim lands in CXL DRAM)  # fmt: skip

@@ -171,7 +171,8 @@ class Table(NamedTuple):
 class Setup:
     """What ``build`` reads: the firmware policy (its parameters: ``policy.params``), its
     configuration, the mode, the flattened plan (:func:`kvcxl.emu.sim.fast.flat_plan` with
-    ``e_ctx``/``e_block``), the number of entries and the replay's granularity; the cache's
+    ``e_ctx``/``e_block``; its ``w`` the loop's weights, float32 or float64), the number
+    of entries and the replay's granularity; the cache's
     ``pinned`` and ``stamp`` columns (the call that last marked each entry), which the
     loop writes and a ``select_all`` reads."""
 

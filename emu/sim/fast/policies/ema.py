@@ -37,11 +37,10 @@ def build(setup: Setup) -> State:
     cfg = setup.config
     n_steps = int(np.count_nonzero(np.diff(setup.plan["step"]))) + 2  # one per step boundary
     decay = np.asarray(recency_decay(np.arange(n_steps, dtype=np.int64), cfg.beta), np.float64)
-    # The step's largest weight in the stream's own dtype (float32 weights widen exactly
-    # where the EMA step reads them); idle counts stay below the steps (int32).
-    w_dtype = np.float32 if setup.plan["w"].dtype == np.float32 else np.float64
+    # The step's largest weight in the loop's weights' dtype (float32 widens exactly where
+    # the EMA step reads it); idle counts stay below the steps (int32).
     return State(
-        setup.column(0.0, np.float64), setup.column(0.0, w_dtype),
+        setup.column(0.0, np.float64), setup.column(0.0, setup.plan["w"].dtype),
         setup.column(0, np.int32), setup.column(False, np.bool_), decay,
         float(cfg.alpha), float(cfg.touch_threshold),
     )  # fmt: skip

@@ -45,8 +45,7 @@ class State(NamedTuple):
 
 def build(setup: Setup) -> State:
     cfg = setup.config
-    w = setup.plan["w"]
-    w = w if w.dtype == np.float32 else np.asarray(w, np.float64)
+    w = setup.plan["w"]  # (the loop's weights: float32 or float64)
     return State(
         setup.column(0, np.int64), setup.column(0, np.int64), setup.column(0, np.int64),
         setup.column(False, np.bool_), np.asarray(fx.to_q16(w), np.int64),

@@ -451,6 +451,29 @@ def test_managed_tiers_few_victims_among_many_replay_identically() -> None:
                 assert_same(a, b, f"ema/{mode} {gran} {cfg}")
 
 
+def test_managed_tiers_many_victims_from_the_listed_keys_replay_identically() -> None:
+    # Layer calls that evict more than a 32nd of the listed entries read the EMA's layers
+    # and keys kept beside the resident list (loop._keyed_victims): a step's later calls see
+    # the keys of entries admitted or touched since its first, which the loop takes again
+    # as they move (loop._touched).  Top-k reads leave entries idle for steps and touch them
+    # again (a touch moves the key); dense ones evict most of a layer's entries a call.  At
+    # half the entries a call evicts less than a quarter of the listed, who leave by a swap
+    # with the list's last (loop._leave: the kept keys move with it); fewer, and the list is
+    # compacted (loop._relist).
+    for read in ("dense", "topk:8"):
+        stream = compile_workload(make_workload("multi-turn", SHAPE, seed=2), 12, read=read)
+        for mode in ("float", "int"):
+            for budget, cfg in ((0.1, {}), (0.5, {}), (0.25, {"placement_mode": "weighted"}),
+                                (0.15, {"eviction_passes": "batched", "eviction_batch": 16,
+                                        "persistent_metadata": False})):  # fmt: skip
+                a, b = _both(
+                    stream, policy="ema", mode=mode, granularity="layer", warmup_steps=2,
+                    budget_bytes=int(stream.kv_bytes * budget), cxl_bytes=stream.kv_bytes // 6,
+                    config=PolicyConfig.from_mapping({"tier_management": "managed", **cfg}),
+                )  # fmt: skip
+                assert_same(a, b, f"ema/{mode} {read} {budget} {cfg}")
+
+
 def test_entry_ids_kept_in_int64_replay_as_in_int32(monkeypatch: pytest.MonkeyPatch) -> None:
     # The loop keeps ids and versions in int32 below 2**31 entries (hooks.id_dtype); a run
     # above it takes int64.  Both against the numpy engine, for a queue (LRU: its items), a

@@ -338,24 +338,25 @@ RADIX_MIN = 4096  # below this many candidates quickselect is as fast
 @njit(cache=True)
 def _radix_select(keys, ids, m, k, kmin, kmax, out_ids):  # type: ignore[no-untyped-def]
     """:func:`_select` of wide keys, ``0 < k < m``: a histogram of the keys' top
-    ``RADIX_BITS`` (above ``kmin``) finds the bucket holding the ``k``-th key; the buckets
-    below it are victims and the rest is dropped, and the bucket's own keys go round again
-    on their next bits, until what is left is small or one key (then quickselect by
-    (key, id)).  Two passes over the candidates where quickselect makes about three, each a
-    compare and a swap of pairs.  Keys are offsets from ``kmin`` in uint64 (a span of
+    ``RADIX_BITS`` (above the smallest) finds the bucket holding the ``k``-th key; the
+    buckets below it are victims and the rest is dropped, and the bucket's own keys go
+    round again, over their own span (their smallest and largest, found as they are kept),
+    until what is left is small or one key (then quickselect by (key, id)).  A few keys far
+    from the rest (a float priority's outliers) cost one round, not one per digit of their
+    span.  Two passes a round over the candidates where quickselect makes about three, each
+    a compare and a swap of pairs.  Keys are offsets from the smallest in uint64 (a span of
     any int64 keys fits)."""
     n = 0  # victims decided
     mm = m  # the candidates still in question, at the front of keys/ids
     need = k
     base = np.uint64(kmin)
     span = np.uint64(kmax) - base
-    bits = 0
-    while bits < 64 and (span >> np.uint64(bits)) != 0:
-        bits += 1
-    shift = max(bits - RADIX_BITS, 0)
     hist = np.zeros(1 << RADIX_BITS, np.int64)
-    while mm > RADIX_MIN // 16:
-        sh = np.uint64(shift)
+    while mm > RADIX_MIN // 16 and span != 0:
+        bits = 0
+        while bits < 64 and (span >> np.uint64(bits)) != 0:
+            bits += 1
+        sh = np.uint64(max(bits - RADIX_BITS, 0))
         hist[:] = 0
         for j in range(mm):
             hist[(np.uint64(keys[j]) - base) >> sh] += 1
@@ -366,21 +367,27 @@ def _radix_select(keys, ids, m, k, kmin, kmax, out_ids):  # type: ignore[no-unty
             b += 1
         ub = np.uint64(b)
         t = 0
+        lo = hi = np.uint64(0)  # the kept keys' span, as offsets from base
         for j in range(mm):
-            d = (np.uint64(keys[j]) - base) >> sh
+            o = np.uint64(keys[j]) - base
+            d = o >> sh
             if d < ub:
                 out_ids[n] = ids[j]
                 n += 1
             elif d == ub:  # (t <= j: compacted in place)
+                if t == 0 or o < lo:
+                    lo = o
+                if t == 0 or o > hi:
+                    hi = o
                 keys[t] = keys[j]
                 ids[t] = ids[j]
                 t += 1
         mm = t
         need -= below
-        if need == mm or shift == 0:  # the whole bucket, or one key (ties: by id below)
+        if need == mm:  # the whole bucket
             break
-        base += ub << sh
-        shift = max(shift - RADIX_BITS, 0)
+        base += lo
+        span = hi - lo  # (0: one key, its ties by id below)
     if need < mm:
         _nth_pair(keys, ids, mm, need)
     for j in range(need):

@@ -60,6 +60,7 @@ from kvcxl.emu.sim.fast.work import (
     HITS,
     HSIZE,
     INSERTS,
+    LSTALE,
     MISSES,
     N_DESC,
     N_DIRTY,
@@ -68,6 +69,9 @@ from kvcxl.emu.sim.fast.work import (
     N_PINNED,
     N_PROT,
     N_RES,
+    OWN_A,
+    OWN_ADM,
+    OWN_Z,
     PASSES,
     POS,
     QRUN,
@@ -160,16 +164,23 @@ def _compact_queue(h, c, hhead, hsize):  # type: ignore[no-untyped-def]
 def _touched(env, w, e, t, changed, hsize, n_dirty, stale):  # type: ignore[no-untyped-def]
     """Entry ``e``'s key may have moved (``changed``) at time ``t``: a queue policy queues
     it again (unless pinned), a heap marks it dirty (unless the heap is ``stale``, rebuilt
-    whole); returns (the heap's size, how many are dirty)."""
-    h = w.heap
+    whole) and a listed entry's kept layer and key are taken again (unless stale too: its
+    state was just touched, so this reads it in cache); returns (the heap's size, how many
+    are dirty)."""
+    h, cache = w.heap, w.cache
     if QUEUE:
-        if changed and not w.cache.pinned[e]:
+        if changed and not cache.pinned[e]:
             k_ = key_of(priority(env.ps, env.tab, e, now_of(env.ps, t)))
             hsize = _enqueue(h.hk, h.hi, h.hv, hsize, k_, e, h.ver)
-    elif STATIC and changed and not stale and not h.dirty[e]:
-        h.dirty[e] = True
-        h.dirty_list[n_dirty] = e
-        n_dirty += 1
+    elif STATIC and changed:
+        if cache.lkey.size and not w.c[LSTALE] and cache.res_pos[e] >= 0:
+            p_ = cache.res_pos[e]  # (pinned or not resident: -1)
+            cache.llay[p_] = _layer_of(env, e)
+            cache.lkey[p_] = key_of(priority(env.ps, env.tab, e, now_of(env.ps, t)))
+        if not stale and not h.dirty[e]:
+            h.dirty[e] = True
+            h.dirty_list[n_dirty] = e
+            n_dirty += 1
     return hsize, n_dirty
 
 
@@ -454,14 +465,17 @@ def _layer_victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-unt
     (the layers move only with a score or a touch: fixed for the call); into ``vic``, each
     one's pass and layer into ``vgrp``, returning how many.
 
-    The victims are the ``k_pass`` smallest (layer, key, id): one pass over the eligible
-    reads each entry's layer and key together (its state read once), the layers below the
-    one that holds the ``k_pass``-th leave whole, and that layer's are selected by key."""
+    The victims are the ``k_pass`` smallest (layer, key, id): the layers below the one that
+    holds the ``k_pass``-th leave whole, and that layer's are selected by key.  A STATIC
+    policy's layers and keys are read in the list's order (:func:`_keyed_victims`); else
+    one pass over the eligible reads each entry's layer (and key) from its state."""
     ps, tab, c, cache, sc = env.ps, env.tab, w.c, w.cache, w.scratch
-    cand_id, cand_k, vic, lay_of, lay_n = sc.cand_id, sc.cand_k, sc.vic, sc.lay_of, sc.lay_n
-    call, record = c[CALL], env.run.record
+    cand_id, cand_k, lay_of, lay_n = sc.cand_id, sc.cand_k, sc.lay_of, sc.lay_n
+    call = c[CALL]
     if k_pass <= 0:
         return 0
+    if STATIC and not SELECT:
+        return _keyed_victims(env, w, k_pass, n_pass, protect, now)
     lay_n[:] = 0
     m = 0
     for j in range(c[N_LIST]):
@@ -477,48 +491,141 @@ def _layer_victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-unt
         m += 1
     if SELECT:  # (the policy's select sees each layer's candidates in the list's order)
         return _select_layers(env, w, m, k_pass, n_pass, now)
-    gb, below = T.LAYERS, 0  # the layer that holds the k_pass-th victim; how many below it
+    bd = _layer_bound(lay_n, k_pass)
+    t = kmin = kmax = 0  # the boundary layer's candidates (compacted in place), their keys
+    for j in range(m):
+        t, kmin, kmax = _sort_in(sc, lay_of[j], cand_k[j], cand_id[j], bd, t, kmin, kmax)
+    return _layer_taken(env, w, n_pass, bd, t, kmin, kmax)
+
+
+@njit(cache=True, inline="always")
+def _keyed_victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-untyped-def]
+    """:func:`_layer_victims` of a STATIC policy, from each listed entry's layer and key
+    kept in the list's order (:func:`_listed_keys`), the call's own marked in their layer
+    byte: one pass over the layer bytes counts each layer's eligible entries, a second
+    takes the layers below the boundary whole and gathers the boundary layer's (key, id),
+    clearing the marks."""
+    c, cache, sc = w.c, w.cache, w.scratch
+    lay_n = sc.lay_n
+    llay, lkey, res_list, n_list = cache.llay, cache.lkey, cache.res_list, c[N_LIST]
+    _listed_keys(env, w, now)
+    if protect:
+        if c[OWN_ADM]:
+            _mark_own(w, sc.adm, c[OWN_A], c[OWN_Z])
+        else:
+            _mark_own(w, env.plan.ids, c[OWN_A], c[OWN_Z])
+    lay_n[:] = 0
+    for j in range(n_list):
+        g = llay[j]
+        if g < OWN:
+            lay_n[g] += 1
+    bd = _layer_bound(lay_n, k_pass)
+    gb = bd[0]
+    t = kmin = kmax = 0  # the boundary layer's candidates, their keys' bounds
+    for j in range(n_list):
+        g = llay[j]
+        if g >= OWN:
+            llay[j] = g ^ OWN
+        elif g <= gb:
+            t, kmin, kmax = _sort_in(sc, g, lkey[j], res_list[j], bd, t, kmin, kmax)
+    return _layer_taken(env, w, n_pass, bd, t, kmin, kmax)
+
+
+@njit(cache=True, inline="always")
+def _sort_in(sc, g, k, e, bd, t, kmin, kmax):  # type: ignore[no-untyped-def]
+    """Eligible entry ``e`` of layer ``g`` and key ``k`` sorted into a pass (``bd``:
+    :func:`_layer_bound`'s): a layer below the boundary ``gb`` (or the boundary, when it
+    leaves ``whole``) puts it among the victims (``vic``: at ``at[g]``, or after the
+    ``below`` ones), the boundary layer among its ``t`` candidates (``cand_k``/``cand_id``,
+    keys in [kmin, kmax]); returns (t, kmin, kmax)."""
+    gb, below, _, whole, at = bd
+    if g < gb:
+        sc.vic[at[g]] = e
+        at[g] += 1
+    elif g == gb and whole:
+        sc.vic[below + t] = e
+        t += 1
+    elif g == gb:
+        if t == 0 or k < kmin:
+            kmin = k
+        if t == 0 or k > kmax:
+            kmax = k
+        sc.cand_k[t] = k
+        sc.cand_id[t] = e
+        t += 1
+    return t, kmin, kmax
+
+
+@njit(cache=True, inline="always")
+def _layer_bound(lay_n, k_pass):  # type: ignore[no-untyped-def]
+    """The layer ``gb`` that holds the ``k_pass``-th victim of layers of ``lay_n`` eligible
+    entries (T.LAYERS: none), how many are below it, how many it gives (``need``), whether
+    it leaves whole, and where each whole layer's victims start (layer order)."""
+    gb, below = T.LAYERS, 0
     for g in range(T.LAYERS):
         if below + lay_n[g] >= k_pass:
             gb = g
             break
         below += lay_n[g]
-    at = np.empty(T.LAYERS, np.int64)  # where each whole layer's victims go, layer order
+    at = np.empty(T.LAYERS, np.int64)
     acc = 0
     for g in range(T.LAYERS):
         at[g] = acc
         acc += lay_n[g] if g < gb else 0
     need = k_pass - below if gb < T.LAYERS else 0
     whole = gb < T.LAYERS and lay_n[gb] == need  # (the last layer leaves whole too)
-    t = 0  # the boundary layer's candidates, compacted in place
-    kmin = kmax = 0
-    for j in range(m):
-        g = lay_of[j]
-        if g < gb or (whole and g == gb):
-            vic[at[g] if g < gb else below + t] = cand_id[j]
-            if g < gb:
-                at[g] += 1
-            else:
-                t += 1
-        elif g == gb:
-            k = cand_k[j]
-            if t == 0 or k < kmin:
-                kmin = k
-            if t == 0 or k > kmax:
-                kmax = k
-            cand_k[t] = k
-            cand_id[t] = cand_id[j]
-            t += 1
+    return gb, below, need, whole, at
+
+
+@njit(cache=True, inline="always")
+def _layer_taken(env, w, n_pass, bd, t, kmin, kmax):  # type: ignore[no-untyped-def]
+    """The boundary layer's ``need`` victims selected from its ``t`` candidates (keys in
+    [kmin, kmax]) after the whole layers' in ``vic`` (``bd``: :func:`_layer_bound`'s;
+    ``at``: where each whole layer's end); each victim's pass and layer into ``vgrp`` when
+    recording; returns how many."""
+    sc, lay_n = w.scratch, w.scratch.lay_n
+    gb, below, need, whole, at = bd
     got = 0
     if gb < T.LAYERS:
-        got = need if whole else _select(cand_k, cand_id, t, need, kmin, kmax, vic[below:])
-    if record:
+        got = need if whole else _select(sc.cand_k, sc.cand_id, t, need, kmin, kmax,
+                                         sc.vic[below:])  # fmt: skip
+    if env.run.record:
         for g in range(min(gb + 1, T.LAYERS)):
             lo = at[g] - lay_n[g] if g < gb else below
             hi = at[g] if g < gb else below + got
             for j in range(lo, hi):
                 sc.vgrp[j] = n_pass * T.LAYERS + g
     return below + got
+
+
+OWN = np.uint8(0x80)  # a listed layer byte's mark: the call's own entry
+assert T.LAYERS <= OWN  # (every layer fits below the mark)
+
+
+@njit(cache=True, inline="always")
+def _mark_own(w, ids, a, z):  # type: ignore[no-untyped-def]
+    """The call's own listed entries among ``ids[a:z]`` (stamped with the call) marked
+    ``OWN`` in their listed layer byte, for the pass to skip."""
+    cache, call = w.cache, w.c[CALL]
+    for j in range(a, z):
+        e = ids[j]
+        if cache.stamp[e] == call and cache.resident[e] and not cache.pinned[e]:
+            p_ = cache.res_pos[e]
+            cache.llay[p_] = cache.llay[p_] | OWN
+
+
+@njit(cache=True, inline="always")
+def _listed_keys(env, w, now):  # type: ignore[no-untyped-def]
+    """A STATIC policy's layer and key of every listed entry, in the list's order
+    (``Cache.llay``, ``.lkey``), taken again whole when stale (a step ended, or before the
+    first use); else each moved key was taken as it moved (:func:`_touched`)."""
+    ps, tab, c, cache = env.ps, env.tab, w.c, w.cache
+    if c[LSTALE]:
+        for j in range(c[N_LIST]):
+            e = cache.res_list[j]
+            cache.llay[j] = _layer_of(env, e)
+            cache.lkey[j] = key_of(priority(ps, tab, e, now))
+        c[LSTALE] = False
 
 
 @njit(cache=True, inline="always")
@@ -580,15 +687,21 @@ def _heap_victims(env, w, k_pass, n_pass, protect, now, layered):  # type: ignor
             ver[e] += 1
             g = _layer_of(env, e) if layered else 0
             s_ = lsz[g]
-            lk[g, s_] = key_of(priority(ps, tab, e, now))
+            k_ = key_of(priority(ps, tab, e, now))
+            lk[g, s_] = k_
             li[g, s_] = e
             lv[g, s_] = ver[e]
             lsz[g] = s_ + 1
+            if layered:  # (the listed keys, taken in too)
+                cache.llay[j] = g
+                cache.lkey[j] = k_
         for g in range(n_heaps):
             _heapify(lk[g], li[g], lv[g], lsz[g])
         for j in range(n_dirty):
             h.dirty[h.dirty_list[j]] = False
         c[STALE] = False
+        if layered:
+            c[LSTALE] = False
     else:
         for j in range(n_dirty):
             e = h.dirty_list[j]
@@ -642,6 +755,13 @@ def _scan_victims(env, w, k_pass, protect, now):  # type: ignore[no-untyped-def]
     return _select(cand_k, cand_id, mc, k_pass, kmin, kmax, sc.vic)
 
 
+# A managed pass that evicts fewer than a FEW-th of the listed entries takes them off the
+# layers' heaps (a push and a pop each, at random); more, and it reads every listed entry's
+# kept layer and key in order.  At S1's shape a victim off the heaps cost about what 40
+# listed entries' reading did (docs/results.md).
+FEW = 32
+
+
 @njit(cache=True, inline="always")
 def _victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-untyped-def]
     """One pass's victims (at most ``k_pass``) into ``vic``, each one's pass and layer into
@@ -659,7 +779,7 @@ def _victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-untyped-d
         else:  # (the heap records each victim's pass and layer itself)
             return _heap_victims(env, w, k_pass, n_pass, protect, now, False)
     elif LAYERED and env.rules.managed:
-        if STATIC and not SELECT and k_pass * 16 <= c[N_LIST]:
+        if STATIC and not SELECT and k_pass * FEW <= c[N_LIST]:
             return _heap_victims(env, w, k_pass, n_pass, protect, now, True)
         return _layer_victims(env, w, k_pass, n_pass, protect, now)
     else:
@@ -732,6 +852,7 @@ def _leave(env, w, nv, t):  # type: ignore[no-untyped-def]
     # many leave: one pass over the list, not a swap each (a queue policy keeps no list)
     n_list, cxl_size = c[N_LIST], c[CXL_SIZE]
     compact = nv * 4 > n_list and not QUEUE
+    keyed = cache.lkey.size > 0  # (the listed keys move with the list)
     n_nvme = 0
     for j in range(nv):
         e = vic[j]
@@ -750,6 +871,9 @@ def _leave(env, w, nv, t):  # type: ignore[no-untyped-def]
             moved_e = cache.res_list[n_list - 1]
             cache.res_list[p_] = moved_e
             cache.res_pos[moved_e] = p_
+            if keyed:
+                cache.lkey[p_] = cache.lkey[n_list - 1]
+                cache.llay[p_] = cache.llay[n_list - 1]
             cache.res_pos[e] = -1
             n_list -= 1
         on_evict(ps, e, t)
@@ -780,11 +904,15 @@ def _leave(env, w, nv, t):  # type: ignore[no-untyped-def]
 def _relist(cache, n_list):  # type: ignore[no-untyped-def]
     """The resident list without the entries that left (one pass); returns its length."""
     k = 0
+    keyed = cache.lkey.size > 0  # (the listed keys move with the list)
     for j in range(n_list):
         e = cache.res_list[j]
         if cache.resident[e]:
             cache.res_list[k] = e
             cache.res_pos[e] = k
+            if keyed:
+                cache.lkey[k] = cache.lkey[j]
+                cache.llay[k] = cache.llay[j]
             k += 1
         else:
             cache.res_pos[e] = -1
@@ -882,6 +1010,9 @@ def _call(env, w, b, a, z, step, tok, phase):  # type: ignore[no-untyped-def]
     c = w.c
     if phase == 1:
         _touch(env, w, a, z)
+        c[OWN_A], c[OWN_Z], c[OWN_ADM] = a, z, 0
+    else:  # (a write's or a prefetch's own are its admissions)
+        c[OWN_A], c[OWN_Z], c[OWN_ADM] = 0, na, 1
     # (a heap: cheaper to rebuild than to push them all; a queue appends them)
     if STATIC and not QUEUE and c[N_DIRTY] * 2 > c[N_LIST]:
         c[STALE] = True
@@ -1025,7 +1156,7 @@ def _boundary(env, w, b, step):  # type: ignore[no-untyped-def]
     c = w.c
     if STEPS:
         end_step(env.ps, c[N_DESC])
-        c[STALE] = True
+        c[STALE] = c[LSTALE] = True
     if not (LAYERED and env.rules.managed and env.rules.moves > 0):
         return
     tlog, moved, pos = env.tlog, w.books.moved, c[POS]
@@ -1089,8 +1220,12 @@ def _work(plan, run, media, tlog, pf, rules):  # type: ignore[no-untyped-def]
     # which walks the list, needs a scored policy, never a queue one)
     nl = n if not QUEUE or LAYERED else 0
     idt = run.ids.dtype  # (entry ids and versions: hooks.id_dtype)
+    # (a managed STATIC policy's listed keys and layers: see Cache)
+    keyed = LAYERED and STATIC and not SELECT and rules.managed
+    nk = nl if keyed else 0
     cache = Cache(np.zeros(n, np.bool_), run.pinned, np.zeros(n, np.bool_),
-                  np.empty(nl, idt), np.full(nl, -1, idt), run.stamp)  # fmt: skip
+                  np.empty(nl, idt), np.full(nl, -1, idt), run.stamp,
+                  np.empty(nk, np.int64), np.empty(nk, np.uint8))  # fmt: skip
     # A heap of the resident unpinned entries by (key, id) serves small evictions of a STATIC
     # policy: keys change only by an entry's own events (marked dirty, pushed again before
     # the next pop) and at step ends (the heap is rebuilt).  Large evictions scan.  A QUEUE
@@ -1140,7 +1275,7 @@ def _work(plan, run, media, tlog, pf, rules):  # type: ignore[no-untyped-def]
                   np.full(n if pf_log else 0, -1, np.int64),
                   np.empty(n if pf_log else 0, np.int64))  # fmt: skip
     c = np.zeros(N_COUNTERS, np.int64)
-    c[STALE] = True  # the heap must be built before use
+    c[STALE] = c[LSTALE] = True  # the heap and the listed keys must be built before use
     return Work(c, books, cache, heap, tiers, scratch, dump, marks)
 
 

@@ -24,7 +24,8 @@ from numpy.typing import NDArray
     HSIZE,  # the heap's (or the queue's) items
     HHEAD,  # the queue's head
     STALE,  # the heap must be rebuilt before use
-    N_DIRTY,  # entries whose key moved since the heap was (re)built
+    LSTALE,  # the listed entries' keys (Cache.lkey, .llay) must be recomputed before use
+    N_DIRTY,  # entries whose key moved since the heap (or the listed keys) took them in
     CXL_SIZE,  # the CXL DRAM arrivals heap's items
     HITS,  # the cache's stats
     MISSES,
@@ -40,8 +41,11 @@ from numpy.typing import NDArray
     N_PROT,  # the current call's own entries, resident and unpinned (_make_room's)
     QRUN,  # the queue's sorted boundary run: [c[QRUN], c[QRUN + 1]) (kernel._take's)
     QRUN_END,
+    OWN_A,  # the current call's own entries: plan.ids[OWN_A:OWN_Z], or Scratch.adm's
+    OWN_Z,
+    OWN_ADM,  # (1: adm's, a write's or a prefetch's admissions)
     COUNTERS,  # (how many)
-) = range(24)
+) = range(28)
 
 
 class Env(NamedTuple):
@@ -71,7 +75,10 @@ class Books(NamedTuple):
 
 class Cache(NamedTuple):
     """HBM: who is resident, pinned, created; the resident unpinned list (swap-remove) and
-    each one's place in it; the call that last marked each entry (a batch member)."""
+    each one's place in it; the call that last marked each entry (a batch member).  Under
+    managed tiers a STATIC policy also keeps each listed entry's key and eviction layer in
+    the list's order (``lkey``, ``llay``: moved with it), so that a pass reads them in
+    order instead of each entry's state at random."""
 
     resident: NDArray
     pinned: NDArray
@@ -79,6 +86,8 @@ class Cache(NamedTuple):
     res_list: NDArray
     res_pos: NDArray
     stamp: NDArray
+    lkey: NDArray
+    llay: NDArray
 
 
 class Heap(NamedTuple):

@@ -1220,9 +1220,9 @@ def _work(plan, run, media, tlog, pf, rules):  # type: ignore[no-untyped-def]
     # which walks the list, needs a scored policy, never a queue one)
     nl = n if not QUEUE or LAYERED else 0
     idt = run.ids.dtype  # (entry ids and versions: hooks.id_dtype)
-    # (a managed STATIC policy's listed keys and layers: see Cache)
-    keyed = LAYERED and STATIC and not SELECT and rules.managed
-    nk = nl if keyed else 0
+    # (a managed STATIC policy keeps its layers' heaps and its listed keys and layers)
+    layered = LAYERED and STATIC and not SELECT and rules.managed
+    nk = nl if layered else 0
     cache = Cache(np.zeros(n, np.bool_), run.pinned, np.zeros(n, np.bool_),
                   np.empty(nl, idt), np.full(nl, -1, idt), run.stamp,
                   np.empty(nk, np.int64), np.empty(nk, np.uint8))  # fmt: skip
@@ -1243,7 +1243,6 @@ def _work(plan, run, media, tlog, pf, rules):  # type: ignore[no-untyped-def]
     for b in range(plan.off.size - 1):
         big = max(big, plan.off[b + 1] - plan.off[b])
     room = 2 * (run.capacity + pf.limit + big) + 64
-    layered = LAYERED and STATIC and not SELECT and rules.managed
     lcap = min(n + 64, room) if layered else 0
     hcap = min(2 * n + 64 + p_ids.size, room) if STATIC and not layered else 0
     heap = Heap(np.empty(hcap, np.int64), np.empty(hcap, idt), np.empty(hcap, idt),

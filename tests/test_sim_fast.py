@@ -226,6 +226,36 @@ def test_radix_select_is_the_firmwares(m: int, kind: str) -> None:
         assert np.array_equal(np.sort(out[:n]), np.sort(want)), (m, kind, k)
 
 
+@pytest.mark.parametrize("kind", ["spread", "ties", "far"])
+def test_listed_key_buckets_keep_the_key_then_id_order(kind: str) -> None:
+    """loop._buckets and _bucket (the buckets a managed pass counts the listed keys in)
+    against the (key, id) order they must keep: the pairs sorted by key, then id, get
+    buckets that never decrease, all in range, and no bucket holds more than a 64th of
+    the keys: keys over a wide span; keys nearly all tied (a prompt's fresh entries: then
+    by id); and a few keys far from the rest (the EMA's outliers, which must not crowd
+    the rest into one bucket)."""
+    from kvcxl.emu.sim.fast import loop as L
+
+    rng = np.random.default_rng(len(kind))
+    m = 20000
+    ids = rng.permutation(4 * m)[:m].astype(np.int64)
+    if kind == "spread":
+        keys = rng.integers(-(10**12), 10**12, m, dtype=np.int64)
+    elif kind == "ties":
+        keys = np.zeros(m, np.int64)
+        keys[:40] = rng.integers(-5, 6, 40)
+    else:
+        keys = rng.integers(0, 10**9, m, dtype=np.int64)
+        keys[:20] = rng.choice(np.array([-(1 << 62), 1 << 62], np.int64), 20)
+    base, sh = L._buckets(keys, m, 4 * m)
+    pairs = zip(keys.tolist(), ids.tolist(), strict=True)
+    got = np.array([L._bucket(k, e, base, sh) for k, e in pairs])
+    assert got.min() >= 0 and got.max() < L.N_BUCKETS, (kind, got.min(), got.max())
+    order = np.lexsort((ids, keys))
+    assert np.all(np.diff(got[order]) >= 0), kind
+    assert np.bincount(got).max() <= m // 64, (kind, np.bincount(got).max())
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_lru_queue_takes_the_smallest_key_then_id(seed: int) -> None:
     """The LRU/FIFO queue (kernel._enqueue, _take, _compact) against a plain reference:

@@ -320,11 +320,17 @@ def _select(keys, ids, m, k, kmin, kmax, out_ids):  # type: ignore[no-untyped-de
         elif keys[j] == kth:  # the ties, gathered at the front of the scratch (read already)
             if tied and ids[j] < ids[tied - 1]:
                 ascending = False
-            keys[tied] = kth
+            keys[tied] = ids[j]  # (among equal priorities the lower id goes first: by id)
             ids[tied] = ids[j]
             tied += 1
     need = k - n
-    if need < tied and not ascending:  # among equal priorities the lower id goes first
+    if need < tied and not ascending and tied >= RADIX_MIN:  # (many ties: by id's digits)
+        lo = hi = keys[0]
+        for j in range(tied):
+            lo = min(lo, keys[j])
+            hi = max(hi, keys[j])
+        return n + _radix_select(keys, ids, tied, need, lo, hi, out_ids[n:])
+    if need < tied and not ascending:
         _nth_pair(keys, ids, tied, need)
     for j in range(need):
         out_ids[n + j] = ids[j]

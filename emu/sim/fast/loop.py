@@ -21,6 +21,7 @@ from kvcxl.emu.sim.fast.kernel import (
     HBM,
     HOST,
     NVME,
+    RADIX_BITS,
     _compact,
     _enqueue,
     _heapify,
@@ -60,6 +61,8 @@ from kvcxl.emu.sim.fast.work import (
     HITS,
     HSIZE,
     INSERTS,
+    LBASE,
+    LSHIFT,
     LSTALE,
     MISSES,
     N_DESC,
@@ -174,9 +177,7 @@ def _touched(env, w, e, t, changed, hsize, n_dirty, stale):  # type: ignore[no-u
             hsize = _enqueue(h.hk, h.hi, h.hv, hsize, k_, e, h.ver)
     elif STATIC and changed:
         if cache.lkey.size and not w.c[LSTALE] and cache.res_pos[e] >= 0:
-            p_ = cache.res_pos[e]  # (pinned or not resident: -1)
-            cache.llay[p_] = _layer_of(env, e)
-            cache.lkey[p_] = key_of(priority(env.ps, env.tab, e, now_of(env.ps, t)))
+            _rekey(env, w, cache.res_pos[e], e, now_of(env.ps, t))  # (else -1: unlisted)
         if not stale and not h.dirty[e]:
             h.dirty[e] = True
             h.dirty_list[n_dirty] = e
@@ -397,6 +398,8 @@ def _admit(env, w, a, z, na, n_prot, is_write):  # type: ignore[no-untyped-def]
             if not QUEUE:  # (a queue policy's victims come from its queue)
                 cache.res_list[n_list] = e
                 cache.res_pos[e] = n_list
+                if cache.llay.size:  # (its key taken below, by _touched: not yet counted)
+                    cache.llay[n_list] = FRESH
             n_list += 1
             n_prot += 1
         if not run.persistent:  # Policy.on_insert
@@ -495,40 +498,131 @@ def _layer_victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-unt
     t = kmin = kmax = 0  # the boundary layer's candidates (compacted in place), their keys
     for j in range(m):
         t, kmin, kmax = _sort_in(sc, lay_of[j], cand_k[j], cand_id[j], bd, t, kmin, kmax)
-    return _layer_taken(env, w, n_pass, bd, t, kmin, kmax)
+    return _layer_taken(env, w, n_pass, bd, 0, t, kmin, kmax)
 
 
 @njit(cache=True, inline="always")
 def _keyed_victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-untyped-def]
     """:func:`_layer_victims` of a STATIC policy, from each listed entry's layer and key
-    kept in the list's order (:func:`_listed_keys`), the call's own marked in their layer
-    byte: one pass over the layer bytes counts each layer's eligible entries, a second
-    takes the layers below the boundary whole and gathers the boundary layer's (key, id),
-    clearing the marks."""
+    kept in the list's order and counted by layer and key bucket (:func:`_listed_keys`),
+    the call's own marked in their layer byte and taken out of the counts: the counts give
+    the boundary layer and, in it, the bucket that holds the last victim; one pass over the
+    list then takes the layers below whole, the boundary layer's lower buckets whole and
+    gathers that bucket's (key, id) for the selection, clearing the marks."""
     c, cache, sc = w.c, w.cache, w.scratch
-    lay_n = sc.lay_n
+    lay_n, lhist = sc.lay_n, cache.lhist
     llay, lkey, res_list, n_list = cache.llay, cache.lkey, cache.res_list, c[N_LIST]
     _listed_keys(env, w, now)
+    base, sh = c[LBASE], c[LSHIFT]
     if protect:
         if c[OWN_ADM]:
             _mark_own(w, sc.adm, c[OWN_A], c[OWN_Z])
         else:
             _mark_own(w, env.plan.ids, c[OWN_A], c[OWN_Z])
-    lay_n[:] = 0
-    for j in range(n_list):
-        g = llay[j]
-        if g < OWN:
-            lay_n[g] += 1
+    for g in range(T.LAYERS):
+        lay_n[g] = lhist[g].sum()
     bd = _layer_bound(lay_n, k_pass)
-    gb = bd[0]
-    t = kmin = kmax = 0  # the boundary layer's candidates, their keys' bounds
+    gb, below, need, whole, at = bd
+    bb = N_BUCKETS  # the boundary layer's bucket that holds its last victim (else all go)
+    if gb < T.LAYERS and not whole:
+        acc = 0
+        bb = 0
+        while acc + lhist[gb, bb] < need:
+            acc += lhist[gb, bb]
+            bb += 1
+    n_low = 0  # the boundary layer's victims below bucket bb, after the ``below``
+    t = kmin = kmax = 0  # bucket bb's candidates, their keys' bounds
     for j in range(n_list):
         g = llay[j]
         if g >= OWN:
-            llay[j] = g ^ OWN
-        elif g <= gb:
-            t, kmin, kmax = _sort_in(sc, g, lkey[j], res_list[j], bd, t, kmin, kmax)
-    return _layer_taken(env, w, n_pass, bd, t, kmin, kmax)
+            g = g ^ OWN
+            llay[j] = g
+            lhist[g, _bucket(lkey[j], res_list[j], base, sh)] += 1
+        elif g < gb:
+            sc.vic[at[g]] = res_list[j]
+            at[g] += 1
+        elif g == gb:
+            bk = _bucket(lkey[j], res_list[j], base, sh)
+            if bk < bb:
+                sc.vic[below + n_low] = res_list[j]
+                n_low += 1
+            elif bk == bb:
+                k = lkey[j]
+                if t == 0 or k < kmin:
+                    kmin = k
+                if t == 0 or k > kmax:
+                    kmax = k
+                sc.cand_k[t] = k
+                sc.cand_id[t] = res_list[j]
+                t += 1
+    return _layer_taken(env, w, n_pass, bd, n_low, t, kmin, kmax)
+
+
+# The listed keys' buckets, in (key, id) order, set at each full count from a sample of
+# the keys: over the span between its 1/256 and 255/256 quantiles, a key's top RADIX_BITS
+# above the lower (``sh`` >= 0; keys beyond share the end buckets: a few far keys do not
+# crowd the rest into one); or, where those quantiles are one key ``base`` (most keys
+# tied, as a prompt's fresh entries are), that key's entries by their ids' top bits
+# (``sh`` = −1 − the ids' shift) between the keys below and above it.
+N_BUCKETS = 1 << RADIX_BITS
+SAMPLE = 2048
+
+
+@njit(cache=True, inline="always")
+def _bucket(k, e, base, sh):  # type: ignore[no-untyped-def]
+    """Entry ``e`` of key ``k``: its bucket (:data:`N_BUCKETS`) by ``base`` and ``sh``."""
+    top = np.int64(N_BUCKETS - 1)
+    if sh < 0:  # (by id among the ties at base)
+        if k != base:
+            return np.int64(0) if k < base else top
+        return min(np.int64(1) + (np.int64(e) >> (-1 - sh)), top - 1)
+    if k <= base:
+        return np.int64(0)
+    d = (np.uint64(k) - np.uint64(base)) >> np.uint64(sh)
+    return np.int64(d) if d < np.uint64(top) else top
+
+
+@njit(cache=True)
+def _buckets(lkey, n_list, n_desc):  # type: ignore[no-untyped-def]
+    """The buckets' ``base`` and ``sh`` (:func:`_bucket`) for the listed keys
+    ``lkey[:n_list]`` (ids below ``n_desc``), from a sample of them at a stride."""
+    stride = max(n_list // SAMPLE, 1)
+    sample = np.sort(lkey[0:n_list:stride])
+    m = sample.size
+    if m == 0:
+        return 0, 0
+    lo, hi = sample[m // 256], sample[m - 1 - m // 256]
+    if lo == hi:  # (ties: by id, N_BUCKETS - 2 of them)
+        bits = 0
+        while (n_desc >> bits) > 0:
+            bits += 1
+        return lo, -1 - max(bits - RADIX_BITS + 1, 0)
+    span = np.uint64(hi) - np.uint64(lo)
+    bits = 0
+    while bits < 64 and (span >> np.uint64(bits)) != 0:
+        bits += 1
+    return lo, max(bits - RADIX_BITS, 0)
+
+
+@njit(cache=True, inline="always")
+def _uncount(cache, p_, e, base, sh):  # type: ignore[no-untyped-def]
+    """Entry ``e``, listed at place ``p_``, out of the listed keys' counts (if counted)."""
+    g = cache.llay[p_]
+    if g < T.LAYERS:
+        cache.lhist[g, _bucket(cache.lkey[p_], e, base, sh)] -= 1
+
+
+@njit(cache=True, inline="always")
+def _rekey(env, w, p_, e, now):  # type: ignore[no-untyped-def]
+    """Listed entry ``e`` (at place ``p_``) moved its key: its kept layer and key taken
+    again (its state is in cache from the event) and counted again."""
+    cache, base, sh = w.cache, w.c[LBASE], w.c[LSHIFT]
+    _uncount(cache, p_, e, base, sh)
+    g = _layer_of(env, e)
+    k = key_of(priority(env.ps, env.tab, e, now))
+    cache.llay[p_] = g
+    cache.lkey[p_] = k
+    cache.lhist[g, _bucket(k, e, base, sh)] += 1
 
 
 @njit(cache=True, inline="always")
@@ -578,17 +672,18 @@ def _layer_bound(lay_n, k_pass):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, inline="always")
-def _layer_taken(env, w, n_pass, bd, t, kmin, kmax):  # type: ignore[no-untyped-def]
-    """The boundary layer's ``need`` victims selected from its ``t`` candidates (keys in
-    [kmin, kmax]) after the whole layers' in ``vic`` (``bd``: :func:`_layer_bound`'s;
-    ``at``: where each whole layer's end); each victim's pass and layer into ``vgrp`` when
-    recording; returns how many."""
+def _layer_taken(env, w, n_pass, bd, n_low, t, kmin, kmax):  # type: ignore[no-untyped-def]
+    """The boundary layer's ``need`` victims: ``n_low`` of them already after the whole
+    layers' in ``vic``, the rest selected from its ``t`` candidates (keys in [kmin, kmax])
+    after those (``bd``: :func:`_layer_bound`'s; ``at``: where each whole layer's end);
+    each victim's pass and layer into ``vgrp`` when recording; returns how many."""
     sc, lay_n = w.scratch, w.scratch.lay_n
     gb, below, need, whole, at = bd
     got = 0
     if gb < T.LAYERS:
-        got = need if whole else _select(sc.cand_k, sc.cand_id, t, need, kmin, kmax,
-                                         sc.vic[below:])  # fmt: skip
+        got = need if whole else n_low + _select(
+            sc.cand_k, sc.cand_id, t, need - n_low, kmin, kmax, sc.vic[below + n_low :]
+        )  # fmt: skip
     if env.run.record:
         for g in range(min(gb + 1, T.LAYERS)):
             lo = at[g] - lay_n[g] if g < gb else below
@@ -599,32 +694,45 @@ def _layer_taken(env, w, n_pass, bd, t, kmin, kmax):  # type: ignore[no-untyped-
 
 
 OWN = np.uint8(0x80)  # a listed layer byte's mark: the call's own entry
-assert T.LAYERS <= OWN  # (every layer fits below the mark)
+FRESH = np.uint8(0x40)  # a listed layer byte not yet taken (just listed): not counted
+assert T.LAYERS <= FRESH < OWN  # (every layer fits below the marks)
 
 
 @njit(cache=True, inline="always")
 def _mark_own(w, ids, a, z):  # type: ignore[no-untyped-def]
     """The call's own listed entries among ``ids[a:z]`` (stamped with the call) marked
-    ``OWN`` in their listed layer byte, for the pass to skip."""
-    cache, call = w.cache, w.c[CALL]
+    ``OWN`` in their listed layer byte and out of the counts, for the pass to skip (and
+    count again)."""
+    cache, call, base, sh = w.cache, w.c[CALL], w.c[LBASE], w.c[LSHIFT]
     for j in range(a, z):
         e = ids[j]
         if cache.stamp[e] == call and cache.resident[e] and not cache.pinned[e]:
             p_ = cache.res_pos[e]
-            cache.llay[p_] = cache.llay[p_] | OWN
+            if cache.llay[p_] < T.LAYERS:  # (once: ids may repeat)
+                _uncount(cache, p_, e, base, sh)
+                cache.llay[p_] = cache.llay[p_] | OWN
 
 
 @njit(cache=True, inline="always")
 def _listed_keys(env, w, now):  # type: ignore[no-untyped-def]
     """A STATIC policy's layer and key of every listed entry, in the list's order
-    (``Cache.llay``, ``.lkey``), taken again whole when stale (a step ended, or before the
-    first use); else each moved key was taken as it moved (:func:`_touched`)."""
+    (``Cache.llay``, ``.lkey``), and their counts by layer and key bucket (``lhist``, the
+    buckets spanning the keys as they are now), taken again whole when stale (a step
+    ended, or before the first use); else each moved key was taken as it moved
+    (:func:`_touched`)."""
     ps, tab, c, cache = env.ps, env.tab, w.c, w.cache
     if c[LSTALE]:
-        for j in range(c[N_LIST]):
+        n_list = c[N_LIST]
+        for j in range(n_list):
             e = cache.res_list[j]
             cache.llay[j] = _layer_of(env, e)
             cache.lkey[j] = key_of(priority(ps, tab, e, now))
+        base, sh = _buckets(cache.lkey, n_list, c[N_DESC])
+        c[LBASE], c[LSHIFT] = base, sh
+        cache.lhist[:] = 0
+        for j in range(n_list):
+            e = cache.res_list[j]
+            cache.lhist[cache.llay[j], _bucket(cache.lkey[j], e, base, sh)] += 1
         c[LSTALE] = False
 
 
@@ -692,16 +800,11 @@ def _heap_victims(env, w, k_pass, n_pass, protect, now, layered):  # type: ignor
             li[g, s_] = e
             lv[g, s_] = ver[e]
             lsz[g] = s_ + 1
-            if layered:  # (the listed keys, taken in too)
-                cache.llay[j] = g
-                cache.lkey[j] = k_
         for g in range(n_heaps):
             _heapify(lk[g], li[g], lv[g], lsz[g])
         for j in range(n_dirty):
             h.dirty[h.dirty_list[j]] = False
         c[STALE] = False
-        if layered:
-            c[LSTALE] = False
     else:
         for j in range(n_dirty):
             e = h.dirty_list[j]
@@ -853,6 +956,7 @@ def _leave(env, w, nv, t):  # type: ignore[no-untyped-def]
     n_list, cxl_size = c[N_LIST], c[CXL_SIZE]
     compact = nv * 4 > n_list and not QUEUE
     keyed = cache.lkey.size > 0  # (the listed keys move with the list)
+    counted, base, sh = keyed and not c[LSTALE], c[LBASE], c[LSHIFT]  # (lhist)
     n_nvme = 0
     for j in range(nv):
         e = vic[j]
@@ -872,6 +976,8 @@ def _leave(env, w, nv, t):  # type: ignore[no-untyped-def]
             cache.res_list[p_] = moved_e
             cache.res_pos[moved_e] = p_
             if keyed:
+                if counted:
+                    _uncount(cache, p_, e, base, sh)
                 cache.lkey[p_] = cache.lkey[n_list - 1]
                 cache.llay[p_] = cache.llay[n_list - 1]
             cache.res_pos[e] = -1
@@ -894,15 +1000,16 @@ def _leave(env, w, nv, t):  # type: ignore[no-untyped-def]
     ti.tcount[CXL] += nv - n_nvme
     ti.tcount[NVME] += n_nvme
     if compact:
-        n_list = _relist(cache, n_list)
+        n_list = _relist(cache, n_list, counted, base, sh)
     c[N_LIST], c[CXL_SIZE] = n_list, cxl_size
     c[N_RES] -= nv
     c[EVICTIONS] += nv
 
 
 @njit(cache=True, inline="always")
-def _relist(cache, n_list):  # type: ignore[no-untyped-def]
-    """The resident list without the entries that left (one pass); returns its length."""
+def _relist(cache, n_list, counted, base, sh):  # type: ignore[no-untyped-def]
+    """The resident list without the entries that left (one pass; ``counted``: they leave
+    the listed keys' buckets too); returns its length."""
     k = 0
     keyed = cache.lkey.size > 0  # (the listed keys move with the list)
     for j in range(n_list):
@@ -916,6 +1023,8 @@ def _relist(cache, n_list):  # type: ignore[no-untyped-def]
             k += 1
         else:
             cache.res_pos[e] = -1
+            if counted:
+                _uncount(cache, j, e, base, sh)
     return k
 
 
@@ -1225,7 +1334,8 @@ def _work(plan, run, media, tlog, pf, rules):  # type: ignore[no-untyped-def]
     nk = nl if layered else 0
     cache = Cache(np.zeros(n, np.bool_), run.pinned, np.zeros(n, np.bool_),
                   np.empty(nl, idt), np.full(nl, -1, idt), run.stamp,
-                  np.empty(nk, np.int64), np.empty(nk, np.uint8))  # fmt: skip
+                  np.empty(nk, np.int64), np.empty(nk, np.uint8),
+                  np.zeros((T.LAYERS, N_BUCKETS if layered else 0), np.int64))  # fmt: skip
     # A heap of the resident unpinned entries by (key, id) serves small evictions of a STATIC
     # policy: keys change only by an entry's own events (marked dirty, pushed again before
     # the next pop) and at step ends (the heap is rebuilt).  Large evictions scan.  A QUEUE

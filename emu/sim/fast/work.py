@@ -44,8 +44,10 @@ from numpy.typing import NDArray
     OWN_A,  # the current call's own entries: plan.ids[OWN_A:OWN_Z], or Scratch.adm's
     OWN_Z,
     OWN_ADM,  # (1: adm's, a write's or a prefetch's admissions)
+    LBASE,  # the listed keys' buckets (Cache.lhist): the smallest key and the shift
+    LSHIFT,
     COUNTERS,  # (how many)
-) = range(28)
+) = range(30)
 
 
 class Env(NamedTuple):
@@ -78,7 +80,8 @@ class Cache(NamedTuple):
     each one's place in it; the call that last marked each entry (a batch member).  Under
     managed tiers a STATIC policy also keeps each listed entry's key and eviction layer in
     the list's order (``lkey``, ``llay``: moved with it), so that a pass reads them in
-    order instead of each entry's state at random."""
+    order instead of each entry's state at random, and counts them by layer and key bucket
+    (``lhist``, row per layer), so that a pass knows its boundary before it reads them."""
 
     resident: NDArray
     pinned: NDArray
@@ -88,6 +91,7 @@ class Cache(NamedTuple):
     stamp: NDArray
     lkey: NDArray
     llay: NDArray
+    lhist: NDArray
 
 
 class Heap(NamedTuple):

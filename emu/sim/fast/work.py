@@ -44,7 +44,7 @@ from numpy.typing import NDArray
     OWN_A,  # the current call's own entries: plan.ids[OWN_A:OWN_Z], or Scratch.adm's
     OWN_Z,
     OWN_ADM,  # (1: adm's, a write's or a prefetch's admissions)
-    LBASE,  # the listed keys' buckets (Cache.lhist): the smallest key and the shift
+    LBASE,  # the listed keys' buckets (Cache.lhist, loop._bucket): their base key and shift
     LSHIFT,
     COUNTERS,  # (how many)
 ) = range(30)

@@ -256,6 +256,51 @@ def test_listed_key_buckets_keep_the_key_then_id_order(kind: str) -> None:
     assert np.bincount(got).max() <= m // 64, (kind, np.bincount(got).max())
 
 
+def test_a_crowded_bucket_set_again_keeps_the_order_and_the_counts() -> None:
+    """loop._count_listed, _bucket_sample and _buckets_of (a managed pass setting its
+    buckets again over a crowded one) against a plain count and order.  The keys are of the
+    EMA's kind: the order of ``-p`` for priorities ``p`` of which most sit in one binade and
+    the rest decay over many (an equal-width bucket over float keys is a ratio of ``p``, so
+    most keys crowd into one bucket: the case must happen).  The counts must equal a plain
+    count of every listed entry's bucket, the call's own (``OWN``) and ``FRESH`` ones left
+    out; the sample must be the crowded bucket's keys, sorted; the new buckets must keep
+    the (key, id) order, and spread the crowded bucket's keys (no new bucket over a 64th
+    of them)."""
+    from kvcxl.emu.sim.fast import loop as L
+    from kvcxl.emu.sim.fast import tiers as T
+
+    rng = np.random.default_rng(7)
+    m, n_desc = 60000, 240000
+    ids = rng.permutation(n_desc)[:m].astype(np.int64)
+    p = np.where(rng.random(m) < 0.85, rng.uniform(0.55, 0.6, m),
+                 0.6 * 0.97 ** rng.integers(1, 20000, m))  # fmt: skip
+    keys = -p.view(np.int64)  # (positive floats' bits keep their order: -bits orders as -p)
+    llay = rng.integers(0, 3, m).astype(np.uint8)
+    llay[rng.random(m) < 0.02] |= L.OWN
+    llay[rng.random(m) < 0.02] = L.FRESH
+    pairs = list(zip(keys.tolist(), ids.tolist(), strict=True))
+    base, sh = L._buckets(keys, m, n_desc)
+    bk = np.array([L._bucket(k, e, base, sh) for k, e in pairs])
+    counted = llay < T.LAYERS
+    lhist = np.zeros((T.LAYERS, L.N_BUCKETS), np.int64)
+    L._count_listed(lhist, llay, keys, ids, m, base, sh)
+    want = np.zeros_like(lhist)
+    np.add.at(want, (llay[counted].astype(np.int64), bk[counted]), 1)
+    assert np.array_equal(lhist, want)
+    g, b = np.unravel_index(int(lhist.argmax()), lhist.shape)
+    crowd = int(lhist[g, b])
+    assert crowd > m // 4, crowd  # (crowded)
+    sample = L._bucket_sample(llay, keys, ids, m, g, b, base, sh, crowd)
+    members = keys[(llay == g) & (bk == b)]
+    assert np.all(np.diff(sample) >= 0) and np.isin(sample, members).all()
+    assert L.SAMPLE // 2 <= sample.size <= 2 * L.SAMPLE, sample.size
+    base2, sh2 = L._buckets_of(sample, n_desc)
+    bk2 = np.array([L._bucket(k, e, base2, sh2) for k, e in pairs])
+    order = np.lexsort((ids, keys))
+    assert np.all(np.diff(bk2[order]) >= 0)
+    assert np.bincount(bk2[(llay == g) & (bk == b)]).max() <= crowd // 64
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_lru_queue_takes_the_smallest_key_then_id(seed: int) -> None:
     """The LRU/FIFO queue (kernel._enqueue, _take, _compact) against a plain reference:
@@ -479,6 +524,19 @@ def test_managed_tiers_few_victims_among_many_replay_identically() -> None:
                     config=PolicyConfig.from_mapping(cfg),
                 )  # fmt: skip
                 assert_same(a, b, f"ema/{mode} {gran} {cfg}")
+
+
+def test_managed_tiers_crowded_key_buckets_replay_identically() -> None:
+    # S1's 80 layers at 8 K tokens, dense, 10 %: each layer call evicts about a tenth of the
+    # listed entries, and after the first step's end most of the EMA's keys sit in one
+    # bucket (decayed priorities over many binades, most in one), so a pass sets the
+    # buckets again over it (loop._rebucket; it does twice here, counted once in a copy of
+    # the loop) and counts the listed keys again, the call's own left out.
+    shape = PRESETS["s1"].with_(context_tokens=8192)
+    stream = compile_workload(make_workload("retrieval", shape, seed=0, lanes=1), 3, read="dense")
+    for mode in ("float", "int"):
+        a, b = _both(stream, policy="ema", mode=mode, budget_bytes=int(stream.kv_bytes * 0.1))
+        assert_same(a, b, f"ema/{mode} crowded buckets")
 
 
 def test_managed_tiers_many_victims_from_the_listed_keys_replay_identically() -> None:

@@ -313,22 +313,24 @@ def _select(keys, ids, m, k, kmin, kmax, out_ids):  # type: ignore[no-untyped-de
     n = 0
     tied = 0
     ascending = True  # the ties' ids (a scan of the entry ids gathers them in order)
+    lo = hi = 0  # the ties' smallest and largest id
     for j in range(m):
         if keys[j] < kth:
             out_ids[n] = ids[j]
             n += 1
         elif keys[j] == kth:  # the ties, gathered at the front of the scratch (read already)
-            if tied and ids[j] < ids[tied - 1]:
+            i = ids[j]
+            if tied == 0:
+                lo = hi = i
+            elif i < ids[tied - 1]:
                 ascending = False
-            keys[tied] = ids[j]  # (among equal priorities the lower id goes first: by id)
-            ids[tied] = ids[j]
+            lo = min(lo, i)
+            hi = max(hi, i)
+            keys[tied] = i  # (among equal priorities the lower id goes first: by id)
+            ids[tied] = i
             tied += 1
     need = k - n
     if need < tied and not ascending and tied >= RADIX_MIN:  # (many ties: by id's digits)
-        lo = hi = keys[0]
-        for j in range(tied):
-            lo = min(lo, keys[j])
-            hi = max(hi, keys[j])
         return n + _radix_select(keys, ids, tied, need, lo, hi, out_ids[n:])
     if need < tied and not ascending:
         _nth_pair(keys, ids, tied, need)
@@ -339,6 +341,16 @@ def _select(keys, ids, m, k, kmin, kmax, out_ids):  # type: ignore[no-untyped-de
 
 RADIX_BITS = 11  # a radix round's digit: a 2,048-bucket histogram (16 KB, in L1/L2)
 RADIX_MIN = 4096  # below this many candidates quickselect is as fast
+
+
+@njit(cache=True, inline="always")
+def bit_length(u):  # type: ignore[no-untyped-def]
+    """How many bits ``u`` (a uint64 span or a non-negative count) takes: 0 for 0."""
+    u = np.uint64(u)
+    bits = 0
+    while bits < 64 and (u >> np.uint64(bits)) != 0:
+        bits += 1
+    return bits
 
 
 @njit(cache=True)
@@ -359,10 +371,7 @@ def _radix_select(keys, ids, m, k, kmin, kmax, out_ids):  # type: ignore[no-unty
     span = np.uint64(kmax) - base
     hist = np.zeros(1 << RADIX_BITS, np.int64)
     while mm > RADIX_MIN // 16 and span != 0:
-        bits = 0
-        while bits < 64 and (span >> np.uint64(bits)) != 0:
-            bits += 1
-        sh = np.uint64(max(bits - RADIX_BITS, 0))
+        sh = np.uint64(max(bit_length(span) - RADIX_BITS, 0))
         hist[:] = 0
         for j in range(mm):
             hist[(np.uint64(keys[j]) - base) >> sh] += 1

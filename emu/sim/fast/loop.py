@@ -29,6 +29,7 @@ from kvcxl.emu.sim.fast.kernel import (
     _push,
     _select,
     _take,
+    bit_length,
     borrowed,
     float_key,
     key_of,
@@ -519,17 +520,21 @@ def _keyed_victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-unt
             _mark_own(w, sc.adm, c[OWN_A], c[OWN_Z])
         else:
             _mark_own(w, env.plan.ids, c[OWN_A], c[OWN_Z])
+    got = 0  # (the layers above the boundary are not read: counted as none)
     for g in range(T.LAYERS):
-        lay_n[g] = lhist[g].sum()
+        lay_n[g] = lhist[g].sum() if got < k_pass else 0
+        got += lay_n[g]
     bd = _layer_bound(lay_n, k_pass)
     gb, below, need, whole, at = bd
     bb = N_BUCKETS  # the boundary layer's bucket that holds its last victim (else all go)
     if gb < T.LAYERS and not whole:
-        acc = 0
-        bb = 0
-        while acc + lhist[gb, bb] < need:
-            acc += lhist[gb, bb]
-            bb += 1
+        bb, acc = _boundary_bucket(lhist[gb], need)
+        by_id = sh < 0 and 0 < bb < N_BUCKETS - 1  # (ties split by id: as fine as they go)
+        crowd = lhist[gb, bb]
+        if not by_id and crowd >= CROWDED and crowd > CROWDED_RATIO * (need - acc):
+            _rebucket(w, gb, bb)
+            base, sh = c[LBASE], c[LSHIFT]
+            bb, acc = _boundary_bucket(lhist[gb], need)
     n_low = 0  # the boundary layer's victims below bucket bb, after the ``below``
     t = kmin = kmax = 0  # bucket bb's candidates, their keys' bounds
     for j in range(n_list):
@@ -563,9 +568,67 @@ def _keyed_victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-unt
 # above the lower (``sh`` >= 0; keys beyond share the end buckets: a few far keys do not
 # crowd the rest into one); or, where those quantiles are one key ``base`` (most keys
 # tied, as a prompt's fresh entries are), that key's entries by their ids' top bits
-# (``sh`` = −1 − the ids' shift) between the keys below and above it.
+# (``sh`` = −1 − the ids' shift) between the keys below and above it.  Equal widths of a
+# float key are equal ratios of the priority, and the EMA's decayed priorities span many
+# binades while most entries sit in one: a pass whose boundary bucket holds CROWDED keys
+# and CROWDED_RATIO times its victims sets the buckets again over that bucket's keys
+# (not a bucket of tied keys split by id: its sample would give the same buckets).
 N_BUCKETS = 1 << RADIX_BITS
 SAMPLE = 2048
+CROWDED = 8192  # (below this, ranking the bucket costs less than a count again)
+CROWDED_RATIO = 4
+
+
+@njit(cache=True, inline="always")
+def _boundary_bucket(hist, need):  # type: ignore[no-untyped-def]
+    """The bucket of ``hist`` (a layer's counts) that holds its ``need``-th key, and how
+    many keys lie below it."""
+    acc = 0
+    bb = 0
+    while acc + hist[bb] < need:
+        acc += hist[bb]
+        bb += 1
+    return bb, acc
+
+
+@njit(cache=True, inline="always")
+def _rebucket(w, gb, bb):  # type: ignore[no-untyped-def]
+    """The buckets set again (``LBASE``, ``LSHIFT``) over the keys in bucket ``bb`` of
+    layer ``gb``, and the listed keys counted again in them."""
+    c, cache = w.c, w.cache
+    llay, lkey, res_list, n_list = cache.llay, cache.lkey, cache.res_list, c[N_LIST]
+    base, sh = c[LBASE], c[LSHIFT]
+    sample = _bucket_sample(llay, lkey, res_list, n_list, gb, bb, base, sh, cache.lhist[gb, bb])
+    base, sh = _buckets_of(sample, c[N_DESC])
+    c[LBASE], c[LSHIFT] = base, sh
+    _count_listed(cache.lhist, llay, lkey, res_list, n_list, base, sh)
+
+
+@njit(cache=True)
+def _bucket_sample(llay, lkey, res_list, n_list, g, b, base, sh, crowd):  # type: ignore[no-untyped-def]
+    """A sorted sample (about :data:`SAMPLE`, at a stride in the list's order) of the keys
+    of the ``crowd`` listed entries of layer ``g`` in bucket ``b`` (``base``, ``sh``)."""
+    stride = max(crowd // SAMPLE, 1)
+    sample = np.empty(crowd // stride + 1, np.int64)
+    m = seen = 0
+    for j in range(n_list):
+        if llay[j] == g and _bucket(lkey[j], res_list[j], base, sh) == b:
+            if seen % stride == 0 and m < sample.size:
+                sample[m] = lkey[j]
+                m += 1
+            seen += 1
+    return np.sort(sample[:m])
+
+
+@njit(cache=True)
+def _count_listed(lhist, llay, lkey, res_list, n_list, base, sh):  # type: ignore[no-untyped-def]
+    """``lhist``: the listed entries counted by layer and bucket (``base``, ``sh``); those
+    whose layer byte is marked (the call's own, ``OWN``; ``FRESH``) stay out."""
+    lhist[:] = 0
+    for j in range(n_list):
+        g = llay[j]
+        if g < T.LAYERS:
+            lhist[g, _bucket(lkey[j], res_list[j], base, sh)] += 1
 
 
 @njit(cache=True, inline="always")
@@ -587,21 +650,19 @@ def _buckets(lkey, n_list, n_desc):  # type: ignore[no-untyped-def]
     """The buckets' ``base`` and ``sh`` (:func:`_bucket`) for the listed keys
     ``lkey[:n_list]`` (ids below ``n_desc``), from a sample of them at a stride."""
     stride = max(n_list // SAMPLE, 1)
-    sample = np.sort(lkey[0:n_list:stride])
+    return _buckets_of(np.sort(lkey[0:n_list:stride]), n_desc)
+
+
+@njit(cache=True)
+def _buckets_of(sample, n_desc):  # type: ignore[no-untyped-def]
+    """:func:`_buckets` from a sorted ``sample`` of the keys."""
     m = sample.size
     if m == 0:
         return 0, 0
     lo, hi = sample[m // 256], sample[m - 1 - m // 256]
     if lo == hi:  # (ties: by id, N_BUCKETS - 2 of them)
-        bits = 0
-        while (n_desc >> bits) > 0:
-            bits += 1
-        return lo, -1 - max(bits - RADIX_BITS + 1, 0)
-    span = np.uint64(hi) - np.uint64(lo)
-    bits = 0
-    while bits < 64 and (span >> np.uint64(bits)) != 0:
-        bits += 1
-    return lo, max(bits - RADIX_BITS, 0)
+        return lo, -1 - max(bit_length(n_desc) - RADIX_BITS + 1, 0)
+    return lo, max(bit_length(np.uint64(hi) - np.uint64(lo)) - RADIX_BITS, 0)
 
 
 @njit(cache=True, inline="always")
@@ -729,10 +790,7 @@ def _listed_keys(env, w, now):  # type: ignore[no-untyped-def]
             cache.lkey[j] = key_of(priority(ps, tab, e, now))
         base, sh = _buckets(cache.lkey, n_list, c[N_DESC])
         c[LBASE], c[LSHIFT] = base, sh
-        cache.lhist[:] = 0
-        for j in range(n_list):
-            e = cache.res_list[j]
-            cache.lhist[cache.llay[j], _bucket(cache.lkey[j], e, base, sh)] += 1
+        _count_listed(cache.lhist, cache.llay, cache.lkey, cache.res_list, n_list, base, sh)
         c[LSTALE] = False
 
 

@@ -540,9 +540,8 @@ def _keyed_victims(env, w, k_pass, n_pass, protect, now):  # type: ignore[no-unt
     for j in range(n_list):
         g = llay[j]
         if g >= OWN:
-            g = g ^ OWN
-            llay[j] = g
-            lhist[g, _bucket(lkey[j], res_list[j], base, sh)] += 1
+            llay[j] = g ^ OWN
+            _count(lhist, llay, lkey, j, res_list[j], base, sh, 1)
         elif g < gb:
             sc.vic[at[g]] = res_list[j]
             at[g] += 1
@@ -610,13 +609,15 @@ def _bucket_sample(llay, lkey, res_list, n_list, g, b, base, sh, crowd):  # type
     of the ``crowd`` listed entries of layer ``g`` in bucket ``b`` (``base``, ``sh``)."""
     stride = max(crowd // SAMPLE, 1)
     sample = np.empty(crowd // stride + 1, np.int64)
-    m = seen = 0
+    m = 0
+    skip = 0  # (members left to pass over before the next one sampled)
     for j in range(n_list):
         if llay[j] == g and _bucket(lkey[j], res_list[j], base, sh) == b:
-            if seen % stride == 0 and m < sample.size:
+            if skip == 0:
                 sample[m] = lkey[j]
                 m += 1
-            seen += 1
+                skip = stride
+            skip -= 1
     return np.sort(sample[:m])
 
 
@@ -626,9 +627,7 @@ def _count_listed(lhist, llay, lkey, res_list, n_list, base, sh):  # type: ignor
     whose layer byte is marked (the call's own, ``OWN``; ``FRESH``) stay out."""
     lhist[:] = 0
     for j in range(n_list):
-        g = llay[j]
-        if g < T.LAYERS:
-            lhist[g, _bucket(lkey[j], res_list[j], base, sh)] += 1
+        _count(lhist, llay, lkey, j, res_list[j], base, sh, 1)
 
 
 @njit(cache=True, inline="always")
@@ -666,11 +665,18 @@ def _buckets_of(sample, n_desc):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, inline="always")
+def _count(lhist, llay, lkey, p_, e, base, sh, d):  # type: ignore[no-untyped-def]
+    """Entry ``e``, listed at place ``p_``, into (``d`` 1) or out of (−1) the listed keys'
+    counts, unless its layer byte is marked (``OWN``, ``FRESH``: not counted)."""
+    g = llay[p_]
+    if g < T.LAYERS:
+        lhist[g, _bucket(lkey[p_], e, base, sh)] += d
+
+
+@njit(cache=True, inline="always")
 def _uncount(cache, p_, e, base, sh):  # type: ignore[no-untyped-def]
     """Entry ``e``, listed at place ``p_``, out of the listed keys' counts (if counted)."""
-    g = cache.llay[p_]
-    if g < T.LAYERS:
-        cache.lhist[g, _bucket(cache.lkey[p_], e, base, sh)] -= 1
+    _count(cache.lhist, cache.llay, cache.lkey, p_, e, base, sh, -1)
 
 
 @njit(cache=True, inline="always")
@@ -683,7 +689,7 @@ def _rekey(env, w, p_, e, now):  # type: ignore[no-untyped-def]
     k = key_of(priority(env.ps, env.tab, e, now))
     cache.llay[p_] = g
     cache.lkey[p_] = k
-    cache.lhist[g, _bucket(k, e, base, sh)] += 1
+    _count(cache.lhist, cache.llay, cache.lkey, p_, e, base, sh, 1)
 
 
 @njit(cache=True, inline="always")

@@ -43,15 +43,15 @@ from .attention import (
     preset_attention,
     sparse_mask,
 )
+from .column import Column
 
 CREATE, READ = 0, 1
-_RELEASED = np.zeros(0, np.int64)  # what a builder's part becomes once joined
 #: What building a stream holds per entry at its peak (its id, context, layer, head and
-#: block, its place in its context's grid, and the parts its columns are joined from):
-#: 51.2–51.7 bytes (Measured with tracemalloc: S1, retrieval, 2 lanes, 1 and 4 steps of
-#: top-256; 37.7–38.0 kept after; 71.4–72.3 while every part was held until its column was
-#: joined, 73.9–76.8 before the columns were joined without a second copy).
-BUILD_BYTES_PER_ENTRY = 52
+#: block, its place in its context's grid, its relevance and a step's weights): 46.5–47.8
+#: bytes (Measured as the peak RSS over the build: S1, retrieval, 2 lanes, 1 and 4 steps of
+#: top-256; 32.5–33.7 kept after; 50.5 by the same measure while the columns were joined
+#: from their parts at the end).
+BUILD_BYTES_PER_ENTRY = 48
 #: A workload may create entries while their arrays take at most this share of the memory
 #: available when it starts (refused rather than swapped), and at least MIN_ENTRIES.
 MEMORY_SHARE = 0.5
@@ -281,17 +281,20 @@ class _Builder:
         self.tokens: dict[int, int] = {}
         self.first_own_block: dict[int, int] = {}
         self.children: set[int] = set()  # contexts that share entries of a parent context
-        # each entry's (context, layer, head, block), a part per growth, a list per column
-        self.e: tuple[list[NDArray], ...] = ([], [], [], [])
+        # each entry's (context, layer, head, block), written as the entries are created
+        self.e = tuple(Column(np.int32) for _ in range(4))
         self.kind: list[int] = []
         self.step: list[int] = []
         self.layer: list[int] = []
         self.tok: list[int] = []
-        self.payload_ids: list[NDArray] = []
-        self.payload_w: list[NDArray] = []
+        self.sizes: list[int] = []  # each event's ids (and weights)
+        # the events' ids and weights; a creation's ids are written when it is made (no
+        # read is written before the creations pending: :meth:`read` flushes them first)
+        self.ids = Column(np.int64)
+        self.w = Column(np.float32)
         self.lens: list[list[tuple[int, int]]] = []
         self.pending_lens: list[tuple[int, int]] = []
-        self.pending_ids: list[NDArray] = []
+        self.pending_n = 0  # entries created since the last write event
         self.prefixes: list[tuple[int, int, int]] = []
 
     def _grid(self, ctx: int, nb: int) -> NDArray:
@@ -300,7 +303,10 @@ class _Builder:
         if g is None:
             g = np.full((s.layers, s.kv_heads, max(nb, 4)), -1, dtype=np.int64)
         elif g.shape[2] < nb:
-            new = np.full((s.layers, s.kv_heads, max(nb, 2 * g.shape[2])), -1, dtype=np.int64)
+            # doubled (amortised growth), but never past a context's longest (S1's 16 users
+            # would hold 0.75 GB of grid no block can use)
+            most = -(-s.context_tokens // s.block_tokens)
+            new = np.full((s.layers, s.kv_heads, max(nb, min(2 * g.shape[2], most))), -1, np.int64)
             new[:, :, : g.shape[2]] = g
             g = new
         self.grids[ctx] = g
@@ -347,16 +353,18 @@ class _Builder:
             L, H = s.layers, s.kv_heads
             ids = np.arange(self.n, self.n + L * H * k, dtype=np.int64)
             g[:, :, ob:nb] = ids.reshape(L, H, k)
-            ll, hh, bb = np.meshgrid(
-                np.arange(L, dtype=np.int32),
-                np.arange(H, dtype=np.int32),
-                np.arange(ob, nb, dtype=np.int32),
-                indexing="ij",
-            )
+            i32 = np.int32
             for col, part in zip(
-                self.e, (np.full(ids.size, ctx, np.int32), ll, hh, bb), strict=True
+                self.e,
+                (
+                    np.full(1, ctx, i32),
+                    np.arange(L, dtype=i32)[:, None, None],
+                    np.arange(H, dtype=i32)[None, :, None],
+                    np.arange(ob, nb, dtype=i32)[None, None, :],
+                ),
+                strict=True,
             ):
-                col.append(part.ravel())
+                col.append(np.broadcast_to(part, (L, H, k)))
             self.n += ids.size
             if self.n > self.max_n:
                 raise ValueError(
@@ -364,7 +372,8 @@ class _Builder:
                     f"({self.max_n * s.entry_bytes / 2**30:,.0f} GiB of modelled KV) by step "
                     f"{step}, {self.cap_why}: shrink --context-tokens, the sessions or --steps"
                 )
-            self.pending_ids.append(ids)
+            self.ids.append(ids)
+            self.pending_n += ids.size
 
     def decode_token(self, ctx: int, step: int) -> None:
         """``ctx`` appends the token it decoded; a context at its cap still reports its length
@@ -376,68 +385,56 @@ class _Builder:
 
     def flush(self, step: int) -> None:
         """One write event: every creation and length update since the last one."""
-        if not self.pending_ids and not self.pending_lens:
+        if not self.pending_n and not self.pending_lens:
             return
-        ids = np.concatenate(self.pending_ids) if self.pending_ids else np.zeros(0, np.int64)
-        self.pending_ids = []
-        self._event(CREATE, step, -1, ids, np.zeros(ids.size, np.float32))
+        self.w.skip(self.pending_n)  # a write's weights are zeros (the ids are written)
+        self._event(CREATE, step, -1, self.pending_n)
+        self.pending_n = 0
 
-    def _event(
-        self, kind: int, step: int, layer: int, ids: NDArray, w: NDArray, tokens: int = 0
-    ) -> None:
+    def _event(self, kind: int, step: int, layer: int, size: int, tokens: int = 0) -> None:
         self.tok.append(tokens)
         self.kind.append(kind)
         self.step.append(step)
         self.layer.append(layer)
-        self.payload_ids.append(ids)
-        self.payload_w.append(w)
+        self.sizes.append(size)
         self.lens.append(self.pending_lens)
         self.pending_lens = []
 
-    def read(self, step: int, layer: int, ids: NDArray, w: NDArray, tokens: int) -> bool:
-        """A layer's reads, after the pending writes; a layer that reads nothing is no event
-        (no batch: it would only advance the batch clock).  Returns whether it was one."""
-        if ids.size == 0:
+    def read(
+        self, step: int, layer: int, parts: list[tuple[NDArray, NDArray]], tokens: int
+    ) -> bool:
+        """A layer's reads, after the pending writes: ``parts`` of (ids, weights) of one
+        shape each, read in C order. A layer that reads nothing is no event (no batch: it
+        would only advance the batch clock).  Returns whether it was one."""
+        size = sum(int(ids.size) for ids, _ in parts)
+        if size == 0:
             return False
         self.flush(step)
-        self._event(READ, step, layer, ids, w, tokens)
+        for ids, w in parts:
+            self.ids.append(ids)
+            self.w.append(w)
+        self._event(READ, step, layer, size, tokens)
         return True
 
     def finish(self, evidence: str, source: str, info: dict[str, Any]) -> ReadStream:
         s = self.shape
         self.flush(self.step[-1] if self.step else 0)
-        sizes = np.array([a.size for a in self.payload_ids], dtype=np.int64)
+        sizes = np.array(self.sizes, dtype=np.int64)
         lsizes = np.array([len(x) for x in self.lens], dtype=np.int64)
         flat_lens = [x for group in self.lens for x in group]
-
-        def cat(parts: list[NDArray], dt: Any) -> NDArray:
-            # Each part released once copied: a column is never held twice, which keeps a
-            # large stream's build further below where this machine's first-touched pages
-            # turn slow (docs/simulator.md, "Huge pages and first-touched memory").
-            out = np.empty(sum(a.size for a in parts), dt)
-            at = 0
-            for i in range(len(parts)):
-                part = parts[i]
-                parts[i] = _RELEASED
-                out[at : at + part.size] = part
-                at += part.size
-                del part
-            parts.clear()
-            return out
-
         return ReadStream(
             shape=s,
-            e_ctx=cat(self.e[0], np.int32),
-            e_layer=cat(self.e[1], np.int32),
-            e_head=cat(self.e[2], np.int32),
-            e_block=cat(self.e[3], np.int32),
+            e_ctx=self.e[0].take(),
+            e_layer=self.e[1].take(),
+            e_head=self.e[2].take(),
+            e_block=self.e[3].take(),
             ev_kind=np.array(self.kind, dtype=np.int8),
             ev_step=np.array(self.step, dtype=np.int64),
             ev_layer=np.array(self.layer, dtype=np.int32),
             ev_off=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
             ev_tokens=np.array(self.tok, dtype=np.int64),
-            ids=cat(self.payload_ids, np.int64),
-            w=cat(self.payload_w, np.float32),
+            ids=self.ids.take(),
+            w=self.w.take(),
             len_off=np.concatenate([[0], np.cumsum(lsizes)]).astype(np.int64),
             len_ctx=np.array([c for c, _ in flat_lens], dtype=np.int64),
             len_tokens=np.array([t for _, t in flat_lens], dtype=np.int64),
@@ -527,33 +524,39 @@ def compile_workload(
         if not plan.decode:
             b.flush(plan.step)
             continue
-        per_layer_ids: list[list[NDArray]] = [[] for _ in range(shape.layers)]
-        per_layer_w: list[list[NDArray]] = [[] for _ in range(shape.layers)]
+        # each decoding context's (grid, weights, mask or None for all), every layer
+        got: list[tuple[NDArray, NDArray, NDArray | None]] = []
         for ctx in plan.decode:
             if ctx not in b.tokens:
                 b.grow(ctx, 1, plan.step)
             n = b.tokens[ctx]
             nb = -(-n // shape.block_tokens)
             grid = b.grids[ctx][:, :, :nb]
+            mask: NDArray | None
             if workload.read_mode == "uniform":
                 mask = rng.random(grid.shape) < frac
                 w = (rng.random(grid.shape) * min(1.0, 2.0 / nb)).astype(np.float32)
             else:
                 w = model.weights(att(ctx), n, rng)
-                mask = sparse_mask(w, mode, value)
-            for layer in range(shape.layers):
-                m = mask[layer]
-                per_layer_ids[layer].append(grid[layer][m])
-                per_layer_w[layer].append(w[layer][m])
+                mask = None if mode == "dense" else sparse_mask(w, mode, value)
+            got.append((grid, w, mask))
         shared = any(ctx in b.children for ctx in plan.decode)
         decoded = len(plan.decode)  # counted on the step's first read event
         for layer in range(shape.layers):
-            ids = np.concatenate(per_layer_ids[layer])
-            w = np.concatenate(per_layer_w[layer]).astype(np.float32, copy=False)
+            # read in place, the contexts in order (a dense read is the whole grid's layer)
+            parts = [
+                (g[layer], w[layer]) if m is None else (g[layer][m[layer]], w[layer][m[layer]])
+                for g, w, m in got
+            ]
             if shared:
-                ids, w = merge_duplicates(ids, w)
-            if b.read(plan.step, layer, ids, w, decoded):
+                ids, w = merge_duplicates(
+                    np.concatenate([i.ravel() for i, _ in parts]),
+                    np.concatenate([x.ravel() for _, x in parts]).astype(np.float32, copy=False),
+                )
+                parts = [(ids, w)]
+            if b.read(plan.step, layer, parts, decoded):
                 decoded = 0
+        del got
         for ctx in plan.decode:  # each decoding context appends its new token
             b.decode_token(ctx, plan.step)
         b.flush(plan.step)

@@ -38,6 +38,7 @@ from numpy.typing import NDArray
 
 from ..shape import ModelShape
 from .attention_kernel import fused_weights
+from .topk import topk_blocks
 
 
 @dataclass(frozen=True)
@@ -446,7 +447,7 @@ def sparse_mask(weights: NDArray, mode: str, value: float) -> NDArray:
         nb = weights.shape[-1]
         if k >= nb:
             return np.ones(weights.shape, dtype=bool)
-        idx = np.argpartition(-weights, k - 1, axis=-1)[..., :k]
+        idx = topk_blocks(weights, k)
         mask = np.zeros(weights.shape, dtype=bool)
         np.put_along_axis(mask, idx, True, axis=-1)
         return mask

@@ -44,6 +44,7 @@ from .attention import (
     sparse_mask,
 )
 from .column import Column
+from .topk import topk_read
 
 CREATE, READ = 0, 1
 #: What building a stream holds per entry at its peak (its id, context, layer, head and
@@ -524,7 +525,8 @@ def compile_workload(
         if not plan.decode:
             b.flush(plan.step)
             continue
-        # each decoding context's (grid, weights, mask or None for all), every layer
+        # each decoding context's (ids, weights, mask or None for all of them), every layer;
+        # a top-k read's ids and weights are its blocks' alone
         got: list[tuple[NDArray, NDArray, NDArray | None]] = []
         for ctx in plan.decode:
             if ctx not in b.tokens:
@@ -538,7 +540,9 @@ def compile_workload(
                 w = (rng.random(grid.shape) * min(1.0, 2.0 / nb)).astype(np.float32)
             else:
                 w = model.weights(att(ctx), n, rng)
-                mask = None if mode == "dense" else sparse_mask(w, mode, value)
+                if mode == "topk" and int(value) < nb:  # the blocks read, taken at once
+                    grid, w = topk_read(w, grid, int(value))
+                mask = None if mode in ("dense", "topk") else sparse_mask(w, mode, value)
             got.append((grid, w, mask))
         shared = any(ctx in b.children for ctx in plan.decode)
         decoded = len(plan.decode)  # counted on the step's first read event

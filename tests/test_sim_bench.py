@@ -24,6 +24,10 @@ def test_s1_users_reports_rates_and_bytes_and_refuses_what_does_not_fit(monkeypa
                 # (0 is a true reading: a replay may reuse pages an earlier one freed)
                 assert 0 <= out[f"{key}_bytes_per_entry"] < 10_000, key
                 assert 0 <= out[f"{key}_hit_rate_simulated"] <= 1, key
+                # generate_s and the ratio are rounded to 0.01 (and replay_s to 1e-4)
+                gen, dt = out[f"users1_{read}_generate_s"], out[f"{key}_replay_s"]
+                ratio = out[f"{key}_generate_over_replay"]
+                assert dt > 0 and abs(ratio * dt - gen) <= 0.006 + 0.006 * dt, key
     assert "users2_dense_lru_budget10_entry_reads_per_s" not in out
     assert (
         out["users2_not_run"].startswith("needs about ")

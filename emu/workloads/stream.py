@@ -549,15 +549,13 @@ def compile_workload(
         for layer in range(shape.layers):
             # read in place, the contexts in order (a dense read is the whole grid's layer)
             parts = [
-                (g[layer], w[layer]) if m is None else (g[layer][m[layer]], w[layer][m[layer]])
-                for g, w, m in got
+                (g[layer], x[layer]) if m is None else (g[layer][m[layer]], x[layer][m[layer]])
+                for g, x, m in got
             ]
-            if shared:
-                ids, w = merge_duplicates(
-                    np.concatenate([i.ravel() for i, _ in parts]),
-                    np.concatenate([x.ravel() for _, x in parts]).astype(np.float32, copy=False),
-                )
-                parts = [(ids, w)]
+            if shared:  # one read per entry (merged across the contexts)
+                ids = np.concatenate([i.ravel() for i, _ in parts])
+                ws = np.concatenate([x.ravel() for _, x in parts]).astype(np.float32, copy=False)
+                parts = [merge_duplicates(ids, ws)]
             if b.read(plan.step, layer, parts, decoded):
                 decoded = 0
         del got

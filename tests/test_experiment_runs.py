@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import mmap
 import os
 import signal
 import subprocess
@@ -245,8 +246,13 @@ def test_a_runs_peak_is_told_though_it_was_freed_before_the_look(tmp_path, monke
 
     def heavy(r):
         out = real(r)  # the run's own work first: the look then sees only what it kept
-        a = np.ones(300 * 2**20 // 8)  # every page written: resident
-        del a  # (an allocation this large is its own mapping: freed, the RSS drops)
+        # A mapping of its own, every page written: np.ones could be served from free heap
+        # pages already resident (a worker's heap after earlier tests), which raise no mark.
+        m = mmap.mmap(-1, 300 * 2**20)
+        a = np.frombuffer(m, np.uint8)
+        a[:: mmap.PAGESIZE] = 1
+        del a
+        m.close()  # unmapped: the RSS drops
         return out
 
     monkeypatch.setattr(runner, "run_one", heavy)

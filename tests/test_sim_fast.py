@@ -562,26 +562,44 @@ def test_managed_tiers_many_victims_from_the_listed_keys_replay_identically() ->
                 assert_same(a, b, f"ema/{mode} {read} {budget} {cfg}")
 
 
-def test_entry_ids_kept_in_int64_replay_as_in_int32(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The loop keeps ids and versions in int32 below 2**31 entries (hooks.id_dtype); a run
-    # above it takes int64.  Both against the numpy engine, for a queue (LRU: its items), a
-    # managed policy's layers and heaps (the EMA) and the spill's arrival heap (CXL DRAM
-    # smaller than the entries).
+def test_entry_ids_and_stamps_kept_in_int64_replay_as_in_int32(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The loop keeps ids and versions in int32 below 2**31 entries (hooks.id_dtype), and
+    # each entry's call stamp in int32 while every call number fits (hooks.stamp_dtype); a
+    # run above either takes int64.  Both against the numpy engine, for a queue (LRU: its
+    # items), a managed policy's layers and heaps (the EMA), the spill's arrival heap (CXL
+    # DRAM smaller than the entries) and a queue policy whose walk reads the stamps (S3-FIFO).
     from kvcxl.emu.sim.fast import hooks
 
     stream = compile_workload(make_workload("multi-turn", SHAPE, seed=3), 12, read="topk:8")
     kv = stream.kv_bytes
-    runs = [("lru", "float", "layer"), ("ema", "float", "layer"), ("ema", "float", "request")]
-    for dtype in (np.int32, np.int64):
+    runs = [("lru", "float", "layer"), ("ema", "float", "layer"), ("ema", "float", "request"),
+            ("s3fifo", "float", "request")]  # fmt: skip
+    for ids, stamps in ((np.int32, np.int32), (np.int64, np.int32), (np.int32, np.int64)):
         seen: list[type] = []
-        monkeypatch.setattr(hooks, "id_dtype", lambda n, d=dtype, s=seen: s.append(d) or d)
+        took: list[type] = []
+        monkeypatch.setattr(hooks, "id_dtype", lambda n, d=ids, s=seen: s.append(d) or d)
+        monkeypatch.setattr(hooks, "stamp_dtype", lambda b, u, d=stamps, s=took: s.append(d) or d)
         for policy, mode, gran in runs:
             a, b = _both(
                 stream, policy=policy, mode=mode, granularity=gran, budget_bytes=kv // 5,
                 cxl_bytes=kv // 10,
             )  # fmt: skip
-            assert_same(a, b, f"{policy}/{mode} {gran} ids in {np.dtype(dtype).name}")
-        assert seen == [dtype] * len(runs)  # (the fast engine took the dtype each run)
+            assert_same(a, b, f"{policy}/{mode} {gran} ids {np.dtype(ids).name}, stamps "
+                              f"{np.dtype(stamps).name}")  # fmt: skip
+        assert seen == [ids] * len(runs) and took == [stamps] * len(runs)  # (each run's)
+
+
+def test_stamps_take_int64_only_past_int32s_calls() -> None:
+    # At most three calls a unit and one a step boundary (loop._batch, loop._bg_weighted).
+    from kvcxl.emu.sim.fast.hooks import stamp_dtype
+
+    assert stamp_dtype(1, 1) is np.int32
+    top = (2**31 - 2) // 4  # 3 × top + top + 1 = 2**31 − 1: still an int32
+    assert stamp_dtype(top, top) is np.int32
+    assert stamp_dtype(top + 1, top + 1) is np.int64
+    assert stamp_dtype(1, (2**31) // 3) is np.int64
 
 
 @pytest.mark.parametrize("source", ["trace-v1", "trace-v2"])

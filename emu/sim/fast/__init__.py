@@ -127,11 +127,29 @@ def _kernel_plan(stream: ReadStream, granularity: str) -> dict[str, Any]:
     return plan
 
 
+def _want_pin(stream: ReadStream, fw: Any, policy: str, mode: str) -> NDArray:
+    """Pins as the policy itself decides them, on the stream's entry table (a policy that
+    keeps Policy.wants_pin pins nothing: no table to build).  A function of its own so that
+    the table and the policy built for it (16 bytes an entry and more) are gone before the
+    replay starts."""
+    n = stream.n_entries
+    cls = POLICIES[policy]
+    if cls.wants_pin is Policy.wants_pin:
+        return np.zeros(n, np.bool_)
+    table = EntryTable(block_tokens=stream.shape.block_tokens, capacity=max(n, 16))
+    table.append(stream.e_ctx, stream.e_layer, stream.e_head, stream.e_block)
+    kwargs: dict[str, Any] = {"mode": mode} if "int" in cls.modes else {}
+    if fw.offline:
+        kwargs["future"] = fw.policy.future  # type: ignore[attr-defined]
+    pins = make_policy(policy, fw.config, table, **kwargs).wants_pin(np.arange(n))
+    return np.asarray(pins, np.bool_)
+
+
 def run(rep: _Replay) -> None:
     """Replay ``rep``'s stream with the loop compiled for its policy; fill its books, tiers,
     stats and dump."""
     from .compose import modules, replay_for
-    from .hooks import Media, Plan, Run, Setup, Table, id_dtype, trait
+    from .hooks import Media, Plan, Run, Setup, Table, id_dtype, stamp_dtype, trait
     from .prefetch import TOTAL, USEFUL, USEFUL_WARM, WASTED
     from .prefetch import build as prefetch_state
     from .tiers import rules_of
@@ -150,18 +168,7 @@ def run(rep: _Replay) -> None:
     n = stream.n_entries
     books = rep.books
     per_request = opts.granularity == "request"
-    # Pins as the policy itself decides them, on the stream's entry table (a policy that
-    # keeps Policy.wants_pin pins nothing: no table to build).
-    cls = POLICIES[policy]
-    if cls.wants_pin is Policy.wants_pin:
-        want_pin = np.zeros(n, np.bool_)
-    else:
-        table = EntryTable(block_tokens=stream.shape.block_tokens, capacity=max(n, 16))
-        table.append(stream.e_ctx, stream.e_layer, stream.e_head, stream.e_block)
-        kwargs: dict[str, Any] = {"mode": mode} if "int" in cls.modes else {}
-        if fw.offline:
-            kwargs["future"] = fw.policy.future  # type: ignore[attr-defined]
-        want_pin = np.asarray(make_policy(policy, cfg, table, **kwargs).wants_pin(np.arange(n)))
+    want_pin = _want_pin(stream, fw, policy, mode)
     # Weights as the stream holds them (float32, widened exactly where they are read), else
     # float64: the loop's and every policy's (Setup.plan), decided here once.
     w = plan["w"] if plan["w"].dtype == np.float32 else np.asarray(plan["w"], np.float64)
@@ -172,7 +179,9 @@ def run(rep: _Replay) -> None:
         nvme_below = float(cfg.evict_threshold)
     # The cache's pinned and stamp columns: the loop writes them, a policy's select_all
     # reads them (Setup hands them to its state).
-    pinned, stamp = np.zeros(n, np.bool_), np.zeros(n, np.int64)
+    n_units = plan["read"].size + (plan["ids"].size if per_request else 0)  # (a bound)
+    pinned = np.zeros(n, np.bool_)
+    stamp = np.zeros(n, stamp_dtype(plan["read"].size, n_units))
     setup = Setup(fw.policy, cfg, mode, plan, n, per_request, bool(fw.offline), pinned, stamp)
     state = module.build(setup)
     t, tiers = opts.timing, rep.tiers
@@ -182,7 +191,7 @@ def run(rep: _Replay) -> None:
         Plan(plan["read"], plan["step"], plan["tokens"], plan["off"], plan["ids"], w,
              plan["loff"], plan["l_ctx"], plan["l_tok"]),
         Run(n=n, read_steps=np.asarray(books.read_steps, np.int64), npos=max(books.n, 1),
-            want_pin=want_pin.astype(np.bool_), lazy=bool(stream.has_lazy_creates),
+            want_pin=want_pin, lazy=bool(stream.has_lazy_creates),
             capacity=int(fw.cache.capacity), pinned_capacity=int(fw.cache.pinned_capacity),
             persistent=bool(cfg.persistent_metadata), eviction_batch=int(cfg.eviction_batch),
             nvme_below=nvme_below, record=bool(opts.record_victims), per_request=per_request,

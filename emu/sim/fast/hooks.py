@@ -145,6 +145,15 @@ def id_dtype(n: int) -> type:
     return np.int32 if n < 2**31 else np.int64
 
 
+def stamp_dtype(n_batches: int, n_units: int) -> type:
+    """The dtype of the cache's stamp column (the call that last marked each entry, or its
+    negative while a touch batch marks it): int32 while every call number fits, else int64.
+    A replay makes at most three calls a unit — a batch, or each read of a read batch
+    replayed per request (``n_units`` counts both) — and one at each step boundary, of
+    which there are at most ``n_batches`` + 1."""
+    return np.int32 if 3 * n_units + n_batches + 1 < 2**31 else np.int64
+
+
 class Media(NamedTuple):
     """The tiers below HBM: capacities in entries and the timing model."""
 

@@ -28,6 +28,11 @@ def test_s1_users_reports_rates_and_bytes_and_refuses_what_does_not_fit(monkeypa
                 gen, dt = out[f"users1_{read}_generate_s"], out[f"{key}_replay_s"]
                 ratio = out[f"{key}_generate_over_replay"]
                 assert dt > 0 and abs(ratio * dt - gen) <= 0.006 + 0.006 * dt, key
+                # the whole replay: its prompt's writes and its decode steps
+                whole = out[f"{key}_replay_whole_s"]
+                assert abs(whole - dt - out[f"{key}_prompt_s"]) <= 0.006, key
+                ratio = out[f"{key}_generate_over_whole_replay"]
+                assert abs(ratio * whole - gen) <= 0.006 + 0.006 * whole, key
     assert "users2_dense_lru_budget10_entry_reads_per_s" not in out
     assert (
         out["users2_not_run"].startswith("needs about ")

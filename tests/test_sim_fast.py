@@ -226,6 +226,25 @@ def test_radix_select_is_the_firmwares(m: int, kind: str) -> None:
         assert np.array_equal(np.sort(out[:n]), np.sort(want)), (m, kind, k)
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_sort_ids_sorts_the_prefix_only(dtype: type) -> None:
+    """kernel.sort_ids (a call's admissions put in ascending order, skipping the sort when
+    they already are) against np.sort of the prefix: ascending, shuffled, one out of place
+    at either end, repeated ids; every n from 0; the ids past n untouched."""
+    rng = np.random.default_rng(5)
+    up = np.arange(40, dtype=dtype)
+    cases = {
+        "ascending": up, "shuffled": rng.permutation(up), "last low": np.r_[up[1:], up[:1]],
+        "first high": np.r_[up[-1:], up[:-1]], "repeats": rng.integers(0, 6, 40).astype(dtype),
+    }  # fmt: skip
+    for name, ids in cases.items():
+        for n in (0, 1, 2, 17, 40):
+            got = ids.copy()
+            K.sort_ids(got, n)
+            want = np.r_[np.sort(ids[:n]), ids[n:]]
+            assert np.array_equal(got, want), (name, n)
+
+
 @pytest.mark.parametrize("kind", ["spread", "ties", "far"])
 def test_listed_key_buckets_keep_the_key_then_id_order(kind: str) -> None:
     """loop._buckets and _bucket (the buckets a managed pass counts the listed keys in)

@@ -255,6 +255,16 @@ def _compact(hk, hi, hv, head, size, ver):  # type: ignore[no-untyped-def]
 
 
 # --- keys: -priority as an int64 whose order is the victim order ------------------------
+@njit(cache=True)
+def sort_ids(a, n):  # type: ignore[no-untyped-def]
+    """``a[:n]`` in ascending order, in place; a check first, since a batch's ids mostly
+    arrive ascending already (a sort of a million sorted ids costs 9 ms, the check 0.3)."""
+    for j in range(1, n):
+        if a[j] < a[j - 1]:
+            a[:n].sort()
+            return
+
+
 @njit(cache=True, inline="always")
 def float_key(x):  # type: ignore[no-untyped-def]
     """An int64 ordered as the float ``x`` (IEEE order; -0.0 and 0.0 equal, as in numpy's

@@ -227,22 +227,42 @@ def test_radix_select_is_the_firmwares(m: int, kind: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
-def test_sort_ids_sorts_the_prefix_only(dtype: type) -> None:
-    """kernel.sort_ids (a call's admissions put in ascending order, skipping the sort when
-    they already are) against np.sort of the prefix: ascending, shuffled, one out of place
-    at either end, repeated ids; every n from 0; the ids past n untouched."""
+def test_sort_ids_sorts_the_range_only(dtype: type) -> None:
+    """kernel.sort_ids (a call's admissions, or a queue's split run, put in ascending
+    order) against np.sort of the range, the ids outside it untouched: few ids (ascending,
+    shuffled, one out of place at either end, repeated) over every range, and many (the
+    bitmap's: distinct and close, shuffled or with one out of place, or each its word's top
+    bit; repeated; spread wider than the bitmap takes)."""
     rng = np.random.default_rng(5)
     up = np.arange(40, dtype=dtype)
-    cases = {
+    few = {
         "ascending": up, "shuffled": rng.permutation(up), "last low": np.r_[up[1:], up[:1]],
         "first high": np.r_[up[-1:], up[:-1]], "repeats": rng.integers(0, 6, 40).astype(dtype),
     }  # fmt: skip
-    for name, ids in cases.items():
-        for n in (0, 1, 2, 17, 40):
+    for name, ids in few.items():
+        for lo, hi in ((0, 0), (0, 1), (0, 2), (0, 17), (0, 40), (3, 3), (5, 30), (39, 40)):
             got = ids.copy()
-            K.sort_ids(got, n)
-            want = np.r_[np.sort(ids[:n]), ids[n:]]
-            assert np.array_equal(got, want), (name, n)
+            K.sort_ids(got, lo, hi)
+            want = np.r_[ids[:lo], np.sort(ids[lo:hi]), ids[hi:]]
+            assert np.array_equal(got, want), (name, lo, hi)
+    m = 3 * K.BITMAP_MIN
+    close = (rng.permutation(4 * m)[:m] + 777).astype(dtype)  # (a span of 4 m from 777)
+    near = np.sort(close)
+    near[[10, m - 10]] = near[[m - 10, 10]]
+    wide = rng.permutation(m).astype(dtype) * (K.BITMAP_SPAN + 1)  # (span > BITMAP_SPAN m)
+    up_m = np.arange(m - 1, dtype=dtype)  # (with 777: every other id a word's top bit)
+    many = {
+        "close": close, "one swap": near, "repeats": rng.integers(0, m, m).astype(dtype),
+        "wide": wide, "top bits": rng.permutation(np.r_[777, 777 + 64 * up_m + 63]),
+    }  # fmt: skip
+    for name, ids in many.items():
+        outer = rng.integers(0, 9, 2 * m + 20).astype(dtype)
+        got = outer.copy()
+        got[11 : 11 + m] = ids
+        K.sort_ids(got, 11, 11 + m)
+        assert np.array_equal(got[11 : 11 + m], np.sort(ids)), name
+        assert np.array_equal(got[:11], outer[:11]), name
+        assert np.array_equal(got[11 + m :], outer[11 + m :]), name
 
 
 @pytest.mark.parametrize("kind", ["spread", "ties", "far"])

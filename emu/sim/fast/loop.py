@@ -245,7 +245,7 @@ def _write(env, w, b, a, z, step):  # type: ignore[no-untyped-def]
                 adm[na] = e
                 na += 1
         if na > 1:
-            sort_ids(adm, na)
+            sort_ids(adm, 0, na)
     else:
         na = z - a
         for j in range(na):
@@ -326,7 +326,7 @@ def _read(env, w, b, a, z, step, tok):  # type: ignore[no-untyped-def]
         bk.stall[pos] += media.nvme_lat + (c_nvme * media.entry_bytes) / media.nvme_gbps
     # the order matters only to pinning (ascending ids take free slots)
     if na > 1 and env.run.pinned_capacity - c[N_PINNED] > 0:
-        sort_ids(adm, na)
+        sort_ids(adm, 0, na)
     log_seal(env.tlog, bk.moved)
     _promote(adm, na, pos, tier, w.tiers.tcount, bk.moved)
     log_open(env.tlog, True, pos, step, tok, nh, m, c_cxl, c_nvme, bk.moved)
@@ -359,7 +359,7 @@ def _prefetch(env, w, b, a, z):  # type: ignore[no-untyped-def]
     c[T_NOW] = c[TIME] - 1
     mk.cnt[PF_TOTAL] += na
     if na > 1:  # PolicyCache.insert admits in ascending id order
-        sort_ids(adm, na)
+        sort_ids(adm, 0, na)
     log_prefetch(env.tlog, w.books.moved)
     pf_log = env.tlog.rows.shape[0] > 0
     for j in range(na):  # marked before its evictions settle

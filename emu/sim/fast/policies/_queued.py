@@ -33,6 +33,7 @@ from kvcxl.firmware.policies.queued import ARRIVING as _ARRIVING
 from kvcxl.firmware.policies.queued import NONE as _NONE
 
 from ..hooks import Setup
+from ..kernel import sort_ids
 
 NONE = int(_NONE)
 ARRIVING = np.int64(_ARRIVING)
@@ -182,8 +183,7 @@ def admit(ps, adm, na):  # type: ignore[no-untyped-def]
         ps.isarr[ps.arr[j]] = False
     for j in range(na):
         ps.arr[j] = adm[j]
-    if na > 1:
-        ps.arr[:na].sort()
+    sort_ids(ps.arr, 0, na)
     for j in range(na):
         ps.isarr[ps.arr[j]] = True
         ps.fresh[ps.arr[j]] = True

@@ -257,13 +257,13 @@ def _compact(hk, hi, hv, head, size, ver):  # type: ignore[no-untyped-def]
 # --- ids in ascending order --------------------------------------------------------------
 # Many ids in a span at most BITMAP_SPAN times their number are sorted by a bitmap of the
 # span: a bit set per id, then the set bits read in order (a queue's split run of 18.9 M
-# entries at S1 took 4.2 s sorted by numba's quicksort, a tenth of a second this way).
+# entries at S1 took about 4 s sorted by numba's quicksort, a tenth of a second this way).
 BITMAP_MIN = 4096
 BITMAP_SPAN = 256
 _DE_BRUIJN = np.uint64(0x03F79D71B4CB0A89)  # (the lowest set bit's index by one multiply)
 _TRAILING = np.zeros(64, np.int64)
 for _b in range(64):
-    _TRAILING[((1 << _b) * 0x03F79D71B4CB0A89 % (1 << 64)) >> 58] = _b
+    _TRAILING[((1 << _b) * int(_DE_BRUIJN) % (1 << 64)) >> 58] = _b
 
 
 @njit(cache=True)

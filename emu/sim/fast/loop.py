@@ -244,8 +244,7 @@ def _write(env, w, b, a, z, step):  # type: ignore[no-untyped-def]
                 stamp[e] = call
                 adm[na] = e
                 na += 1
-        if na > 1:
-            sort_ids(adm, 0, na)
+        sort_ids(adm, 0, na)
     else:
         na = z - a
         for j in range(na):
@@ -325,7 +324,7 @@ def _read(env, w, b, a, z, step, tok):  # type: ignore[no-untyped-def]
     if c_nvme:
         bk.stall[pos] += media.nvme_lat + (c_nvme * media.entry_bytes) / media.nvme_gbps
     # the order matters only to pinning (ascending ids take free slots)
-    if na > 1 and env.run.pinned_capacity - c[N_PINNED] > 0:
+    if env.run.pinned_capacity - c[N_PINNED] > 0:
         sort_ids(adm, 0, na)
     log_seal(env.tlog, bk.moved)
     _promote(adm, na, pos, tier, w.tiers.tcount, bk.moved)
@@ -358,8 +357,7 @@ def _prefetch(env, w, b, a, z):  # type: ignore[no-untyped-def]
     call = c[CALL]
     c[T_NOW] = c[TIME] - 1
     mk.cnt[PF_TOTAL] += na
-    if na > 1:  # PolicyCache.insert admits in ascending id order
-        sort_ids(adm, 0, na)
+    sort_ids(adm, 0, na)  # PolicyCache.insert admits in ascending id order
     log_prefetch(env.tlog, w.books.moved)
     pf_log = env.tlog.rows.shape[0] > 0
     for j in range(na):  # marked before its evictions settle
